@@ -1,0 +1,28 @@
+# Muster: `make run` to start it, `make test` to test it. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test demo lint bench chaos fuzz clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/muster serve
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+demo: $(STAMP)
+	$(BIN)/python -m muster.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .muster-data

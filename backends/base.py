@@ -1,0 +1,110 @@
+"""The Compute interface every backend implements, and the records that cross it.
+
+A backend knows how to find capacity (offers), create and delete machines, and reach the
+runner agent on a machine (`runner_host`). It never touches the database: the instances app
+calls it and records what it returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BackendError(Exception):
+    """A backend call failed; `reason` is a job termination reason when one fits."""
+
+    reason = "executor_error"
+
+
+class NoCapacityError(BackendError):
+    reason = "failed_to_start_due_to_no_capacity"
+
+
+@dataclass
+class InstanceOffer:
+    backend: str
+    region: str
+    instance_type: str
+    resources: dict[str, Any]  # per host: cpus, memory_gb, disk_gb, cpu_arch, gpus[{name, memory_gb, vendor}], tpu
+    price: float = 0.0
+    hosts: int = 1  # > 1 for a multi-host TPU pod slice: one create call makes `hosts` instances
+    zones: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProvisioningData:
+    """One host that a create call produced (a pod slice produces one per host, in worker order)."""
+
+    hostname: str  # the address Muster reaches the host on
+    internal_ip: str  # the address peers use
+    port: int = 22
+    username: str = ""
+    worker_index: int = 0
+    region: str = ""
+    resources: dict[str, Any] | None = None
+    backend_data: dict[str, Any] = field(default_factory=dict)
+
+
+class RunnerHost(ABC):
+    """How the server talks to the runner agent on one host (files on disk, or the same over SSH)."""
+
+    @abstractmethod
+    def ensure_agent(self) -> None:
+        """Install the runner if needed and make sure its agent is running (idempotent)."""
+
+    @abstractmethod
+    def submit(self, job_id: str, spec: dict[str, Any]) -> None:
+        """Hand a job spec to the agent; the agent starts it (idempotent by job_id)."""
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]:
+        """One round trip: {"agent": {...heartbeat...} | None, "jobs": {job_id: status}}."""
+
+    @abstractmethod
+    def stop(self, job_id: str) -> None:
+        """Ask the agent to stop a job's process group."""
+
+    @abstractmethod
+    def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        """Bytes of the job's combined output from `offset`."""
+
+    @abstractmethod
+    def cleanup(self, job_id: str) -> None:
+        """Forget a finished job's directory (logs are copied to the server first)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+class Compute(ABC):
+    name: str = ""
+    creates_groups: bool = False  # True when one create call makes a whole group (TPU pod slice)
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        self.config = config or {}
+
+    @abstractmethod
+    def get_offers(self, requirements: dict[str, Any]) -> list[InstanceOffer]:
+        """Offers able to hold one job with these (normalized) resource requirements."""
+
+    @abstractmethod
+    def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
+        """Create machines; a pod slice returns one record per host. Idempotent by name."""
+
+    def update_provisioning_data(self, group_name: str, backend_data: dict[str, Any]) -> list[ProvisioningData] | None:
+        """Poll a machine still being created; None while not ready."""
+        return None
+
+    @abstractmethod
+    def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
+        """Delete one machine; a missing machine is success."""
+
+    def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
+        """Delete a whole group (a pod slice) with one call; a missing group is success."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def runner_host(self, instance: Any) -> RunnerHost:
+        """The channel to the runner agent on `instance` (an instances.models.Instance)."""

@@ -1,0 +1,140 @@
+"""The gcp backend: Google Cloud TPU pod slices, one TPU node per instance group.
+
+A slice of H hosts is created by one API call and becomes H instances (worker k -> instance k),
+so this backend creates groups. The TPU node id is the group name; creating is idempotent by that
+name, and nothing blocks on Google's long-running operation: `create_instances` submits and
+returns, and the provisioning sweep polls `update_provisioning_data` until the node is READY.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from google.cloud import tpu_v2
+
+from backends.base import BackendError, Compute, InstanceOffer, ProvisioningData, RunnerHost
+from backends.gcp import tpu_api
+from backends.gcp.tpu_api import SliceStatus, TpuConfig
+from backends.tpu_shapes import parse_slice
+
+# States a slice passes through on its way to READY; anything else while provisioning is fatal.
+_PENDING_STATES = {
+    "STATE_UNSPECIFIED",
+    "CREATING",
+    "STARTING",
+    "RESTARTING",
+    "REIMAGING",
+    "REPAIRING",
+    "UNKNOWN",
+}
+
+
+class GcpTpuCompute(Compute):
+    name = "gcp"
+    creates_groups = True
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        super().__init__(config)
+        self.tpu = TpuConfig.from_dict(self.config)
+        self._client: tpu_v2.TpuClient | None = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> tpu_v2.TpuClient:
+        # Built on first use: constructing it resolves credentials, which offers do not need.
+        with self._client_lock:
+            if self._client is None:
+                self._client = tpu_api.make_client(self.tpu)
+            return self._client
+
+    def get_offers(self, requirements: dict[str, Any]) -> list[InstanceOffer]:
+        gpu = requirements.get("gpu")
+        wanted = gpu.get("tpu") if isinstance(gpu, dict) else None
+        shape = parse_slice(str(wanted)) if wanted else None
+        if shape is None:
+            return []
+        return [o for o in tpu_api.slice_offers(self.tpu) if o.instance_type == shape.name]
+
+    def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
+        shape = parse_slice(offer.instance_type)
+        if shape is None:
+            raise BackendError(f"gcp backend: {offer.instance_type!r} is not a TPU slice")
+        if count != shape.hosts:
+            raise BackendError(f"a {shape.name} slice has {shape.hosts} hosts; asked for {count} instances")
+        if not names:
+            raise BackendError("gcp backend: no group name given")
+        group = names[0]
+        labels = {"managed-by": "muster", "muster-group": _label_value(group)}
+        created = tpu_api.create_slice(self.client, self.tpu, group, shape.name, labels)
+        if created.status is None:
+            return []
+        return self._records(created.zone, created.node_name, created.status) or []
+
+    def update_provisioning_data(
+        self, group_name: str, backend_data: dict[str, Any]
+    ) -> list[ProvisioningData] | None:
+        """None while the slice is on its way; one record per host, in worker order, once READY."""
+        node_name = (backend_data or {}).get("node_name")
+        if node_name:
+            zone, status = tpu_api.zone_of(node_name), tpu_api.get_slice(self.client, self.tpu, node_name)
+        else:
+            # create_instances returned [] so the caller never learnt the zone: look in each one.
+            found = tpu_api.find_slice(self.client, self.tpu, group_name)
+            zone, status = found if found else ("", None)
+            node_name = tpu_api.node_name(self.tpu, zone, group_name) if found else ""
+        if status is None:
+            raise BackendError(f"TPU slice {group_name} no longer exists")
+        return self._records(zone, node_name, status)
+
+    def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
+        node_name = (backend_data or {}).get("node_name")
+        if not node_name:
+            found = tpu_api.find_slice(self.client, self.tpu, group_name)
+            if found is None:
+                return
+            node_name = tpu_api.node_name(self.tpu, found[0], group_name)
+        tpu_api.delete_slice(self.client, self.tpu, node_name)
+
+    def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
+        """Deletes the whole slice the host belongs to.
+
+        The TPU API has no per-host delete: a slice lives and dies as one node. Terminating any of
+        its instances therefore ends all of them, which is what a pod-slice group expects anyway.
+        Without backend_data, `name` is taken to be the group (node id).
+        """
+        self.terminate_group(name, backend_data)
+
+    def runner_host(self, instance: Any) -> RunnerHost:
+        from backends.ssh.runner_host import SSHRunnerHost  # TPU hosts are plain SSH hosts
+
+        return SSHRunnerHost(instance.ssh_target())
+
+    def _records(self, zone: str, node_name: str, status: SliceStatus) -> list[ProvisioningData] | None:
+        if status.state in _PENDING_STATES:
+            return None
+        if status.state != "READY":
+            raise BackendError(f"TPU slice {node_name} is {status.state}")
+        shape = parse_slice(status.accelerator_type)
+        if shape is None:
+            raise BackendError(f"TPU slice {node_name} has unknown type {status.accelerator_type!r}")
+        if len(status.hosts) < shape.hosts:
+            return None  # READY but endpoints not all published yet: poll again
+        resources = tpu_api.host_resources(shape)
+        return [
+            ProvisioningData(
+                hostname=h.external_ip or h.internal_ip,
+                internal_ip=h.internal_ip,
+                worker_index=h.worker_index,
+                region=zone,
+                resources=dict(resources),
+                backend_data={"zone": zone, "node_name": node_name},
+            )
+            for h in status.hosts[: shape.hosts]
+        ]
+
+
+def _label_value(text: str) -> str:
+    # GCP label values: at most 63 of lowercase letters, digits, '-' and '_'.
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]

@@ -1,0 +1,30 @@
+"""Facts about the machine the server runs on, in the resources shape instances use."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+
+
+def _memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def local_resources(path: str = "/") -> dict:
+    machine = platform.machine().lower()
+    return {
+        "cpus": os.cpu_count() or 1,
+        "memory_gb": _memory_gb(),
+        "disk_gb": round(shutil.disk_usage(path).total / 1e9, 1),
+        "cpu_arch": "arm" if machine in ("arm64", "aarch64") else "x86",
+        "gpus": [],
+        "tpu": None,
+    }

@@ -1,0 +1,189 @@
+"""The runner agent on an SSH host, driven through short `muster_runner.py` CLI calls.
+
+Each method is one SSH exec (ensure_agent is two when the runner file has to be uploaded) over one
+paramiko connection kept per object. The runner home is resolved on the host: the target's
+`runner_home`, else `${MUSTER_HOME:-$HOME/.muster}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import threading
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from backends.base import BackendError, RunnerHost
+from backends.ssh import connection
+from backends.ssh.connection import HostUnreachable, SSHTarget
+from backends.ssh.probe import probe
+
+DEFAULT_RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+
+# Exit codes of the ensure-agent preamble (outside the runner's own 0/1/2).
+_NEEDS_UPLOAD = 91
+_NO_PYTHON = 92
+_NO_HOME = 93
+
+
+class RunnerError(BackendError):
+    """The runner on the host answered, but with an error."""
+
+
+class SSHRunnerHost(RunnerHost):
+    def __init__(self, target: SSHTarget, runner_path: str | Path = DEFAULT_RUNNER_PATH, timeout: float = 30):
+        self.target = target
+        self.runner_path = Path(runner_path)
+        self.timeout = timeout
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<SSHRunnerHost {self.target.where}>"
+
+    # --- connection -------------------------------------------------------------------------------
+
+    def _connection(self) -> paramiko.SSHClient:
+        transport = self._client.get_transport() if self._client else None
+        if self._client is None or transport is None or not transport.is_active():
+            self._drop()
+            self._client = connection.connect(self.target, timeout=min(self.timeout, 10))
+        return self._client
+
+    def _drop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _with_client(self, action):
+        """Run action(client); if a kept connection turned out dead, reconnect once and retry.
+
+        Every runner command is idempotent, so running one twice after a dropped connection is safe.
+        """
+        with self._lock:
+            reused = self._client is not None
+            try:
+                return action(self._connection())
+            except HostUnreachable:
+                self._drop()
+                if not reused:
+                    raise
+            return action(self._connection())
+
+    def _exec(
+        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+    ) -> tuple[int, bytes, bytes]:
+        return self._with_client(
+            lambda c: connection.run(c, command, timeout=timeout or self.timeout, stdin=stdin)
+        )
+
+    # --- shell snippets ---------------------------------------------------------------------------
+
+    def _home_expr(self) -> str:
+        home = self.target.runner_home
+        if not home:
+            return '"${MUSTER_HOME:-$HOME/.muster}"'
+        if home == "~":
+            return '"$HOME"'
+        if home.startswith("~/"):
+            return '"$HOME"' + shlex.quote(home[1:])
+        return shlex.quote(home)
+
+    def _runner_command(self, args: str, prefix: str = "") -> str:
+        return f'H={self._home_expr()}; {prefix}exec python3 "$H/bin/muster_runner.py" {args} --home "$H"'
+
+    def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "") -> bytes:
+        status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin)
+        if status != 0:
+            raise RunnerError(self._failure(args.split()[0], status, out, err))
+        return out
+
+    def _runner_json(self, args: str, stdin: bytes | None = None) -> dict[str, Any]:
+        return self._parse_json(args.split()[0], self._runner(args, stdin=stdin))
+
+    def _parse_json(self, what: str, out: bytes) -> dict[str, Any]:
+        try:
+            data = json.loads(out)
+        except ValueError as exc:
+            raise RunnerError(
+                f"runner {what} on {self.target.where} printed non-JSON: {out[:200]!r}"
+            ) from exc
+        if not isinstance(data, dict):
+            raise RunnerError(f"runner {what} on {self.target.where} printed {data!r}")
+        return data
+
+    def _failure(self, what: str, status: int, out: bytes, err: bytes) -> str:
+        detail = (err or out).decode(errors="replace").strip()[-500:]
+        return f"runner {what} on {self.target.where} exited with status {status}: {detail}"
+
+    # --- RunnerHost -------------------------------------------------------------------------------
+
+    def ensure_agent(self) -> None:
+        data = self.runner_path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        # One round trip when the runner is current: compare hashes, then start the agent.
+        script = (
+            f'H={self._home_expr()}; R="$H/bin/muster_runner.py"; '
+            f"command -v python3 >/dev/null 2>&1 || exit {_NO_PYTHON}; "
+            f'mkdir -p "$H/bin" || exit {_NO_HOME}; '
+            f'if [ "$(sha256sum "$R" 2>/dev/null | cut -d\' \' -f1)" = {digest} ]; then '
+            'exec python3 "$R" ensure-agent --home "$H"; fi; '
+            f'printf "%s" "$H"; exit {_NEEDS_UPLOAD}'
+        )
+        status, out, err = self._exec(script)
+        if status == _NEEDS_UPLOAD:
+            home = out.decode()
+            remote = f"{home}/bin/muster_runner.py"
+            self._with_client(
+                lambda c: connection.put_file(c, data, remote, mode=0o755, timeout=self.timeout)
+            )
+            status, out, err = self._exec(self._runner_command("ensure-agent"))
+        if status == _NO_PYTHON:
+            raise RunnerError(
+                f"python3 is not installed on {self.target.where}; the Muster runner needs Python 3.8+"
+            )
+        if status == _NO_HOME:
+            raise RunnerError(
+                f"cannot create the runner home on {self.target.where}: {err.decode(errors='replace')}"
+            )
+        if status != 0:
+            raise RunnerError(self._failure("ensure-agent", status, out, err))
+
+    def submit(self, job_id: str, spec: dict[str, Any]) -> None:
+        self._runner_json(f"submit --job {shlex.quote(job_id)}", stdin=json.dumps(spec).encode())
+
+    def status(self) -> dict[str, Any]:
+        # A host without the runner file (never set up, or reinstalled) has no agent and no jobs;
+        # saying so lets the caller run ensure_agent instead of treating it as an error.
+        missing = '{"now": %s, "agent": null, "agent_alive": false, "jobs": {}, "installed": false}'
+        out = self._runner(
+            "status",
+            prefix=f'[ -f "$H/bin/muster_runner.py" ] || {{ printf {shlex.quote(missing)} "$(date +%s)"; exit 0; }}; ',
+        )
+        return self._parse_json("status", out)
+
+    def stop(self, job_id: str) -> None:
+        self._runner_json(f"stop --job {shlex.quote(job_id)}")
+
+    def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        return self._runner(f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)}")
+
+    def cleanup(self, job_id: str) -> None:
+        self._runner_json(f"cleanup --job {shlex.quote(job_id)}")
+
+    # --- registration helpers ---------------------------------------------------------------------
+
+    def probe(self) -> dict[str, Any]:
+        """The host's resources (see backends.ssh.probe) over this object's connection."""
+        return self._with_client(lambda c: probe(c, timeout=self.timeout))
+
+    def remote_host_key(self) -> str:
+        """The host key the server presented, as "<keytype> <base64>", to record on first contact."""
+        return self._with_client(connection.remote_host_key)

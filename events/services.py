@@ -1,0 +1,13 @@
+"""Writing events. Every transition calls `record`, inside the transaction of the transition."""
+
+from __future__ import annotations
+
+from events.models import Event
+
+
+def record(project_id: int, subject: str, message: str, *, status: str = "", actor: str = "server",
+           run_id=None, job_id=None, instance_id=None) -> Event:
+    return Event.objects.create(
+        project_id=project_id, subject=subject, message=message, status=status, actor=actor,
+        run_id=run_id, job_id=job_id, instance_id=instance_id,
+    )

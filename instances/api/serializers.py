@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from instances.models import Fleet, Instance, InstanceGroup
+
+
+class FleetRequestSerializer(serializers.Serializer):
+    configuration = serializers.JSONField(help_text="The fleet configuration: YAML text or a JSON object.")
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
+    group = serializers.CharField(source="group.name", default=None, read_only=True)
+    group_kind = serializers.CharField(source="group.kind", default=None, read_only=True)
+    job = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Instance
+        fields = [
+            "name", "fleet", "group", "group_kind", "index", "status", "backend", "region", "hostname", "port",
+            "internal_ip", "resources", "price", "unreachable", "job", "created",
+        ]
+
+    def get_job(self, inst: Instance) -> str | None:
+        busy = getattr(inst, "busy_jobs", None)
+        if busy is None:
+            return None
+        return f"{busy[0].run.name}/{busy[0].job_num}" if busy else None
+
+
+class InstanceGroupSerializer(serializers.ModelSerializer):
+    fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
+    instances = serializers.SerializerMethodField()
+
+    class Meta:
+        model = InstanceGroup
+        fields = ["name", "kind", "status", "shape", "fleet", "instances", "created"]
+
+    def get_instances(self, group: InstanceGroup) -> list[dict]:
+        rows = sorted(group.instances.all(), key=lambda i: i.index)
+        return [{"name": i.name, "index": i.index, "status": i.status, "internal_ip": i.internal_ip} for i in rows]
+
+
+class FleetSerializer(serializers.ModelSerializer):
+    instances = serializers.SerializerMethodField()
+    configuration = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Fleet
+        fields = ["name", "backend", "placement", "status", "network", "configuration", "instances", "created"]
+
+    def get_configuration(self, fleet: Fleet) -> dict:
+        conf = dict(fleet.configuration)
+        ssh = conf.get("ssh_config")
+        if isinstance(ssh, dict):  # keys are stored encrypted on the fleet; never echo them
+            conf["ssh_config"] = {
+                **{k: v for k, v in ssh.items() if k != "private_key"},
+                "hosts": [{k: v for k, v in h.items() if k != "private_key"} if isinstance(h, dict) else h
+                          for h in ssh.get("hosts", [])],
+            }
+        return conf
+
+    def get_instances(self, fleet: Fleet) -> list[dict]:
+        return [{"name": i.name, "status": i.status, "internal_ip": i.internal_ip}
+                for i in fleet.instances.exclude(status="terminated").order_by("name")]

@@ -1,0 +1,121 @@
+"""Applying and deleting fleets. SSH hosts are probed before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backends.registry import get_compute
+from events.services import record
+from instances.models import Fleet, FleetBackend, Instance, InstanceStatus
+from muster.api_errors import InvalidInput
+from projects.models import Project
+from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
+
+
+def _configuration(payload: Any) -> dict:
+    data = payload.get("configuration", payload) if isinstance(payload, dict) else payload
+    if data in (None, ""):
+        raise ConfigurationError([{"loc": ["configuration"], "msg": "required: the fleet configuration"}])
+    doc = load_document(data)
+    if doc.get("type") != "fleet":
+        raise ConfigurationError([{"loc": ["type"], "msg": "a fleet needs `type: fleet`"}])
+    return parse_fleet_configuration(doc).model_dump(mode="json")
+
+
+def apply_fleet(project: Project, payload: Any, actor: str = "api") -> Fleet:
+    conf = _configuration(payload)
+    name = conf["name"]
+    if Fleet.objects.filter(project=project, name=name).exists():
+        raise InvalidInput(["name"], f"fleet {name} already exists: delete it first or pick another name")
+    if conf.get("ssh_config"):
+        from instances.ssh_fleets import register_ssh_fleet
+
+        return register_ssh_fleet(project, conf, actor=actor)
+    backends = conf.get("backends") or ["local"]
+    if backends == ["local"]:
+        count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
+        return create_local_fleet(project, name, count, placement=conf.get("placement") or "any", actor=actor)
+    if backends == ["gcp"]:
+        return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
+    raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
+
+
+def _fixed_nodes(conf: dict, default: int) -> int:
+    nodes = conf.get("nodes")
+    if nodes is None:
+        return default
+    if isinstance(nodes, dict):
+        return int(nodes.get("max") or nodes.get("min") or default)
+    return int(nodes)
+
+
+def create_local_fleet(project: Project, name: str, count: int, placement: str = "cluster", actor: str = "server") -> Fleet:
+    compute = get_compute("local", {"first_index": _next_local_index()})
+    offer = compute.get_offers({})[0]
+    names = [f"{name}-{i}" for i in range(count)]
+    records = compute.create_instances(offer, count, names)
+    with transaction.atomic():
+        fleet = Fleet.objects.create(
+            project=project, name=name, backend=FleetBackend.LOCAL, placement=placement,
+            configuration={"type": "fleet", "name": name, "backends": ["local"], "nodes": count},
+            network="127.0.0.0/8",
+        )
+        for inst_name, rec in zip(names, records, strict=True):
+            inst = Instance.objects.create(
+                project=project, fleet=fleet, name=inst_name, status=InstanceStatus.IDLE,
+                backend=FleetBackend.LOCAL, region="local", hostname=rec.hostname, internal_ip=rec.internal_ip,
+                resources=rec.resources or {}, backend_data=rec.backend_data, index=rec.worker_index,
+                idle_since=timezone.now(),
+            )
+            record(project.id, f"instance {inst.name}", f"created at {inst.internal_ip}", status=inst.status,
+                   actor=actor, instance_id=inst.id)
+        record(project.id, f"fleet {name}", f"created with {count} local instances", actor=actor)
+    return fleet
+
+
+def _next_local_index() -> int:
+    # Loopback addresses are machine-wide, so they stay unique across projects.
+    used = Instance.objects.filter(backend=FleetBackend.LOCAL).exclude(status=InstanceStatus.TERMINATED).count()
+    last = Instance.objects.filter(backend=FleetBackend.LOCAL).order_by("-id").first()
+    return max(used, _index_of(last.internal_ip) + 1 if last else 0)
+
+
+def _index_of(address: str) -> int:
+    parts = [int(p) for p in address.split(".")]
+    return ((parts[1] << 16) | (parts[2] << 8) | parts[3]) - 2
+
+
+def _create_cloud_fleet(project: Project, conf: dict, backend: str, actor: str) -> Fleet:
+    fleet = Fleet.objects.create(
+        project=project, name=conf["name"], backend=backend, placement=conf.get("placement") or "any",
+        configuration=conf, idle_duration=conf.get("idle_duration"),
+    )
+    record(project.id, f"fleet {fleet.name}", f"created ({backend}); instances are created when runs need them",
+           actor=actor)
+    return fleet
+
+
+def fleet_in_use(fleet: Fleet) -> bool:
+    from runs.choices import JOB_ACTIVE
+    from runs.models import Job
+
+    return Job.objects.filter(instance__fleet=fleet, status__in=[*JOB_ACTIVE, "terminating"]).exists()
+
+
+def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> None:
+    """Stop runners and remove instances; refused while a run uses the fleet unless forced."""
+    from instances import lifecycle
+
+    if fleet_in_use(fleet) and not force:
+        raise InvalidInput(["name"], f"fleet {fleet.name} is used by a running job: stop the run or delete with force")
+    if force:
+        from runs.stopping import stop_jobs_on_fleet
+
+        stop_jobs_on_fleet(fleet, actor=actor)
+    lifecycle.terminate_fleet_instances(fleet, actor=actor)
+    record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)
+    fleet.delete()

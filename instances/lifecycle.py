@@ -1,0 +1,117 @@
+"""Instance and instance-group lifecycle: release, delete whole groups, terminate fleets."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from backends.base import BackendError
+from backends.registry import compute_for_instance, fleet_backend_config, get_compute
+from events.services import record
+from instances.models import (
+    LIVE_INSTANCE_STATUSES,
+    Fleet,
+    GroupKind,
+    GroupStatus,
+    Instance,
+    InstanceGroup,
+    InstanceStatus,
+)
+from muster import claims
+from muster.api_errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+
+def find_group(project, name: str) -> InstanceGroup | None:
+    """A group by its own name, or the group of the instance with that name."""
+    group = InstanceGroup.objects.filter(project=project, name=name).exclude(status=GroupStatus.TERMINATED).first()
+    if group is None:
+        inst = Instance.objects.filter(project=project, name=name, group__isnull=False).select_related("group").first()
+        if inst is not None and inst.group.status != GroupStatus.TERMINATED:
+            group = inst.group
+    return group
+
+
+def group_in_use(group: InstanceGroup) -> bool:
+    from runs.choices import JOB_ACTIVE
+    from runs.models import Job
+
+    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, "terminating"]).exists()
+
+
+def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:
+    """Delete the whole group (a TPU pod: one delete call); its instances all end terminated."""
+    if group_in_use(group) and not force:
+        raise InvalidInput(["name"], f"{group.name} runs a job: stop the run first (or delete with force=true)")
+    if force:
+        from runs.stopping import stop_jobs_on_group
+
+        stop_jobs_on_group(group, actor=actor)
+    with transaction.atomic():
+        touched = InstanceGroup.objects.filter(pk=group.pk).exclude(
+            status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]).update(status=GroupStatus.TERMINATING)
+        if not touched:
+            return
+        group.instances.filter(status__in=LIVE_INSTANCE_STATUSES).update(status=InstanceStatus.TERMINATING)
+        record(group.project_id, f"instance group {group.name}", "deletion requested", status="terminating", actor=actor)
+        from instances import tasks
+
+        transaction.on_commit(lambda: tasks.terminate_group.delay(group.pk))
+
+
+def terminate_group_now(group_id: int) -> bool:
+    """Task body: one backend call for the whole group, then every instance is terminated."""
+    token = claims.claim(InstanceGroup, group_id, status=GroupStatus.TERMINATING)
+    if token is None:
+        return False
+    group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
+    try:
+        if group.kind == GroupKind.TPU_POD:
+            backend = group.backend_data.get("backend", "gcp")
+            compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
+            compute.terminate_group(group.name, group.backend_data)
+        else:
+            for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
+                _stop_agent(inst)
+    except BackendError as exc:
+        log.warning("deleting group %s failed, will retry: %s", group.name, exc)
+        claims.release(InstanceGroup, group_id, token)
+        return False
+    now = timezone.now()
+    with transaction.atomic():
+        for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
+            Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, updated=now)
+            record(group.project_id, f"instance {inst.name}", "terminated with its group", status="terminated",
+                   instance_id=inst.id)
+        claims.release(InstanceGroup, group_id, token, status=GroupStatus.TERMINATED)
+        record(group.project_id, f"instance group {group.name}", "deleted", status="terminated")
+    return True
+
+
+def _stop_agent(inst: Instance) -> None:
+    try:
+        host = compute_for_instance(inst).runner_host(inst)
+        stop = getattr(host, "stop_agent", None)
+        if stop:
+            stop()
+        host.close()
+    except Exception as exc:  # a host that is gone cannot stop its agent; it is removed anyway
+        log.info("could not stop the runner agent on %s: %s", inst.name, exc)
+
+
+def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
+    for group in fleet.groups.exclude(status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]):
+        if group.kind == GroupKind.TPU_POD:
+            delete_group(group, actor=actor, force=True)
+    loose = fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
+        status=InstanceStatus.TERMINATED)
+    for inst in loose:
+        _stop_agent(inst)
+        Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, fleet=None)
+        record(fleet.project_id, f"instance {inst.name}", "terminated with its fleet", status="terminated",
+               actor=actor, instance_id=inst.id)
+    fleet.groups.filter(kind=GroupKind.CLUSTER).update(status=GroupStatus.TERMINATED)

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from django.db import models
+
+from muster import crypto
+from muster.claims import Claimable
+
+
+class FleetBackend(models.TextChoices):
+    SSH = "ssh"
+    LOCAL = "local"
+    GCP = "gcp"
+
+
+class Placement(models.TextChoices):
+    ANY = "any"
+    CLUSTER = "cluster"
+
+
+class FleetStatus(models.TextChoices):
+    ACTIVE = "active"
+    TERMINATING = "terminating"
+
+
+class Fleet(models.Model):
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="fleets")
+    name = models.CharField(max_length=63)
+    backend = models.CharField(max_length=16, choices=FleetBackend.choices)
+    placement = models.CharField(max_length=16, choices=Placement.choices, default=Placement.ANY)
+    status = models.CharField(max_length=16, choices=FleetStatus.choices, default=FleetStatus.ACTIVE)
+    configuration = models.JSONField(default=dict)  # the validated fleet configuration, keys removed
+    private_key_encrypted = models.TextField(blank=True, default="")
+    network = models.CharField(max_length=64, blank=True, default="")  # the hosts' common network (cluster)
+    idle_duration = models.IntegerField(null=True, blank=True)  # seconds an idle cloud instance is kept
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("project", "name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def private_key(self) -> str:
+        return crypto.decrypt(self.private_key_encrypted)
+
+    @private_key.setter
+    def private_key(self, plaintext: str) -> None:
+        self.private_key_encrypted = crypto.encrypt(plaintext)
+
+
+class GroupKind(models.TextChoices):
+    TPU_POD = "tpu_pod"
+    CLUSTER = "cluster"
+
+
+class GroupStatus(models.TextChoices):
+    PROVISIONING = "provisioning"
+    ACTIVE = "active"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+
+
+class InstanceGroup(Claimable):
+    """Instances managed as one unit: a TPU pod slice (one instance per host) or an SSH cluster."""
+
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="instance_groups")
+    fleet = models.ForeignKey(Fleet, null=True, blank=True, on_delete=models.SET_NULL, related_name="groups")
+    name = models.CharField(max_length=63)
+    kind = models.CharField(max_length=16, choices=GroupKind.choices)
+    status = models.CharField(max_length=16, choices=GroupStatus.choices, default=GroupStatus.ACTIVE)
+    shape = models.CharField(max_length=32, blank=True, default="")  # e.g. the TPU slice name v2-32
+    backend_data = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"], condition=~models.Q(status="terminated"), name="live_group_name_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class InstanceStatus(models.TextChoices):
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    IDLE = "idle"
+    BUSY = "busy"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+
+
+LIVE_INSTANCE_STATUSES = (
+    InstanceStatus.PENDING,
+    InstanceStatus.PROVISIONING,
+    InstanceStatus.IDLE,
+    InstanceStatus.BUSY,
+)
+
+
+class Instance(Claimable):
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="instances")
+    fleet = models.ForeignKey(Fleet, null=True, blank=True, on_delete=models.SET_NULL, related_name="instances")
+    group = models.ForeignKey(
+        InstanceGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="instances"
+    )
+    index = models.IntegerField(default=0)  # position in the group: the TPU worker id on a pod
+    name = models.CharField(max_length=96)
+    status = models.CharField(max_length=16, choices=InstanceStatus.choices, default=InstanceStatus.PENDING)
+    backend = models.CharField(max_length=16, choices=FleetBackend.choices)
+    region = models.CharField(max_length=64, blank=True, default="")
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    port = models.IntegerField(default=22)
+    username = models.CharField(max_length=64, blank=True, default="")
+    internal_ip = models.CharField(max_length=64, blank=True, default="")
+    host_key = models.TextField(blank=True, default="")
+    private_key_encrypted = models.TextField(blank=True, default="")  # a per-host key, else the fleet's
+    resources = models.JSONField(default=dict, blank=True)
+    price = models.FloatField(default=0.0)
+    backend_data = models.JSONField(default=dict, blank=True)
+    unreachable = models.BooleanField(default=False)
+    unreachable_since = models.DateTimeField(null=True, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
+    termination_reason = models.CharField(max_length=64, blank=True, default="")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"], condition=~models.Q(status="terminated"), name="live_instance_name_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["fleet", "status"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def ssh_target(self):
+        from backends.ssh.connection import SSHTarget
+
+        own_key = crypto.decrypt(self.private_key_encrypted)
+        fleet_key = self.fleet.private_key if self.fleet else ""
+        return SSHTarget(
+            hostname=self.hostname,
+            port=self.port,
+            username=self.username or "root",
+            private_key=own_key or fleet_key,
+            host_key=self.host_key,
+            runner_home=self.backend_data.get("runner_home", ""),
+        )

@@ -1,0 +1,49 @@
+"""One error shape for the whole API: {"errors": [{"loc": [...], "msg": "..."}]} for bad input.
+
+Authentication, permission and not-found errors keep DRF's {"detail": ...} with their own status.
+"""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from runs.configuration import ConfigurationError
+
+
+class InvalidInput(Exception):
+    """Raised by services for input that is well-formed but not acceptable (name taken, fleet busy)."""
+
+    def __init__(self, loc: list, msg: str):
+        super().__init__(msg)
+        self.errors = [{"loc": loc, "msg": msg}]
+
+
+def _flatten(detail, loc: list) -> list[dict]:
+    if isinstance(detail, dict):
+        out = []
+        for key, value in detail.items():
+            out.extend(_flatten(value, loc if key == "non_field_errors" else [*loc, key]))
+        return out
+    if isinstance(detail, list):
+        if all(not isinstance(d, (dict, list)) for d in detail):
+            return [{"loc": loc, "msg": str(d)} for d in detail]
+        out = []
+        for i, item in enumerate(detail):
+            out.extend(_flatten(item, [*loc, i]))
+        return out
+    return [{"loc": loc, "msg": str(detail)}]
+
+
+def errors_response(errors: list[dict]) -> Response:
+    return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, (ConfigurationError, InvalidInput)):
+        return errors_response(exc.errors)
+    if isinstance(exc, ValidationError):
+        return errors_response(_flatten(exc.detail, []))
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,233 @@
+"""Plain-text rendering for the `muster` CLI: aligned tables and one-line summaries of API rows.
+
+Everything here takes the JSON the REST API returns and gives back strings, so it can be read
+(and tested) without a server.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+# A command longer than this is cut in the plan table: the table is a summary, not the config.
+COMMAND_WIDTH = 60
+# The defaults a resources block gets when it says nothing (runs/configuration/resources.py); showing
+# them on every row would hide what the user actually asked for.
+_DEFAULT_DISK_GB = 1.0
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], indent: str = "") -> str:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [_line([h.upper() for h in headers], widths), *(_line(row, widths) for row in cells)]
+    return "\n".join(indent + line for line in lines)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def status_counts(rows: Iterable[dict[str, Any]]) -> str:
+    """`2 running, 1 provisioning`: statuses in the order they first appear (job order)."""
+    counts = Counter(row.get("status") or "unknown" for row in rows)
+    return ", ".join(f"{n} {status}" for status, n in counts.items()) or "-"
+
+
+def age(timestamp: str | None, now: datetime | None = None) -> str:
+    if not timestamp:
+        return "-"
+    try:
+        then = datetime.fromisoformat(timestamp)
+    except ValueError:
+        return timestamp
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    seconds = int(((now or datetime.now(UTC)) - then).total_seconds())
+    if seconds < 60:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return "just now"
+
+
+# ---- resources ----------------------------------------------------------------------------------
+
+
+def _number(value: float | int) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _range(spec: dict[str, Any] | None, unit: str = "") -> str | None:
+    """{min, max} -> `4`, `2..8`, `16GB..`, `..8`; None when there is no bound at all."""
+    if not spec:
+        return None
+    low, high = spec.get("min"), spec.get("max")
+    if low is None and high is None:
+        return None
+    if low == high:
+        return f"{_number(low)}{unit}"
+    left = "" if low is None else f"{_number(low)}{unit}"
+    right = "" if high is None else f"{_number(high)}{unit}"
+    return f"{left}..{right}"
+
+
+def _gpu_request(gpu: dict[str, Any]) -> str:
+    if gpu.get("tpu"):
+        return f"tpu {gpu['tpu']}"
+    parts = ["/".join(gpu.get("names") or []) or gpu.get("vendor") or "any"]
+    memory = _range(gpu.get("memory"), "GB")
+    if memory:
+        parts.append(memory)
+    parts.append(_range(gpu.get("count")) or "1")
+    return "gpu " + ":".join(parts)
+
+
+def job_resources(res: dict[str, Any] | None) -> str:
+    """A job's requested resources (the normalized form of runs.configuration) in one short line."""
+    if not res:
+        return "-"
+    parts = []
+    cpu = res.get("cpu") or {}
+    cpu_range = _range(cpu)
+    if cpu_range:
+        parts.append(f"cpu {cpu_range}" + (" arm" if cpu.get("arch") == "arm" else ""))
+    memory = _range(res.get("memory"), "GB")
+    if memory:
+        parts.append(f"mem {memory}")
+    disk = res.get("disk") or {}
+    if disk.get("min") not in (None, _DEFAULT_DISK_GB) or disk.get("max") is not None:
+        parts.append(f"disk {_range(disk, 'GB')}")
+    if res.get("gpu"):
+        parts.append(_gpu_request(res["gpu"]))
+    return ", ".join(parts) or "-"
+
+
+def instance_resources(res: dict[str, Any] | None) -> str:
+    """What a host offers (the dict backends report: cpus, memory_gb, gpus, tpu...) in one line."""
+    if not res:
+        return "-"
+    parts = []
+    if res.get("cpus"):
+        parts.append(f"{res['cpus']} cpu")
+    if res.get("memory_gb"):
+        parts.append(f"{_number(res['memory_gb'])}GB")
+    gpus = res.get("gpus") or []
+    if gpus:
+        first = gpus[0]
+        memory = f" {_number(first['memory_gb'])}GB" if first.get("memory_gb") else ""
+        parts.append(f"{len(gpus)}x{first.get('name') or first.get('vendor') or 'gpu'}{memory}")
+    if res.get("tpu"):
+        chips = f" ({res['tpu_chips']} chips)" if res.get("tpu_chips") else ""
+        parts.append(f"tpu {res['tpu']}{chips}")
+    return ", ".join(parts) or "-"
+
+
+# ---- the tables of each command ---------------------------------------------------------------
+
+
+def first_command(commands: Sequence[str] | None) -> str:
+    if not commands:
+        return "-"
+    lines = commands[0].strip().splitlines()
+    line = lines[0] if lines else ""
+    if len(line) > COMMAND_WIDTH:
+        line = line[: COMMAND_WIDTH - 3] + "..."
+    more = len(commands) - 1
+    return f"{line} (+{more} more)" if more else line
+
+
+def plan_table(jobs: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        (j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"), job_resources(j.get("resources")),
+         first_command(j.get("commands")))
+        for j in jobs
+    ]
+    return table(["job", "group", "rank", "resources", "command"], rows)
+
+
+def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
+    rows = [
+        (r.get("name"), r.get("status"), r.get("termination_reason"), r.get("fleet"),
+         status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
+        for r in runs
+    ]
+    return table(["name", "status", "reason", "fleet", "jobs", "submitted"], rows)
+
+
+def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        (f.get("name"), f.get("backend"), f.get("placement"), f.get("status"), _instances_summary(f))
+        for f in fleets
+    ]
+    return table(["name", "backend", "placement", "status", "instances"], rows)
+
+
+def _instances_summary(fleet: dict[str, Any]) -> str:
+    instances = fleet.get("instances") or []
+    if not instances:
+        return "0"
+    return f"{len(instances)} ({status_counts(instances)})"
+
+
+def fleet_summary(fleet: dict[str, Any]) -> str:
+    head = (f"fleet {fleet.get('name')}: {fleet.get('status')}, backend {fleet.get('backend')}, "
+            f"placement {fleet.get('placement')}")
+    instances = fleet.get("instances") or []
+    if not instances:
+        return head
+    rows = [(i.get("name"), i.get("status"), i.get("internal_ip")) for i in instances]
+    return head + "\n" + table(["name", "status", "ip"], rows, indent="  ")
+
+
+_HOST_HEADERS = ["index", "name", "status", "backend", "ip", "resources", "job"]
+
+
+def _host_row(inst: dict[str, Any]) -> tuple:
+    return (inst.get("index"), inst.get("name"), inst.get("status"), inst.get("backend"), inst.get("internal_ip"),
+            instance_resources(inst.get("resources")), inst.get("job"))
+
+
+def _by_index(inst: dict[str, Any]) -> tuple:
+    # TPU worker ids order a pod's hosts; an instance without one goes last, by name.
+    index = inst.get("index")
+    return (index is None, index if index is not None else 0, inst.get("name") or "")
+
+
+def _group_header(name: str, members: Sequence[dict[str, Any]], shapes: dict[str, str]) -> str:
+    kind = members[0].get("group_kind") or "group"
+    shape = shapes.get(name) or (members[0].get("resources") or {}).get("tpu")
+    label = "pod" if kind == "tpu_pod" else "group"
+    details = f"{kind}, {shape}" if shape else kind
+    fleet = members[0].get("fleet")
+    return f"{label} {name} ({details})" + (f" in fleet {fleet}" if fleet else "")
+
+
+def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] = ()) -> str:
+    """Hosts under their instance group (a TPU pod by worker index), then ungrouped hosts by fleet."""
+    shapes = {g["name"]: g.get("shape") for g in groups if g.get("name") and g.get("shape")}
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    loose: dict[str, list[dict[str, Any]]] = {}
+    for inst in instances:
+        if inst.get("group"):
+            grouped.setdefault(inst["group"], []).append(inst)
+        else:
+            loose.setdefault(inst.get("fleet") or "(no fleet)", []).append(inst)
+    blocks = []
+    for name in sorted(grouped):
+        members = sorted(grouped[name], key=_by_index)
+        blocks.append(_group_header(name, members, shapes) + "\n"
+                      + table(_HOST_HEADERS, [_host_row(i) for i in members], indent="  "))
+    for fleet in sorted(loose):
+        members = sorted(loose[fleet], key=lambda i: i.get("name") or "")
+        rows = [_host_row(i)[1:] for i in members]
+        blocks.append(f"fleet {fleet}\n" + table(_HOST_HEADERS[1:], rows, indent="  "))
+    return "\n\n".join(blocks)

@@ -1,0 +1,62 @@
+"""`muster serve` / `make run`: web, one Celery worker and Celery beat as child processes.
+
+Ctrl-C (or SIGTERM) stops all three. The worker and beat are the same ones production runs
+separately (docker-compose.yml); here they share the embedded SQLite + filesystem broker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _manage(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", *args]
+
+
+def commands(bind: str, concurrency: int) -> dict[str, list[str]]:
+    celery = [sys.executable, "-m", "celery", "-A", "muster"]
+    return {
+        "web": _manage("runserver", bind, "--noreload"),
+        "worker": [*celery, "worker", "--loglevel=INFO", f"--concurrency={concurrency}", "--without-gossip",
+                   "--without-mingle"],
+        "beat": [*celery, "beat", "--loglevel=WARNING", "--schedule",
+                 os.path.join(os.environ.get("MUSTER_DATA_DIR", ".muster-data"), "celerybeat-schedule")],
+    }
+
+
+def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
+    subprocess.run(_manage("migrate", "--noinput", "-v", "0"), check=True)
+    if bootstrap:
+        subprocess.run(_manage("muster_bootstrap"), check=True)
+    print(f"Muster: API http://{bind}/api/  docs http://{bind}/api/docs/  admin http://{bind}/admin/", flush=True)
+    children = {name: subprocess.Popen(cmd, start_new_session=True) for name, cmd in commands(bind, concurrency).items()}
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    code = 0
+    while not stopping:
+        for name, proc in children.items():
+            if proc.poll() is not None:
+                print(f"muster serve: {name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                stopping, code = True, 1
+        time.sleep(0.5)
+    for proc in children.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + 10
+    for proc in children.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return code

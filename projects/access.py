@@ -1,0 +1,42 @@
+"""Who may see and change what: every object hangs off a project the caller is a member of."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from rest_framework.exceptions import PermissionDenied
+
+from projects.models import Project, Role
+
+WRITE_ROLES = (Role.ADMIN, Role.USER)
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def project_for(request, name: str) -> Project:
+    """The project named `name` if the caller belongs to it; 404 otherwise (never reveal it exists)."""
+    project = Project.objects.filter(name=name).first()
+    if project is None:
+        raise Http404("project not found")
+    user = request.user
+    if user.is_superuser:
+        return project
+    role = project.role_of(user)
+    if role is None:
+        raise Http404("project not found")
+    if request.method not in SAFE_METHODS and role not in WRITE_ROLES:
+        raise PermissionDenied(f"your role in project {name} is {role}: it cannot change anything")
+    return project
+
+
+def require_admin(request, project: Project) -> None:
+    if request.user.is_superuser:
+        return
+    if project.role_of(request.user) != Role.ADMIN:
+        raise PermissionDenied(f"only admins of project {project.name} can do this")
+
+
+class ProjectScopedMixin:
+    """DRF view mixin: resolves `self.project` from the `project` URL kwarg before anything else."""
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        self.project = project_for(request, kwargs["project"])

@@ -1,0 +1,19 @@
+from django.urls import include, path
+
+from events.api.views import EventListView
+from projects.api import views
+
+project_urls = [
+    path("", views.ProjectDetailView.as_view(), name="project-detail"),
+    path("members/", views.MemberListView.as_view(), name="members"),
+    path("secrets/", views.SecretListView.as_view(), name="secrets"),
+    path("secrets/<str:name>/", views.SecretDetailView.as_view(), name="secret-detail"),
+    path("events/", EventListView.as_view(), name="events"),
+    path("", include("runs.api.urls")),
+    path("", include("instances.api.urls")),
+]
+
+urlpatterns = [
+    path("projects/", views.ProjectListView.as_view(), name="projects"),
+    path("projects/<str:project>/", include(project_urls)),
+]

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from muster.api_errors import InvalidInput
+from projects.access import ProjectScopedMixin, project_for, require_admin
+from projects.models import Membership, Project, Role, Secret, slug_validator
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Project
+        fields = ["name", "created", "role"]
+        read_only_fields = ["created", "role"]
+
+    def get_role(self, project: Project) -> str | None:
+        return project.role_of(self.context["request"].user)
+
+
+class ProjectCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63, validators=[slug_validator])
+
+
+class MemberSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.values)
+
+
+class SecretSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
+    value = serializers.CharField(write_only=True, trim_whitespace=False)
+
+
+class ProjectListView(APIView):
+    @extend_schema(responses={200: ProjectSerializer(many=True)})
+    def get(self, request):
+        projects = Project.objects.all() if request.user.is_superuser else Project.objects.filter(
+            memberships__user=request.user)
+        return Response(ProjectSerializer(projects.order_by("name"), many=True, context={"request": request}).data)
+
+    @extend_schema(request=ProjectCreateSerializer, responses={201: ProjectSerializer})
+    def post(self, request):
+        body = ProjectCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        name = body.validated_data["name"]
+        with transaction.atomic():
+            if Project.objects.filter(name=name).exists():
+                raise InvalidInput(["name"], f"project {name} already exists")
+            project = Project.objects.create(name=name)
+            Membership.objects.create(project=project, user=request.user, role=Role.ADMIN)
+        return Response(ProjectSerializer(project, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+
+class ProjectDetailView(APIView):
+    @extend_schema(responses={200: ProjectSerializer})
+    def get(self, request, project):
+        return Response(ProjectSerializer(project_for(request, project), context={"request": request}).data)
+
+
+class MemberListView(ProjectScopedMixin, APIView):
+    @extend_schema(responses={200: MemberSerializer(many=True)})
+    def get(self, request, project):
+        rows = self.project.memberships.select_related("user").order_by("user__username")
+        return Response([{"username": m.user.username, "role": m.role} for m in rows])
+
+    @extend_schema(request=MemberSerializer, responses={201: MemberSerializer})
+    def post(self, request, project):
+        require_admin(request, self.project)
+        body = MemberSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        user = get_user_model().objects.filter(username=body.validated_data["username"]).first()
+        if user is None:
+            raise InvalidInput(["username"], "no such user: create it first (manage.py muster_token USERNAME)")
+        Membership.objects.update_or_create(project=self.project, user=user,
+                                            defaults={"role": body.validated_data["role"]})
+        return Response(body.validated_data, status=status.HTTP_201_CREATED)
+
+
+class SecretListView(ProjectScopedMixin, APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request, project):
+        return Response([{"name": s.name, "created": s.created} for s in self.project.secrets.order_by("name")])
+
+    @extend_schema(request=SecretSerializer, responses={201: dict})
+    def post(self, request, project):
+        require_admin(request, self.project)
+        body = SecretSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        secret = Secret.objects.filter(project=self.project, name=body.validated_data["name"]).first() or Secret(
+            project=self.project, name=body.validated_data["name"])
+        secret.value = body.validated_data["value"]
+        secret.save()
+        return Response({"name": secret.name}, status=status.HTTP_201_CREATED)
+
+
+class SecretDetailView(ProjectScopedMixin, APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request, project, name):
+        require_admin(request, self.project)
+        get_object_or_404(Secret, project=self.project, name=name).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,36 @@
+"""First-run setup used by `make run`: project `main`, an admin user, a local fleet, a token."""
+
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
+
+from instances.fleets import create_local_fleet
+from instances.models import Fleet
+from projects.models import Membership, Project, Role
+
+
+class Command(BaseCommand):
+    help = "Create project main, user admin (superuser) and a local fleet; print the token and URLs."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-fleet", action="store_true")
+
+    def handle(self, no_fleet=False, **options):
+        project, _ = Project.objects.get_or_create(name="main")
+        User = get_user_model()
+        user = User.objects.filter(username="admin").first()
+        password_path = settings.DATA_DIR / "admin_password"
+        if user is None:
+            password = secrets.token_urlsafe(12)
+            user = User.objects.create_superuser("admin", password=password)
+            password_path.write_text(password)
+            password_path.chmod(0o600)
+        Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
+        if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
+            create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement="cluster")
+        token, _ = Token.objects.get_or_create(user=user)
+        password = password_path.read_text().strip() if password_path.exists() else "(set earlier)"
+        self.stdout.write(f"project: main\nadmin user: admin / {password}\ntoken: {token.key}")

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+from muster import crypto
+
+slug_validator = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "lowercase letters, digits and dashes")
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin"
+    USER = "user"
+    READ_ONLY = "read-only"
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def role_of(self, user) -> str | None:
+        if not user or not user.is_authenticated:
+            return None
+        member = self.memberships.filter(user=user).first()
+        return member.role if member else None
+
+    def secret_values(self) -> dict[str, str]:
+        return {s.name: s.value for s in self.secrets.all()}
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.USER)
+
+    class Meta:
+        unique_together = [("project", "user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class Secret(models.Model):
+    """A project secret; the value is stored encrypted and never returned by the API."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=128)
+    value_encrypted = models.TextField()
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("project", "name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def value(self) -> str:
+        return crypto.decrypt(self.value_encrypted)
+
+    @value.setter
+    def value(self, plaintext: str) -> None:
+        self.value_encrypted = crypto.encrypt(plaintext)

@@ -1,0 +1,844 @@
+#!/usr/bin/env python3
+"""Muster runner: the agent that runs a job's commands on one host.
+
+The server copies this single file to a host and drives it with short CLI calls over SSH (or as a
+local subprocess).  It must therefore stay standard-library only and run on Python 3.8+.
+
+Layout under the runner home directory HOME::
+
+    HOME/agent.json, agent.pid, agent.lock, agent.log, agent.stop
+    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``)
+    HOME/jobs/<job_id>/status.json    written by the runner, always atomically
+    HOME/jobs/<job_id>/output.log     the commands' stdout + stderr, appended as produced
+    HOME/jobs/<job_id>/runner.log     the job runner's own diagnostics
+    HOME/jobs/<job_id>/mpi/hostfile
+    HOME/jobs/<job_id>/workdir/       cwd of the commands
+    HOME/jobs/<job_id>/stop           created by the server to request a stop
+
+Commands: agent, ensure-agent, submit, status, stop, log, cleanup, job (internal).
+Every command except ``log`` prints one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+VERSION = "1"
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_FRESH = 5.0
+ENSURE_AGENT_WAIT = 5.0
+DEFAULT_LOG_LIMIT = 1024 * 1024
+DEFAULT_STOP_GRACE = 5.0
+# A spec that fails to parse may still be in the middle of a non-atomic copy; only a spec that has
+# stayed broken this long is declared failed.
+SPEC_SETTLE_SECONDS = 2.0
+# A job left in "starting" this long without a runner is considered abandoned (the agent died
+# between writing the status and spawning the job runner).
+STARTING_ABANDONED_AFTER = 60.0
+WATCH_INTERVAL = 0.1
+FINAL_STATES = ("done", "failed", "terminated", "max_duration_exceeded")
+SCRIPT_PATH = os.path.abspath(__file__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON so that a reader sees either the old document or the new one, never a torn one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    """The parsed document, or None when the file is missing or not valid JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def create_exclusively(path: str, data: bytes) -> bool:
+    """Publish ``data`` at ``path`` unless the file already exists; atomic against concurrent callers."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        # link() fails when the target exists, which gives create-if-absent without a torn file.
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        # Some filesystems refuse hard links; fall back to a check-then-replace.
+        if os.path.exists(path):
+            return False
+        os.replace(tmp, path)
+        return True
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def touch(path: str) -> None:
+    with open(path, "a"):
+        pass
+
+
+def emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+class Paths:
+    """Where everything lives under one runner home."""
+
+    def __init__(self, home: str) -> None:
+        self.home = os.path.abspath(home)
+        self.jobs = os.path.join(self.home, "jobs")
+        self.agent_json = os.path.join(self.home, "agent.json")
+        self.agent_pid = os.path.join(self.home, "agent.pid")
+        self.agent_lock = os.path.join(self.home, "agent.lock")
+        self.agent_log = os.path.join(self.home, "agent.log")
+        self.agent_stop = os.path.join(self.home, "agent.stop")
+
+    def job(self, job_id: str) -> JobPaths:
+        return JobPaths(self.jobs, job_id)
+
+
+class JobPaths:
+    def __init__(self, jobs_dir: str, job_id: str) -> None:
+        check_job_id(job_id)
+        self.job_id = job_id
+        self.dir = os.path.join(jobs_dir, job_id)
+        self.spec = os.path.join(self.dir, "spec.json")
+        self.status = os.path.join(self.dir, "status.json")
+        self.output = os.path.join(self.dir, "output.log")
+        self.runner_log = os.path.join(self.dir, "runner.log")
+        self.runner_lock = os.path.join(self.dir, "runner.lock")
+        self.mpi_dir = os.path.join(self.dir, "mpi")
+        self.hostfile = os.path.join(self.mpi_dir, "hostfile")
+        self.workdir = os.path.join(self.dir, "workdir")
+        self.stop = os.path.join(self.dir, "stop")
+
+
+def check_job_id(job_id: str) -> None:
+    # The id becomes a directory name; refuse anything that could escape HOME/jobs.
+    if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
+        raise ValueError(f"invalid job id: {job_id!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) from /proc, or None when the process does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or parentheses.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie counts as dead (its parent may never reap it)."""
+    if pid <= 0:
+        return False
+    if os.path.isdir("/proc/self"):
+        stat = proc_stat(pid)
+        return stat is not None and stat[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pid_cmdline(pid: int) -> list[str] | None:
+    """The argv of a process, or None when it cannot be read (no /proc, gone, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if not raw:
+        return None
+    return [part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0")]
+
+
+def is_runner_process(pid: int, command: str, job_id: str | None = None) -> bool:
+    """Whether ``pid`` is a live muster_runner process running ``command`` (guards against pid reuse)."""
+    if not pid_alive(pid):
+        return False
+    argv = pid_cmdline(pid)
+    if argv is None:
+        # No /proc (not Linux): being alive is all we can tell.
+        return not os.path.isdir("/proc/self")
+    if not any("muster_runner" in arg for arg in argv) or command not in argv:
+        return False
+    return job_id is None or job_id in argv
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is still in process group ``pgid``."""
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = proc_stat(int(name))
+        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_group_gone(pgid: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    """Wait until the group is empty, reaping ``proc`` meanwhile so our own child is not left a zombie."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.poll()
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_group(pgid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after ``grace`` seconds."""
+    signal_group(pgid, signal.SIGTERM)
+    if not wait_group_gone(pgid, grace, proc):
+        signal_group(pgid, signal.SIGKILL)
+        wait_group_gone(pgid, 2.0, proc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster environment (DESIGN.md section 7)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def cluster_info(spec: dict[str, Any]) -> dict[str, Any]:
+    info = spec.get("cluster_info")
+    return info if isinstance(info, dict) else {}
+
+
+def node_gpu_counts(spec: dict[str, Any]) -> list[int]:
+    """GPUs of every node in rank order; without gpus_per_node every node is assumed like this one."""
+    ips = cluster_info(spec).get("job_ips") or []
+    per_node = cluster_info(spec).get("gpus_per_node") or []
+    own = _int(spec.get("gpus"))
+    return [_int(per_node[i]) if i < len(per_node) else own for i in range(len(ips))]
+
+
+def hostfile_content(spec: dict[str, Any]) -> str:
+    """One line per node: ``IP slots=N`` for GPU nodes, the bare IP for CPU nodes (never slots=0)."""
+    ips = [str(ip or "") for ip in cluster_info(spec).get("job_ips") or []]
+    if not ips or any(not ip for ip in ips):
+        # An unknown address would make MPI launch on the wrong hosts; an empty file fails loudly instead.
+        return ""
+    counts = node_gpu_counts(spec)
+    lines = [f"{ip} slots={counts[i]}" if counts[i] > 0 else ip for i, ip in enumerate(ips)]
+    return "\n".join(lines) + "\n"
+
+
+def total_gpus(spec: dict[str, Any]) -> int:
+    per_node = cluster_info(spec).get("gpus_per_node") or []
+    if per_node:
+        return sum(_int(g) for g in per_node)
+    return _int(spec.get("nodes_num"), 1) * _int(spec.get("gpus"))
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
+    """The variables the runner sets for the job, before the user's env is applied."""
+    info = cluster_info(spec)
+    env = {
+        "DSTACK_NODE_RANK": _text(spec.get("job_num", 0)),
+        "DSTACK_NODES_NUM": _text(spec.get("nodes_num", 1)),
+        "DSTACK_NODES_IPS": "\n".join(_text(ip) for ip in info.get("job_ips") or []),
+        "DSTACK_MASTER_NODE_IP": _text(info.get("master_job_ip")),
+        "DSTACK_GPUS_PER_NODE": _text(_int(spec.get("gpus"))),
+        "DSTACK_GPUS_NUM": _text(total_gpus(spec)),
+        "DSTACK_MPI_HOSTFILE": os.path.abspath(hostfile_path),
+        "DSTACK_RUN_NAME": _text(spec.get("run_name")),
+        "DSTACK_JOB_NUM": _text(spec.get("job_num", 0)),
+        "DSTACK_NODE_GROUP_NAME": _text(spec.get("node_group_name")),
+        "DSTACK_NODE_GROUP_INDEX": _text(spec.get("node_group_index", 0)),
+        "DSTACK_NODE_GROUP_RANK": _text(spec.get("node_group_rank", 0)),
+        "DSTACK_NODE_IP": _text(spec.get("node_ip")),
+    }
+    tpu = spec.get("tpu")
+    if isinstance(tpu, dict):
+        hostnames = tpu.get("worker_hostnames")
+        if isinstance(hostnames, list):
+            hostnames = ",".join(_text(h) for h in hostnames)
+        env["TPU_WORKER_ID"] = _text(tpu.get("worker_id", 0))
+        env["TPU_WORKER_HOSTNAMES"] = _text(hostnames)
+        env["PJRT_DEVICE"] = "TPU"
+    return env
+
+
+def build_env(spec: dict[str, Any], base: dict[str, str], hostfile_path: str) -> dict[str, str]:
+    """Runner environment, then the cluster contract, then the user's env (which wins)."""
+    env = dict(base)
+    # Without a terminal Python buffers stdout in blocks, so logs would arrive late; users expect live logs.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(cluster_env(spec, hostfile_path))
+    user_env = spec.get("env") or {}
+    for key, value in user_env.items():
+        if value is not None:
+            env[str(key)] = str(value)
+    return env
+
+
+def job_script(commands: list[str]) -> str:
+    # set -e makes the first failing command fail the job, like a CI script.
+    return "set -e\n" + "\n".join(commands) + "\n"
+
+
+def validate_spec(spec: Any) -> dict[str, Any]:
+    """The spec if it can be run; raises ValueError naming what is wrong."""
+    if not isinstance(spec, dict):
+        raise ValueError("spec must be a JSON object")
+    commands = spec.get("commands")
+    if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
+        raise ValueError("spec.commands must be a list of strings")
+    if spec.get("env") is not None and not isinstance(spec.get("env"), dict):
+        raise ValueError("spec.env must be an object")
+    for key in ("max_duration", "stop_grace"):
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"spec.{key} must be a number or null")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# Job runner (the ``job`` command)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT/SIGHUP so loops can finish cleanly instead of dying mid-write."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.set = True
+
+
+def exit_fields(returncode: int) -> dict[str, Any]:
+    """Shell-style exit status: 128+N when the shell was killed by signal N."""
+    if returncode < 0:
+        return {"exit_status": 128 - returncode, "signal": -returncode}
+    return {"exit_status": returncode}
+
+
+def stop_grace(spec: dict[str, Any]) -> float:
+    grace = spec.get("stop_grace")
+    return float(grace) if grace is not None else DEFAULT_STOP_GRACE
+
+
+def final_state(returncode: int, reason: str | None) -> str:
+    if reason is not None:
+        return reason
+    return "done" if returncode == 0 else "failed"
+
+
+def prepare_job_dirs(job: JobPaths, spec: dict[str, Any]) -> None:
+    os.makedirs(job.workdir, exist_ok=True)
+    os.makedirs(job.mpi_dir, exist_ok=True)
+    with open(job.hostfile, "w") as f:
+        f.write(hostfile_content(spec))
+
+
+def watch_job(
+    job: JobPaths, proc: subprocess.Popen, spec: dict[str, Any], started: float, flag: StopFlag
+) -> str | None:
+    """Wait for the shell to exit; returns the reason when we had to kill it, None when it exited alone."""
+    max_duration = spec.get("max_duration")
+    while proc.poll() is None:
+        reason = None
+        if flag.set or os.path.exists(job.stop):
+            reason = "terminated"
+        elif max_duration and time.monotonic() - started >= float(max_duration):
+            reason = "max_duration_exceeded"
+        if reason is not None:
+            kill_group(proc.pid, stop_grace(spec), proc)
+            proc.wait()
+            return reason
+        time.sleep(WATCH_INTERVAL)
+    return None
+
+
+def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
+    env = build_env(spec, dict(os.environ), job.hostfile)
+    with open(job.output, "ab") as output:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", job_script(spec["commands"])],
+            cwd=job.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: a stop kills everything the job spawned
+            close_fds=True,
+        )
+
+
+def run_job(home: str, job_id: str) -> int:
+    job = Paths(home).job(job_id)
+    # Held until this process exits: a second runner for the same job would run it twice.
+    lock = open(job.runner_lock, "a")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        log_err(f"job {job_id} already has a runner")
+        return 1
+    flag = StopFlag()
+    flag.install()
+    base = {"runner_pid": os.getpid()}
+    try:
+        spec = validate_spec(read_json(job.spec))
+        if os.path.exists(job.stop) or flag.set:
+            write_json_atomic(
+                job.status, dict(base, state="terminated", exit_status=None, end_time=time.time())
+            )
+            return 0
+        prepare_job_dirs(job, spec)
+        proc = start_shell(job, spec)
+    except (OSError, ValueError) as e:
+        write_json_atomic(
+            job.status, dict(base, state="failed", error=f"cannot start: {e}", end_time=time.time())
+        )
+        return 1
+    started = time.monotonic()
+    running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, start_time=time.time())
+    write_json_atomic(job.status, running)
+    reason = watch_job(job, proc, spec, started, flag)
+    # Background children (`server &`) outlive the shell in its group; a finished job must not leak them.
+    kill_group(proc.pid, stop_grace(spec), proc)
+    final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
+    final.update(exit_fields(proc.returncode))
+    write_json_atomic(job.status, final)
+    return 0
+
+
+def log_err(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    sys.stderr.write(f"{stamp} muster_runner[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent (the ``agent`` command)
+
+
+class Agent:
+    def __init__(self, paths: Paths, poll: float) -> None:
+        self.paths = paths
+        self.poll = poll
+        self.flag = StopFlag()
+        self.children: dict[str, subprocess.Popen] = {}
+        self.started = time.time()
+        self.last_heartbeat = 0.0
+
+    def run(self) -> int:
+        os.makedirs(self.paths.jobs, exist_ok=True)
+        lock = open(self.paths.agent_lock, "a")
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            # Another agent owns this home; two would start every job twice.
+            log_err(f"another agent holds {self.paths.agent_lock}; exiting")
+            return 0
+        self.flag.install()
+        self.heartbeat()
+        write_json_atomic(self.paths.agent_pid, os.getpid())
+        log_err(f"agent started (home {self.paths.home})")
+        while not self.flag.set and not os.path.exists(self.paths.agent_stop):
+            self.tick()
+            time.sleep(self.poll)
+        self.shutdown()
+        return 0
+
+    def tick(self) -> None:
+        # Each step is guarded: one broken job directory must never take the agent down.
+        for step in (self.start_new_jobs, self.reap_children, self.fail_orphans):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the agent must survive anything a job dir holds
+                log_err(f"{step.__name__}: {e!r}")
+        if time.time() - self.last_heartbeat >= HEARTBEAT_INTERVAL:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        self.last_heartbeat = time.time()
+        write_json_atomic(
+            self.paths.agent_json,
+            {
+                "pid": os.getpid(),
+                "version": VERSION,
+                "started": self.started,
+                "heartbeat": self.last_heartbeat,
+            },
+        )
+
+    def job_ids(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.paths.jobs))
+        except OSError:
+            return []
+        return [n for n in names if os.path.isdir(os.path.join(self.paths.jobs, n))]
+
+    def start_new_jobs(self) -> None:
+        for job_id in self.job_ids():
+            job = self.paths.job(job_id)
+            if os.path.exists(job.spec) and not os.path.exists(job.status):
+                try:
+                    self.start_job(job)
+                except OSError as e:
+                    # Typically the directory was removed by cleanup while we looked at it.
+                    log_err(f"cannot start job {job_id}: {e}")
+
+    def start_job(self, job: JobPaths) -> None:
+        spec = read_json(job.spec)
+        try:
+            validate_spec(spec)
+        except ValueError as e:
+            if time.time() - os.path.getmtime(job.spec) < SPEC_SETTLE_SECONDS:
+                return  # maybe still being copied; look again next poll
+            write_json_atomic(
+                job.status, {"state": "failed", "error": f"bad spec: {e}", "end_time": time.time()}
+            )
+            return
+        # Written before spawning so a restarted agent never starts the same job twice.
+        write_json_atomic(job.status, {"state": "starting", "time": time.time()})
+        with open(job.runner_log, "ab") as runner_log:
+            self.children[job.job_id] = subprocess.Popen(
+                [sys.executable, SCRIPT_PATH, "job", "--home", self.paths.home, "--job", job.job_id],
+                stdin=subprocess.DEVNULL,
+                stdout=runner_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # jobs survive agent restarts and signals sent to the agent
+                close_fds=True,
+            )
+        log_err(f"started job {job.job_id} (runner pid {self.children[job.job_id].pid})")
+
+    def reap_children(self) -> None:
+        for job_id, proc in list(self.children.items()):
+            if proc.poll() is None:
+                continue
+            del self.children[job_id]
+            self.fail_if_unfinished(self.paths.job(job_id), f"job runner exited with code {proc.returncode}")
+
+    def fail_orphans(self) -> None:
+        """Fail jobs whose runner died without a final status (killed, OOM, host agent restarted)."""
+        for job_id in self.job_ids():
+            if job_id in self.children:
+                continue
+            job = self.paths.job(job_id)
+            status = read_json(job.status)
+            if not isinstance(status, dict):
+                continue
+            if status.get("state") == "running" and not is_runner_process(
+                _int(status.get("runner_pid")), "job", job_id
+            ):
+                self.fail_if_unfinished(job, "job runner died")
+            elif status.get("state") == "starting" and not job_is_active(job, status):
+                self.fail_if_unfinished(job, "job runner never started")
+
+    def fail_if_unfinished(self, job: JobPaths, error: str) -> None:
+        # Re-read: the runner writes its final status before exiting, so a fresh read decides.
+        status = read_json(job.status)
+        if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
+            return
+        pgid = _int(status.get("pgid"))
+        if pgid > 0:
+            kill_group(pgid, 0.5)
+        failed = dict(status, state="failed", error=error, end_time=time.time())
+        if os.path.isdir(job.dir):
+            write_json_atomic(job.status, failed)
+            log_err(f"job {job.job_id} failed: {error}")
+
+    def shutdown(self) -> None:
+        log_err("agent stopping")
+        if os.path.exists(self.paths.agent_stop):
+            try:
+                os.unlink(self.paths.agent_stop)
+            except OSError:
+                pass
+        if read_json(self.paths.agent_pid) == os.getpid():
+            os.unlink(self.paths.agent_pid)
+        agent = read_json(self.paths.agent_json) or {}
+        if agent.get("pid") == os.getpid():
+            write_json_atomic(self.paths.agent_json, dict(agent, stopped=time.time()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Server-facing commands
+
+
+def read_agent_pid(paths: Paths) -> int:
+    return _int(read_json(paths.agent_pid))
+
+
+def heartbeat_fresh(agent: Any, now: float) -> bool:
+    return isinstance(agent, dict) and now - float(agent.get("heartbeat") or 0) < HEARTBEAT_FRESH
+
+
+def live_agent_pid(paths: Paths) -> int | None:
+    pid = read_agent_pid(paths)
+    if pid <= 0:
+        return None
+    if os.path.isdir("/proc/self"):
+        return pid if is_runner_process(pid, "agent") else None
+    # Without /proc a reused pid cannot be told apart; a fresh heartbeat shows the agent is ours.
+    return pid if pid_alive(pid) and heartbeat_fresh(read_json(paths.agent_json), time.time()) else None
+
+
+def cmd_ensure_agent(paths: Paths) -> int:
+    os.makedirs(paths.jobs, exist_ok=True)
+    pid = live_agent_pid(paths)
+    if pid is not None:
+        emit({"started": False, "pid": pid})
+        return 0
+    if os.path.exists(paths.agent_stop):
+        os.unlink(paths.agent_stop)  # a stale stop request would make the new agent exit at once
+    with open(paths.agent_log, "ab") as agent_log:
+        proc = subprocess.Popen(
+            [sys.executable, SCRIPT_PATH, "agent", "--home", paths.home],
+            stdin=subprocess.DEVNULL,
+            stdout=agent_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # detached: the SSH session that called us can return now
+            close_fds=True,
+            cwd=paths.home,
+        )
+    deadline = time.monotonic() + ENSURE_AGENT_WAIT
+    while time.monotonic() < deadline:
+        pid = live_agent_pid(paths)
+        if pid is not None:
+            # Under a concurrent call the other caller's agent may have won the lock; ours then exited.
+            emit({"started": pid == proc.pid, "pid": pid})
+            return 0
+        if proc.poll() not in (None, 0):
+            break  # crashed (a lock loser exits 0 and the winner is still coming up)
+        time.sleep(0.05)
+    emit({"started": False, "pid": None, "error": f"agent did not come up; see {paths.agent_log}"})
+    return 1
+
+
+def cmd_submit(paths: Paths, job_id: str) -> int:
+    job = paths.job(job_id)
+    raw = sys.stdin.buffer.read()
+    try:
+        validate_spec(json.loads(raw.decode("utf-8")))
+    except ValueError as e:
+        emit({"submitted": False, "error": f"bad spec: {e}"})
+        return 1
+    os.makedirs(job.dir, exist_ok=True)
+    emit({"submitted": create_exclusively(job.spec, raw)})
+    return 0
+
+
+def job_status(job: JobPaths) -> dict[str, Any] | None:
+    status = read_json(job.status)
+    if isinstance(status, dict):
+        return status
+    if os.path.exists(job.spec):
+        return {"state": "submitted"}
+    return None
+
+
+def cmd_status(paths: Paths) -> int:
+    now = time.time()
+    agent = read_json(paths.agent_json)
+    pid = _int(agent.get("pid")) if isinstance(agent, dict) else 0
+    alive = pid > 0 and is_runner_process(pid, "agent") and heartbeat_fresh(agent, now)
+    jobs: dict[str, Any] = {}
+    if os.path.isdir(paths.jobs):
+        for job_id in sorted(os.listdir(paths.jobs)):
+            try:
+                status = job_status(paths.job(job_id))
+            except ValueError:
+                continue
+            if status is not None:
+                jobs[job_id] = status
+    emit(
+        {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
+    )
+    return 0
+
+
+def cmd_stop(paths: Paths, job_id: str) -> int:
+    job = paths.job(job_id)
+    if not os.path.isdir(job.dir):
+        emit({"stopping": False, "error": "unknown job"})
+        return 0
+    touch(job.stop)
+    emit({"stopping": True})
+    return 0
+
+
+def cmd_log(paths: Paths, job_id: str, offset: int, limit: int) -> int:
+    job = paths.job(job_id)
+    out = sys.stdout.buffer
+    try:
+        f = open(job.output, "rb")
+    except FileNotFoundError:
+        return 0
+    with f:
+        f.seek(offset)
+        remaining = limit
+        while remaining > 0:
+            chunk = f.read(min(remaining, 64 * 1024))
+            if not chunk:
+                break
+            out.write(chunk)
+            remaining -= len(chunk)
+    out.flush()
+    return 0
+
+
+def job_is_active(job: JobPaths, status: dict[str, Any] | None) -> bool:
+    if status is None or status.get("state") in FINAL_STATES + ("submitted",):
+        return False
+    if status.get("state") == "starting":
+        return time.time() - float(status.get("time") or 0) < STARTING_ABANDONED_AFTER
+    return is_runner_process(_int(status.get("runner_pid")), "job", job.job_id)
+
+
+def cmd_cleanup(paths: Paths, job_id: str) -> int:
+    job = paths.job(job_id)
+    if not os.path.isdir(job.dir):
+        emit({"removed": False, "reason": "no such job"})
+        return 0
+    status = job_status(job)
+    if job_is_active(job, status):
+        emit({"removed": False, "reason": "job is " + str(status["state"])})
+        return 0
+    if status is not None and _int(status.get("pgid")) > 0 and status.get("state") not in FINAL_STATES:
+        kill_group(_int(status.get("pgid")), 0.5)  # its runner died: do not leave its processes behind
+    shutil.rmtree(job.dir, ignore_errors=True)
+    emit({"removed": True})
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+# command -> (needs --job, help)
+COMMANDS = {
+    "agent": (False, "long-lived loop that starts submitted jobs"),
+    "ensure-agent": (False, "start the agent unless one is alive; prints {started, pid}"),
+    "submit": (True, "store the spec read from stdin unless the job exists; prints {submitted}"),
+    "status": (False, "print the agent and every job's status as one JSON document"),
+    "stop": (True, "ask a job to stop; prints {stopping}"),
+    "log": (True, "write raw bytes of a job's output.log to stdout"),
+    "cleanup": (True, "remove a job's directory unless it is running; prints {removed}"),
+    "job": (True, "internal: run one job (spawned by the agent)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="muster_runner.py", description="Muster runner agent")
+    sub = parser.add_subparsers(dest="command")
+    sub.required = True
+    for name, (needs_job, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--home", required=True)
+        if needs_job:
+            command.add_argument("--job", required=True)
+        if name == "agent":
+            command.add_argument("--poll", type=float, default=0.2)
+        if name == "log":
+            command.add_argument("--offset", type=non_negative, default=0)
+            command.add_argument("--limit", type=non_negative, default=DEFAULT_LOG_LIMIT)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = Paths(args.home)
+    try:
+        if args.command == "agent":
+            return Agent(paths, args.poll).run()
+        if args.command == "ensure-agent":
+            return cmd_ensure_agent(paths)
+        if args.command == "status":
+            return cmd_status(paths)
+        if args.command == "submit":
+            return cmd_submit(paths, args.job)
+        if args.command == "stop":
+            return cmd_stop(paths, args.job)
+        if args.command == "log":
+            return cmd_log(paths, args.job, args.offset, args.limit)
+        if args.command == "cleanup":
+            return cmd_cleanup(paths, args.job)
+        if args.command == "job":
+            return run_job(paths.home, args.job)
+    except ValueError as e:
+        emit({"error": str(e)})
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

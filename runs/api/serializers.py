@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from runs.models import Job, Run
+
+
+class RunRequestSerializer(serializers.Serializer):
+    """Documents the plan/apply body; the configuration itself is validated by runs.configuration."""
+
+    configuration = serializers.JSONField(help_text="The run configuration: YAML text or a JSON object.")
+    env = serializers.DictField(child=serializers.CharField(), required=False,
+                                help_text="Values for bare `KEY` entries in the configuration's env.")
+
+
+class StopRequestSerializer(serializers.Serializer):
+    abort = serializers.BooleanField(default=False)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    instance = serializers.CharField(source="instance.name", default=None, read_only=True)
+    instance_ip = serializers.CharField(source="instance.internal_ip", default=None, read_only=True)
+    resources = serializers.JSONField(source="spec.resources", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "job_num", "submission_num", "status", "termination_reason", "termination_message",
+            "node_group_name", "node_group_index", "node_group_rank", "waiting_master_job",
+            "instance", "instance_ip", "resources", "start_time", "end_time", "exit_status",
+        ]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
+    project = serializers.CharField(source="project.name", read_only=True)
+    jobs = serializers.SerializerMethodField()
+    configuration = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "name", "project", "status", "termination_reason", "termination_message", "fleet",
+            "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
+            "configuration", "jobs",
+        ]
+
+    def get_configuration(self, run: Run) -> dict:
+        return {k: v for k, v in run.configuration.items() if k != "secret_env"}
+
+    def get_jobs(self, run: Run) -> list[dict]:
+        jobs = [j for j in run.jobs.all() if j.submission_num == run.submission_num]
+        return JobSerializer(sorted(jobs, key=lambda j: j.job_num), many=True).data
+
+
+class RunListSerializer(RunSerializer):
+    class Meta(RunSerializer.Meta):
+        fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration",)]

@@ -1,0 +1,95 @@
+"""Status and termination-reason enums of runs and jobs (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"
+    SUBMITTED = "submitted"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+    DONE = "done"
+
+
+RUN_FINISHED = (RunStatus.TERMINATED, RunStatus.FAILED, RunStatus.DONE)
+
+
+class JobStatus(models.TextChoices):
+    SUBMITTED = "submitted"
+    PROVISIONING = "provisioning"
+    PULLING = "pulling"
+    RUNNING = "running"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    DONE = "done"
+
+
+JOB_FINISHED = (JobStatus.TERMINATED, JobStatus.ABORTED, JobStatus.FAILED, JobStatus.DONE)
+JOB_ACTIVE = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
+
+
+class JobReason(models.TextChoices):
+    FAILED_TO_START_DUE_TO_NO_CAPACITY = "failed_to_start_due_to_no_capacity"
+    INTERRUPTED_BY_NO_CAPACITY = "interrupted_by_no_capacity"
+    INSTANCE_UNREACHABLE = "instance_unreachable"
+    WAITING_INSTANCE_LIMIT_EXCEEDED = "waiting_instance_limit_exceeded"
+    WAITING_RUNNER_LIMIT_EXCEEDED = "waiting_runner_limit_exceeded"
+    WAITING_PEERS_LIMIT_EXCEEDED = "waiting_peers_limit_exceeded"
+    TERMINATED_BY_USER = "terminated_by_user"
+    ABORTED_BY_USER = "aborted_by_user"
+    TERMINATED_BY_SERVER = "terminated_by_server"
+    DONE_BY_RUNNER = "done_by_runner"
+    CONTAINER_EXITED_WITH_ERROR = "container_exited_with_error"
+    EXECUTOR_ERROR = "executor_error"
+    MAX_DURATION_EXCEEDED = "max_duration_exceeded"
+
+
+class RunReason(models.TextChoices):
+    ALL_JOBS_DONE = "all_jobs_done"
+    JOB_FAILED = "job_failed"
+    RETRY_LIMIT_EXCEEDED = "retry_limit_exceeded"
+    STOPPED_BY_USER = "stopped_by_user"
+    ABORTED_BY_USER = "aborted_by_user"
+    SERVER_ERROR = "server_error"
+
+
+# Which retry event (if any) a job termination reason counts as.
+RETRY_EVENT = {
+    JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY: "no-capacity",
+    JobReason.INTERRUPTED_BY_NO_CAPACITY: "interruption",
+    JobReason.INSTANCE_UNREACHABLE: "interruption",
+    JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: "no-capacity",
+    JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: "error",
+    JobReason.WAITING_PEERS_LIMIT_EXCEEDED: "error",
+    JobReason.CONTAINER_EXITED_WITH_ERROR: "error",
+    JobReason.EXECUTOR_ERROR: "error",
+    JobReason.MAX_DURATION_EXCEEDED: None,
+    JobReason.TERMINATED_BY_USER: None,
+    JobReason.ABORTED_BY_USER: None,
+    JobReason.TERMINATED_BY_SERVER: None,
+    JobReason.DONE_BY_RUNNER: None,
+}
+
+# The status a job ends in for each reason.
+FINAL_STATUS = {
+    JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY: JobStatus.FAILED,
+    JobReason.INTERRUPTED_BY_NO_CAPACITY: JobStatus.FAILED,
+    JobReason.INSTANCE_UNREACHABLE: JobStatus.FAILED,
+    JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: JobStatus.FAILED,
+    JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: JobStatus.FAILED,
+    JobReason.WAITING_PEERS_LIMIT_EXCEEDED: JobStatus.FAILED,
+    JobReason.CONTAINER_EXITED_WITH_ERROR: JobStatus.FAILED,
+    JobReason.EXECUTOR_ERROR: JobStatus.FAILED,
+    JobReason.MAX_DURATION_EXCEEDED: JobStatus.TERMINATED,
+    JobReason.TERMINATED_BY_USER: JobStatus.TERMINATED,
+    JobReason.ABORTED_BY_USER: JobStatus.ABORTED,
+    JobReason.TERMINATED_BY_SERVER: JobStatus.TERMINATED,
+    JobReason.DONE_BY_RUNNER: JobStatus.DONE,
+}

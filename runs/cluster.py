@@ -1,0 +1,53 @@
+"""What a job is told when it starts: its interpolated commands and env, and the cluster info."""
+
+from __future__ import annotations
+
+from runs.configuration import gpu_count_for, substitute_ips
+from runs.models import Job
+from runs.services.submission import secret_env
+
+
+def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:
+    return {(j.node_group_index, j.node_group_rank): j.instance.internal_ip for j in jobs if j.instance}
+
+
+def all_ips_known(jobs: list[Job]) -> bool:
+    return all(j.instance is not None and j.instance.internal_ip and j.instance.status == "busy" for j in jobs)
+
+
+def gpus_on_host(job: Job) -> int:
+    return gpu_count_for(job.spec["resources"], job.instance.resources)
+
+
+def runner_spec(job: Job, jobs: list[Job]) -> dict:
+    """The spec the runner receives (runner/muster_runner.py documents each field)."""
+    run = job.run
+    ips = peer_ips(jobs)
+    hidden = secret_env(run) if job.spec.get("hidden_env") else {}
+    env = {**{k: hidden[k] for k in job.spec.get("hidden_env", []) if k in hidden}, **job.spec["env"]}
+    env = {k: substitute_ips(v, ips) for k, v in env.items()}
+    instance = job.instance
+    spec = {
+        "job_id": job.runner_job_id,
+        "run_name": run.name,
+        "job_num": job.job_num,
+        "nodes_num": len(jobs),
+        "node_group_name": job.node_group_name,
+        "node_group_index": job.node_group_index,
+        "node_group_rank": job.node_group_rank,
+        "commands": [substitute_ips(c, ips) for c in job.spec["commands"]],
+        "env": env,
+        "max_duration": run.configuration.get("max_duration"),
+        "node_ip": instance.internal_ip,
+        "gpus": gpus_on_host(job),
+        "cluster_info": {
+            "job_ips": [j.instance.internal_ip for j in jobs],
+            "master_job_ip": jobs[0].instance.internal_ip,
+            "gpus_per_node": [gpus_on_host(j) for j in jobs],
+        },
+        "tpu": None,
+    }
+    if instance.group_id and instance.group.kind == "tpu_pod":
+        hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)
+        spec["tpu"] = {"worker_id": instance.index, "worker_hostnames": ",".join(hosts)}
+    return spec

@@ -1,0 +1,58 @@
+"""The run and fleet configuration language: parsing, checking, expansion into jobs, matching.
+
+Pure Python (pydantic + PyYAML, no Django), so it can be used and tested on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .documents import load_document
+from .durations import parse_duration
+from .errors import ConfigurationError
+from .expansion import JobSpec, expand_jobs
+from .fleet import FleetConfiguration, parse_fleet_configuration
+from .interpolation import ip_references, substitute_ips
+from .matching import fits, gpu_count_for
+from .resources import Resources, parse_resources
+from .task import NodeGroup, RetryPolicy, TaskConfiguration, parse_run_configuration
+
+CONFIGURATION_TYPES = ("task", "fleet")
+
+
+def parse_any_configuration(data: str | dict, **kwargs: Any) -> TaskConfiguration | FleetConfiguration:
+    """Parse a task or a fleet, chosen by its `type`; keyword arguments go to the task parser."""
+    document = load_document(data)
+    kind = document.get("type")
+    if kind == "task":
+        return parse_run_configuration(document, **kwargs)
+    if kind == "fleet":
+        return parse_fleet_configuration(document)
+    if kind is None:
+        msg = "`type` is required: task or fleet"
+    else:
+        msg = f"unknown type `{kind}`: use task or fleet"
+    raise ConfigurationError([{"loc": ["type"], "msg": msg}])
+
+
+__all__ = [
+    "CONFIGURATION_TYPES",
+    "ConfigurationError",
+    "FleetConfiguration",
+    "JobSpec",
+    "NodeGroup",
+    "Resources",
+    "RetryPolicy",
+    "TaskConfiguration",
+    "expand_jobs",
+    "fits",
+    "gpu_count_for",
+    "ip_references",
+    "load_document",
+    "parse_any_configuration",
+    "parse_duration",
+    "parse_fleet_configuration",
+    "parse_resources",
+    "parse_run_configuration",
+    "substitute_ips",
+]

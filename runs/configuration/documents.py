@@ -1,0 +1,81 @@
+"""Reading a configuration document: YAML or JSON text, or an already-parsed mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .errors import ConfigurationError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping.
+
+    PyYAML silently keeps the last value, which turns a copy-paste slip into a config that
+    quietly does something else.
+    """
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key; construct_mapping reports it properly below
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key `{key}`", key_node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_document(data: str | dict) -> dict:
+    """YAML or JSON text (or a dict) -> dict; anything but a mapping at the top is an error."""
+    if isinstance(data, dict):
+        return data
+    if not isinstance(data, str):
+        raise _error(f"expected YAML or JSON text, got {type(data).__name__}")
+    try:
+        parsed = yaml.load(data, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        raise _error(_describe_yaml_error(exc)) from None
+    except yaml.YAMLError as exc:
+        raise _error(f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise _error("the document is nested too deeply") from None
+    if parsed is None:
+        raise _error("the configuration is empty")
+    if not isinstance(parsed, dict):
+        raise _error(f"the configuration must be a mapping of keys to values, not a {_kind(parsed)}")
+    return parsed
+
+
+def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "invalid YAML"
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    # PyYAML counts from 0; editors count from 1.
+    return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
+
+
+def _error(msg: str) -> ConfigurationError:
+    return ConfigurationError([{"loc": ["configuration"], "msg": msg}])

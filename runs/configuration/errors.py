@@ -1,0 +1,102 @@
+"""The one error type of the configuration language and the helpers that fill it.
+
+Every problem is reported as `{"loc": [...], "msg": "..."}` with a location that starts at the
+configuration root, so the API can return all of them at once and a client can point at the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+Loc = list[str | int]
+
+
+class ConfigurationError(Exception):
+    """A configuration that cannot be accepted; `errors` lists every problem found."""
+
+    def __init__(self, errors: list[dict[str, Any]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{format_loc(e['loc'])}: {e['msg']}" for e in errors))
+
+
+def format_loc(loc: Sequence[str | int]) -> str:
+    """`["groups", 0, "commands", 1]` -> `groups[0].commands[1]` (for messages and logs)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "configuration"
+
+
+class ErrorList:
+    """Collects problems while a whole configuration is checked, so the user sees all of them."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, loc: Sequence[str | int], msg: str) -> None:
+        self.items.append({"loc": [_loc_part(p) for p in loc], "msg": msg})
+
+    def extend_from(self, error: ConfigurationError, prefix: Sequence[str | int] = ()) -> None:
+        for item in error.errors:
+            self.add([*prefix, *item["loc"]], item["msg"])
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise ConfigurationError(list(self.items))
+
+
+def _loc_part(part: object) -> str | int:
+    # YAML lets keys be floats, None or dates; a location must stay JSON-safe and typed.
+    if isinstance(part, bool) or not isinstance(part, str | int):
+        return str(part)
+    return part
+
+
+def from_validation_error(exc: ValidationError, prefix: Sequence[str | int] = ()) -> ConfigurationError:
+    """Turn pydantic's errors into ours: short human messages, no documentation URLs."""
+    errors = ErrorList()
+    for item in exc.errors(include_url=False):
+        loc = list(item["loc"])
+        errors.add([*prefix, *loc], _message(item, loc))
+    return ConfigurationError(errors.items)
+
+
+# pydantic's wording names Python types and model classes; users wrote YAML.
+_TYPE_MESSAGES = {
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "list_type": "expected a list",
+    "string_type": "expected a string",
+    "int_type": "expected a whole number",
+    "bool_type": "expected true or false",
+    "float_type": "expected a number",
+}
+
+
+def _message(item: dict[str, Any], loc: list[Any]) -> str:
+    kind = item["type"]
+    key = loc[-1] if loc else "configuration"
+    if kind == "extra_forbidden":
+        return f"unknown key `{key}`"
+    if kind == "missing":
+        return f"`{key}` is required"
+    if kind == "invalid_key":
+        return "keys must be strings"
+    if kind in _TYPE_MESSAGES:
+        return _TYPE_MESSAGES[kind]
+    msg = str(item["msg"])
+    # Our own validators raise ValueError; pydantic prefixes it with its error class.
+    for noise in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(noise):
+            msg = msg[len(noise) :]
+    return msg

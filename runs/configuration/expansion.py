@@ -1,0 +1,69 @@
+"""From a checked task to its jobs: one global rank space over the groups, in written order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .task import TaskConfiguration
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One node of a run. `job_num` is its global rank; job 0 is the master."""
+
+    job_num: int
+    node_group_name: str
+    node_group_index: int
+    node_group_rank: int
+    nodes_in_group: int
+    resources: dict[str, Any]  # normalized, see resources.Resources
+    commands: list[str]  # `${{ }}` references untouched: they are filled when the IPs are known
+    env: dict[str, str]
+    image: str | None
+    ports: list[int | str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_num": self.job_num,
+            "node_group_name": self.node_group_name,
+            "node_group_index": self.node_group_index,
+            "node_group_rank": self.node_group_rank,
+            "nodes_in_group": self.nodes_in_group,
+            "resources": self.resources,
+            "commands": list(self.commands),
+            "env": dict(self.env),
+            "image": self.image,
+            "ports": list(self.ports),
+        }
+
+
+def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:
+    jobs: list[JobSpec] = []
+    for group in conf.groups:
+        resources = group.resources.as_dict()
+        for rank in range(group.nodes):
+            jobs.append(
+                JobSpec(
+                    job_num=len(jobs),
+                    node_group_name=group.name,
+                    node_group_index=group.index,
+                    node_group_rank=rank,
+                    nodes_in_group=group.nodes,
+                    # Each job gets its own copies, so changing one job's dict cannot change another's.
+                    resources=_copy(resources),
+                    commands=list(group.commands),
+                    env=dict(group.env),
+                    image=group.image,
+                    ports=list(group.ports),
+                )
+            )
+    return jobs
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value

@@ -1,0 +1,60 @@
+"""Checks shared by task and fleet configurations: names, ports, and the strict input base model."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from .errors import ErrorList, from_validation_error
+
+SLUG = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+M = TypeVar("M", bound="WrittenModel")
+SLUG_RULE = "lowercase letters, digits and dashes, starting with a letter, at most 40 characters"
+
+
+class WrittenModel(BaseModel):
+    """The configuration as written: no coercion (`"4"` is not 4, `1` is not `true`), no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def read_model(model: type[M], raw: object, loc: list[str | int], errors: ErrorList) -> M | None:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors.extend_from(from_validation_error(exc), loc)
+        return None
+
+
+def check_slug(value: str | None) -> str | None:
+    if value is not None and not SLUG.fullmatch(value):
+        raise ValueError(f"`{value}` is not a valid name: use {SLUG_RULE}")
+    return value
+
+
+def check_port(item: object) -> int | str:
+    """`8000` or `"8000:8080"` (local:container); digits as a string are read as a number."""
+    if isinstance(item, bool) or not isinstance(item, int | str):
+        raise ValueError("a port must be a number or a `local:container` string like 8000:8080")
+    if isinstance(item, str) and ":" in item:
+        left, _, right = item.partition(":")
+        _port_number(left.strip(), item)
+        _port_number(right.strip(), item)
+        return f"{left.strip()}:{right.strip()}"
+    return _port_number(item, item)
+
+
+# A port as written; checked one by one so an error points at the list item.
+Port = Annotated[Any, AfterValidator(check_port)]
+
+
+def _port_number(value: int | str, written: object) -> int:
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()):
+            raise ValueError(f"`{written}` is not a port: use a number or local:container like 8000:8080")
+        value = int(value)
+    if not 1 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range (1..65535)")
+    return value

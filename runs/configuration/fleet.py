@@ -1,0 +1,267 @@
+"""`type: fleet`: SSH fleets (hosts you have) and cloud fleets (instances Muster creates)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .documents import load_document
+from .durations import parse_optional_duration
+from .errors import ConfigurationError, ErrorList
+from .fields import WrittenModel, check_slug, read_model
+from .ranges import parse_count_range
+from .resources import IntRange, Resources, parse_resources
+
+DEFAULT_SSH_PORT = 22
+# How long an idle cloud instance (a whole TPU pod) is kept before it is deleted.
+DEFAULT_IDLE_DURATION = 72 * 3600
+# Keys that describe instances to create; an SSH fleet is exactly its hosts.
+CLOUD_KEYS = ("nodes", "resources", "spot", "zones", "regions", "idle_duration", "runtime_version")
+
+Placement = Literal["any", "cluster"]
+Backend = Literal["gcp", "local"]
+
+
+# ---- the written form -------------------------------------------------------------------------
+
+
+class _HostInput(WrittenModel):
+    hostname: str
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    private_key: str | None = None
+
+    @field_validator("hostname")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("hostname cannot be empty")
+        return value.strip()
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int | None) -> int | None:
+        return _check_ssh_port(value)
+
+
+class _SSHInput(WrittenModel):
+    user: str | None = None
+    identity_file: str | None = None
+    private_key: str | None = None
+    port: int | None = None
+    hosts: list[_HostInput]
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _bare_hostnames(cls, value: object) -> object:
+        # `- 10.0.0.5` is shorthand for `- hostname: 10.0.0.5`.
+        if isinstance(value, list):
+            return [{"hostname": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _some_hosts(cls, value: list[_HostInput]) -> list[_HostInput]:
+        if not value:
+            raise ValueError("list at least one host")
+        return value
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int | None) -> int | None:
+        return _check_ssh_port(value)
+
+
+class _FleetInput(WrittenModel):
+    type: Literal["fleet"] = "fleet"
+    name: str
+    placement: Placement = "any"
+    ssh_config: _SSHInput | None = None
+    backends: list[Backend] | None = None
+    nodes: Any = None
+    resources: Any = None
+    spot: bool = False
+    zones: list[str] = []
+    regions: list[str] = []
+    idle_duration: Any = None
+    runtime_version: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        check_slug(value)
+        return value
+
+    @field_validator("backends")
+    @classmethod
+    def _some_backends(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("list at least one backend (gcp or local)")
+        return list(dict.fromkeys(value)) if value else value
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: object) -> tuple[int | None, int | None] | None:
+        return None if value is None else parse_count_range(value, "nodes")
+
+    @field_validator("idle_duration")
+    @classmethod
+    def _idle(cls, value: object) -> object:
+        return None if value is None else parse_optional_duration(value)
+
+
+def _check_ssh_port(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range (1..65535)")
+    return value
+
+
+# ---- the checked form -------------------------------------------------------------------------
+
+
+class _Checked(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHHost(_Checked):
+    """One host with the fleet-level defaults already applied."""
+
+    hostname: str
+    port: int
+    user: str
+    identity_file: str | None
+    private_key: str | None = Field(default=None, repr=False)  # key content: never in logs
+
+
+class SSHConfig(_Checked):
+    hosts: list[SSHHost]
+
+
+class FleetConfiguration(_Checked):
+    type: Literal["fleet"] = "fleet"
+    name: str
+    placement: Placement
+    ssh_config: SSHConfig | None
+    backends: list[Backend] | None
+    nodes: IntRange | None  # cloud fleets: how many instances
+    resources: Resources | None  # cloud fleets
+    spot: bool
+    zones: list[str]
+    regions: list[str]
+    idle_duration: int | None  # seconds; None = kept until deleted (`off`)
+    runtime_version: str | None
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+
+
+def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
+    """Check a fleet configuration and return it normalized; ConfigurationError lists every problem."""
+    document = load_document(data)
+    errors = ErrorList()
+    fleet = read_model(_FleetInput, document, [], errors)
+    resources = None
+    if document.get("resources") is not None:
+        try:
+            resources = parse_resources(document.get("resources"))
+        except ConfigurationError as exc:
+            errors.extend_from(exc, ["resources"])
+    errors.raise_if_any()
+    assert fleet is not None
+
+    if fleet.ssh_config is not None and fleet.backends is not None:
+        errors.add(
+            ["backends"],
+            "`ssh_config` and `backends` cannot be used together: a fleet is either "
+            "hosts you have (ssh_config) or instances to create (backends)",
+        )
+    elif fleet.ssh_config is None and fleet.backends is None:
+        errors.add(["ssh_config"], "set `ssh_config` (hosts you have) or `backends` (instances to create)")
+
+    ssh_config = _check_ssh(fleet, errors) if fleet.ssh_config is not None else None
+    nodes: IntRange | None = None
+    idle_duration: int | None = None
+    if fleet.ssh_config is not None:
+        for key in CLOUD_KEYS:
+            if key in fleet.model_fields_set:
+                errors.add([key], f"`{key}` is for cloud fleets (`backends`); an ssh fleet is just its hosts")
+    elif fleet.backends is not None:
+        resources = resources or parse_resources(None)
+        nodes = _cloud_nodes(fleet.nodes, resources, errors)
+        idle_duration = (
+            fleet.idle_duration if "idle_duration" in fleet.model_fields_set else DEFAULT_IDLE_DURATION
+        )
+    errors.raise_if_any()
+    return FleetConfiguration(
+        name=fleet.name,
+        placement=fleet.placement,
+        ssh_config=ssh_config,
+        backends=fleet.backends,
+        nodes=nodes,
+        resources=resources if fleet.backends is not None else None,
+        spot=fleet.spot,
+        zones=fleet.zones,
+        regions=fleet.regions,
+        idle_duration=idle_duration,
+        runtime_version=fleet.runtime_version,
+    )
+
+
+def _check_ssh(fleet: _FleetInput, errors: ErrorList) -> SSHConfig:
+    ssh = fleet.ssh_config
+    assert ssh is not None
+    hosts: list[SSHHost] = []
+    seen: dict[tuple[str, int], int] = {}
+    for i, host in enumerate(ssh.hosts):
+        loc: list[str | int] = ["ssh_config", "hosts", i]
+        port = host.port or ssh.port or DEFAULT_SSH_PORT
+        key = (host.hostname.lower(), port)
+        if key in seen:
+            errors.add(loc, f"host `{host.hostname}` (port {port}) is listed twice (also hosts[{seen[key]}])")
+            continue
+        seen[key] = i
+        user = host.user or ssh.user
+        private_key = host.private_key or ssh.private_key
+        identity_file = host.identity_file or ssh.identity_file
+        if not user:
+            errors.add(loc, f"no user for host `{host.hostname}`: set ssh_config.user or the host's user")
+        if not private_key and not identity_file:
+            errors.add(
+                loc,
+                f"no key for host `{host.hostname}`: set ssh_config.private_key "
+                "(or identity_file) or the host's own",
+            )
+        if user and (private_key or identity_file):
+            hosts.append(
+                SSHHost(
+                    hostname=host.hostname,
+                    port=port,
+                    user=user,
+                    identity_file=identity_file,
+                    private_key=private_key,
+                )
+            )
+    return SSHConfig(hosts=hosts)
+
+
+def _cloud_nodes(
+    written: tuple[int | None, int | None] | None, resources: Resources, errors: ErrorList
+) -> IntRange:
+    """Instances to create; a TPU slice comes as whole slices, so its host count is the unit."""
+    shape = resources.gpu.tpu_shape() if resources.gpu is not None else None
+    if shape is None:
+        low, high = written if written is not None else (1, 1)
+        return IntRange(min=low, max=high)
+    if written is None:
+        return IntRange(min=shape.hosts, max=shape.hosts)
+    for bound in written:
+        if bound is not None and bound % shape.hosts:
+            errors.add(
+                ["nodes"],
+                f"{shape.name} has {shape.hosts} hosts: nodes must be a multiple of "
+                f"{shape.hosts} (one node per host of each slice)",
+            )
+            break
+    return IntRange(min=written[0], max=written[1])

@@ -1,0 +1,367 @@
+"""`type: task`: from the written configuration to a checked, normalized TaskConfiguration.
+
+Each group is defaulted and validated exactly like the top level of a `nodes:` task (which is
+one implicit group named `default`), so a rule cannot apply to one and silently skip the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from .documents import load_document
+from .durations import parse_duration, parse_optional_duration
+from .envs import parse_env, resolve_env
+from .errors import ConfigurationError, ErrorList
+from .fields import Port, WrittenModel, check_slug, read_model
+from .interpolation import reference_problems
+from .resources import Resources, parse_resources
+
+DEFAULT_MAX_NODES = 4096
+IMPLICIT_GROUP_NAME = "default"
+DEFAULT_RETRY_DURATION = 3600  # seconds; `retry: true` and a retry without `duration`
+# Keys a task may not have at the top level once it has groups: each group says its own.
+PER_GROUP_KEYS = ("commands", "ports", "resources")
+
+StartupOrder = Literal["any", "master-first", "workers-first"]
+StopCriteria = Literal["all-done", "master-done"]
+RetryEvent = Literal["no-capacity", "interruption", "error"]
+RETRY_EVENTS: tuple[str, ...] = get_args(RetryEvent)
+
+
+# ---- the written form -------------------------------------------------------------------------
+
+
+class _RetryInput(WrittenModel):
+    on_events: list[RetryEvent] = list(RETRY_EVENTS)  # type: ignore[assignment]
+    duration: Any = DEFAULT_RETRY_DURATION
+
+    @field_validator("on_events")
+    @classmethod
+    def _some_events(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("list at least one event (no-capacity, interruption, error) or set retry: false")
+        return list(dict.fromkeys(value))
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: object) -> int:
+        return parse_duration(value)
+
+
+class _GroupShape(WrittenModel):
+    """Checks that apply alike to the top level of a task and to each of its groups."""
+
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def _slug(cls, value: str | None) -> str | None:
+        return check_slug(value)
+
+    @field_validator("nodes", check_fields=False)
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("nodes must be at least 1")
+        return value
+
+
+class _GroupInput(_GroupShape):
+    name: str
+    nodes: int | None = None
+    resources: Any = None
+    commands: list[str] = []
+    env: Any = None
+    image: str | None = None
+    ports: list[Port] = []
+
+
+class _TaskInput(_GroupShape):
+    type: Literal["task"] = "task"
+    name: str | None = None
+    nodes: int | None = None
+    groups: list[dict[str, Any]] | None = None
+    image: str | None = None
+    env: Any = None
+    commands: list[str] = []
+    ports: list[Port] = []
+    resources: Any = None
+    startup_order: StartupOrder = "any"
+    stop_criteria: StopCriteria = "all-done"
+    retry: _RetryInput | None = None
+    max_duration: Any = None
+    fleets: list[str] = []
+
+    @field_validator("retry", mode="before")
+    @classmethod
+    def _retry_switch(cls, value: object) -> object:
+        # `retry: true` is the default policy; `retry: false` is none.
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
+
+    @field_validator("max_duration")
+    @classmethod
+    def _max_duration(cls, value: object) -> int | None:
+        return None if value is None else parse_optional_duration(value)
+
+    @field_validator("fleets")
+    @classmethod
+    def _fleet_names(cls, value: list[str]) -> list[str]:
+        if any(not name.strip() for name in value):
+            raise ValueError("a fleet name cannot be empty")
+        return value
+
+
+# ---- the checked form -------------------------------------------------------------------------
+
+
+class _Checked(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryPolicy(_Checked):
+    on_events: list[RetryEvent]
+    duration: int  # seconds, counted from submission
+
+
+class NodeGroup(_Checked):
+    """One group as the engine runs it: its own resources, and env/image already merged."""
+
+    name: str
+    index: int
+    nodes: int
+    resources: Resources
+    commands: list[str]
+    env: dict[str, str]
+    image: str | None
+    ports: list[int | str]
+
+
+class TaskConfiguration(_Checked):
+    """A checked task, normalized for the engine.
+
+    Bare env keys are already filled from the passed values or secrets, so `env` (here and in
+    each group) may hold secret values: store and show it accordingly.
+    """
+
+    type: Literal["task"] = "task"
+    name: str | None
+    image: str | None
+    env: dict[str, str]  # the top-level env, resolved; each group carries its merged env
+    startup_order: StartupOrder
+    stop_criteria: StopCriteria
+    retry: RetryPolicy | None
+    max_duration: int | None  # seconds; None = no limit
+    fleets: list[str]
+    nodes: int  # all nodes of the run
+    groups: list[NodeGroup]  # a `nodes:` task has one group named `default`
+    uses_groups: bool  # False for a `nodes:` task (group references are then invalid)
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Part:
+    """A group, or the top level of a `nodes:` task, on its way to a NodeGroup."""
+
+    loc: list[str | int]
+    name: str
+    nodes: int | None
+    resources: Resources | None
+    commands: list[str]
+    env: dict[str, str | None]
+    image: str | None
+    ports: list[int | str]
+
+
+def parse_run_configuration(
+    data: str | dict,
+    *,
+    env_values: dict[str, str] | None = None,
+    secrets: dict[str, str] | None = None,
+    max_nodes: int = DEFAULT_MAX_NODES,
+) -> TaskConfiguration:
+    """Check a task configuration and return it normalized; ConfigurationError lists every problem."""
+    document = load_document(data)
+    errors = ErrorList()
+    task = read_model(_TaskInput, document, [], errors)
+    written_env = parse_env(task.env, errors, ["env"]) if task is not None else {}
+    parts = _read_parts(task, document, errors)
+    errors.raise_if_any()
+    assert task is not None and parts is not None
+
+    if task.groups is not None:
+        _check_group_layout(task, parts, errors)
+    top_env = resolve_env(written_env, env_values or {}, secrets or {}, errors, ["env"])
+    groups = [
+        _check_part(part, i, task, top_env, env_values or {}, secrets or {}, errors)
+        for i, part in enumerate(parts)
+    ]
+    total = sum(g.nodes for g in groups if g is not None)
+    if total > max_nodes:
+        errors.add(
+            ["groups"] if task.groups is not None else ["nodes"],
+            f"the task has {total} nodes; the limit is {max_nodes}",
+        )
+    _check_references(task, written_env, parts, groups, errors)
+    errors.raise_if_any()
+    return TaskConfiguration(
+        name=task.name,
+        image=task.image,
+        env=top_env,
+        startup_order=task.startup_order,
+        stop_criteria=task.stop_criteria,
+        retry=RetryPolicy(on_events=task.retry.on_events, duration=task.retry.duration)
+        if task.retry
+        else None,
+        max_duration=task.max_duration,
+        fleets=task.fleets,
+        nodes=total,
+        groups=[g for g in groups if g is not None],
+        uses_groups=task.groups is not None,
+    )
+
+
+def _read_parts(task: _TaskInput | None, document: dict, errors: ErrorList) -> list[_Part] | None:
+    """Structural reading of the top level or of each group: every error of that kind at once."""
+    if task is None:
+        # Still read the groups, so a bad top-level key does not hide a typo in a group.
+        written = document.get("groups")
+        if isinstance(written, list):
+            for i, raw in enumerate(written):
+                if isinstance(raw, dict):
+                    _read_group(raw, i, errors)
+        return None
+    if task.groups is None:
+        # The top level is the one implicit group; its env is the top-level env, merged in later.
+        return [
+            _Part(
+                loc=[],
+                name=IMPLICIT_GROUP_NAME,
+                nodes=task.nodes,
+                resources=_read_resources(task.resources, ["resources"], errors),
+                commands=task.commands,
+                env={},
+                image=task.image,
+                ports=task.ports,
+            )
+        ]
+    parts = [_read_group(raw, i, errors) for i, raw in enumerate(task.groups)]
+    return None if any(p is None for p in parts) else parts  # type: ignore[return-value]
+
+
+def _read_group(raw: dict, index: int, errors: ErrorList) -> _Part | None:
+    loc: list[str | int] = ["groups", index]
+    group = read_model(_GroupInput, raw, loc, errors)
+    if group is None:
+        return None
+    return _Part(
+        loc=loc,
+        name=group.name,
+        nodes=group.nodes,
+        resources=_read_resources(group.resources, [*loc, "resources"], errors),
+        commands=group.commands,
+        env=parse_env(group.env, errors, [*loc, "env"]),
+        image=group.image,
+        ports=group.ports,
+    )
+
+
+def _read_resources(raw: object, loc: list[str | int], errors: ErrorList) -> Resources | None:
+    try:
+        return parse_resources(raw)
+    except ConfigurationError as exc:
+        errors.extend_from(exc, loc)
+        return None
+
+
+def _check_group_layout(task: _TaskInput, parts: list[_Part], errors: ErrorList) -> None:
+    if task.nodes is not None:
+        errors.add(["nodes"], "`nodes` and `groups` cannot be used together: set `nodes` in each group")
+    for key in PER_GROUP_KEYS:
+        if key in task.model_fields_set:
+            errors.add([key], f"top-level `{key}` cannot be used with `groups`: set them per group")
+    if not parts:
+        errors.add(["groups"], "`groups` must list at least one group")
+    first_use: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        if part.name in first_use:
+            errors.add(
+                [*part.loc, "name"],
+                f"group name `{part.name}` is already used by groups[{first_use[part.name]}]",
+            )
+        first_use.setdefault(part.name, i)
+
+
+def _check_part(
+    part: _Part,
+    index: int,
+    task: _TaskInput,
+    top_env: dict[str, str],
+    env_values: dict[str, str],
+    secrets: dict[str, str],
+    errors: ErrorList,
+) -> NodeGroup | None:
+    """Defaults and rules of one group (or of a `nodes:` task); None when it has errors."""
+    before = len(errors.items)
+    image = part.image if part.image is not None else task.image
+    resources = part.resources
+    nodes = part.nodes
+    gpu = resources.gpu if resources else None
+    if gpu is not None and gpu.vendor in ("amd", "intel") and not image:
+        errors.add(
+            [*part.loc, "resources", "gpu"],
+            f"{gpu.vendor} GPUs need a container image with their drivers: set `image`"
+            + (" on the group or at the top level" if part.loc else ""),
+        )
+    shape = gpu.tpu_shape() if gpu is not None else None
+    if shape is not None:
+        if nodes is None:
+            nodes = shape.hosts
+        elif nodes != shape.hosts:
+            errors.add(
+                [*part.loc, "nodes"],
+                f"{shape.name} has {shape.hosts} host{'s' if shape.hosts != 1 else ''}: "
+                f"set nodes: {shape.hosts} or leave nodes out",
+            )
+    if nodes is None:
+        nodes = 1
+    env = top_env | resolve_env(part.env, env_values, secrets, errors, [*part.loc, "env"])
+    if len(errors.items) > before or resources is None:
+        return None
+    return NodeGroup(
+        name=part.name,
+        index=index,
+        nodes=nodes,
+        resources=resources,
+        commands=part.commands,
+        env=env,
+        image=image,
+        ports=part.ports,
+    )
+
+
+def _check_references(
+    task: _TaskInput,
+    written_env: dict[str, str | None],
+    parts: list[_Part],
+    groups: list[NodeGroup | None],
+    errors: ErrorList,
+) -> None:
+    """Every `${{ }}` in commands and env must name an existing node's IP_ADDRESS."""
+    sizes: list[tuple[str, int | None]] | None = None
+    if task.groups is not None:
+        sizes = [(p.name, g.nodes if g is not None else p.nodes) for p, g in zip(parts, groups, strict=True)]
+    places: list[tuple[list[str | int], str]] = []
+    places += [(["env", key], value) for key, value in written_env.items() if value is not None]
+    for part in parts:
+        places += [([*part.loc, "commands", c], command) for c, command in enumerate(part.commands)]
+        places += [([*part.loc, "env", k], v) for k, v in part.env.items() if v is not None]
+    for loc, text in places:
+        for problem in reference_problems(text, sizes):
+            errors.add(loc, problem)

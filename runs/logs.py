@@ -1,0 +1,53 @@
+"""Job logs: live from the runner while the job runs, from the server's copy once it has finished."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from django.conf import settings
+
+from backends.base import BackendError
+from runs.models import Job
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+
+
+def stored_path(job: Job) -> Path:
+    return Path(settings.MUSTER["LOG_DIR"]) / str(job.run.project_id) / job.run.name / f"{job.runner_job_id}.log"
+
+
+def read(job: Job, start: int = 0, limit: int = CHUNK) -> bytes:
+    path = stored_path(job)
+    if path.exists():
+        with path.open("rb") as f:
+            f.seek(start)
+            return f.read(limit)
+    if job.instance is None or not job.runner_submitted:
+        return b""
+    from backends.registry import compute_for_instance
+
+    try:
+        host = compute_for_instance(job.instance).runner_host(job.instance)
+        try:
+            return host.read_log(job.runner_job_id, start, limit)
+        finally:
+            host.close()
+    except (BackendError, OSError) as exc:
+        log.info("log of %s not readable now: %s", job, exc)
+        return b""
+
+
+def keep_copy(job: Job, host) -> None:
+    """Copy the whole log to the server before the runner's job directory is removed."""
+    path = stored_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    offset = 0
+    with path.open("wb") as out:
+        while True:
+            chunk = host.read_log(job.runner_job_id, offset, CHUNK)
+            if not chunk:
+                break
+            out.write(chunk)
+            offset += len(chunk)

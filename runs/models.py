@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from muster.claims import Claimable
+from runs.choices import JOB_ACTIVE, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
+
+
+class Run(Claimable):
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="runs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    name = models.CharField(max_length=63)
+    configuration = models.JSONField()  # validated, env resolved (secret values never stored here)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.SUBMITTED)
+    termination_reason = models.CharField(max_length=32, blank=True, default="")
+    termination_message = models.TextField(blank=True, default="")
+    stop_requested = models.CharField(max_length=16, blank=True, default="")  # "", "stop" or "abort"
+    fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL)
+    submission_num = models.IntegerField(default=0)
+    retry_attempts = models.IntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        unique_together = [("project", "name")]
+        indexes = [models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def finished(self) -> bool:
+        return self.status in RUN_FINISHED
+
+    def current_jobs(self):
+        return self.jobs.filter(submission_num=self.submission_num).order_by("job_num")
+
+
+class Job(Claimable):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="jobs")
+    job_num = models.IntegerField()  # the node's global rank
+    submission_num = models.IntegerField(default=0)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.SUBMITTED)
+    termination_reason = models.CharField(max_length=48, blank=True, default="")
+    termination_message = models.TextField(blank=True, default="")
+    waiting_master_job = models.BooleanField(default=False)
+    node_group_name = models.CharField(max_length=40)
+    node_group_index = models.IntegerField(default=0)
+    node_group_rank = models.IntegerField(default=0)
+    spec = models.JSONField()  # resources, commands, env, image, ports of the job's group
+    instance = models.ForeignKey(
+        "instances.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+    agent_seen_at = models.DateTimeField(null=True, blank=True)
+    runner_submitted = models.BooleanField(default=False)
+    start_time = models.FloatField(null=True, blank=True)  # as the runner recorded it (epoch seconds)
+    end_time = models.FloatField(null=True, blank=True)
+    exit_status = models.IntegerField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("run", "submission_num", "job_num")]
+        indexes = [models.Index(fields=["status", "waiting_master_job"])]
+        ordering = ["run_id", "submission_num", "job_num"]
+
+    def __str__(self) -> str:
+        return f"{self.run.name}/{self.job_num}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in JOB_FINISHED
+
+    @property
+    def active(self) -> bool:
+        return self.status in JOB_ACTIVE
+
+    @property
+    def runner_job_id(self) -> str:
+        return f"{self.run.name}-{self.submission_num}-{self.job_num}"

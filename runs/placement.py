@@ -1,0 +1,90 @@
+"""Where a run goes: the fleet that can hold every group, and the instance each job takes."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+
+from backends.registry import fleet_backend_config, get_compute
+from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
+from runs.configuration import fits
+from runs.models import Job, Run
+
+STATIC_BACKENDS = (FleetBackend.LOCAL, FleetBackend.SSH)
+
+
+def group_demands(run: Run) -> list[tuple[dict, int]]:
+    """(requirements, node count) per group of the run's current submission."""
+    demands: dict[int, tuple[dict, int]] = {}
+    for job in run.current_jobs().only("node_group_index", "spec"):
+        req, count = demands.get(job.node_group_index, (job.spec["resources"], 0))
+        demands[job.node_group_index] = (req, count + 1)
+    return [demands[k] for k in sorted(demands)]
+
+
+def _gpu_weight(inst: Instance) -> tuple[int, str]:
+    # Jobs that do not ask for GPUs take the hosts with the fewest GPUs first, so a CPU router
+    # lands on the CPU host and leaves the GPU hosts to the groups that need them.
+    return (len(inst.resources.get("gpus") or []), inst.name)
+
+
+def free_instances(fleet: Fleet):
+    return fleet.instances.filter(
+        Q(group__isnull=True) | Q(group__kind="cluster"), status=InstanceStatus.IDLE, unreachable=False
+    )
+
+
+def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
+    """Can the fleet's idle instances hold every group at once (each instance one job)?"""
+    free = list(free_instances(fleet).only("id", "name", "resources"))
+    candidates = [[i for i in free if fits(req, i.resources)] for req, _ in demands]
+    order = sorted(range(len(demands)), key=lambda g: len(candidates[g]))
+    taken: set[int] = set()
+    for g in order:
+        need = demands[g][1]
+        pick = [i for i in sorted(candidates[g], key=_gpu_weight) if i.id not in taken][:need]
+        if len(pick) < need:
+            return False
+        taken.update(i.id for i in pick)
+    return True
+
+
+def cloud_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
+    compute = get_compute(fleet.backend, fleet_backend_config(fleet))
+    return all(compute.get_offers(req) for req, _ in demands)
+
+
+def candidate_fleets(run: Run):
+    fleets = Fleet.objects.filter(project=run.project, status=FleetStatus.ACTIVE)
+    wanted = run.configuration.get("fleets") or []
+    if wanted:
+        fleets = fleets.filter(name__in=wanted)
+        order = {name: i for i, name in enumerate(wanted)}
+        return sorted(fleets, key=lambda f: order[f.name])
+    return list(fleets.order_by("created", "name"))
+
+
+def choose_fleet(run: Run) -> Fleet | None:
+    demands = group_demands(run)
+    multi_node = sum(n for _, n in demands) > 1
+    for fleet in candidate_fleets(run):
+        if multi_node and fleet.backend in STATIC_BACKENDS and fleet.placement != "cluster":
+            continue  # nodes of one run must reach each other on a private network
+        if fleet.backend in STATIC_BACKENDS and static_fleet_fits(fleet, demands):
+            return fleet
+        if fleet.backend not in STATIC_BACKENDS and cloud_fleet_fits(fleet, demands):
+            return fleet
+    return None
+
+
+def take_instance(job: Job, fleet: Fleet) -> Instance | None:
+    """Claim one idle instance that fits the job (a conditional update: never two jobs on one)."""
+    req = job.spec["resources"]
+    for inst in sorted(free_instances(fleet).only("id", "name", "resources"), key=_gpu_weight):
+        if not fits(req, inst.resources):
+            continue
+        touched = Instance.objects.filter(pk=inst.pk, status=InstanceStatus.IDLE).update(
+            status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
+        if touched == 1:
+            return Instance.objects.get(pk=inst.pk)
+    return None

@@ -1,0 +1,175 @@
+"""Moving a placed job forward: runner up, peers known, start order, then watching it run.
+
+`advance_job` is the body of one idempotent task. It claims the job, looks once at the runner
+(one round trip), takes at most one step, and schedules its next look. Each waiting stage has
+its own clock, measured from when the job entered that stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backends.base import BackendError
+from backends.registry import compute_for_instance
+from instances import health
+from muster import claims
+from runs import cluster
+from runs.choices import JobReason, JobStatus
+from runs.models import Job
+from runs.transitions import move_job, nudge_job, terminate_job
+
+log = logging.getLogger(__name__)
+WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
+RUNNER_END_STATES = {
+    "done": (JobReason.DONE_BY_RUNNER, ""),
+    "failed": (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
+    "max_duration_exceeded": (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
+    "terminated": (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
+}
+
+
+def limit(name: str) -> float:
+    return float(settings.MUSTER[name])
+
+
+def poll_interval() -> float:
+    return float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+
+
+def waited(job: Job) -> float:
+    return (timezone.now() - job.status_changed_at).total_seconds()
+
+
+def advance_job(job_id: int) -> bool:
+    token = claims.claim(Job, job_id, status__in=WATCHED)
+    if token is None:
+        return False
+    job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
+    try:
+        _step(job)
+    except BackendError as exc:
+        log.warning("job %s: backend error: %s", job, exc)
+        terminate_job(job, exc.reason, str(exc))
+    finally:
+        next_at = timezone.now() + timedelta(seconds=poll_interval())
+        claims.release(Job, job_id, token, next_check_at=next_at)
+    job.refresh_from_db(fields=["status"])
+    if job.status in WATCHED:
+        with transaction.atomic():
+            nudge_job(job_id, countdown=poll_interval())
+    return True
+
+
+def _step(job: Job) -> None:
+    if job.status == JobStatus.PROVISIONING:
+        _wait_for_runner(job)
+    elif job.status == JobStatus.PULLING:
+        _start_when_ready(job)
+    elif job.status == JobStatus.RUNNING:
+        _watch(job)
+
+
+def _observe(job: Job):
+    """One round trip to the host's runner; None when the host cannot be reached."""
+    instance = job.instance
+    host = compute_for_instance(instance).runner_host(instance)
+    try:
+        host.ensure_agent()
+        status = host.status()
+    except BackendError as exc:
+        health.mark_unreachable(instance, str(exc))
+        host.close()
+        return None, None
+    health.mark_reachable(instance)
+    return host, status
+
+
+def _wait_for_runner(job: Job) -> None:
+    instance = job.instance
+    if instance is None or instance.status != "busy" or not instance.internal_ip:
+        if waited(job) > limit("WAITING_INSTANCE_LIMIT"):
+            terminate_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
+        return
+    host, status = _observe(job)
+    if host is not None:
+        host.close()
+    if status and status.get("agent_alive"):
+        Job.objects.filter(pk=job.pk).update(agent_seen_at=timezone.now())
+        move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers")
+    elif waited(job) > limit("WAITING_RUNNER_LIMIT"):
+        terminate_job(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
+                      f"the runner on {instance.name} did not come up within {limit('WAITING_RUNNER_LIMIT'):.0f}s")
+
+
+def _order_allows(job: Job, jobs: list[Job]) -> bool:
+    order = job.run.configuration.get("startup_order") or "any"
+    if order == "master-first" and job.job_num != 0:
+        return jobs[0].status == JobStatus.RUNNING
+    if order == "workers-first" and job.job_num == 0:
+        return all(j.status == JobStatus.RUNNING for j in jobs[1:])
+    return True
+
+
+def _start_when_ready(job: Job) -> None:
+    jobs = list(job.run.current_jobs().select_related("instance", "instance__group"))
+    if not job.runner_submitted:
+        ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
+        if not ready:
+            if waited(job) > limit("WAITING_PEERS_LIMIT"):
+                terminate_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+                              "peers' addresses or start order not satisfied in time")
+            return
+        host = compute_for_instance(job.instance).runner_host(job.instance)
+        try:
+            host.submit(job.runner_job_id, cluster.runner_spec(job, jobs))
+        finally:
+            host.close()
+        Job.objects.filter(pk=job.pk).update(runner_submitted=True)
+        job.runner_submitted = True
+    _watch(job)
+
+
+def _watch(job: Job) -> None:
+    host, status = _observe(job)
+    if host is None:
+        _maybe_unreachable(job)
+        return
+    host.close()
+    if not status.get("agent_alive"):
+        _maybe_unreachable(job)
+        return
+    Job.objects.filter(pk=job.pk).update(agent_seen_at=timezone.now())
+    state = status.get("jobs", {}).get(job.runner_job_id)
+    if state is None:
+        if job.status == JobStatus.RUNNING:
+            terminate_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
+        return
+    times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
+             "exit_status": state.get("exit_status")}
+    if state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING:
+        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
+        _wake_waiting_peers(job)
+    if state.get("state") in RUNNER_END_STATES:
+        reason, text = RUNNER_END_STATES[state["state"]]
+        Job.objects.filter(pk=job.pk).update(**{k: v for k, v in times.items() if v is not None})
+        terminate_job(job, reason, text.format(exit_status=state.get("exit_status")))
+
+
+def _wake_waiting_peers(job: Job) -> None:
+    with transaction.atomic():
+        for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
+            nudge_job(peer_id)
+
+
+def _maybe_unreachable(job: Job) -> None:
+    instance = job.instance
+    instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
+    since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
+    if since and (timezone.now() - since).total_seconds() > limit("UNREACHABLE_GRACE"):
+        terminate_job(job, JobReason.INSTANCE_UNREACHABLE,
+                      f"{instance.name} has not answered for {limit('UNREACHABLE_GRACE'):.0f}s")

@@ -1,0 +1,158 @@
+"""Plan and submit runs: configuration in, Run and Job rows out (nothing half-created)."""
+
+from __future__ import annotations
+
+import json
+import secrets as pysecrets
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from events.services import record
+from muster import crypto
+from muster.api_errors import InvalidInput
+from projects.models import Project
+from runs.choices import RunStatus
+from runs.configuration import (
+    ConfigurationError,
+    TaskConfiguration,
+    expand_jobs,
+    load_document,
+    parse_run_configuration,
+)
+from runs.models import Job, Run
+
+MASK = "***"
+
+
+def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
+    if not isinstance(payload, dict):
+        raise ConfigurationError([{"loc": [], "msg": "send a JSON object with `configuration` (and optional `env`)"}])
+    unknown = sorted(set(payload) - {"configuration", "env"})
+    if unknown:
+        raise ConfigurationError([{"loc": [k], "msg": f"unknown key `{k}`"} for k in unknown])
+    if payload.get("configuration") in (None, ""):
+        raise ConfigurationError([{"loc": ["configuration"], "msg": "required: the run configuration (YAML text or an object)"}])
+    env = payload.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigurationError([{"loc": ["env"], "msg": "must be an object of string values, e.g. {\"HF_TOKEN\": \"...\"}"}])
+    return payload["configuration"], env
+
+
+def _bare_env_keys(doc: dict) -> set[str]:
+    """Env keys whose value comes from the request or a secret (never stored in plaintext)."""
+
+    def bare(env: Any) -> set[str]:
+        if isinstance(env, list):
+            return {e for e in env if isinstance(e, str) and "=" not in e}
+        if isinstance(env, dict):
+            return {k for k, v in env.items() if v is None}
+        return set()
+
+    keys = bare(doc.get("env"))
+    for group in doc.get("groups") or []:
+        if isinstance(group, dict):
+            keys |= bare(group.get("env"))
+    return keys
+
+
+def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
+    data, env_values = _payload_parts(payload)
+    doc = load_document(data)
+    if doc.get("type") != "task":
+        raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
+    conf = parse_run_configuration(
+        doc, env_values=env_values, secrets=project.secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
+    )
+    return conf, expand_jobs(conf), _bare_env_keys(doc)
+
+
+def _masked(job: dict, hidden: set[str]) -> dict:
+    env = {k: (MASK if k in hidden else v) for k, v in job["env"].items()}
+    return {**job, "env": env}
+
+
+def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
+    """The configuration as stored and shown: values of bare env keys replaced by a mask."""
+
+    def mask(env: Any) -> Any:
+        return {k: (MASK if k in hidden else v) for k, v in env.items()} if isinstance(env, dict) else env
+
+    out = {**configuration, "env": mask(configuration.get("env"))}
+    if isinstance(configuration.get("groups"), list):
+        out["groups"] = [{**g, "env": mask(g.get("env"))} for g in configuration["groups"]]
+    return out
+
+
+def plan_run(project: Project, payload: Any) -> dict:
+    conf, jobs, hidden = parse_for_project(project, payload)
+    return {
+        "run_name": conf.name or "(generated at submit)",
+        "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
+        "jobs": [_masked(j.as_dict(), hidden) for j in jobs],
+    }
+
+
+def _run_name(project: Project, requested: str | None) -> str:
+    if requested:
+        return requested
+    while True:
+        name = f"run-{pysecrets.token_hex(3)}"
+        if not Run.objects.filter(project=project, name=name).exists():
+            return name
+
+
+def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
+    """Job 0 is claimable at once; every other job waits for its master (DESIGN.md section 6)."""
+    jobs = [
+        Job(
+            run=run,
+            job_num=spec["job_num"],
+            submission_num=submission_num,
+            node_group_name=spec["node_group_name"],
+            node_group_index=spec["node_group_index"],
+            node_group_rank=spec["node_group_rank"],
+            waiting_master_job=spec["job_num"] != 0,
+            spec=spec,
+        )
+        for spec in job_specs
+    ]
+    return Job.objects.bulk_create(jobs)
+
+
+def submit_run(project: Project, user, payload: Any) -> Run:
+    conf, jobs, hidden = parse_for_project(project, payload)
+    specs = [j.as_dict() for j in jobs]
+    hidden_values = {}
+    for spec in specs:
+        popped = sorted(hidden & set(spec["env"]))
+        for key in popped:
+            hidden_values[key] = spec["env"].pop(key)
+        spec["hidden_env"] = popped  # filled from the encrypted store when the job starts
+    configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
+    with transaction.atomic():
+        existing = Run.objects.select_for_update().filter(project=project, name=conf.name).first() if conf.name else None
+        if existing is not None:
+            if not existing.finished:
+                raise InvalidInput(["name"], f"run {conf.name} is still {existing.status}: stop it first or pick another name")
+            existing.delete()
+        run = Run.objects.create(
+            project=project,
+            user=user if user and user.is_authenticated else None,
+            name=_run_name(project, conf.name),
+            configuration={**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))},
+            status=RunStatus.SUBMITTED,
+        )
+        create_jobs(run, specs, submission_num=0)
+        record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
+               actor=getattr(user, "username", "") or "api", run_id=run.id)
+        from runs import scheduling
+
+        scheduling.on_run_submitted(run)
+    return run
+
+
+def secret_env(run: Run) -> dict[str, str]:
+    token = run.configuration.get("secret_env", "")
+    return json.loads(crypto.decrypt(token)) if token else {}

@@ -1,0 +1,110 @@
+"""Ending jobs and runs: user stop/abort, teardown, and giving hosts back."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from backends.base import BackendError
+from backends.registry import compute_for_instance
+from instances.models import Instance, InstanceStatus
+from muster import claims
+from runs import logs
+from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
+from runs.models import Job, Run
+from runs.transitions import move_job, move_run, nudge_run, terminate_job
+
+log = logging.getLogger(__name__)
+
+
+def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
+    """User stop/abort: works at any stage; the run processor does the rest."""
+    if run.finished:
+        return
+    kind = "abort" if abort else "stop"
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).exclude(stop_requested="abort").update(stop_requested=kind)
+        if run.status == RunStatus.PENDING:
+            move_run(run, RunStatus.TERMINATED, termination_reason="aborted_by_user" if abort else "stopped_by_user",
+                     actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
+        nudge_run(run.pk)
+
+
+def release_instance(instance_id: int) -> None:
+    Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
+        status=InstanceStatus.IDLE, idle_since=timezone.now())
+
+
+def finish_job(job_id: int) -> bool:
+    """Task body for a terminating job: stop the runner's process, keep the log, free the host."""
+    token = claims.claim(Job, job_id, status=JobStatus.TERMINATING)
+    if token is None:
+        return False
+    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=job_id)
+    final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
+    try:
+        if job.runner_submitted and job.instance is not None:
+            if not _runner_finished(job):
+                claims.release(Job, job_id, token)
+                from runs import tasks
+
+                transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=0.5))
+                return False
+    except BackendError as exc:
+        log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)
+    with transaction.atomic():
+        if job.instance_id:
+            release_instance(job.instance_id)
+        move_job(job, final, frm=[JobStatus.TERMINATING])
+        claims.release(Job, job_id, token)
+    return True
+
+
+def _runner_finished(job: Job) -> bool:
+    """Stop the runner's job if it still runs; once it is over, copy its log and clean up."""
+    host = compute_for_instance(job.instance).runner_host(job.instance)
+    try:
+        if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
+            return True
+        state = (host.status().get("jobs") or {}).get(job.runner_job_id, {}).get("state")
+        if state in ("running", "starting", "submitted"):
+            waited = (timezone.now() - job.status_changed_at).total_seconds()
+            if waited > 60:
+                return True  # the host does not stop it; the instance is released regardless
+            host.stop(job.runner_job_id)
+            return False
+        logs.keep_copy(job, host)
+        host.cleanup(job.runner_job_id)
+        return True
+    finally:
+        host.close()
+
+
+def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
+    """Terminate every active job of the run's current submission; return how many are still active."""
+    active = 0
+    for job in run.current_jobs().select_related("run").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
+        if job.status == JobStatus.TERMINATING:
+            active += 1
+            continue
+        if job.status == JobStatus.SUBMITTED:
+            # never started anywhere: nothing to stop, but a host a group batch reserved goes back
+            if move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
+                        actor=actor) and job.instance_id:
+                release_instance(job.instance_id)
+        else:
+            terminate_job(job, reason, actor=actor)
+            active += 1
+    return active
+
+
+def stop_jobs_on_fleet(fleet, actor: str = "api") -> None:
+    for job in Job.objects.filter(instance__fleet=fleet, status__in=JOB_ACTIVE).select_related("run"):
+        terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"fleet {fleet.name} was deleted", actor=actor)
+
+
+def stop_jobs_on_group(group, actor: str = "api") -> None:
+    for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
+        terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"instance group {group.name} was deleted", actor=actor)

@@ -1,0 +1,64 @@
+"""The safety net: beat runs `sweep` every SWEEP_INTERVAL seconds.
+
+A lost message, a dead worker or a crashed chain leaves a row unleased in a non-final state for
+longer than it should; the sweep finds such rows and enqueues their task again. Tasks claim their
+rows, so a row enqueued twice is processed once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from instances.models import GroupStatus, InstanceGroup
+from muster.claims import unleased
+from runs.choices import JobStatus, RunStatus
+from runs.models import Job, Run
+
+BATCH = 500
+
+
+def stale_after() -> timedelta:
+    # three sweep intervals: long enough that a healthy chain has moved the row on already
+    return timedelta(seconds=3 * float(settings.MUSTER["SWEEP_INTERVAL"]))
+
+
+def sweep() -> dict[str, int]:
+    from instances import pods
+    from instances import tasks as instance_tasks
+    from runs import tasks
+
+    now = timezone.now()
+    old = now - stale_after()
+    found = {}
+    submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
+                                   status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
+    found["provision"] = _enqueue(tasks.provision_job, submitted)
+    watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING,
+                                                            JobStatus.RUNNING]).filter(
+        Q(next_check_at__isnull=True) | Q(next_check_at__lt=old)).values_list("pk", flat=True)[:BATCH]
+    found["advance"] = _enqueue(tasks.advance_job, watched)
+    ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
+                                status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
+    found["finish"] = _enqueue(tasks.finish_job, ending)
+    runs = Run.objects.filter(unleased(now)).filter(
+        Q(status__in=[RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING],
+          updated__lt=old) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)).values_list("pk", flat=True)[:BATCH]
+    found["runs"] = _enqueue(tasks.process_run, runs)
+    groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
+                                          updated__lt=old).values_list("pk", flat=True)[:BATCH]
+    found["groups"] = _enqueue(instance_tasks.terminate_group, groups)
+    found["pods"] = _enqueue(instance_tasks.poll_pod, pods.pods_to_poll(now))
+    found["idle"] = pods.expire_idle_pods(now)
+    return found
+
+
+def _enqueue(task, pks) -> int:
+    n = 0
+    for pk in pks:
+        task.delay(pk)
+        n += 1
+    return n

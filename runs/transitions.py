@@ -1,0 +1,73 @@
+"""Moving jobs and runs between statuses: one conditional update, one event, one nudge."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from events.services import record
+from runs.choices import JOB_ACTIVE, RunStatus
+from runs.models import Job, Run
+
+
+def nudge_run(run_id: int) -> None:
+    from runs import tasks
+
+    transaction.on_commit(lambda: tasks.process_run.delay(run_id))
+
+
+def nudge_job(job_id: int, countdown: float = 0) -> None:
+    from runs import tasks
+
+    if countdown:
+        transaction.on_commit(lambda: tasks.advance_job.apply_async((job_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.advance_job.delay(job_id))
+
+
+def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", **fields) -> bool:
+    """Move `job` to status `to` if it is still in one of `frm` (default: its current status)."""
+    frm = tuple(frm) if frm else (job.status,)
+    now = timezone.now()
+    with transaction.atomic():
+        touched = Job.objects.filter(pk=job.pk, status__in=frm).update(status=to, status_changed_at=now, **fields)
+        if touched != 1:
+            return False
+        reason = fields.get("termination_reason", "")
+        text = message or (f"{to} ({reason})" if reason else to)
+        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=to, actor=actor,
+               run_id=job.run_id, job_id=job.pk, instance_id=fields.get("instance_id", job.instance_id))
+        nudge_run(job.run_id)
+    job.status = to
+    job.status_changed_at = now
+    for key, value in fields.items():
+        setattr(job, key, value)
+    return True
+
+
+def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server") -> bool:
+    """Ask an active job to end with `reason`; the stop itself happens in runs.stopping."""
+    from runs import tasks
+
+    moved = move_job(job, "terminating", frm=JOB_ACTIVE, termination_reason=reason,
+                     termination_message=message, message=message or f"terminating ({reason})", actor=actor)
+    if moved:
+        transaction.on_commit(lambda: tasks.finish_job.delay(job.pk))
+    return moved
+
+
+def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "server", **fields) -> bool:
+    frm = tuple(frm) if frm else (run.status,)
+    if to in (RunStatus.DONE, RunStatus.FAILED, RunStatus.TERMINATED):
+        fields.setdefault("finished_at", timezone.now())
+    with transaction.atomic():
+        touched = Run.objects.filter(pk=run.pk, status__in=frm).update(status=to, updated=timezone.now(), **fields)
+        if touched != 1:
+            return False
+        reason = fields.get("termination_reason", "")
+        record(run.project_id, f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
+               actor=actor, run_id=run.pk)
+    run.status = to
+    for key, value in fields.items():
+        setattr(run, key, value)
+    return True

@@ -1,0 +1,95 @@
+"""Shared fixtures: API clients per role, a real Celery worker, short engine limits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+pytest_plugins = ("celery.contrib.pytest",)
+
+from tests.fake_tpu import fake_tpu  # noqa: E402,F401
+from tests.sshhosts import ssh_hosts, ssh_hosts_session  # noqa: E402,F401
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+@pytest.fixture(scope="session")
+def celery_config():
+    broker = os.environ.get("CELERY_BROKER_URL") or "memory://"
+    return {
+        "broker_url": broker,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": f"muster-test-{os.getpid()}",  # never steal a dev server's messages
+    }
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters():
+    return {"queues": (f"muster-test-{os.getpid()}",), "perform_ping_check": False, "shutdown_timeout": 20}
+
+
+@pytest.fixture(scope="session")
+def celery_enable_logging():
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _muster_dirs(tmp_path, settings):
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": tmp_path / "logs", "LOCAL_DIR": tmp_path / "local"}
+
+
+@pytest.fixture
+def fast_limits(settings):
+    """Engine limits short enough for tests (production defaults are minutes)."""
+    settings.MUSTER = {
+        **settings.MUSTER,
+        "SWEEP_INTERVAL": 0.5, "JOB_POLL_INTERVAL": 0.2, "LEASE_SECONDS": 10,
+        "WAITING_INSTANCE_LIMIT": 30, "WAITING_RUNNER_LIMIT": 15, "WAITING_PEERS_LIMIT": 30,
+        "UNREACHABLE_GRACE": 3, "STOP_GRACE": 1, "RETRY_BACKOFF": [1, 1, 2],
+    }
+    return settings.MUSTER
+
+
+@pytest.fixture
+def make_user(db, django_user_model):
+    from projects.models import Membership, Project
+
+    def make(username: str, project: str | None = "main", role: str = "admin"):
+        user = django_user_model.objects.create_user(username=username)
+        if project:
+            proj, _ = Project.objects.get_or_create(name=project)
+            Membership.objects.create(project=proj, user=user, role=role)
+        return user
+
+    return make
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        token, _ = Token.objects.get_or_create(user=user)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api(make_user):
+    """An admin of project `main`."""
+    return client_for(make_user("alice"))
+
+
+@pytest.fixture
+def project(api):
+    from projects.models import Project
+
+    return Project.objects.get(name="main")

@@ -1,0 +1,308 @@
+"""A loopback fake of the Cloud TPU v2 REST API, driven by the real `tpu_v2.TpuClient`.
+
+There is no official TPU emulator, so the gcp backend is tested by pointing the real client
+(REST transport, `api_endpoint="http://127.0.0.1:PORT"`, anonymous credentials) at this server.
+Bodies are produced and parsed with the library's own message types, so a field-name or
+enum-encoding mismatch shows up here rather than in production.
+
+Behaviour worth knowing when writing tests:
+- create answers with a long-running Operation; the node stays CREATING for `creation_polls`
+  GETs (of the node or of its operation) and then turns READY with one network endpoint per
+  host, the host count coming from the slice-shape table;
+- failures are injected per zone (`exhausted_zones` -> 429, `unavailable_zones` -> 503) and only
+  affect create, which is where a real capacity error surfaces;
+- delete removes the node at once and answers with a finished Operation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from google.cloud import tpu_v2
+from google.longrunning import operations_pb2
+from google.protobuf import any_pb2, empty_pb2, json_format
+
+from backends.tpu_shapes import parse_slice
+
+HostAddresses = list[str] | Callable[[str, int], list[str]]
+
+_ZONE = r"projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_NODES_RE = re.compile(rf"^/v2/{_ZONE}/nodes$")
+_NODE_RE = re.compile(rf"^/v2/(?P<name>{_ZONE}/nodes/(?P<node_id>[^/]+))$")
+_OPERATION_RE = re.compile(rf"^/v2/(?P<name>{_ZONE}/operations/[^/]+)$")
+
+
+class FakeApiError(Exception):
+    def __init__(self, code: HTTPStatus, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _NodeRecord:
+    def __init__(self, node: tpu_v2.Node, polls_left: int, create_op: str):
+        self.node = node
+        self.polls_left = polls_left
+        self.create_op = create_op
+
+
+class FakeTpuServer:
+    """The fake API. Attributes below are read on every request, so tests may change them live."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.creation_polls = 1
+        self.stuck_creating = False
+        self.exhausted_zones: set[str] = set()
+        self.unavailable_zones: set[str] = set()
+        self.host_addresses: HostAddresses = _default_addresses
+        # None: endpoints carry no external address, so the backend falls back to the internal one.
+        self.external_addresses: HostAddresses | None = None
+        self.calls: list[tuple[str, str]] = []  # (method, path without the query string)
+        self._create_names: list[str] = []
+        self.nodes: dict[str, _NodeRecord] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self._op_seq = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> FakeTpuServer:
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-tpu", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    # -- what tests inspect ----------------------------------------------------------------
+
+    @property
+    def create_calls(self) -> list[str]:
+        """Node names of every create attempt, failed ones included, in call order."""
+        with self.lock:
+            return list(self._create_names)
+
+    @property
+    def delete_calls(self) -> list[str]:
+        with self.lock:
+            return [path[4:] for method, path in self.calls if method == "DELETE" and _NODE_RE.match(path)]
+
+    def node(self, name: str) -> tpu_v2.Node | None:
+        with self.lock:
+            rec = self.nodes.get(name)
+            return tpu_v2.Node(rec.node) if rec else None
+
+    def set_state(self, name: str, state: str) -> None:
+        """Force a node into a state (e.g. PREEMPTED) to exercise the backend's error paths."""
+        with self.lock:
+            self.nodes[name].node.state = tpu_v2.Node.State[state]
+
+    # -- request handling ------------------------------------------------------------------
+
+    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[HTTPStatus, str]:
+        url = urlsplit(raw_path)
+        with self.lock:
+            self.calls.append((method, url.path))
+            if method == "POST" and (m := _NODES_RE.match(url.path)):
+                node_id = parse_qs(url.query).get("nodeId", [""])[0]
+                self._create_names.append(f"{url.path[4:]}/{node_id}")
+                return HTTPStatus.OK, self._create(m["project"], m["zone"], node_id, body)
+            if method == "GET" and (m := _NODES_RE.match(url.path)):
+                return HTTPStatus.OK, self._list(url.path[4:])
+            if method == "GET" and (m := _NODE_RE.match(url.path)):
+                return HTTPStatus.OK, self._get(m["name"])
+            if method == "DELETE" and (m := _NODE_RE.match(url.path)):
+                return HTTPStatus.OK, self._delete(m["name"])
+            if method == "GET" and (m := _OPERATION_RE.match(url.path)):
+                return HTTPStatus.OK, self._get_operation(m["name"])
+        raise FakeApiError(HTTPStatus.NOT_FOUND, f"no such method: {method} {url.path}")
+
+    def _create(self, project: str, zone: str, node_id: str, body: bytes) -> str:
+        parent = f"projects/{project}/locations/{zone}"
+        name = f"{parent}/nodes/{node_id}"
+        if zone in self.exhausted_zones:
+            raise FakeApiError(
+                HTTPStatus.TOO_MANY_REQUESTS, f"There is no more capacity in the zone {zone!r}"
+            )
+        if zone in self.unavailable_zones:
+            raise FakeApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"zone {zone!r} is unavailable")
+        if not node_id:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "nodeId is required")
+        if name in self.nodes:
+            raise FakeApiError(HTTPStatus.CONFLICT, f"node {name} already exists")
+        node = tpu_v2.Node.from_json(body or b"{}", ignore_unknown_fields=True)
+        shape = parse_slice(node.accelerator_type)
+        if shape is None:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, f"unknown accelerator type {node.accelerator_type!r}")
+        node.name = name
+        node.state = tpu_v2.Node.State.CREATING
+        op_name = self._new_operation(parent, "create", name)
+        self.nodes[name] = _NodeRecord(node, self.creation_polls, op_name)
+        self._maybe_ready(self.nodes[name], count_poll=False)
+        return self._operation_json(op_name)
+
+    def _get(self, name: str) -> str:
+        rec = self._record(name)
+        self._maybe_ready(rec, count_poll=True)
+        return tpu_v2.Node.to_json(rec.node)
+
+    def _list(self, parent: str) -> str:
+        nodes = [
+            json.loads(tpu_v2.Node.to_json(r.node))
+            for n, r in self.nodes.items()
+            if n.startswith(parent + "/")
+        ]
+        return json.dumps({"nodes": nodes})
+
+    def _delete(self, name: str) -> str:
+        self._record(name)
+        del self.nodes[name]
+        parent = name.rsplit("/nodes/", 1)[0]
+        return self._operation_json(self._new_operation(parent, "delete", name))
+
+    def _get_operation(self, name: str) -> str:
+        op = self.operations.get(name)
+        if op is None:
+            raise FakeApiError(HTTPStatus.NOT_FOUND, f"operation {name} not found")
+        rec = self.nodes.get(op["target"])
+        if op["verb"] == "create" and rec is not None:
+            self._maybe_ready(rec, count_poll=True)
+        return self._operation_json(name)
+
+    def _record(self, name: str) -> _NodeRecord:
+        rec = self.nodes.get(name)
+        if rec is None:
+            raise FakeApiError(HTTPStatus.NOT_FOUND, f"node {name} not found")
+        return rec
+
+    def _maybe_ready(self, rec: _NodeRecord, *, count_poll: bool) -> None:
+        if rec.node.state != tpu_v2.Node.State.CREATING or self.stuck_creating:
+            return
+        if rec.polls_left > 0:
+            if count_poll:
+                rec.polls_left -= 1
+            return
+        node_id = rec.node.name.rsplit("/", 1)[1]
+        hosts = parse_slice(rec.node.accelerator_type).hosts
+        internal = _resolve(self.host_addresses, node_id, hosts)
+        external = _resolve(self.external_addresses, node_id, hosts) if self.external_addresses else None
+        rec.node.network_endpoints = [
+            tpu_v2.NetworkEndpoint(
+                ip_address=ip,
+                port=8470,
+                access_config=tpu_v2.AccessConfig(external_ip=external[k]) if external else None,
+            )
+            for k, ip in enumerate(internal)
+        ]
+        rec.node.state = tpu_v2.Node.State.READY
+        rec.node.health = tpu_v2.Node.Health.HEALTHY
+
+    def _new_operation(self, parent: str, verb: str, target: str) -> str:
+        self._op_seq += 1
+        name = f"{parent}/operations/operation-{self._op_seq}"
+        self.operations[name] = {"verb": verb, "target": target}
+        return name
+
+    def _operation_json(self, name: str) -> str:
+        op = self.operations[name]
+        meta = any_pb2.Any()
+        meta.Pack(tpu_v2.OperationMetadata.pb(tpu_v2.OperationMetadata(target=op["target"], verb=op["verb"])))
+        msg = operations_pb2.Operation(name=name, metadata=meta)
+        if op["verb"] == "delete":
+            msg.done = True
+            msg.response.Pack(empty_pb2.Empty())
+        else:
+            rec = self.nodes.get(op["target"])
+            if rec is not None and rec.node.state == tpu_v2.Node.State.READY:
+                msg.done = True
+                msg.response.Pack(tpu_v2.Node.pb(rec.node))
+        return json_format.MessageToJson(msg)
+
+
+def _default_addresses(node_id: str, hosts: int) -> list[str]:
+    return [f"10.200.0.{k + 2}" for k in range(hosts)]
+
+
+def _resolve(addresses: HostAddresses, node_id: str, hosts: int) -> list[str]:
+    out = addresses(node_id, hosts) if callable(addresses) else list(addresses)
+    if len(out) < hosts:
+        raise FakeApiError(
+            HTTPStatus.INTERNAL_SERVER_ERROR, f"fake configured with {len(out)} addresses for {hosts} hosts"
+        )
+    return out[:hosts]
+
+
+def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the client's session expects
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            try:
+                status, text = server.handle(self.command, self.path, body)
+            except FakeApiError as exc:
+                status = exc.code
+                text = json.dumps(
+                    {
+                        "error": {
+                            "code": exc.code.value,
+                            "status": _grpc_status(exc.code),
+                            "message": exc.message,
+                        }
+                    }
+                )
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_DELETE = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            pass  # keep test output clean
+
+    return Handler
+
+
+def _grpc_status(code: HTTPStatus) -> str:
+    return {
+        HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT",
+        HTTPStatus.NOT_FOUND: "NOT_FOUND",
+        HTTPStatus.CONFLICT: "ALREADY_EXISTS",
+        HTTPStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED",
+        HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE",
+    }.get(code, "INTERNAL")
+
+
+@pytest.fixture
+def fake_tpu() -> Iterator[FakeTpuServer]:
+    server = FakeTpuServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,260 @@
+# ruff: noqa: F811 - pytest injects the imported fake_tpu fixture by parameter name
+"""The gcp backend driven through the real google-cloud-tpu client against the loopback fake API."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from backends.base import BackendError, NoCapacityError
+from backends.gcp import tpu_api
+from backends.gcp.compute import GcpTpuCompute
+from backends.tpu_shapes import FAMILIES
+from tests.fake_tpu import fake_tpu  # noqa: F401
+
+PROJECT = "muster-test"
+NODE = "projects/muster-test/locations/{zone}/nodes/{node}"
+
+
+def make_compute(server, zones=("us-central2-b",), **extra) -> GcpTpuCompute:
+    return GcpTpuCompute(
+        {"project_id": PROJECT, "zones": list(zones), "api_endpoint": server.endpoint, "timeout": 5, **extra}
+    )
+
+
+def tpu_offer(compute: GcpTpuCompute, slice_name: str):
+    [offer] = compute.get_offers({"gpu": {"tpu": slice_name}})
+    return offer
+
+
+def test_v2_32_is_creating_first_then_ready_with_four_hosts_in_worker_order(fake_tpu):
+    compute = make_compute(fake_tpu, spot=True)
+    offer = tpu_offer(compute, "v2-32")
+
+    assert compute.create_instances(offer, 4, ["pod-a"]) == []
+    assert compute.update_provisioning_data("pod-a", {}) is None
+    records = compute.update_provisioning_data("pod-a", {})
+
+    assert [r.worker_index for r in records] == [0, 1, 2, 3]
+    assert [r.internal_ip for r in records] == ["10.200.0.2", "10.200.0.3", "10.200.0.4", "10.200.0.5"]
+    assert [r.hostname for r in records] == [r.internal_ip for r in records]
+    name = NODE.format(zone="us-central2-b", node="pod-a")
+    assert {r.region for r in records} == {"us-central2-b"}
+    assert all(r.backend_data == {"zone": "us-central2-b", "node_name": name} for r in records)
+    assert records[0].resources["tpu_chips"] == 4 and records[0].resources["tpu"] == "v2-32"
+    node = fake_tpu.node(name)
+    assert node.accelerator_type == "v2-32"
+    assert node.runtime_version == FAMILIES["v2"].default_runtime_version
+    assert node.scheduling_config.spot is True
+    assert node.network_config.network == f"projects/{PROJECT}/global/networks/default"
+    assert node.labels["muster-group"] == "pod-a"
+    assert fake_tpu.create_calls == [name]
+
+
+def test_exhausted_first_zone_falls_back_to_the_second_with_one_create_per_zone(fake_tpu):
+    fake_tpu.exhausted_zones = {"zone-a"}
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b", "zone-c"])
+
+    compute.create_instances(tpu_offer(compute, "v2-32"), 4, ["pod-b"])
+
+    assert fake_tpu.create_calls == [
+        NODE.format(zone="zone-a", node="pod-b"),
+        NODE.format(zone="zone-b", node="pod-b"),
+    ]
+    assert fake_tpu.node(NODE.format(zone="zone-b", node="pod-b")) is not None
+    compute.update_provisioning_data("pod-b", {})
+    [first, *_] = compute.update_provisioning_data("pod-b", {})
+    assert first.region == "zone-b"
+
+
+def test_every_zone_exhausted_raises_no_capacity_after_one_create_per_zone(fake_tpu):
+    fake_tpu.exhausted_zones = {"zone-a", "zone-b"}
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"])
+
+    with pytest.raises(NoCapacityError):
+        compute.create_instances(tpu_offer(compute, "v4-16"), 2, ["pod-c"])
+
+    assert len(fake_tpu.create_calls) == 2
+    assert fake_tpu.nodes == {}
+
+
+def test_unavailable_zone_falls_back_like_an_exhausted_one(fake_tpu):
+    fake_tpu.unavailable_zones = {"zone-a"}
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+
+    created = tpu_api.create_slice(tpu_api.make_client(cfg), cfg, "pod-d", "v2-8", {})
+
+    assert created.zone == "zone-b"
+    assert len(fake_tpu.create_calls) == 2
+
+
+def test_creating_again_returns_the_existing_slice_even_when_an_earlier_zone_has_capacity_now(fake_tpu):
+    fake_tpu.exhausted_zones = {"zone-a"}
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_api.make_client(cfg)
+    first = tpu_api.create_slice(client, cfg, "pod-e", "v2-32", {})
+    fake_tpu.exhausted_zones = set()
+
+    again = tpu_api.create_slice(client, cfg, "pod-e", "v2-32", {})
+
+    assert again.zone == first.zone == "zone-b"
+    assert again.node_name == first.node_name
+    assert len(fake_tpu.create_calls) == 2  # the retry looked the node up instead of creating it
+    assert list(fake_tpu.nodes) == [first.node_name]
+
+
+def test_already_exists_from_a_racing_create_counts_as_success_in_that_zone(fake_tpu, monkeypatch):
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_api.make_client(cfg)
+    tpu_api.create_slice(client, cfg, "pod-f", "v2-8", {})
+    monkeypatch.setattr(tpu_api, "find_slice", lambda *a: None)  # the other attempt won after our look-up
+
+    created = tpu_api.create_slice(client, cfg, "pod-f", "v2-8", {})
+
+    assert (created.zone, created.node_name) == ("zone-a", NODE.format(zone="zone-a", node="pod-f"))
+    assert len(fake_tpu.create_calls) == 2 and len(fake_tpu.nodes) == 1
+
+
+def test_terminating_a_group_deletes_the_slice_with_exactly_one_call(fake_tpu):
+    compute = make_compute(fake_tpu)
+    compute.create_instances(tpu_offer(compute, "v2-8"), 1, ["pod-g"])
+    name = NODE.format(zone="us-central2-b", node="pod-g")
+
+    compute.terminate_group("pod-g", {"zone": "us-central2-b", "node_name": name})
+
+    assert fake_tpu.delete_calls == [name]
+    assert tpu_api.get_slice(compute.client, compute.tpu, name) is None
+    with pytest.raises(BackendError, match="no longer exists"):
+        compute.update_provisioning_data("pod-g", {"node_name": name})
+
+
+def test_terminating_one_host_deletes_its_whole_slice(fake_tpu):
+    fake_tpu.creation_polls = 0
+    compute = make_compute(fake_tpu)
+    records = compute.create_instances(tpu_offer(compute, "v2-32"), 4, ["pod-h"])
+
+    compute.terminate("pod-h-2", records[2].backend_data)
+
+    assert fake_tpu.delete_calls == [records[2].backend_data["node_name"]]
+    assert fake_tpu.nodes == {}
+
+
+def test_deleting_an_unknown_slice_is_success(fake_tpu):
+    compute = make_compute(fake_tpu)
+    name = NODE.format(zone="us-central2-b", node="never-made")
+
+    compute.terminate_group("never-made", {"node_name": name})
+    compute.terminate_group("never-made", {})  # no zone recorded: looked up, nothing to delete
+
+    assert fake_tpu.delete_calls == [name]
+
+
+def test_single_host_slice_ready_at_once_comes_back_from_the_create_call(fake_tpu):
+    fake_tpu.creation_polls = 0
+    compute = make_compute(fake_tpu)
+
+    records = compute.create_instances(tpu_offer(compute, "v4-8"), 1, ["pod-i"])
+
+    assert len(records) == 1
+    assert records[0].worker_index == 0 and records[0].internal_ip == "10.200.0.2"
+    assert [m for m, _ in fake_tpu.calls].count("POST") == 1
+
+
+def test_stuck_slice_keeps_reporting_not_ready(fake_tpu):
+    fake_tpu.stuck_creating = True
+    compute = make_compute(fake_tpu)
+    compute.create_instances(tpu_offer(compute, "v2-32"), 4, ["pod-j"])
+    name = NODE.format(zone="us-central2-b", node="pod-j")
+
+    for _ in range(5):
+        assert compute.update_provisioning_data("pod-j", {"node_name": name}) is None
+
+
+def test_preempted_slice_is_a_backend_error(fake_tpu):
+    fake_tpu.creation_polls = 0
+    compute = make_compute(fake_tpu)
+    compute.create_instances(tpu_offer(compute, "v2-8"), 1, ["pod-k"])
+    name = NODE.format(zone="us-central2-b", node="pod-k")
+    fake_tpu.set_state(name, "PREEMPTED")
+
+    with pytest.raises(BackendError, match="PREEMPTED"):
+        compute.update_provisioning_data("pod-k", {"node_name": name})
+
+
+def test_external_addresses_become_hostnames_and_internal_ones_stay_for_peers(fake_tpu):
+    fake_tpu.creation_polls = 0
+    fake_tpu.host_addresses = lambda node_id, hosts: [f"10.9.{k}.1" for k in range(hosts)]
+    fake_tpu.external_addresses = ["34.1.1.1", "34.1.1.2"]
+    compute = make_compute(fake_tpu)
+
+    records = compute.create_instances(tpu_offer(compute, "v4-16"), 2, ["pod-l"])
+
+    assert [(r.hostname, r.internal_ip) for r in records] == [
+        ("34.1.1.1", "10.9.0.1"),
+        ("34.1.1.2", "10.9.1.1"),
+    ]
+
+
+def test_host_count_must_match_the_slice(fake_tpu):
+    compute = make_compute(fake_tpu)
+
+    with pytest.raises(BackendError, match="4 hosts"):
+        compute.create_instances(tpu_offer(compute, "v2-32"), 2, ["pod-m"])
+    assert fake_tpu.create_calls == []
+
+
+def test_list_slices_reports_the_nodes_of_a_zone(fake_tpu):
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_api.make_client(cfg)
+    tpu_api.create_slice(client, cfg, "pod-n", "v5litepod-16", {"team": "x"})
+
+    [listed] = tpu_api.list_slices(client, cfg, "zone-a")
+
+    assert listed.name == NODE.format(zone="zone-a", node="pod-n")
+    assert listed.accelerator_type == "v5litepod-16"
+    assert tpu_api.list_slices(client, cfg, "zone-b") == []
+
+
+def test_offers_cover_every_family_and_multi_host_slices():
+    cfg = tpu_api.TpuConfig(PROJECT, ["us-central2-b", "us-central1-a"], api_endpoint="http://127.0.0.1:1")
+    offers = tpu_api.slice_offers(cfg)
+
+    assert {o.instance_type.rsplit("-", 1)[0] for o in offers} == set(FAMILIES)
+    by_type = {o.instance_type: o for o in offers}
+    assert by_type["v2-32"].hosts == 4 and by_type["v4-16"].hosts == 2 and by_type["v5litepod-16"].hosts == 4
+    assert by_type["v2-8"].hosts == 1 and by_type["v6e-8"].hosts == 1
+    assert by_type["v6e-8"].resources["tpu_chips"] == 8
+    assert by_type["v5p-8"].resources["hbm_gb"] == 4 * FAMILIES["v5p"].hbm_gb_per_chip
+    assert all(o.backend == "gcp" and o.zones == cfg.zones and o.region == "us-central2" for o in offers)
+    assert any(o.hosts > 1 for o in offers if o.instance_type.startswith("v6e"))
+
+
+def test_get_offers_matches_the_requested_slice_only():
+    compute = GcpTpuCompute({"project_id": PROJECT, "zones": ["z-a"], "api_endpoint": "http://127.0.0.1:1"})
+
+    assert [o.instance_type for o in compute.get_offers({"gpu": {"tpu": "tpu-v5e-8"}})] == ["v5litepod-8"]
+    assert compute.get_offers({"gpu": {"name": ["A100"], "count": 8}}) == []
+    assert compute.get_offers({"cpu": {"min": 2}}) == []
+
+
+def test_a_server_that_never_answers_times_out_instead_of_hanging():
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    cfg = tpu_api.TpuConfig(
+        PROJECT, ["zone-a"], api_endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(tpu_api.TpuApiError, match="Timeout"):
+            tpu_api.get_slice(tpu_api.make_client(cfg), cfg, NODE.format(zone="zone-a", node="x"))
+        assert time.monotonic() - started < 5
+    finally:
+        for conn in held:
+            conn.close()
+        silent.close()

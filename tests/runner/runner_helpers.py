@@ -1,0 +1,147 @@
+"""Shared helpers for the runner tests: load the single-file runner and drive its CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+# Hosts run the file with whatever python3 they have (3.8+); point this at an old interpreter to check it.
+RUNNER_PYTHON = os.environ.get("MUSTER_RUNNER_PYTHON", sys.executable)
+
+
+def load_runner_module() -> Any:
+    # Loaded by path, as the hosts run it: the file must work without the muster package around it.
+    spec = importlib.util.spec_from_file_location("muster_runner_under_test", RUNNER_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cli(
+    home: Path, *args: str, stdin: bytes | None = None, timeout: float = 15
+) -> subprocess.CompletedProcess:
+    command = [RUNNER_PYTHON, str(RUNNER_PATH), args[0], "--home", str(home), *args[1:]]
+    return subprocess.run(command, input=stdin, capture_output=True, timeout=timeout, check=False)
+
+
+def cli_json(home: Path, *args: str, stdin: bytes | None = None) -> dict[str, Any]:
+    result = cli(home, *args, stdin=stdin)
+    assert result.returncode == 0, result.stderr.decode()
+    return json.loads(result.stdout)
+
+
+def submit(home: Path, job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return cli_json(home, "submit", "--job", job_id, stdin=json.dumps(spec).encode())
+
+
+def job_spec(job_id: str, commands: list[str], **overrides: Any) -> dict[str, Any]:
+    spec = {
+        "job_id": job_id,
+        "run_name": "test-run",
+        "job_num": 0,
+        "nodes_num": 1,
+        "node_group_name": "main",
+        "node_group_index": 0,
+        "node_group_rank": 0,
+        "commands": commands,
+        "env": {},
+        "max_duration": None,
+        "stop_grace": 1,
+        "node_ip": "127.0.0.1",
+        "gpus": 0,
+        "cluster_info": {"job_ips": ["127.0.0.1"], "master_job_ip": "127.0.0.1", "gpus_per_node": [0]},
+        "tpu": None,
+    }
+    spec.update(overrides)
+    return spec
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def job_status(home: Path, job_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((home / "jobs" / job_id / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_state(home: Path, job_id: str, states: tuple[str, ...], timeout: float = 10) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        status = job_status(home, job_id)
+        return status if status and status.get("state") in states else None
+
+    return wait_for(reached, timeout, f"job {job_id} to reach {states}")
+
+
+def process_state(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()[0]
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan's zombie may wait for a PID 1 that never reaps it)."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                raw = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rfind(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(name))
+    return members
+
+
+def agent_pids(home: Path) -> list[int]:
+    """Live agent processes serving ``home``, found from their command lines."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in argv and str(home).encode() in argv and alive(int(name)):
+            pids.append(int(name))
+    return pids
+
+
+def kill_everything(home: Path) -> None:
+    """Teardown: no agent, job runner or job process of this home may survive the test."""
+    for pid in agent_pids(home):
+        os.kill(pid, signal.SIGKILL)
+    jobs = home / "jobs"
+    for job_dir in jobs.iterdir() if jobs.is_dir() else []:
+        status = job_status(home, job_dir.name) or {}
+        for pid in (status.get("runner_pid"), status.get("pgid")):
+            if isinstance(pid, int) and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if isinstance(status.get("pgid"), int):
+            for member in group_members(status["pgid"]):
+                os.kill(member, signal.SIGKILL)
