@@ -33,6 +33,17 @@ def celery_config():
     }
 
 
+@pytest.fixture
+def celery_app(celery_config):
+    """The project's own Celery app (its tasks registered), pointed at the test broker and queue."""
+    import instances.tasks  # noqa: F401
+    import runs.tasks  # noqa: F401
+    from muster.celery import app
+
+    app.conf.update(celery_config)
+    return app
+
+
 @pytest.fixture(scope="session")
 def celery_worker_parameters():
     return {"queues": (f"muster-test-{os.getpid()}",), "perform_ping_check": False, "shutdown_timeout": 20}

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from instances.fleets import create_local_fleet
+from instances.models import Instance
+from runs import logs
+from runs.services.submission import submit_run
+from tests.conftest import example
+from tests.engine.helpers import wait_for_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def local_fleet(fast_limits):
+    from projects.models import Project
+
+    project, _ = Project.objects.get_or_create(name="main")
+    fleet = create_local_fleet(project, "local", 4, placement="cluster")
+    yield fleet
+    from instances.lifecycle import terminate_fleet_instances
+
+    terminate_fleet_instances(fleet)
+
+
+def test_the_local_pd_example_runs_to_done_with_the_router_reaching_both_workers(local_fleet, celery_worker):
+    run = submit_run(local_fleet.project, None, {"configuration": example("pd-disagg-local.yml")})
+    run = wait_for_run(run.name, timeout=90)
+    jobs = list(run.current_jobs())
+    assert run.status == "done", [(j.job_num, j.status, j.termination_reason, j.termination_message) for j in jobs]
+    router_log = logs.read(jobs[0]).decode()
+    assert f"router got from prefill at {jobs[1].instance.internal_ip}:8000: prefill worker 1 of 3" in router_log
+    assert f"router got from decode at {jobs[2].instance.internal_ip}:8000: decode worker 2 of 3" in router_log
+    assert jobs[0].start_time > max(jobs[1].start_time, jobs[2].start_time), "workers-first: router starts last"
+    assert not Instance.objects.filter(status="busy").exists()
