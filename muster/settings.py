@@ -7,6 +7,7 @@ instance directories and stored logs. DATABASE_URL / CELERY_BROKER_URL switch to
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -98,6 +99,9 @@ else:
                 "timeout": 20,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
             },
+            # A file, not the in-memory default: tests run a real Celery worker in other threads,
+            # and shared-cache memory databases lock whole tables instead of waiting.
+            "TEST": {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -12,7 +12,9 @@ def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:
 
 
 def all_ips_known(jobs: list[Job]) -> bool:
-    return all(j.instance is not None and j.instance.internal_ip and j.instance.status == "busy" for j in jobs)
+    # A peer that already finished keeps its address; only hosts still being created have none yet.
+    return all(j.instance is not None and j.instance.internal_ip and j.instance.status != "provisioning"
+               for j in jobs)
 
 
 def gpus_on_host(job: Job) -> int:

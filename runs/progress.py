@@ -106,12 +106,17 @@ def _wait_for_runner(job: Job) -> None:
                       f"the runner on {instance.name} did not come up within {limit('WAITING_RUNNER_LIMIT'):.0f}s")
 
 
+def _started(job: Job) -> bool:
+    # A peer that already finished has started too (a short master must not block its workers).
+    return job.start_time is not None or job.status in (JobStatus.RUNNING, JobStatus.DONE)
+
+
 def _order_allows(job: Job, jobs: list[Job]) -> bool:
     order = job.run.configuration.get("startup_order") or "any"
     if order == "master-first" and job.job_num != 0:
-        return jobs[0].status == JobStatus.RUNNING
+        return _started(jobs[0])
     if order == "workers-first" and job.job_num == 0:
-        return all(j.status == JobStatus.RUNNING for j in jobs[1:])
+        return all(_started(j) for j in jobs[1:])
     return True
 
 

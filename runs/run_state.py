@@ -44,8 +44,7 @@ def _derive(run: Run) -> None:
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == "abort" else RunReason.STOPPED_BY_USER
         _teardown(run, reason, RunStatus.TERMINATED, run_reason)
         return
-    failed = [j for j in jobs if j.status == JobStatus.FAILED
-              or (j.status == JobStatus.TERMINATING and j.termination_reason in _FAILING)]
+    failed = [j for j in jobs if j.termination_reason in _FAILING]
     if failed:
         first = failed[0]
         if _retry_allowed(run, first.termination_reason):
@@ -78,7 +77,7 @@ _FAILING = {
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, JobReason.INTERRUPTED_BY_NO_CAPACITY,
     JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR,
+    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR, JobReason.MAX_DURATION_EXCEEDED,
 }
 
 

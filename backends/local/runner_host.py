@@ -31,7 +31,10 @@ class LocalRunnerHost(RunnerHost):
         return done.stdout
 
     def ensure_agent(self) -> None:
-        Path(self.home).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(self.home).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendError(f"cannot create the runner home {self.home}: {exc}") from exc
         self._call("ensure-agent")
 
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:

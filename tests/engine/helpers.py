@@ -19,3 +19,65 @@ def wait_for_run(name: str, statuses=("done", "failed", "terminated"), timeout: 
     jobs = [(j.job_num, j.status, j.termination_reason, j.termination_message) for j in run.current_jobs()] if run else []
     raise AssertionError(f"run {name} did not reach {statuses} in {timeout}s: "
                          f"{run and run.status} {run and run.termination_reason} jobs={jobs}")
+
+
+class Beat:
+    """Stands in for celery beat during a test: runs the sweep every `interval` seconds in a thread."""
+
+    def __init__(self, interval: float = 0.5):
+        import threading
+
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        from django.db import connection
+
+        from runs.sweeps import sweep
+
+        try:
+            while not self._stop.wait(self.interval):
+                sweep()
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+
+
+def local_project_fleet(size: int = 4, name: str = "local"):
+    from instances.fleets import create_local_fleet
+    from projects.models import Project
+
+    project, _ = Project.objects.get_or_create(name="main")
+    return create_local_fleet(project, name, size, placement="cluster")
+
+
+def job_summary(run) -> list[tuple]:
+    return [(j.job_num, j.status, j.termination_reason) for j in run.current_jobs()]
+
+
+def runner_processes(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains `marker` (zombies excluded)."""
+    import os
+
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            pids.append(int(entry))
+    return pids

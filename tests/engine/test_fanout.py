@@ -1,0 +1,64 @@
+"""The staged master-unlock fan-out: exact release sets for a 3-group run of sizes 3, 2, 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs import scheduling
+from runs.fanout import release_set
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+
+THREE_GROUPS = """
+type: task
+name: staged
+groups:
+  - {name: a, nodes: 3, commands: [echo a]}
+  - {name: b, nodes: 2, commands: [echo b]}
+  - {name: c, nodes: 2, commands: [echo c]}
+"""
+
+
+def _jobs(sizes):
+    jobs, num = [], 0
+    for g, size in enumerate(sizes):
+        for r in range(size):
+            jobs.append(Job(job_num=num, node_group_index=g, node_group_rank=r))
+            num += 1
+    return jobs
+
+
+def test_release_sets_follow_the_staged_unlock():
+    jobs = _jobs([3, 2, 2])
+    assert release_set(jobs[0], jobs) == [1, 2, 3, 5]
+    assert release_set(jobs[3], jobs) == [4]
+    assert release_set(jobs[5], jobs) == [6]
+    assert all(release_set(jobs[n], jobs) == [] for n in (1, 2, 4, 6))
+
+
+@pytest.mark.django_db
+def test_provisioning_releases_exactly_those_jobs_in_the_database(django_capture_on_commit_callbacks):
+    fleet = local_project_fleet(size=7)
+    with django_capture_on_commit_callbacks():
+        run = submit_run(fleet.project, None, {"configuration": THREE_GROUPS})
+
+    def waiting():
+        return {j.job_num for j in run.current_jobs() if j.waiting_master_job}
+
+    def provision(num):
+        job = run.current_jobs().get(job_num=num)
+        with django_capture_on_commit_callbacks() as enqueued:
+            assert scheduling.provision_job(job.pk)
+        return enqueued
+
+    assert waiting() == {1, 2, 3, 4, 5, 6}
+    provision(0)
+    assert waiting() == {4, 6}, "job 0 releases the rest of group 0 and the other group masters only"
+    provision(3)
+    assert waiting() == {6}
+    provision(5)
+    assert waiting() == set()
+    assert not scheduling.provision_job(run.current_jobs().get(job_num=0).pk), "a second attempt is a no-op"
+    instances = [j.instance_id for j in run.current_jobs() if j.instance_id]
+    assert len(instances) == len(set(instances)) == 3
