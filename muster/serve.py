@@ -59,4 +59,14 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
             proc.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+    _stop_local_agents()
     return code
+
+
+def _stop_local_agents() -> None:
+    """Local instances live only while Muster serves: ask their runner agents to exit too."""
+    from pathlib import Path
+
+    data = Path(os.environ.get("MUSTER_DATA_DIR", ".muster-data"))
+    for home in data.glob("local/*/muster"):
+        (home / "agent.stop").touch()
