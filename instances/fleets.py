@@ -23,7 +23,10 @@ def _configuration(payload: Any) -> dict:
     doc = load_document(data)
     if doc.get("type") != "fleet":
         raise ConfigurationError([{"loc": ["type"], "msg": "a fleet needs `type: fleet`"}])
-    return parse_fleet_configuration(doc).model_dump(mode="json")
+    conf = parse_fleet_configuration(doc).model_dump(mode="json")
+    if doc.get("nodes") is None:
+        conf["nodes"] = None  # unset: each backend has its own default (local: MUSTER_LOCAL_FLEET_SIZE)
+    return conf
 
 
 def apply_fleet(project: Project, payload: Any, actor: str = "api") -> Fleet:

@@ -90,7 +90,8 @@ def _retry_configured(run: Run, job_reason: str) -> bool:
 def _retry_allowed(run: Run, job_reason: str) -> bool:
     if not _retry_configured(run, job_reason):
         return False
-    duration = run.configuration["retry"].get("duration") or 3600
+    duration = run.configuration["retry"].get("duration")
+    duration = 3600 if duration is None else duration
     return timezone.now() + _backoff(run) < run.submitted_at + timedelta(seconds=duration)
 
 

@@ -1,0 +1,199 @@
+"""Settings chosen by the environment (embedded default vs production), and the compose stack.
+
+Settings are read once per process, so each case imports them in a fresh interpreter with an
+environment built from scratch (nothing inherited from the shell that runs the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SHOW_SETTINGS = """
+import json
+from muster import settings as s
+db = s.DATABASES["default"]
+print(json.dumps({
+    "engine": db["ENGINE"], "options": db.get("OPTIONS", {}), "name": str(db.get("NAME")),
+    "host": db.get("HOST"), "port": db.get("PORT"),
+    "broker": s.CELERY_BROKER_URL, "transport": s.CELERY_BROKER_TRANSPORT_OPTIONS,
+    "secret_key": s.SECRET_KEY, "debug": s.DEBUG, "data_dir": str(s.DATA_DIR),
+}))
+"""
+
+
+def python(code: str, data_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(data_dir.parent), "LANG": "C.UTF-8",
+             "MUSTER_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE": "muster.settings", **env}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def settings_with(data_dir: Path, **env: str) -> dict:
+    done = python(SHOW_SETTINGS, data_dir, **env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_with_nothing_set_it_uses_sqlite_in_wal_with_immediate_transactions(tmp_path):
+    data = tmp_path / "data"
+    conf = settings_with(data)
+    assert conf["engine"] == "django.db.backends.sqlite3"
+    assert conf["name"] == str(data / "muster.sqlite3")
+    assert conf["options"]["transaction_mode"] == "IMMEDIATE"
+    init = conf["options"]["init_command"].lower()
+    assert "journal_mode=wal" in init
+    assert "busy_timeout" in init
+    assert conf["debug"] is True
+
+
+def test_with_nothing_set_the_broker_is_the_filesystem_under_the_data_dir(tmp_path):
+    data = tmp_path / "data"
+    conf = settings_with(data)
+    assert conf["broker"] == "filesystem://"
+    transport = conf["transport"]
+    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+        folder = Path(transport[key])
+        assert folder.is_relative_to(data), (key, folder)
+        assert folder.is_dir(), f"{folder} is created at start"
+    assert transport["data_folder_in"] == transport["data_folder_out"], "producers and consumers share one queue"
+
+
+def test_the_filesystem_broker_keeps_its_exchange_table_under_the_data_dir_too(tmp_path):
+    data = tmp_path / "data"
+    control = settings_with(data)["transport"].get("control_folder", "control")
+    assert Path(control).is_absolute() and Path(control).is_relative_to(data), control
+
+
+def test_a_secret_key_is_generated_once_in_the_data_dir_and_reused(tmp_path):
+    data = tmp_path / "data"
+    first = settings_with(data)["secret_key"]
+    key_file = data / "secret_key"
+    assert key_file.read_text().strip() == first
+    assert len(first) >= 50
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600, "only the server's user can read it"
+    assert settings_with(data)["secret_key"] == first, "sessions and tokens survive a restart"
+    assert settings_with(tmp_path / "elsewhere")["secret_key"] != first
+
+
+def test_a_secret_key_from_the_environment_wins_and_writes_no_file(tmp_path):
+    data = tmp_path / "data"
+    assert settings_with(data, SECRET_KEY="from-env")["secret_key"] == "from-env"
+    assert not (data / "secret_key").exists()
+
+
+def test_database_url_and_broker_url_switch_to_postgres_and_redis(tmp_path):
+    conf = settings_with(tmp_path / "data", DATABASE_URL="postgres://u@h:5432/db",
+                         CELERY_BROKER_URL="redis://h:6379/0")
+    assert conf["engine"] == "django.db.backends.postgresql"
+    assert (conf["name"], conf["host"], conf["port"]) == ("db", "h", 5432)
+    assert "transaction_mode" not in conf["options"]
+    assert conf["broker"] == "redis://h:6379/0"
+    assert "data_folder_in" not in conf["transport"]
+    assert not (tmp_path / "data" / "broker").exists(), "no filesystem broker folders with redis"
+
+
+def test_production_without_a_secret_key_refuses_to_start(tmp_path):
+    data = tmp_path / "data"
+    done = python(SHOW_SETTINGS, data, MUSTER_ENV="production", DATABASE_URL="postgres://u@h:5432/db",
+                  CELERY_BROKER_URL="redis://h:6379/0")
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr
+    assert "SECRET_KEY" in done.stderr.strip().splitlines()[-1]
+    assert not (data / "secret_key").exists(), "production never invents a key"
+
+
+def test_production_with_a_secret_key_turns_debug_off(tmp_path):
+    conf = settings_with(tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret")
+    assert conf["secret_key"] == "s3cret"
+    assert conf["debug"] is False
+
+
+def test_the_sweep_interval_comes_from_the_environment(tmp_path):
+    code = ("import json; from muster.celery import app; "
+            "print(json.dumps(app.conf.beat_schedule))")
+    done = python(code, tmp_path / "data", MUSTER_SWEEP_INTERVAL="7")
+    assert done.returncode == 0, done.stderr
+    schedule = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [entry["schedule"] for entry in schedule.values()] == [7.0]
+    assert [entry["options"]["expires"] for entry in schedule.values()] == [7.0]
+
+
+# ---- the beat schedule, in this process ---------------------------------------------------------
+
+
+def test_every_beat_entry_names_a_registered_task_and_expires():
+    from muster.celery import app
+
+    app.loader.import_default_modules()  # what a worker does at start: autodiscover every tasks.py
+    schedule = app.conf.beat_schedule
+    assert schedule, "beat has something to do"
+    for name, entry in schedule.items():
+        assert entry["task"] in app.tasks, f"{name}: {entry['task']} is not a registered task"
+        expires = entry.get("options", {}).get("expires")
+        assert expires is not None and float(expires) > 0, f"{name}: a missed sweep must be dropped"
+        assert float(expires) <= float(entry["schedule"]), f"{name}: sweeps never pile up"
+
+
+# ---- docker-compose.yml and the Dockerfile ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+APP_SERVICES = ("web", "worker", "beat")
+
+
+def _command(service: dict) -> str:
+    command = service.get("command", "")
+    return " ".join(command) if isinstance(command, list) else command
+
+
+def test_compose_has_the_production_services(compose):
+    services = compose["services"]
+    for name in ("postgres", "redis", *APP_SERVICES):
+        assert name in services, name
+    assert services["postgres"]["image"].startswith("postgres")
+    assert services["redis"]["image"].startswith("redis")
+    assert _command(services["web"]).startswith("gunicorn muster.wsgi")
+    assert _command(services["worker"]).startswith("celery -A muster worker")
+    assert _command(services["beat"]).startswith("celery -A muster beat")
+
+
+def test_compose_builds_every_app_service_from_one_image_and_the_dockerfile(compose):
+    services = compose["services"]
+    app = {name: s for name, s in services.items() if "build" in s}
+    assert set(APP_SERVICES) <= set(app)
+    assert len({json.dumps(s["build"], sort_keys=True) for s in app.values()}) == 1
+    assert len({s.get("image") for s in app.values()}) == 1
+    context = app["web"]["build"] if isinstance(app["web"]["build"], str) else app["web"]["build"]["context"]
+    dockerfile = "Dockerfile" if isinstance(app["web"]["build"], str) else app["web"]["build"].get(
+        "dockerfile", "Dockerfile")
+    assert (ROOT / context / dockerfile).is_file()
+
+
+def test_compose_points_the_app_at_its_postgres_and_redis_in_production_mode(compose):
+    for name in APP_SERVICES:
+        env = compose["services"][name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:" in env["DATABASE_URL"], name
+        assert env["CELERY_BROKER_URL"].startswith("redis://redis:"), name
+        assert env["MUSTER_ENV"] == "production", name
+        assert "SECRET_KEY" in env, name
+
+
+def test_the_dockerfile_installs_muster_and_starts_gunicorn():
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.startswith("FROM python:3.11")
+    assert "pip install" in text
+    assert "gunicorn" in text
