@@ -34,3 +34,14 @@ def test_the_local_pd_example_runs_to_done_with_the_router_reaching_both_workers
     assert f"router got from decode at {jobs[2].instance.internal_ip}:8000: decode worker 2 of 3" in router_log
     assert jobs[0].start_time > max(jobs[1].start_time, jobs[2].start_time), "workers-first: router starts last"
     assert not Instance.objects.filter(status="busy").exists()
+
+
+def test_the_logs_api_serves_a_jobs_output_from_an_offset(local_fleet, celery_worker, api):
+    conf = "type: task\nname: chatty\ncommands:\n  - echo first line\n  - echo second line\n"
+    assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    assert wait_for_run("chatty", timeout=60).status == "done"
+    whole = api.get("/api/projects/main/runs/chatty/logs?job=0").json()
+    assert whole["text"] == "first line\nsecond line\n"
+    rest = api.get(f"/api/projects/main/runs/chatty/logs?job=0&start={len('first line')+1}").json()
+    assert rest["text"] == "second line\n" and rest["next"] == whole["next"]
+    assert api.get("/api/projects/main/runs/chatty/logs?job=7").status_code == 400
