@@ -26,3 +26,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .muster-data
+
+fuzz: $(STAMP)
+	$(BIN)/python scripts/fuzz.py

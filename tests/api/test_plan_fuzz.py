@@ -9,6 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzzing import examples
+
 pytestmark = pytest.mark.django_db
 
 PLAN = "/api/projects/main/runs/plan"
@@ -131,7 +133,7 @@ def _check(resp) -> None:
         assert isinstance(error["msg"], str) and error["msg"].strip(), error
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(body=bodies)
 def test_random_plan_bodies_get_a_plan_or_located_errors_never_a_500(api, body):
@@ -139,7 +141,7 @@ def test_random_plan_bodies_get_a_plan_or_located_errors_never_a_500(api, body):
     _check(api.post(PLAN, body, format="json"))
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=st.one_of(raw_texts, configurations.map(_to_yaml), st.binary(max_size=64).map(lambda b: b.decode("latin-1"))))
 def test_random_configuration_text_sent_as_a_raw_json_string_never_500s(api, text):

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runs.configuration import ConfigurationError, parse_any_configuration
+from tests.fuzzing import examples
 
 KEYS = [
     "type", "name", "nodes", "groups", "image", "env", "commands", "ports", "resources", "startup_order",
@@ -90,13 +91,13 @@ def _assert_answers_cleanly(data: object) -> None:
             assert isinstance(error["msg"], str) and error["msg"]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_random_documents_either_parse_or_raise_configuration_errors(document: dict) -> None:
     _assert_answers_cleanly(document)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_random_documents_sent_as_yaml_text_behave_the_same(document: dict) -> None:
     try:
@@ -106,7 +107,7 @@ def test_random_documents_sent_as_yaml_text_behave_the_same(document: dict) -> N
     _assert_answers_cleanly(text)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=200))
 def test_random_text_never_crashes_the_parser(text: str) -> None:
     _assert_answers_cleanly(text)
