@@ -24,6 +24,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos
+
 clean:
 	rm -rf $(VENV) .muster-data
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from django.db.models import Q
 from django.utils import timezone
 
-from backends.registry import fleet_backend_config, get_compute
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
+from backends.registry import creates_groups, fleet_backend_config, get_compute
+from instances.models import Fleet, FleetStatus, Instance, InstanceStatus
 from runs.configuration import fits
 from runs.models import Job, Run
 
-STATIC_BACKENDS = (FleetBackend.LOCAL, FleetBackend.SSH)
+
+def is_static(fleet: Fleet) -> bool:
+    return not creates_groups(fleet.backend)
 
 
 def group_demands(run: Run) -> list[tuple[dict, int]]:
@@ -29,8 +31,10 @@ def _gpu_weight(inst: Instance) -> tuple[int, str]:
 
 
 def free_instances(fleet: Fleet):
-    return fleet.instances.filter(
-        Q(group__isnull=True) | Q(group__kind="cluster"), status=InstanceStatus.IDLE, unreachable=False
+    # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
+    # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
+    return Instance.objects.filter(
+        Q(group__isnull=True) | Q(group__kind="cluster"), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
     )
 
 
@@ -68,11 +72,12 @@ def choose_fleet(run: Run) -> Fleet | None:
     demands = group_demands(run)
     multi_node = sum(n for _, n in demands) > 1
     for fleet in candidate_fleets(run):
-        if multi_node and fleet.backend in STATIC_BACKENDS and fleet.placement != "cluster":
+        static = is_static(fleet)
+        if multi_node and static and fleet.placement != "cluster":
             continue  # nodes of one run must reach each other on a private network
-        if fleet.backend in STATIC_BACKENDS and static_fleet_fits(fleet, demands):
+        if static and static_fleet_fits(fleet, demands):
             return fleet
-        if fleet.backend not in STATIC_BACKENDS and cloud_fleet_fits(fleet, demands):
+        if not static and cloud_fleet_fits(fleet, demands):
             return fleet
     return None
 

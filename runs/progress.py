@@ -21,7 +21,7 @@ from muster import claims
 from runs import cluster
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
-from runs.transitions import move_job, nudge_job, terminate_job
+from runs.transitions import hand_over_if_terminating, move_job, nudge_job, terminate_job
 
 log = logging.getLogger(__name__)
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
@@ -58,6 +58,7 @@ def advance_job(job_id: int) -> bool:
     finally:
         next_at = timezone.now() + timedelta(seconds=poll_interval())
         claims.release(Job, job_id, token, next_check_at=next_at)
+    hand_over_if_terminating(job_id)
     job.refresh_from_db(fields=["status"])
     if job.status in WATCHED:
         with transaction.atomic():
@@ -79,8 +80,10 @@ def _observe(job: Job):
     instance = job.instance
     host = compute_for_instance(instance).runner_host(instance)
     try:
-        host.ensure_agent()
-        status = host.status()
+        status = host.status()  # one round trip in the common case: the agent is already up
+        if not status.get("agent_alive"):
+            host.ensure_agent()
+            status = host.status()
     except BackendError as exc:
         health.mark_unreachable(instance, str(exc))
         host.close()

@@ -8,12 +8,11 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from instances.models import FleetBackend
 from muster import claims
 from runs import fanout, placement
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, nudge_job, terminate_job
+from runs.transitions import hand_over_if_terminating, move_job, move_run, nudge_job, terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,7 @@ def provision_job(job_id: int) -> bool:
         _attempt(Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id))
     finally:
         claims.release(Job, job_id, token)
+        hand_over_if_terminating(job_id)
     return True
 
 
@@ -58,7 +58,7 @@ def _attempt(job: Job) -> None:
         run.refresh_from_db(fields=["fleet"])
         move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], message=f"placed on fleet {run.fleet.name}")
     fleet = run.fleet
-    if fleet.backend in (FleetBackend.LOCAL, FleetBackend.SSH):
+    if placement.is_static(fleet):
         _take_static_instance(job, fleet)
     else:
         _provision_cloud_group(job, fleet)

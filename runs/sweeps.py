@@ -53,6 +53,9 @@ def sweep() -> dict[str, int]:
     found["groups"] = _enqueue(instance_tasks.terminate_group, groups)
     found["pods"] = _enqueue(instance_tasks.poll_pod, pods.pods_to_poll(now))
     found["idle"] = pods.expire_idle_pods(now)
+    from instances.ssh_health import check_ssh_hosts
+
+    found["ssh_hosts"] = check_ssh_hosts(now)
     return found
 
 

@@ -71,3 +71,12 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     for key, value in fields.items():
         setattr(run, key, value)
     return True
+
+
+def hand_over_if_terminating(job_id: int) -> None:
+    """Called after a task gave back its lease: a job it moved to `terminating` meanwhile could not
+    be claimed by the finish_job enqueued at that moment, so enqueue it again now."""
+    from runs import tasks
+
+    if Job.objects.filter(pk=job_id, status="terminating").exists():
+        tasks.finish_job.delay(job_id)

@@ -33,15 +33,25 @@ def celery_config():
     }
 
 
-@pytest.fixture
-def celery_app(celery_config):
-    """The project's own Celery app (its tasks registered), pointed at the test broker and queue."""
+@pytest.fixture(scope="session", autouse=True)
+def _test_broker(celery_config):
+    """Point the project's Celery app at the test broker before anything sends a message.
+
+    Producers cache their broker connection, so configuring the app later (when a test first asks
+    for a worker) would leave earlier producers talking to another broker.
+    """
     import instances.tasks  # noqa: F401
     import runs.tasks  # noqa: F401
     from muster.celery import app
 
     app.conf.update(celery_config)
     return app
+
+
+@pytest.fixture
+def celery_app(_test_broker):
+    """The project's own Celery app (its tasks registered), pointed at the test broker and queue."""
+    return _test_broker
 
 
 @pytest.fixture(scope="session")

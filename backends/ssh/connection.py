@@ -19,6 +19,8 @@ from pathlib import Path
 
 import paramiko
 
+from backends.base import BackendError
+
 KEEPALIVE_SECONDS = 15
 
 
@@ -36,12 +38,18 @@ class SSHTarget:
         return f"{self.username}@{self.hostname}:{self.port}"
 
 
-class SSHError(Exception):
-    """Any failure to talk to a host over SSH."""
+class SSHError(BackendError):
+    """Any failure to talk to a host over SSH.
+
+    A BackendError, so the engine's handlers (which catch BackendError around every runner call)
+    see an unreachable host as a backend failure instead of letting the exception kill the task.
+    """
 
 
 class HostUnreachable(SSHError):
     """Nothing answers SSH at the address: refused, timed out, no route, or the connection dropped."""
+
+    reason = "instance_unreachable"
 
 
 class AuthenticationFailed(SSHError):

@@ -178,6 +178,30 @@ class SSHRunnerHost(RunnerHost):
     def cleanup(self, job_id: str) -> None:
         self._runner_json(f"cleanup --job {shlex.quote(job_id)}")
 
+    def stop_agent(self, wait: float = 5.0) -> None:
+        """Stop every job and then the agent (its fleet is being deleted); one round trip.
+
+        The agent exits when HOME/agent.stop exists; jobs are separate sessions that outlive it, so
+        each gets its own stop file first. Waits up to `wait` seconds for the agent to be gone.
+        """
+        ticks = max(1, int(wait * 10))
+        script = (
+            f'H={self._home_expr()}; [ -d "$H" ] || exit 0; '
+            'for d in "$H"/jobs/*/; do [ -d "$d" ] && : > "$d/stop"; done; '
+            ': > "$H/agent.stop"; i=0; '
+            f'while [ $i -lt {ticks} ]; do '
+            'p=$(cat "$H/agent.pid" 2>/dev/null) || exit 0; '
+            # A pid left by a killed agent may belong to another process by now: check its command.
+            'if [ -d /proc/self ]; then grep -qa muster_runner "/proc/$p/cmdline" 2>/dev/null || exit 0; '
+            'else kill -0 "$p" 2>/dev/null || exit 0; fi; '
+            'sleep 0.1; i=$((i+1)); done; exit 3'
+        )
+        status, out, err = self._exec(script, timeout=self.timeout + wait)
+        if status == 3:
+            raise RunnerError(f"the runner agent on {self.target.where} did not stop within {wait:g} s")
+        if status != 0:
+            raise RunnerError(self._failure("stop-agent", status, out, err))
+
     # --- registration helpers ---------------------------------------------------------------------
 
     def probe(self) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""Where a gcp fleet's settings come from, lowest priority first.
+
+1. `MUSTER_GCP_*` environment variables (a container or systemd unit sets these);
+2. `settings.MUSTER["GCP"]` (a settings file, or tests);
+3. what the fleet configuration says at the top level: `zones`, `spot`, `runtime_version`;
+4. the fleet configuration's `gcp` mapping, when present (set by code, not by the YAML parser).
+
+The result feeds both `TpuConfig.from_dict` (the API side) and the instances app (`ssh_user`,
+`ssh_private_key`: how the server logs in to the TPU hosts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from backends.base import BackendError
+
+# environment variable -> key; zones are comma separated, credentials are JSON text or a file path.
+ENV_KEYS = {
+    "MUSTER_GCP_PROJECT_ID": "project_id",
+    "MUSTER_GCP_ZONES": "zones",
+    "MUSTER_GCP_API_ENDPOINT": "api_endpoint",
+    "MUSTER_GCP_TRANSPORT": "transport",
+    "MUSTER_GCP_NETWORK": "network",
+    "MUSTER_GCP_CREDENTIALS": "credentials",
+    "MUSTER_GCP_SSH_USER": "ssh_user",
+    "MUSTER_GCP_SSH_PRIVATE_KEY": "ssh_private_key",
+    "MUSTER_GCP_TIMEOUT": "timeout",
+}
+
+
+def env_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, key in ENV_KEYS.items():
+        value = environ.get(var, "").strip()
+        if not value:
+            continue
+        if key == "zones":
+            out[key] = [z.strip() for z in value.split(",") if z.strip()]
+        elif key in ("credentials", "ssh_private_key") and not value.startswith(("{", "-----")):
+            out[key] = _read_file(value)  # a path: keys do not fit comfortably in an env var
+        else:
+            out[key] = value
+    return out
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise BackendError(f"gcp backend: cannot read {path}: {exc}") from exc
+
+
+def fleet_settings(configuration: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a `type: fleet` configuration with `backends: [gcp]` contributes."""
+    out: dict[str, Any] = {}
+    if configuration.get("zones"):
+        out["zones"] = list(configuration["zones"])
+    if "spot" in configuration:
+        out["spot"] = bool(configuration["spot"])
+    if configuration.get("runtime_version"):
+        out["runtime_version"] = configuration["runtime_version"]
+    return out
+
+
+def merged(server: Mapping[str, Any] | None, configuration: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        **env_settings(),
+        **dict(server or {}),
+        **fleet_settings(configuration),
+        **dict(configuration.get("gcp") or {}),
+    }

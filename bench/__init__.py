@@ -1,0 +1,1 @@
+"""Control-plane benchmarks and fault injection (`make bench`, `make chaos`); never part of `make test`."""
