@@ -131,9 +131,10 @@ def make_hollow_fleet(project, name: str, H: int, placement: str = "cluster", gp
             Instance(
                 project=project, fleet=fleet, name=f"{name}-{i}", status=InstanceStatus.IDLE, backend=BACKEND,
                 region="hollow", hostname=hollow_ip(fleet.pk, i), internal_ip=hollow_ip(fleet.pk, i), index=i,
-                resources=hollow_resources(gpus_per_host if i < gpu_hosts else 0), idle_since=now,
+                resources=res, idle_since=now, **Instance.resource_columns(res),
             )
             for i in range(H)
+            for res in [hollow_resources(gpus_per_host if i < gpu_hosts else 0)]
         ]
         Instance.objects.bulk_create(rows, batch_size=2000)
     return fleet

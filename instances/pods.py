@@ -1,13 +1,19 @@
 """TPU pod slices as instance groups: reserve (reuse or create), poll until READY, expire when idle.
 
 A slice of H hosts is one InstanceGroup of kind `tpu_pod` named after the TPU node, with one
-Instance per host whose `index` is the TPU worker id. Rows exist before the backend is asked to
-create anything, so a crash between the two is found by the poll sweep, never leaked.
+Instance per host whose `index` is the TPU worker id. Rows exist, and the group's jobs point at
+them, before the backend is asked to create anything: a crash between the two is found by the
+poll sweep, never leaked, and whichever poll sees READY first knows which hosts are taken.
+
+Polling is self-rescheduling (like runs.progress.advance_job): the create enqueues a poll, and a
+poll that finds the slice still on its way enqueues the next one. The beat sweep re-enqueues a
+poll for every provisioning pod as the safety net for lost messages.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from datetime import timedelta
 
@@ -15,9 +21,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.base import BackendError, Compute, NoCapacityError
+from backends.base import BackendError, Compute, NoCapacityError, ProvisioningData
 from backends.registry import fleet_backend_config, get_compute
-from backends.tpu_shapes import parse_slice
+from backends.tpu_shapes import SliceShape, parse_slice
 from events.services import record
 from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
 from muster import claims, crypto
@@ -25,14 +31,27 @@ from muster.claims import unleased
 
 log = logging.getLogger(__name__)
 
+# Job statuses that still wait for their host to come up.
+_WAITING = ("submitted", "provisioning")
+
 
 def _slice_of(job) -> str | None:
     gpu = job.spec["resources"].get("gpu") or {}
     return gpu.get("tpu")
 
 
+def poll_interval() -> float:
+    """Seconds between looks at a slice being created (creation takes minutes on Google Cloud)."""
+    muster = settings.MUSTER
+    return float(muster.get("POD_POLL_INTERVAL") or 5 * float(muster.get("JOB_POLL_INTERVAL", 1.0)))
+
+
 def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, int]:
-    """Give job k of the group host k of one pod: an idle pod of the same shape, else a new one."""
+    """Give job k of the group host k of one pod: an idle pod of the same shape, else a new one.
+
+    Returns {job id: instance id}; {} when the fleet has no offer for the slice. A capacity or
+    API error is raised after the planned rows are marked terminated.
+    """
     shape = parse_slice(_slice_of(group_jobs[0]) or "")
     if shape is None or len(group_jobs) != shape.hosts:
         return {}
@@ -43,26 +62,38 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
     offers = compute.get_offers(jobs[0].spec["resources"])
     if not offers:
         return {}
-    group, instances = _plan_pod(fleet, shape, jobs[0])
+    group, instances = _plan_pod(fleet, shape, jobs)
     try:
         records = compute.create_instances(offers[0], shape.hosts, [group.name])
     except NoCapacityError:
         _forget(group, "no capacity in any zone")
         raise
-    except BackendError:
-        _forget(group, "create failed")
+    except BackendError as exc:
+        _forget(group, f"create failed: {exc}")
         raise
     if records:
         apply_ready(group, records)
+    else:
+        schedule_poll(group.pk)
     return {job.pk: inst.pk for job, inst in zip(jobs, instances, strict=True)}
+
+
+def schedule_poll(group_id: int, countdown: float | None = None) -> None:
+    from instances import tasks
+
+    delay = poll_interval() if countdown is None else countdown
+    transaction.on_commit(lambda: tasks.poll_pod.apply_async((group_id,), countdown=delay))
 
 
 def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | None:
     for group in InstanceGroup.objects.filter(fleet=fleet, kind=GroupKind.TPU_POD, shape=shape,
-                                              status=GroupStatus.ACTIVE):
+                                              status=GroupStatus.ACTIVE).order_by("created"):
         with transaction.atomic():
-            touched = Instance.objects.filter(group=group, status=InstanceStatus.IDLE).update(
-                status=InstanceStatus.BUSY, idle_since=None)
+            # Conditional on every host still idle and the group still active: the idle policy
+            # takes a pod the same way, so exactly one of the two wins it.
+            touched = Instance.objects.filter(group=group, group__status=GroupStatus.ACTIVE,
+                                              status=InstanceStatus.IDLE).update(
+                status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
             if touched == hosts:
                 record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status="busy")
                 return list(group.instances.order_by("index"))
@@ -70,9 +101,20 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | No
     return None
 
 
-def _plan_pod(fleet: Fleet, shape, master_job) -> tuple[InstanceGroup, list[Instance]]:
-    base = f"{master_job.run.name}-{master_job.node_group_name}"[:50].rstrip("-")
-    name = f"{base}-{secrets.token_hex(3)}"
+def pod_name(run_name: str, group_name: str) -> str:
+    """A TPU node id: lowercase letters, digits and '-', starting with a letter, at most 63 chars."""
+    base = re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{group_name}".lower()).strip("-")
+    if not base or not base[0].isalpha():
+        base = f"pod-{base}".rstrip("-")
+    # 63 minus "-" + 6 hex for the pod, minus "-NNNN" that instance names append.
+    return f"{base[:50].rstrip('-')}-{secrets.token_hex(3)}"
+
+
+def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
+    from runs.models import Job
+
+    master = jobs[0]
+    name = pod_name(master.run.name, master.node_group_name)
     with transaction.atomic():
         group = InstanceGroup.objects.create(
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=shape.name,
@@ -85,42 +127,53 @@ def _plan_pod(fleet: Fleet, shape, master_job) -> tuple[InstanceGroup, list[Inst
             )
             for k in range(shape.hosts)
         ]
+        # Point job k at host k now, in the same transaction, so a poll that sees READY before
+        # the scheduler finishes still knows these hosts are taken (busy, not idle).
+        for job, inst in zip(jobs, instances, strict=True):
+            Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
         record(fleet.project_id, f"instance group {name}", f"creating a {shape.name} slice ({shape.hosts} hosts)",
                status="provisioning")
     return group, instances
 
 
 def _ssh_user(fleet: Fleet) -> str:
-    return fleet_backend_config(fleet).get("ssh_user", "root")
+    return fleet_backend_config(fleet).get("ssh_user") or "root"
 
 
 def _forget(group: InstanceGroup, why: str) -> None:
+    """The create call failed: nothing exists in the cloud, so the rows end here."""
+    from runs.models import Job
+
     with transaction.atomic():
-        group.instances.update(status=InstanceStatus.TERMINATED)
+        Job.objects.filter(instance__group=group, status="submitted").update(instance=None)
+        group.instances.update(status=InstanceStatus.TERMINATED, termination_reason=why[:64])
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATED)
         record(group.project_id, f"instance group {group.name}", f"not created: {why}", status="terminated")
 
 
-def apply_ready(group: InstanceGroup, records) -> None:
+def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
     """The slice is READY: fill in each host (worker k -> instance k) and hand it to its job."""
     from runs.models import Job
 
     config = fleet_backend_config(group.fleet) if group.fleet else {}
     key = config.get("ssh_private_key", "")
+    encrypted = crypto.encrypt(key) if key else ""
+    now = timezone.now()
     with transaction.atomic():
         for rec in records:
             inst = group.instances.get(index=rec.worker_index)
-            assigned = Job.objects.filter(instance=inst, status__in=["submitted", "provisioning"]).exists()
+            assigned = Job.objects.filter(instance=inst, status__in=_WAITING).exists()
             Instance.objects.filter(pk=inst.pk, status=InstanceStatus.PROVISIONING).update(
                 hostname=rec.hostname, internal_ip=rec.internal_ip, port=rec.port or 22, region=rec.region,
-                resources=rec.resources or {}, backend_data=rec.backend_data,
-                private_key_encrypted=crypto.encrypt(key) if key else "",
+                resources=rec.resources or {}, **Instance.resource_columns(rec.resources),
+                backend_data=rec.backend_data, private_key_encrypted=encrypted,
                 status=InstanceStatus.BUSY if assigned else InstanceStatus.IDLE,
-                idle_since=None if assigned else timezone.now(),
+                idle_since=None if assigned else now, updated=now,
             )
-        InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.ACTIVE,
-                                                         backend_data={**group.backend_data, **records[0].backend_data})
-        record(group.project_id, f"instance group {group.name}", f"ready with {len(records)} hosts", status="active")
+        InstanceGroup.objects.filter(pk=group.pk, status=GroupStatus.PROVISIONING).update(
+            status=GroupStatus.ACTIVE, backend_data={**group.backend_data, **records[0].backend_data})
+        record(group.project_id, f"instance group {group.name}",
+               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status="active")
 
 
 def poll_pod(group_id: int) -> bool:
@@ -128,39 +181,59 @@ def poll_pod(group_id: int) -> bool:
     token = claims.claim(InstanceGroup, group_id, status=GroupStatus.PROVISIONING)
     if token is None:
         return False
-    group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-    compute = get_compute(group.backend_data.get("backend", "gcp"), fleet_backend_config(group.fleet))
-    limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
+    again = False
     try:
-        records = compute.update_provisioning_data(group.name, group.backend_data)
-    except BackendError as exc:
-        records, failure = None, str(exc)
-    else:
-        failure = ""
-    if records:
-        apply_ready(group, records)
-    elif failure or (timezone.now() - group.created).total_seconds() > limit:
-        why = failure or f"not READY within {limit:.0f}s"
-        log.warning("deleting TPU slice %s: %s", group.name, why)
-        _fail_pod(group, why)
-    claims.release(InstanceGroup, group_id, token)
+        group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
+        again = _look(group)
+    finally:
+        # `updated` marks the last look, so the sweep only re-enqueues polls that got lost.
+        claims.release(InstanceGroup, group_id, token, updated=timezone.now())
+    if again:
+        schedule_poll(group_id)
     return True
 
 
-def _fail_pod(group: InstanceGroup, why: str) -> None:
+def _look(group: InstanceGroup) -> bool:
+    """One look at the slice; True when it is still on its way and needs another look."""
+    limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
+    waited = (timezone.now() - group.created).total_seconds()
+    records, failure, reason = None, "", ""
+    try:
+        compute = get_compute(group.backend_data.get("backend", "gcp"),
+                              fleet_backend_config(group.fleet) if group.fleet else {})
+        records = compute.update_provisioning_data(group.name, group.backend_data)
+    except BackendError as exc:
+        if not getattr(exc, "transient", False):
+            failure, reason = str(exc), exc.reason
+        elif waited <= limit:
+            # The API did not answer this time; that says nothing about the slice.
+            log.info("TPU slice %s: poll failed, will look again: %s", group.name, exc)
+            return True
+        else:
+            failure = f"not READY within {limit:.0f}s (last poll: {exc})"
+    if records:
+        apply_ready(group, records)
+        return False
+    if failure or waited > limit:
+        why = failure or f"not READY within {limit:.0f}s"
+        log.warning("deleting TPU slice %s: %s", group.name, why)
+        _fail_pod(group, why, reason or "waiting_instance_limit_exceeded")
+        return False
+    return True
+
+
+def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
     """Delete a slice that will not become usable, and end the jobs that waited for it."""
-    from runs.choices import JobReason
     from runs.models import Job
     from runs.transitions import terminate_job
 
     with transaction.atomic():
-        for job in Job.objects.filter(instance__group=group, status__in=["submitted", "provisioning"]).select_related("run"):
-            if job.status == "submitted":
-                Job.objects.filter(pk=job.pk).update(instance=None)
-            else:
-                terminate_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, f"TPU slice {group.name}: {why}")
+        # Every waiting job ends (none may fall back to creating another slice of its own).
+        for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
+            terminate_job(job, reason, f"TPU slice {group.name}: {why}")
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATING)
-        group.instances.exclude(status=InstanceStatus.TERMINATED).update(status=InstanceStatus.TERMINATING)
+        group.instances.exclude(status=InstanceStatus.TERMINATED).update(
+            status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
         record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status="terminating")
         from instances import tasks
 
@@ -168,13 +241,15 @@ def _fail_pod(group: InstanceGroup, why: str) -> None:
 
 
 def pods_to_poll(now):
-    return InstanceGroup.objects.filter(unleased(now), kind=GroupKind.TPU_POD,
-                                        status=GroupStatus.PROVISIONING).values_list("pk", flat=True)[:200]
+    """Provisioning pods whose self-rescheduled poll looks lost (not looked at for a while)."""
+    quiet = max(3 * poll_interval(), 3 * float(settings.MUSTER.get("SWEEP_INTERVAL", 2.0)))
+    return InstanceGroup.objects.filter(unleased(now), kind=GroupKind.TPU_POD, status=GroupStatus.PROVISIONING,
+                                        updated__lt=now - timedelta(seconds=quiet)).values_list("pk", flat=True)[:200]
 
 
 def expire_idle_pods(now) -> int:
     """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
-    from instances.lifecycle import delete_group
+    from instances.lifecycle import delete_group, group_in_use
 
     expired = 0
     for group in InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE,
@@ -183,7 +258,16 @@ def expire_idle_pods(now) -> int:
         if not hosts or any(h.status != InstanceStatus.IDLE for h in hosts):
             continue
         idle_since = max(h.idle_since or now for h in hosts)
-        if now - idle_since >= timedelta(seconds=group.fleet.idle_duration):
+        if now - idle_since < timedelta(seconds=group.fleet.idle_duration) or group_in_use(group):
+            continue  # (a job still pointing at idle hosts is about to take them back)
+        with transaction.atomic():
+            # Take every host from idle in one conditional update, so a run reusing the pod at
+            # this moment (the same update the other way) and the policy never both win.
+            taken = group.instances.filter(status=InstanceStatus.IDLE).update(
+                status=InstanceStatus.TERMINATING, termination_reason="idle")
+            if taken != len(hosts):
+                transaction.set_rollback(True)
+                continue
             delete_group(group, actor="idle policy")
-            expired += 1
+        expired += 1
     return expired

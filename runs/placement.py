@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 from django.db.models import Q
 from django.utils import timezone
 
@@ -24,12 +26,6 @@ def group_demands(run: Run) -> list[tuple[dict, int]]:
     return [demands[k] for k in sorted(demands)]
 
 
-def _gpu_weight(inst: Instance) -> tuple[int, str]:
-    # Jobs that do not ask for GPUs take the hosts with the fewest GPUs first, so a CPU router
-    # lands on the CPU host and leaves the GPU hosts to the groups that need them.
-    return (len(inst.resources.get("gpus") or []), inst.name)
-
-
 def free_instances(fleet: Fleet):
     # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
     # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
@@ -38,15 +34,50 @@ def free_instances(fleet: Fleet):
     )
 
 
+def candidates(fleet: Fleet, req: dict, page: int = 32):
+    """Free instances that may fit `req`, a page at a time.
+
+    Fewest GPUs first, so a job that does not ask for GPUs (a CPU router) lands on a CPU host
+    and leaves the GPU hosts to the groups that need them.
+
+    The indexed columns narrow the query (so its cost does not grow with the fleet); `fits` has
+    the last word on each row (GPU names and memory, arch, disk).
+    """
+    qs = free_instances(fleet).filter(cpus__gte=(req.get("cpu") or {}).get("min") or 0,
+                                      memory_gb__gte=(req.get("memory") or {}).get("min") or 0)
+    gpu = req.get("gpu")
+    if gpu and gpu.get("tpu"):
+        qs = qs.exclude(tpu="")
+    else:
+        qs = qs.filter(tpu="")
+        if gpu:
+            qs = qs.filter(gpu_count__gte=(gpu.get("count") or {}).get("min") or 0)
+    qs = qs.order_by("gpu_count", "id").only("id", "name", "resources", "gpu_count")
+    after = Q()
+    while True:
+        # keyset paging: rows other workers claim meanwhile drop out without shifting the pages
+        rows = list(qs.filter(after)[:page])
+        for inst in rows:
+            if fits(req, inst.resources):
+                yield inst
+        if len(rows) < page:
+            return
+        last = rows[-1]
+        after = Q(gpu_count__gt=last.gpu_count) | Q(gpu_count=last.gpu_count, id__gt=last.id)
+
+
 def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
-    """Can the fleet's idle instances hold every group at once (each instance one job)?"""
-    free = list(free_instances(fleet).only("id", "name", "resources"))
-    candidates = [[i for i in free if fits(req, i.resources)] for req, _ in demands]
-    order = sorted(range(len(demands)), key=lambda g: len(candidates[g]))
+    """Can the fleet's idle instances hold every group at once (each instance one job)?
+
+    Each group looks at no more candidates than the run has nodes: a group with that many can
+    always be served whatever the other groups take, so the greedy answer stays exact.
+    """
+    total = sum(n for _, n in demands)
+    pools = [list(islice(candidates(fleet, req), total)) for req, _ in demands]
     taken: set[int] = set()
-    for g in order:
+    for g in sorted(range(len(demands)), key=lambda g: len(pools[g])):
         need = demands[g][1]
-        pick = [i for i in sorted(candidates[g], key=_gpu_weight) if i.id not in taken][:need]
+        pick = [i for i in pools[g] if i.id not in taken][:need]
         if len(pick) < need:
             return False
         taken.update(i.id for i in pick)
@@ -84,10 +115,7 @@ def choose_fleet(run: Run) -> Fleet | None:
 
 def take_instance(job: Job, fleet: Fleet) -> Instance | None:
     """Claim one idle instance that fits the job (a conditional update: never two jobs on one)."""
-    req = job.spec["resources"]
-    for inst in sorted(free_instances(fleet).only("id", "name", "resources"), key=_gpu_weight):
-        if not fits(req, inst.resources):
-            continue
+    for inst in candidates(fleet, job.spec["resources"]):
         touched = Instance.objects.filter(pk=inst.pk, status=InstanceStatus.IDLE).update(
             status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
         if touched == 1:

@@ -37,9 +37,17 @@ class GcpTpuCompute(Compute):
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
-        self.tpu = TpuConfig.from_dict(self.config)
+        self._tpu: TpuConfig | None = None
         self._client: tpu_v2.TpuClient | None = None
         self._client_lock = threading.Lock()
+
+    @property
+    def tpu(self) -> TpuConfig:
+        # Checked on first use, not at construction: asking a backend what it is (creates_groups)
+        # must not need a project and zones.
+        if self._tpu is None:
+            self._tpu = TpuConfig.from_dict(self.config)
+        return self._tpu
 
     @property
     def client(self) -> tpu_v2.TpuClient:

@@ -34,6 +34,8 @@ _RESOURCE_EXHAUSTED = 8  # google.rpc.Code, as found in a finished operation's e
 class TpuApiError(BackendError):
     """The TPU API refused a call or could not be reached (timeouts included); worth retrying later."""
 
+    transient = True  # callers polling a slice look again instead of giving the slice up
+
 
 def _default_runtime_versions() -> dict[str, str]:
     return {name: fam.default_runtime_version for name, fam in FAMILIES.items()}
@@ -66,6 +68,10 @@ class TpuConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TpuConfig:
         zones = config.get("zones") or []
+        runtime_versions = dict(config.get("runtime_versions") or {})
+        if config.get("runtime_version"):
+            # A fleet names one image; a fleet is used for one family, so it applies to all of them.
+            runtime_versions = {name: config["runtime_version"] for name in FAMILIES}
         return cls(
             project_id=config.get("project_id", ""),
             zones=[zones] if isinstance(zones, str) else list(zones),
@@ -73,7 +79,7 @@ class TpuConfig:
             api_endpoint=config.get("api_endpoint") or None,
             transport=config.get("transport") or "rest",
             network=config.get("network") or "default",
-            runtime_versions=dict(config.get("runtime_versions") or {}),
+            runtime_versions=runtime_versions,
             spot=bool(config.get("spot", False)),
             timeout=float(config.get("timeout") or 30.0),
         )
