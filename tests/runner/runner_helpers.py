@@ -8,10 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.waiting import wait_until
 
 RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
 # Hosts run the file with whatever python3 they have (3.8+); point this at an old interpreter to check it.
@@ -63,16 +64,6 @@ def job_spec(job_id: str, commands: list[str], **overrides: Any) -> dict[str, An
     }
     spec.update(overrides)
     return spec
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def job_status(home: Path, job_id: str) -> dict[str, Any] | None:
@@ -145,3 +136,7 @@ def kill_everything(home: Path) -> None:
         if isinstance(status.get("pgid"), int):
             for member in group_members(status["pgid"]):
                 os.kill(member, signal.SIGKILL)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
+    return wait_until(predicate, timeout, what, interval=0.05)

@@ -6,8 +6,6 @@ namespace with its own address, so every node below listens on and connects to r
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from instances.fleets import apply_fleet
@@ -25,6 +23,7 @@ from tests.ssh_e2e.helpers import (
     needs_netns,
     runner_processes,
 )
+from tests.waiting import job_states, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -112,20 +111,6 @@ def beat(celery_worker):
 
 def submit(project, text: str):
     return submit_run(project, None, {"configuration": text})
-
-
-def job_states(run) -> list:
-    return [(j.job_num, j.status, j.termination_reason, j.termination_message) for j in run.current_jobs()]
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout}s")
 
 
 def env_of(log: str) -> dict[str, str]:

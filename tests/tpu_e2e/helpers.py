@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
-from collections.abc import Callable
 
 import pytest
 import yaml
@@ -37,13 +35,3 @@ def env_line(text: str) -> dict[str, str]:
     """The variables PRINT_ENV printed, from one job's log."""
     [line] = [ln for ln in text.splitlines() if ln.startswith("rank=")]
     return dict(re.findall(r"(\w+)=(\S*)", line))
-
-
-def wait_until(check: Callable[[], object], timeout: float = 30, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")

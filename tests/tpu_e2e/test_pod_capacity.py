@@ -9,7 +9,8 @@ from instances.models import LIVE_INSTANCE_STATUSES as LIVE
 from instances.models import Instance, InstanceGroup
 from runs.models import Job
 from tests.engine.helpers import wait_for_run
-from tests.tpu_e2e.helpers import ZONES, needs_netns, tpu_task, wait_until
+from tests.tpu_e2e.helpers import ZONES, needs_netns, tpu_task
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.netns, pytest.mark.slow, needs_netns]
 

@@ -7,7 +7,8 @@ import pytest
 from instances.models import Instance, InstanceGroup
 from runs.sweeps import sweep
 from tests.engine.helpers import wait_for_run
-from tests.tpu_e2e.helpers import needs_netns, tpu_task, wait_until
+from tests.tpu_e2e.helpers import needs_netns, tpu_task
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.netns, pytest.mark.slow, needs_netns]
 
