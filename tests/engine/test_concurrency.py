@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -35,3 +36,55 @@ def test_concurrent_claims_take_each_instance_once(fast_limits):
     for t in threads:
         t.join(30)
     assert len(taken) == 4 and len(set(taken)) == 4, taken
+
+
+def _worker_process(name: str, env: dict):
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "muster", "worker", "--pool", "prefork", "--concurrency", "2",
+         "-Q", env["MUSTER_TEST_QUEUE"], "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+         "--loglevel", "WARNING"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql" or not os.environ.get("CELERY_BROKER_URL"),
+                    reason="two worker processes share the database only on PostgreSQL + Redis")
+def test_two_worker_processes_on_postgresql_never_put_two_jobs_on_one_instance(fast_limits, celery_config):
+    import signal
+    from collections import defaultdict
+
+    from runs.models import Job
+    from tests.engine.helpers import Beat, job_summary, wait_for_run
+
+    fleet = local_project_fleet(size=4)
+    db = connection.settings_dict
+    env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           "MUSTER_TEST_QUEUE": celery_config["task_default_queue"], "CELERY_TASK_DEFAULT_QUEUE":
+           celery_config["task_default_queue"],
+           "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10"}
+    workers = [_worker_process(f"w{i}", env) for i in range(2)]
+    try:
+        with Beat():
+            names = []
+            for i in range(8):
+                conf = (f"type: task\nname: burst-{i}\ncommands: [sleep 0.3]\n"
+                        "retry: {on_events: [no-capacity], duration: 120s}\n")
+                names.append(submit_run(fleet.project, None, {"configuration": conf}).name)
+            runs = [wait_for_run(name, timeout=120) for name in names]
+    finally:
+        for w in workers:
+            os.killpg(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.wait(30)
+    assert all(r.status == "done" for r in runs), [(r.name, job_summary(r)) for r in runs]
+    spans = defaultdict(list)
+    for job in Job.objects.filter(run__in=runs, status="done"):
+        spans[job.instance_id].append((job.start_time, job.end_time))
+    for intervals in spans.values():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+            assert start >= end, f"two jobs ran on one instance at once: {intervals}"
+
