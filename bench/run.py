@@ -1,6 +1,6 @@
 """`make bench` / `python -m bench.run`: control-plane benchmarks on hollow instances.
 
-    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|e2e|limit] [--embedded]
+    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|limit|workers|e2e] [--embedded]
                         [--sizes 10,100,1000,10000] [--quick]
 
 PostgreSQL + Redis by default (database muster_bench, created and dropped; Redis db 15), or the
@@ -22,9 +22,8 @@ from pathlib import Path
 
 from bench import harness
 
-ORDER = ["place", "no-capacity", "submit", "memory", "limit"]
-NOT_BUILT = {"groups": "not built in this slice (hollow fleets take gpu_fraction for it)",
-             "e2e": "not built in this slice"}
+ORDER = ["place", "groups", "no-capacity", "submit", "memory", "limit", "workers", "e2e"]
+NOT_BUILT: dict[str, str] = {}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -57,11 +56,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--scenario", action="append", choices=[*ORDER, *NOT_BUILT],
                    help="run only these (repeatable); default: all, in order")
     p.add_argument("--embedded", action="store_true", help="SQLite + filesystem broker instead of PostgreSQL + Redis")
-    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="place: fleet sizes H")
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="place, groups: fleet sizes H")
     p.add_argument("--quick", action="store_true", help="smaller sizes (place up to H=1000)")
     p.add_argument("--workers", type=int, default=1, help="celery worker processes")
     p.add_argument("--concurrency", type=int, default=4, help="prefork children per worker")
-    p.add_argument("--runs", type=int, default=None, help="no-capacity/submit: runs (default 200)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="no-capacity/submit: runs (default 200); groups: runs per size (5); e2e: runs (20)")
+    p.add_argument("--worker-counts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4],
+                   help="workers: worker process counts to compare (1,2,4)")
     p.add_argument("--clients", type=int, default=4, help="submit: concurrent HTTP clients")
     p.add_argument("--timeout", type=float, default=240, help="cap per measurement, seconds")
     return p.parse_args(argv)
@@ -85,9 +87,10 @@ def main(argv=None) -> int:
     context: dict = {"machine": info, "store": session.describe(), "args": vars(args)}
     try:
         session.setup()
-        from bench.scenarios import limit, memory, no_capacity, place, submit
+        from bench.scenarios import e2e, groups, limit, memory, no_capacity, place, submit, workers
 
-        modules = {"place": place, "no-capacity": no_capacity, "submit": submit, "memory": memory, "limit": limit}
+        modules = {"place": place, "groups": groups, "no-capacity": no_capacity, "submit": submit, "memory": memory,
+                   "limit": limit, "workers": workers, "e2e": e2e}
         for name in wanted:
             if name == "limit" and args.embedded:
                 print("scenario limit: skipped with --embedded (pgbench and redis-benchmark measure the servers)")

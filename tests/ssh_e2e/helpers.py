@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.engine.helpers import Beat  # noqa: F401  (beat's sweep includes the SSH host checks)
 from tests.sshhosts import SSHHost, SSHHostPool
 
 L40S = ("L40S", 46068)  # what `nvidia-smi` on an L40S host reports: 46068 MiB
@@ -58,35 +58,3 @@ def break_python(host: SSHHost) -> None:
     script.chmod(0o755)
 
 
-class Beat:
-    """Celery beat's part during a test: the engine's sweep plus the SSH host checks, every `interval` s.
-
-    The engine relies on the sweep to re-enqueue rows whose message was lost or raced; production
-    runs it from beat, which the celery_worker fixture does not start.
-    """
-
-    def __init__(self, interval: float = 0.5):
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="test-beat", daemon=True)
-
-    def _loop(self) -> None:
-        from django.db import connection
-
-        from instances.ssh_health import check_ssh_hosts
-        from runs.sweeps import sweep
-
-        try:
-            while not self._stop.wait(self.interval):
-                sweep()
-                check_ssh_hosts()
-        finally:
-            connection.close()
-
-    def __enter__(self) -> Beat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
