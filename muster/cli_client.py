@@ -1,0 +1,162 @@
+"""The client side of the API: where the server and token come from, and one HTTP client.
+
+Standard library only (urllib), like the rest of the CLI.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import yaml
+
+DEFAULT_PROJECT = "main"
+HTTP_TIMEOUT = 30.0
+
+
+class CliError(Exception):
+    """A failure to report on stderr; `code` is the process exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(CliError):
+    def __init__(self, message: str):
+        super().__init__(message, code=2)
+
+
+class Unreachable(CliError):
+    """The server did not answer; follow loops keep trying instead of giving up on the run."""
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    token: str
+    project: str
+
+
+def config_path() -> Path:
+    # Resolved on each call so HOME set by a test (or a wrapper script) is honoured.
+    return Path("~/.muster/config").expanduser()
+
+
+def read_config_file() -> dict[str, str]:
+    path = config_path()
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"{path}: cannot read: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: expected a mapping with url, token and project")
+    return {str(k): str(v) for k, v in data.items() if v is not None}
+
+
+def load_settings(project: str | None = None, environ: Mapping[str, str] = os.environ) -> Settings:
+    """Each setting from the command line, else the environment, else ~/.muster/config."""
+    file = read_config_file()
+    url = environ.get("MUSTER_URL") or file.get("url")
+    token = environ.get("MUSTER_TOKEN") or file.get("token")
+    if not url or not token:
+        raise CliError("no server configured: set MUSTER_URL and MUSTER_TOKEN, "
+                       "or run `muster config --url URL --token TOKEN`")
+    project = project or environ.get("MUSTER_PROJECT") or file.get("project") or DEFAULT_PROJECT
+    return Settings(url=url.rstrip("/"), token=token, project=project)
+
+
+def write_config(url: str, token: str, project: str | None) -> Path:
+    path = config_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        data: dict[str, str] = read_config_file()
+    except CliError:
+        data = {}  # a broken file is exactly what `muster config` is run to replace
+    data.update(url=url, token=token)
+    if project:
+        data["project"] = project
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path
+
+
+# ---- HTTP -----------------------------------------------------------------------------------------
+
+
+def format_error(error: Mapping[str, Any]) -> str:
+    """{"loc": ["configuration", "groups", 0], "msg": m} -> `configuration -> groups -> 0: m`."""
+    loc = " -> ".join(str(part) for part in error.get("loc") or [])
+    msg = str(error.get("msg", ""))
+    return f"{loc}: {msg}" if loc else msg
+
+
+def api_error(status: int, raw: bytes) -> CliError:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("errors"), list):
+        lines = [format_error(e) if isinstance(e, dict) else str(e) for e in body["errors"]]
+        return CliError("\n".join(lines) or f"HTTP {status}")
+    if isinstance(body, dict) and "detail" in body:
+        hint = " (check MUSTER_TOKEN or `muster config`)" if status == 401 else ""
+        return CliError(f"{body['detail']}{hint}")
+    text = raw.decode("utf-8", errors="replace").strip()[:300]
+    return CliError(f"HTTP {status}: {text}" if text else f"HTTP {status}")
+
+
+class Client:
+    """JSON over HTTP to one project of one server."""
+
+    def __init__(self, settings: Settings, timeout: float = HTTP_TIMEOUT):
+        self.settings = settings
+        self.timeout = timeout
+        self.base = f"{settings.url}/api/projects/{quote(settings.project, safe='')}/"
+
+    def get(self, path: str, **query: Any) -> Any:
+        return self.request("GET", path, query=query)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body=body)
+
+    def delete(self, path: str, **query: Any) -> Any:
+        return self.request("DELETE", path, query=query)
+
+    def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
+        url = self.base + path
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        if params:
+            url += "?" + urlencode(params)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Token {self.settings.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise api_error(exc.code, exc.read()) from None
+        except urllib.error.URLError as exc:
+            raise Unreachable(f"cannot reach {self.settings.url}: {exc.reason}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise Unreachable(f"cannot reach {self.settings.url}: {exc}") from None
+        return json.loads(raw) if raw else None
