@@ -11,9 +11,19 @@ from runs.models import Job, Run
 
 
 def nudge_run(run_id: int) -> None:
+    """Enqueue process_run after commit, once per transaction however many jobs of the run moved."""
     from runs import tasks
 
-    transaction.on_commit(lambda: tasks.process_run.delay(run_id))
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(
+            getattr(callback, "nudges_run", None) == run_id for _, callback, _ in connection.run_on_commit):
+        return
+
+    def send() -> None:
+        tasks.process_run.delay(run_id)
+
+    send.nudges_run = run_id
+    transaction.on_commit(send)
 
 
 def nudge_job(job_id: int, countdown: float = 0) -> None:
@@ -48,7 +58,12 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
 def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server") -> bool:
     """Ask an active job to end with `reason`; the stop itself happens in runs.stopping."""
     from runs import tasks
+    from runs.choices import FINAL_STATUS
 
+    if job.instance_id is None and not job.runner_submitted:
+        # nothing runs anywhere and no host is held: end it now instead of via finish_job
+        return move_job(job, FINAL_STATUS.get(reason, "terminated"), frm=JOB_ACTIVE, termination_reason=reason,
+                        termination_message=message, message=message, actor=actor)
     moved = move_job(job, "terminating", frm=JOB_ACTIVE, termination_reason=reason,
                      termination_message=message, message=message or f"terminating ({reason})", actor=actor)
     if moved:
