@@ -73,9 +73,13 @@ def one_size(session: harness.Session, H: int, workers: list, runs: int, timeout
     complete = [r for r in per_run if "master_running" in r and r["status"] == "done"]
     placed = [r["placed"] for r in per_run if "placed" in r]
     statuses = dict(Run.objects.filter(project=project).values_list("status").annotate(n=Count("id")))
+    # placement check: the router group on CPU hosts, the workers on 8-GPU hosts
+    misplaced = Job.objects.filter(run__project=project, node_group_name="router", instance__gpu_count__gt=0).count() \
+        + Job.objects.filter(run__project=project, node_group_name__in=["prefill", "decode"],
+                             instance__gpu_count__lt=8).count()
     return {
         "H": H, "gpu_hosts": int(round(H * GPU_FRACTION)), "runs": runs, "jobs": runs * JOBS, "per_run": per_run,
-        "run_statuses": statuses, "complete": len(complete) == runs,
+        "run_statuses": statuses, "misplaced_jobs": misplaced, "complete": len(complete) == runs,
         "master_running_median_s": statistics.median([r["master_running"] for r in complete]) if complete else None,
         "master_running_max_s": max([r["master_running"] for r in complete], default=None),
         "placed_median_s": statistics.median(placed) if placed else None,
@@ -97,7 +101,8 @@ def run(session: harness.Session, args) -> dict:
     for H in sizes:
         r = one_size(session, H, workers, runs, args.timeout)
         results.append(r)
-        print(f"  H={H}: {runs} runs x {JOBS} jobs, statuses {r['run_statuses']}, master running in "
+        print(f"  H={H}: {runs} runs x {JOBS} jobs, statuses {r['run_statuses']}, jobs on the wrong kind of host "
+              f"{r['misplaced_jobs']}, master running in "
               f"{[round(x.get('master_running', -1), 2) for x in r['per_run']]}", flush=True)
     rows = [[r["H"], r["gpu_hosts"], r["runs"], r["master_running_median_s"] or "-", r["master_running_max_s"] or "-",
              r["placed_median_s"] or "-", r["jobs_placed_per_s"] or "-", r["finished_median_s"] or "-",
