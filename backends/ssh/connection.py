@@ -115,7 +115,21 @@ class _AcceptFirstKey(paramiko.MissingHostKeyPolicy):
         return None
 
 
-def connect(target: SSHTarget, timeout: float = 10) -> paramiko.SSHClient:
+def connect(target: SSHTarget, timeout: float = 10, attempts: int = 2) -> paramiko.SSHClient:
+    """Log in to `target`. A handshake cut short (EOF) is tried once more: sshd drops unauthenticated
+    connections under load (MaxStartups) and while it starts; refusals and timeouts are not retried."""
+    for attempt in range(attempts):
+        try:
+            return _connect_once(target, timeout)
+        except HostUnreachable as exc:
+            transient = isinstance(exc.__cause__, (EOFError, paramiko.SSHException))
+            if not transient or attempt + 1 == attempts:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _connect_once(target: SSHTarget, timeout: float) -> paramiko.SSHClient:
     if not target.private_key:
         # paramiko would report "no authentication methods", which reads like a server problem.
         raise AuthenticationFailed(
