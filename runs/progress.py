@@ -58,11 +58,8 @@ def advance_job(job_id: int) -> bool:
     finally:
         next_at = timezone.now() + timedelta(seconds=poll_interval())
         claims.release(Job, job_id, token, next_check_at=next_at)
-    hand_over_if_terminating(job_id)
-    job.refresh_from_db(fields=["status"])
-    if job.status in WATCHED:
-        with transaction.atomic():
-            nudge_job(job_id, countdown=poll_interval())
+    if hand_over_if_terminating(job_id) in WATCHED:
+        nudge_job(job_id, countdown=poll_interval())  # outside a transaction: sent at once
     return True
 
 

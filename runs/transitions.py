@@ -88,10 +88,15 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     return True
 
 
-def hand_over_if_terminating(job_id: int) -> None:
+def hand_over_if_terminating(job_id: int) -> str | None:
     """Called after a task gave back its lease: a job it moved to `terminating` meanwhile could not
-    be claimed by the finish_job enqueued at that moment, so enqueue it again now."""
+    be claimed by the finish_job enqueued at that moment, so enqueue it again now.
+
+    Returns the job's status, so the caller decides its next step without reading the row again.
+    """
     from runs import tasks
 
-    if Job.objects.filter(pk=job_id, status="terminating").exists():
+    status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if status == "terminating":
         tasks.finish_job.delay(job_id)
+    return status

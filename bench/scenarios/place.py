@@ -99,10 +99,7 @@ def run(session: harness.Session, args) -> dict:
     for H in sizes:
         r = one_size(session, H, workers, timeout=args.timeout)
         results.append(r)
-        print(f"  H={H}: {r['jobs']} jobs, placed in {r['placed_s']}, running in {r['all_running_s']}, "
-              f"statuses {r['run_statuses']}" + ("" if r["complete"] else
-              f"; NOT COMPLETE after {args.timeout:.0f}s: {r['placed_when_stopped']} placed, "
-              f"{r['running_when_stopped']} running; rest abandoned"), flush=True)
+        print(f"  H={H}: {progress_line(r, args.timeout)}", flush=True)
         if not r["complete"]:
             workers = abandon(session, workers, args.concurrency)
     rows = [[r["H"] if r["complete"] else f"{r['H']}*", r["runs"], r["jobs"], r["jobs_placed_per_s"] or "-",
@@ -128,3 +125,12 @@ def run(session: harness.Session, args) -> dict:
     return {"sizes": results, "ratio_statements_per_job": ratio, "ratio_provision_statements": ratio_prov,
             "worker_rss_idle": idle_rss, "worker_rss_after_largest": last["worker_rss_after"],
             "beat_pid": beat.pid, "table": text + "\n" + line}
+
+
+def progress_line(r: dict, timeout: float) -> str:
+    """One measured size as a line of progress output (also used by the workers scenario)."""
+    line = f"{r['jobs']} jobs, placed in {r['placed_s']}, running in {r['all_running_s']}, statuses {r['run_statuses']}"
+    if not r["complete"]:
+        line += (f"; NOT COMPLETE after {timeout:.0f}s: {r['placed_when_stopped']} placed, "
+                 f"{r['running_when_stopped']} running; rest abandoned")
+    return line

@@ -37,10 +37,7 @@ def run(session: harness.Session, args) -> dict:
         r = place.one_size(session, H, workers, timeout=args.timeout)
         r["workers"], r["concurrency"] = n, CONCURRENCY
         results.append(r)
-        print(f"  {n} worker(s) x {CONCURRENCY}: {r['jobs']} jobs, placed in {r['placed_s'] or -1:.2f}s, running in "
-              f"{r['all_running_s'] or -1:.2f}s, statuses {r['run_statuses']}" + ("" if r["complete"] else
-              f"; NOT COMPLETE after {args.timeout:.0f}s: {r['placed_when_stopped']} placed, "
-              f"{r['running_when_stopped']} running; rest abandoned"), flush=True)
+        print(f"  {n} worker(s) x {CONCURRENCY}: {place.progress_line(r, args.timeout)}", flush=True)
         if not r["complete"]:
             place.abandon(session, workers, CONCURRENCY)
     _stop_workers(session)
