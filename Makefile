@@ -24,7 +24,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# the bench extra (locust, the submit scenario's load generator) is installed here only: `make test`
+# does not need it
 bench: $(STAMP)
+	test -x $(BIN)/locust || $(BIN)/pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench.run
 
 chaos: $(STAMP)

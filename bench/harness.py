@@ -102,8 +102,11 @@ def free_port() -> int:
 # --- the session ---------------------------------------------------------------------------------
 
 class Session:
-    def __init__(self, embedded: bool = False, db_name: str = "muster_bench", redis_url: str | None = None,
-                 redis_db: int = 15, extra_env: dict[str, str] | None = None, log=print):
+    def __init__(self, embedded: bool = False, db_name: str | None = None, redis_url: str | None = None,
+                 redis_db: int | None = None, extra_env: dict[str, str] | None = None, log=print):
+        # BENCH_DB_NAME / BENCH_REDIS_DB let two sessions share one machine without sharing rows or queues
+        db_name = db_name or os.environ.get("BENCH_DB_NAME", "muster_bench")
+        redis_db = redis_db if redis_db is not None else int(os.environ.get("BENCH_REDIS_DB", "15"))
         self.embedded = embedded
         self.id = uuid.uuid4().hex[:12]
         self.data_dir = Path(tempfile.mkdtemp(prefix="muster-bench-"))

@@ -1,7 +1,7 @@
 """`make bench` / `python -m bench.run`: control-plane benchmarks on hollow instances.
 
-    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|limit|workers|e2e] [--embedded]
-                        [--sizes 10,100,1000,10000] [--quick]
+    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|limit|workers|e2e|start|recovery]
+                        [--embedded] [--sizes 10,100,1000,10000] [--quick]
 
 PostgreSQL + Redis by default (database muster_bench, created and dropped; Redis db 15), or the
 embedded default (SQLite + filesystem broker) with --embedded. Real `celery worker` and `celery beat`
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench import harness
 
-ORDER = ["place", "groups", "no-capacity", "submit", "memory", "limit", "workers", "e2e"]
+ORDER = ["place", "groups", "no-capacity", "submit", "memory", "limit", "workers", "e2e", "start", "recovery"]
 NOT_BUILT: dict[str, str] = {}
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,8 +64,16 @@ def parse(argv=None) -> argparse.Namespace:
                    help="no-capacity/submit: runs (default 200); groups: runs per size (5); e2e: runs (20)")
     p.add_argument("--worker-counts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4],
                    help="workers: worker process counts to compare (1,2,4)")
-    p.add_argument("--clients", type=int, default=4, help="submit: concurrent HTTP clients")
+    p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[4, 50],
+                   help="submit: concurrent HTTP clients, one row each (4,50)")
+    p.add_argument("--load-generator", choices=["auto", "threads", "locust"], default="auto",
+                   help="submit: the bench's own keep-alive threads, or Locust (bench/locustfile.py); "
+                        "auto: threads up to 4 clients, Locust above")
     p.add_argument("--timeout", type=float, default=240, help="cap per measurement, seconds")
+    p.add_argument("--reps", type=int, default=5, help="start: timed starts of each process (after a throwaway one)")
+    p.add_argument("--kills", type=int, default=3, help="recovery: worker kills, one after another")
+    p.add_argument("--lease-seconds", type=float, default=None,
+                   help="recovery: what-if lease for its workers (default: the product's MUSTER_LEASE_SECONDS)")
     return p.parse_args(argv)
 
 
@@ -87,10 +95,21 @@ def main(argv=None) -> int:
     context: dict = {"machine": info, "store": session.describe(), "args": vars(args)}
     try:
         session.setup()
-        from bench.scenarios import e2e, groups, limit, memory, no_capacity, place, submit, workers
+        from bench.scenarios import (
+            e2e,
+            groups,
+            limit,
+            memory,
+            no_capacity,
+            place,
+            recovery,
+            start,
+            submit,
+            workers,
+        )
 
         modules = {"place": place, "groups": groups, "no-capacity": no_capacity, "submit": submit, "memory": memory,
-                   "limit": limit, "workers": workers, "e2e": e2e}
+                   "limit": limit, "workers": workers, "e2e": e2e, "start": start, "recovery": recovery}
         for name in wanted:
             if name == "limit" and args.embedded:
                 print("scenario limit: skipped with --embedded (pgbench and redis-benchmark measure the servers)")

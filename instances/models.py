@@ -144,7 +144,9 @@ class Instance(Claimable):
         ]
         indexes = [
             models.Index(fields=["fleet", "status"]),
-            models.Index(fields=["fleet", "status", "gpu_count", "cpus"]),
+            # placement's candidate query: one fleet's idle hosts in (gpu_count, id) order, read a
+            # page at a time, so picking a host reads a page, not the whole fleet
+            models.Index(fields=["fleet", "status", "gpu_count", "id"], name="instance_placement_order"),
         ]
 
     def __str__(self) -> str:

@@ -47,7 +47,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
         backend=FleetBackend.SSH, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
     )
     # Not released afterwards on purpose: the lease is what spaces the checks of one host.
-    _token, pks = claims.claim_batch(due, BATCH, seconds=every)
+    _token, pks = claims.claim_batch(due, BATCH, seconds=every, renew=False)
     if not pks:
         return 0
     instances = list(Instance.objects.filter(pk__in=pks).select_related("fleet"))

@@ -5,20 +5,39 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
 
 app = Celery("muster")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Celery's Django fixup closes every database connection after each task unless this is set, so
+# each task paid for a new PostgreSQL connection (a backend process and its setup statements).
+# Connections are kept instead, and recycled the way Django recycles them after a request
+# (CONN_MAX_AGE, health checks): see _recycle_connections.
+app.conf["CELERY_DB_REUSE_MAX"] = 1 << 62
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _recycle_connections(**_) -> None:
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 def _beat_schedule() -> dict:
     from django.conf import settings
 
     every = float(settings.MUSTER["SWEEP_INTERVAL"])
-    # `expires`: a sweep that could not run in its own period is dropped, never piled up.
-    return {"sweep": {"task": "runs.tasks.sweep", "schedule": every, "options": {"expires": every}}}
+    poll = float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+    # `expires`: a tick that could not run in its own period is dropped, never piled up.
+    return {
+        "sweep": {"task": "runs.tasks.sweep", "schedule": every, "options": {"expires": every}},
+        # every running job is looked at in batches (runs/watching.py), not by one task per job
+        "watch": {"task": "runs.tasks.watch_running", "schedule": poll, "options": {"expires": poll}},
+    }
 
 
 app.conf.beat_schedule = _beat_schedule()

@@ -2,13 +2,21 @@
 
 A worker owns a row while `lease_until` is in the future and `lease_token` is its token. Claiming
 is one conditional UPDATE that must touch exactly one row (portable to SQLite, where it runs in an
-IMMEDIATE transaction); on PostgreSQL the candidate row is first locked with
-`SELECT ... FOR UPDATE SKIP LOCKED`, so concurrent workers skip each other instead of queueing.
+IMMEDIATE transaction); on PostgreSQL its row comes from a `SELECT ... FOR UPDATE SKIP LOCKED`
+subquery of the same statement, so concurrent workers skip each other instead of queueing.
 A worker that dies simply lets its lease expire, and the next sweep claims the row again.
+
+Leases are short (LEASE_SECONDS, 15 s by default) so that a killed worker's rows come free soon,
+and kept alive while their holder works: every claim is registered with this process's renewer,
+a thread that pushes `lease_until` forward every third of a lease for the rows still held (on its
+own connection, only while the token matches), until they are released. A worker killed with -9
+takes its renewer with it, so its rows come free one lease later however long a step may take.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 from datetime import timedelta
 
@@ -35,28 +43,102 @@ def unleased(now=None) -> Q:
     return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
 
 
+class _Renewer:
+    """The rows this process holds, and the thread that keeps their leases alive."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[tuple[type[models.Model], str], set] = {}
+        self.pid = 0
+        self.wake = threading.Event()
+
+    def hold(self, model, token: str, pks) -> None:
+        with self.lock:
+            self.held.setdefault((model, token), set()).update(pks)
+            if self.pid != os.getpid():  # first claim in this process (or a fork's child)
+                self.pid = os.getpid()
+                threading.Thread(target=self._run, name="lease-renewer", daemon=True).start()
+
+    def drop(self, model, token: str, pks=None) -> None:
+        with self.lock:
+            rows = self.held.get((model, token))
+            if rows is None:
+                return
+            rows.difference_update(pks if pks is not None else set(rows))
+            if not rows:
+                del self.held[(model, token)]
+
+    def _run(self) -> None:
+        import logging
+        import time
+
+        from django.db import connection as own
+
+        while True:
+            every = lease_seconds() / 3
+            time.sleep(every)
+            with self.lock:
+                held = [(m, t, list(pks)) for (m, t), pks in self.held.items()]
+            for model, token, pks in held:
+                try:
+                    rows = model.objects.filter(pk__in=pks, lease_token=token)
+                    if rows.update(lease_until=timezone.now() + timedelta(seconds=lease_seconds())) < len(pks):
+                        # rows released by other means, taken over or deleted are no longer ours
+                        self.drop(model, token, set(pks) - set(rows.values_list("pk", flat=True)))
+                except Exception:  # a broken connection must not end the renewals: try again next time
+                    logging.getLogger(__name__).exception("renewing leases of %s failed", model.__name__)
+            if held:
+                own.close()  # hold no connection between rounds: most rounds have nothing to renew
+
+    def clear(self) -> None:
+        with self.lock:
+            self.held.clear()
+
+
+_renewer = _Renewer()
+
+
 def claim(model: type[models.Model], pk, seconds: float | None = None, **conditions) -> str | None:
     """Claim row `pk` if it matches `conditions` and nobody holds it; return the token or None."""
     now = timezone.now()
     token = uuid.uuid4().hex
     until = now + timedelta(seconds=seconds if seconds is not None else lease_seconds())
+    qs = model.objects.filter(unleased(now), pk=pk, **conditions)
     with transaction.atomic():
-        qs = model.objects.filter(unleased(now), pk=pk, **conditions)
         if connection.features.has_select_for_update_skip_locked:
-            if not list(qs.select_for_update(skip_locked=True).values_list("pk", flat=True)):
-                return None
+            # one statement: UPDATE ... WHERE pk IN (SELECT ... FOR UPDATE SKIP LOCKED)
+            qs = model.objects.filter(pk__in=qs.select_for_update(skip_locked=True).values("pk"))
         touched = qs.update(lease_until=until, lease_token=token)
-    return token if touched == 1 else None
+    if touched != 1:
+        return None
+    _renewer.hold(model, token, [pk])
+    return token
 
 
-def release(model: type[models.Model], pk, token: str, **updates) -> bool:
-    """Give the row back, applying `updates` only if we still hold it."""
-    touched = model.objects.filter(pk=pk, lease_token=token).update(lease_until=None, lease_token="", **updates)
+def release(model: type[models.Model], pk, token: str, where: dict | None = None, **updates) -> bool:
+    """Give the row back, applying `updates` only if we still hold it (and it matches `where`)."""
+    touched = model.objects.filter(pk=pk, lease_token=token, **(where or {})).update(
+        lease_until=None, lease_token="", **updates)
+    if touched == 1 or not where:  # with `where` unmet the caller still holds the row and releases it next
+        _renewer.drop(model, token, [pk])
     return touched == 1
 
 
-def claim_batch(queryset, limit: int, seconds: float | None = None) -> tuple[str, list]:
-    """Claim up to `limit` unleased rows of `queryset` at once (sweeps); returns (token, pks)."""
+def forget(model: type[models.Model], token: str, pks=None) -> None:
+    """Stop renewing rows the caller gave back by other means (one UPDATE for a whole batch)."""
+    _renewer.drop(model, token, pks)
+
+
+def forget_all() -> None:
+    """Stop renewing every lease this process holds (a test that starts over with a new database)."""
+    _renewer.clear()
+
+
+def claim_batch(queryset, limit: int, seconds: float | None = None, renew: bool = True) -> tuple[str, list]:
+    """Claim up to `limit` unleased rows of `queryset` at once; returns (token, pks).
+
+    `renew=False` for a lease that is meant to run out (it spaces the SSH health checks).
+    """
     now = timezone.now()
     token = uuid.uuid4().hex
     until = now + timedelta(seconds=seconds if seconds is not None else lease_seconds())
@@ -67,4 +149,7 @@ def claim_batch(queryset, limit: int, seconds: float | None = None) -> tuple[str
         pks = list(qs.values_list("pk", flat=True)[:limit])
         if pks:
             queryset.model.objects.filter(unleased(now), pk__in=pks).update(lease_until=until, lease_token=token)
-    return token, list(queryset.model.objects.filter(pk__in=pks, lease_token=token).values_list("pk", flat=True))
+    held = list(queryset.model.objects.filter(pk__in=pks, lease_token=token).values_list("pk", flat=True))
+    if held and renew:
+        _renewer.hold(queryset.model, token, held)
+    return token, held

@@ -60,6 +60,14 @@ class RunReason(models.TextChoices):
     SERVER_ERROR = "server_error"
 
 
+# Reasons that fail a run (or make it retry); user stops and runner completions do not.
+FAILING_REASONS = frozenset({
+    JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, JobReason.INTERRUPTED_BY_NO_CAPACITY,
+    JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
+    JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR, JobReason.MAX_DURATION_EXCEEDED,
+})
+
 # Which retry event (if any) a job termination reason counts as.
 RETRY_EVENT = {
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY: "no-capacity",

@@ -3,12 +3,20 @@
 Job 0's attempt releases the rest of group 0 and the master of every other group, never the
 other members of those groups, so nobody races a group master's batch. A group master's attempt
 releases the rest of its own group.
+
+On a static fleet the group master takes every member's host in its own attempt and moves the
+members to `provisioning` with it (`place_members`), so the release finds them placed already and
+only the other groups' masters get a provisioning task.
 """
 
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Case, Value, When
+from django.utils import timezone
 
+from events.services import record_many
+from runs.choices import JobStatus
 from runs.models import Job
 
 
@@ -24,18 +32,57 @@ def release_set(job: Job, jobs: list[Job]) -> list[int]:
     return sorted(j.job_num for j in jobs if j.node_group_index == job.node_group_index and j.node_group_rank != 0)
 
 
-def release_after_attempt(job: Job) -> list[int]:
-    """Unlock the jobs `job` releases and enqueue their provisioning once this transaction commits."""
+def release_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[int]:
+    """Unlock the jobs `job` releases and enqueue their provisioning once this transaction commits.
+
+    `siblings`: the run's current jobs as the caller read them (at least the fields used here).
+    """
     from runs import tasks
 
-    siblings = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num)
-                    .only("id", "job_num", "node_group_index", "node_group_rank"))
+    if siblings is None:
+        siblings = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num)
+                        .only("id", "job_num", "node_group_index", "node_group_rank", "waiting_master_job"))
     nums = release_set(job, siblings)
     if not nums:
         return []
-    ids = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num, job_num__in=nums,
-                                  waiting_master_job=True).values_list("id", flat=True))
-    Job.objects.filter(id__in=ids).update(waiting_master_job=False)
+    # members the group master placed itself are not waiting any more (place_members updates them)
+    ids = [j.pk for j in siblings if j.job_num in nums and j.waiting_master_job]
+    if ids:
+        Job.objects.filter(id__in=ids, waiting_master_job=True).update(waiting_master_job=False)
     for job_id in ids:
         transaction.on_commit(lambda job_id=job_id: tasks.provision_job.delay(job_id))
     return nums
+
+
+def place_members(master: Job, members: list[Job], instances: list) -> list:
+    """Give each waiting member of `master`'s group its host and move it to provisioning, all in
+    the caller's transaction: one UPDATE and one INSERT of events, however large the group.
+
+    Returns the instances of members that moved on meanwhile (a stop), for the caller to give back.
+    """
+    if not members:
+        return []
+    pairs = {member.pk: instance for member, instance in zip(members, instances, strict=True)}
+    touched = Job.objects.filter(pk__in=pairs, status=JobStatus.SUBMITTED, instance__isnull=True).update(
+        instance_id=Case(*[When(pk=pk, then=Value(instance.pk)) for pk, instance in pairs.items()]),
+        status=JobStatus.PROVISIONING, waiting_master_job=False, status_changed_at=timezone.now())
+    placed = set(pairs)
+    if touched != len(pairs):  # some member was stopped meanwhile: see which ones got their host
+        placed = {pk for pk, instance_id in Job.objects.filter(pk__in=pairs).values_list("pk", "instance_id")
+                  if instance_id == pairs[pk].pk}
+    for member in members:
+        if member.pk in placed:  # the caller's copies too: the fan-out that follows must not release them
+            member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
+    if placed:
+        run = master.run
+        record_many(run.project_id, [
+            {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
+             "job_id": member.pk, "instance_id": pairs[member.pk].pk,
+             "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
+                        f"placed by job {master.job_num} with its group"}
+            for member in members if member.pk in placed])
+        from runs.transitions import nudge_job
+
+        for pk in placed:
+            nudge_job(pk)
+    return [instance for pk, instance in pairs.items() if pk not in placed]

@@ -23,6 +23,9 @@ class Run(Claimable):
     submitted_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
+    # When process_run last read the jobs: a job that changed after it is one the sweep must look
+    # at (a lost nudge); a run whose jobs are all quiet costs the sweep nothing however long it runs.
+    derived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         unique_together = [("project", "name")]

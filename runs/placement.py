@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -17,10 +18,11 @@ def is_static(fleet: Fleet) -> bool:
     return not creates_groups(fleet.backend)
 
 
-def group_demands(run: Run) -> list[tuple[dict, int]]:
-    """(requirements, node count) per group of the run's current submission."""
+def group_demands(run: Run, jobs: list[Job] | None = None) -> list[tuple[dict, int]]:
+    """(requirements, node count) per group of the run's current submission (or of `jobs`)."""
     demands: dict[int, tuple[dict, int]] = {}
-    for job in run.current_jobs().only("node_group_index", "spec"):
+    # run_id is loaded too: the related manager sets `job.run`, which would fetch a deferred run_id per row
+    for job in jobs if jobs is not None else run.current_jobs().only("run_id", "node_group_index", "spec"):
         req, count = demands.get(job.node_group_index, (job.spec["resources"], 0))
         demands[job.node_group_index] = (req, count + 1)
     return [demands[k] for k in sorted(demands)]
@@ -32,6 +34,11 @@ def free_instances(fleet: Fleet):
     return Instance.objects.filter(
         Q(group__isnull=True) | Q(group__kind="cluster"), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
     )
+
+
+def page_for(wanted: int) -> int:
+    # a little more than is wanted, for rows `fits` rejects or other workers take meanwhile
+    return min(64, max(8, 2 * wanted))
 
 
 def candidates(fleet: Fleet, req: dict, page: int = 32):
@@ -52,7 +59,7 @@ def candidates(fleet: Fleet, req: dict, page: int = 32):
         qs = qs.filter(tpu="")
         if gpu:
             qs = qs.filter(gpu_count__gte=(gpu.get("count") or {}).get("min") or 0)
-    qs = qs.order_by("gpu_count", "id").only("id", "name", "resources", "gpu_count")
+    qs = qs.order_by("gpu_count", "id").only("id", "name", "resources", "gpu_count", "internal_ip")
     after = Q()
     while True:
         # keyset paging: rows other workers claim meanwhile drop out without shifting the pages
@@ -73,7 +80,7 @@ def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
     always be served whatever the other groups take, so the greedy answer stays exact.
     """
     total = sum(n for _, n in demands)
-    pools = [list(islice(candidates(fleet, req), total)) for req, _ in demands]
+    pools = [list(islice(candidates(fleet, req, page_for(total)), total)) for req, _ in demands]
     taken: set[int] = set()
     for g in sorted(range(len(demands)), key=lambda g: len(pools[g])):
         need = demands[g][1]
@@ -99,8 +106,8 @@ def candidate_fleets(run: Run):
     return list(fleets.order_by("created", "name"))
 
 
-def choose_fleet(run: Run) -> Fleet | None:
-    demands = group_demands(run)
+def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
+    demands = group_demands(run, jobs)
     multi_node = sum(n for _, n in demands) > 1
     for fleet in candidate_fleets(run):
         static = is_static(fleet)
@@ -113,11 +120,40 @@ def choose_fleet(run: Run) -> Fleet | None:
     return None
 
 
+def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
+    """Claim `count` idle instances that fit `req` in one transaction, or none at all.
+
+    A group master takes its whole group this way, so a run never holds part of a group while it
+    waits for the rest. The scan is not locked (rows another worker rejects stay visible to us);
+    only the picks are, with SKIP LOCKED on PostgreSQL, so concurrent takers skip each other's
+    picks and look further instead of waiting. SQLite's IMMEDIATE transaction serialises takers.
+    """
+    now = timezone.now()
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    taken: list[Instance] = []
+    with transaction.atomic():
+        found = candidates(fleet, req, page_for(count))
+        while len(taken) < count:
+            chunk = {inst.pk: inst for inst in islice(found, count - len(taken))}
+            if not chunk:
+                transaction.set_rollback(True)  # short of the whole group: give back what we took
+                return []
+            if skip_locked:  # the picks still idle that nobody else is taking right now
+                locked = set(Instance.objects.filter(pk__in=chunk, status=InstanceStatus.IDLE)
+                             .select_for_update(skip_locked=True).values_list("pk", flat=True))
+                chunk = {pk: inst for pk, inst in chunk.items() if pk in locked}
+            touched = Instance.objects.filter(pk__in=chunk, status=InstanceStatus.IDLE).update(
+                status=InstanceStatus.BUSY, idle_since=None, updated=now)
+            if touched != len(chunk):  # cannot happen with the picks locked; never guess which rows we got
+                transaction.set_rollback(True)
+                return []
+            taken.extend(chunk.values())
+    for inst in taken:  # rows as `candidates` loaded them (name, address, resources), now busy
+        inst.status, inst.idle_since = InstanceStatus.BUSY, None
+    return taken
+
+
 def take_instance(job: Job, fleet: Fleet) -> Instance | None:
-    """Claim one idle instance that fits the job (a conditional update: never two jobs on one)."""
-    for inst in candidates(fleet, job.spec["resources"]):
-        touched = Instance.objects.filter(pk=inst.pk, status=InstanceStatus.IDLE).update(
-            status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
-        if touched == 1:
-            return Instance.objects.get(pk=inst.pk)
-    return None
+    """Claim one idle instance that fits the job (never two jobs on one)."""
+    picked = take_instances(fleet, job.spec["resources"], 1)
+    return picked[0] if picked else None

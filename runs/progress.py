@@ -21,7 +21,7 @@ from muster import claims
 from runs import cluster
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
-from runs.transitions import hand_over_if_terminating, move_job, nudge_job, terminate_job
+from runs.transitions import move_job, nudge_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
@@ -50,17 +50,26 @@ def advance_job(job_id: int) -> bool:
     if token is None:
         return False
     job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
+    seen_before = job.agent_seen_at
     try:
         _step(job)
     except BackendError as exc:
         log.warning("job %s: backend error: %s", job, exc)
-        terminate_job(job, exc.reason, str(exc))
+        terminate_job(job, exc.reason, str(exc), held=True)
     finally:
-        next_at = timezone.now() + timedelta(seconds=poll_interval())
-        claims.release(Job, job_id, token, next_check_at=next_at)
-    if hand_over_if_terminating(job_id) in WATCHED:
+        updates = {"next_check_at": timezone.now() + timedelta(seconds=poll_interval())}
+        if job.agent_seen_at != seen_before:
+            updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
+        status = release_job(job, token, WATCHED, **updates)
+    if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
         nudge_job(job_id, countdown=poll_interval())  # outside a transaction: sent at once
+    # a started job is looked at by the batch watcher from now on (runs/watching.py)
     return True
+
+
+def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
+    """End the job this task holds; advance_job hands it to finish_job when it lets go."""
+    terminate_job(job, reason, message, held=True, **fields)
 
 
 def _step(job: Job) -> None:
@@ -72,37 +81,49 @@ def _step(job: Job) -> None:
         _watch(job)
 
 
-def _observe(job: Job):
-    """One round trip to the host's runner; None when the host cannot be reached."""
-    instance = job.instance
-    host = compute_for_instance(instance).runner_host(instance)
+def look(host) -> tuple[dict | None, BackendError | None]:
+    """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
+    database, so the batch watcher can run many of these in threads."""
     try:
         status = host.status()  # one round trip in the common case: the agent is already up
         if not status.get("agent_alive"):
             host.ensure_agent()
             status = host.status()
+        return status, None
     except BackendError as exc:
-        health.mark_unreachable(instance, str(exc))
+        return None, exc
+    finally:
         host.close()
-        return None, None
-    health.mark_reachable(instance)
-    return host, status
+
+
+def take_look(job: Job, status: dict | None, error: BackendError | None) -> dict | None:
+    """Record what a look at the job's host found (reachability, agent seen); the status or None."""
+    if error is not None:
+        health.mark_unreachable(job.instance, str(error))
+        return None
+    health.mark_reachable(job.instance)
+    if status.get("agent_alive"):
+        job.agent_seen_at = timezone.now()  # saved when the lease is given back
+    return status
+
+
+def _observe(job: Job) -> dict | None:
+    """One round trip to the host's runner; None when the host cannot be reached."""
+    return take_look(job, *look(compute_for_instance(job.instance).runner_host(job.instance)))
 
 
 def _wait_for_runner(job: Job) -> None:
     instance = job.instance
     if instance is None or instance.status != "busy" or not instance.internal_ip:
         if waited(job) > limit("WAITING_INSTANCE_LIMIT"):
-            terminate_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
+            end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
-    host, status = _observe(job)
-    if host is not None:
-        host.close()
+    status = _observe(job)
     if status and status.get("agent_alive"):
-        Job.objects.filter(pk=job.pk).update(agent_seen_at=timezone.now())
-        move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers")
+        if move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
+            _start_when_ready(job)  # peers are often known already: no reason to wait a poll
     elif waited(job) > limit("WAITING_RUNNER_LIMIT"):
-        terminate_job(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
+        end_held(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
                       f"the runner on {instance.name} did not come up within {limit('WAITING_RUNNER_LIMIT'):.0f}s")
 
 
@@ -126,7 +147,7 @@ def _start_when_ready(job: Job) -> None:
         ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
         if not ready:
             if waited(job) > limit("WAITING_PEERS_LIMIT"):
-                terminate_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+                end_held(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
                               "peers' addresses or start order not satisfied in time")
             return
         host = compute_for_instance(job.instance).runner_host(job.instance)
@@ -140,19 +161,18 @@ def _start_when_ready(job: Job) -> None:
 
 
 def _watch(job: Job) -> None:
-    host, status = _observe(job)
-    if host is None:
+    watch_observed(job, _observe(job))
+
+
+def watch_observed(job: Job, status: dict | None) -> None:
+    """Act on one look at a started job's runner (None: the host did not answer)."""
+    if status is None or not status.get("agent_alive"):
         _maybe_unreachable(job)
         return
-    host.close()
-    if not status.get("agent_alive"):
-        _maybe_unreachable(job)
-        return
-    Job.objects.filter(pk=job.pk).update(agent_seen_at=timezone.now())
     state = status.get("jobs", {}).get(job.runner_job_id)
     if state is None:
         if job.status == JobStatus.RUNNING:
-            terminate_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
+            end_held(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
         return
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
@@ -161,11 +181,13 @@ def _watch(job: Job) -> None:
         _wake_waiting_peers(job)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
-        Job.objects.filter(pk=job.pk).update(**{k: v for k, v in times.items() if v is not None})
-        terminate_job(job, reason, text.format(exit_status=state.get("exit_status")))
+        end_held(job, reason, text.format(exit_status=state.get("exit_status")),
+             **{k: v for k, v in times.items() if v is not None})
 
 
 def _wake_waiting_peers(job: Job) -> None:
+    if (job.run.configuration.get("startup_order") or "any") == "any":
+        return  # peers wait for addresses only, and those were known before this job started
     with transaction.atomic():
         for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
             nudge_job(peer_id)
@@ -176,5 +198,5 @@ def _maybe_unreachable(job: Job) -> None:
     instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
     since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
     if since and (timezone.now() - since).total_seconds() > limit("UNREACHABLE_GRACE"):
-        terminate_job(job, JobReason.INSTANCE_UNREACHABLE,
+        end_held(job, JobReason.INSTANCE_UNREACHABLE,
                       f"{instance.name} has not answered for {limit('UNREACHABLE_GRACE'):.0f}s")

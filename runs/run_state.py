@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from muster import claims
-from runs.choices import RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus
 from runs.models import Job, Run
 from runs.services.submission import create_jobs
 from runs.stopping import end_active_jobs
@@ -26,6 +26,7 @@ def process_run(run_id: int) -> bool:
     token = claims.claim(Run, run_id, status__in=[*ACTIVE_RUN, RunStatus.PENDING])
     if token is None:
         return False
+    derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
     try:
         run = Run.objects.select_related("project").get(pk=run_id)
         if run.status == RunStatus.PENDING:
@@ -33,7 +34,7 @@ def process_run(run_id: int) -> bool:
         else:
             _derive(run)
     finally:
-        claims.release(Run, run_id, token)
+        claims.release(Run, run_id, token, derived_at=derived_at)
     return True
 
 
@@ -44,7 +45,7 @@ def _derive(run: Run) -> None:
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == "abort" else RunReason.STOPPED_BY_USER
         _teardown(run, reason, RunStatus.TERMINATED, run_reason)
         return
-    failed = [j for j in jobs if j.termination_reason in _FAILING]
+    failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
     if failed:
         first = failed[0]
         if _retry_allowed(run, first.termination_reason):
@@ -70,15 +71,6 @@ def _derive(run: Run) -> None:
         move_run(run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
     elif any(j.status in (JobStatus.PROVISIONING, JobStatus.PULLING) for j in jobs):
         move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
-
-
-# Reasons that fail a run (or make it retry); user stops and runner completions do not.
-_FAILING = {
-    JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, JobReason.INTERRUPTED_BY_NO_CAPACITY,
-    JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
-    JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR, JobReason.MAX_DURATION_EXCEEDED,
-}
 
 
 def _retry_configured(run: Run, job_reason: str) -> bool:

@@ -10,9 +10,9 @@ from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from muster import claims
 from runs import fanout, placement
-from runs.choices import JobReason, JobStatus, RunStatus
+from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import hand_over_if_terminating, move_job, move_run, nudge_job, terminate_job
+from runs.transitions import move_job, move_run, nudge_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,16 @@ def provision_job(job_id: int) -> bool:
     token = claims.claim(Job, job_id, status=JobStatus.SUBMITTED, waiting_master_job=False)
     if token is None:
         return False
+    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
     try:
-        _attempt(Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id))
+        _attempt(job)
     finally:
-        claims.release(Job, job_id, token)
-        hand_over_if_terminating(job_id)
+        release_job(job, token, AFTER_ATTEMPT)
     return True
+
+
+# Where an attempt leaves its job when nobody needs to hand it to finish_job.
+AFTER_ATTEMPT = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, *JOB_FINISHED)
 
 
 def _attempt(job: Job) -> None:
@@ -48,37 +52,51 @@ def _attempt(job: Job) -> None:
             fanout.release_after_attempt(job)
             nudge_job(job.pk)
         return
+    # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
+    siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
     if run.fleet_id is None:
-        fleet = placement.choose_fleet(run)
+        fleet = placement.choose_fleet(run, siblings)
         if fleet is None:
             terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          "no fleet can hold every group of this run")
+                          "no fleet can hold every group of this run", held=True)
             return
-        Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleet)
-        run.refresh_from_db(fields=["fleet"])
-        move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], message=f"placed on fleet {run.fleet.name}")
+        if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleet,
+                        message=f"placed on fleet {fleet.name}"):
+            Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleet)
+            run.refresh_from_db(fields=["fleet"])
     fleet = run.fleet
     if placement.is_static(fleet):
-        _take_static_instance(job, fleet)
+        _take_static_instance(job, fleet, siblings)
     else:
         _provision_cloud_group(job, fleet)
 
 
-def _take_static_instance(job: Job, fleet) -> None:
-    instance = placement.take_instance(job, fleet)
-    if instance is None:
-        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"no idle instance of fleet {fleet.name} fits {job.node_group_name}")
-        return
-    with transaction.atomic():
-        if not move_job(job, JobStatus.PROVISIONING, instance_id=instance.pk,
-                        message=f"provisioning on {instance.name} ({instance.internal_ip})"):
-            # the job moved on under us (stopped): give the host back
-            from runs.stopping import release_instance
+SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_rank", "status", "instance_id",
+                  "waiting_master_job", "spec")
 
-            release_instance(instance.pk)
+
+def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
+    """A group master takes a host for every waiting member of its group at once; others take one."""
+    members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
+               and j.status == JobStatus.SUBMITTED and j.instance_id is None]
+    instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
+    if not instances:
+        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
+                      held=True)
+        return
+    from runs.stopping import release_instance
+
+    mine, theirs = instances[0], instances[1:]
+    with transaction.atomic():
+        if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
+                        message=f"provisioning on {mine.name} ({mine.internal_ip})"):
+            for instance in instances:  # the job moved on under us (stopped): give the hosts back
+                release_instance(instance.pk)
             return
-        fanout.release_after_attempt(job)
+        for instance in fanout.place_members(job, members, theirs):
+            release_instance(instance.pk)
+        fanout.release_after_attempt(job, siblings)
         nudge_job(job.pk)
 
 
@@ -91,11 +109,11 @@ def _provision_cloud_group(job: Job, fleet) -> None:
     try:
         assigned = pods.reserve_pod(fleet, compute, group_jobs)
     except BackendError as exc:
-        terminate_job(job, exc.reason, str(exc))
+        terminate_job(job, exc.reason, str(exc), held=True)
         return
     if not assigned:
         terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, f"fleet {fleet.name} has no offer for "
-                      f"{job.node_group_name}")
+                      f"{job.node_group_name}", held=True)
         return
     with transaction.atomic():
         for other in group_jobs:

@@ -57,8 +57,9 @@ def finish_job(job_id: int) -> bool:
     with transaction.atomic():
         if job.instance_id:
             release_instance(job.instance_id)
-        move_job(job, final, frm=[JobStatus.TERMINATING])
-        claims.release(Job, job_id, token)
+        # the lease goes with the final move (we hold it, so nobody else changed the status)
+        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
+            claims.release(Job, job_id, token)
     return True
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from instances.models import GroupStatus, InstanceGroup
@@ -37,17 +38,16 @@ def sweep() -> dict[str, int]:
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["provision"] = _enqueue(tasks.provision_job, submitted)
+    # a job never looked at yet is stale by the age of its status, not at once
     watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING,
                                                             JobStatus.RUNNING]).filter(
-        Q(next_check_at__isnull=True) | Q(next_check_at__lt=old)).values_list("pk", flat=True)[:BATCH]
+        Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)
+    ).values_list("pk", flat=True)[:BATCH]
     found["advance"] = _enqueue(tasks.advance_job, watched)
     ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
                                 status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["finish"] = _enqueue(tasks.finish_job, ending)
-    runs = Run.objects.filter(unleased(now)).filter(
-        Q(status__in=[RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING],
-          updated__lt=old) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)).values_list("pk", flat=True)[:BATCH]
-    found["runs"] = _enqueue(tasks.process_run, runs)
+    found["runs"] = _enqueue(tasks.process_run, runs_to_derive(now, old))
     groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
     found["groups"] = _enqueue(instance_tasks.terminate_group, groups)
@@ -57,6 +57,26 @@ def sweep() -> dict[str, int]:
 
     found["ssh_hosts"] = check_ssh_hosts(now)
     return found
+
+
+def runs_to_derive(now, old):
+    """Runs that process_run should have looked at by now and may not have (a lost nudge).
+
+    A run is derived when one of its jobs changed after its last derivation, when a stop asked for
+    is not acted on yet (or its teardown waits), or when its retry is due. A running run whose
+    jobs are quiet is not looked at at all, so the cost of the sweep follows what changes, not how
+    many runs are running.
+    """
+    active = [RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING]
+    job_changed = Exists(Job.objects.filter(
+        run_id=OuterRef("pk"), submission_num=OuterRef("submission_num"),
+        status_changed_at__gte=Coalesce(OuterRef("derived_at"), OuterRef("submitted_at")),
+        status_changed_at__lt=old))  # changed long enough ago that its own nudge should have come
+    stale = Q(derived_at__isnull=True) | Q(derived_at__lt=old)
+    waiting = (~Q(stop_requested="") | Q(status=RunStatus.TERMINATING)) & stale
+    return Run.objects.filter(unleased(now)).filter(
+        Q(status__in=active) & (job_changed | waiting) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)
+    ).values_list("pk", flat=True)[:BATCH]
 
 
 def _enqueue(task, pks) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from runs import progress, run_state, scheduling, stopping, sweeps
+from runs import progress, run_state, scheduling, stopping, sweeps, watching
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -25,6 +25,11 @@ def finish_job(job_id: int) -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def process_run(run_id: int) -> None:
     run_state.process_run(run_id)
+
+
+@shared_task
+def watch_running() -> None:
+    watching.watch_running()
 
 
 @shared_task

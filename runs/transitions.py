@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from events.services import record
-from runs.choices import JOB_ACTIVE, RunStatus
+from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
 
@@ -35,6 +35,23 @@ def nudge_job(job_id: int, countdown: float = 0) -> None:
         transaction.on_commit(lambda: tasks.advance_job.delay(job_id))
 
 
+def may_change_run(job: Job, to: str, reason: str) -> bool:
+    """Whether a job entering `to` can change what process_run derives for its run.
+
+    Most moves cannot (pulling; running, which move_job applies to the run itself; terminating
+    because the runner finished or a stop is under way), and a process_run for them is a task and a
+    handful of statements per job for nothing. A stale `job.run.status` only costs an extra nudge;
+    the sweep re-derives any run left unchanged.
+    """
+    if to in JOB_FINISHED:
+        return True
+    if to == JobStatus.TERMINATING:
+        return reason in FAILING_REASONS
+    if to == JobStatus.PROVISIONING:
+        return job.run.status == RunStatus.SUBMITTED
+    return False
+
+
 def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", **fields) -> bool:
     """Move `job` to status `to` if it is still in one of `frm` (default: its current status)."""
     frm = tuple(frm) if frm else (job.status,)
@@ -47,7 +64,11 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
         text = message or (f"{to} ({reason})" if reason else to)
         record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=to, actor=actor,
                run_id=job.run_id, job_id=job.pk, instance_id=fields.get("instance_id", job.instance_id))
-        nudge_run(job.run_id)
+        if to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING):
+            # what process_run would derive from it, without a task: the first running job runs the run
+            move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
+        elif may_change_run(job, to, fields.get("termination_reason", "")):
+            nudge_run(job.run_id)
     job.status = to
     job.status_changed_at = now
     for key, value in fields.items():
@@ -55,18 +76,24 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     return True
 
 
-def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server") -> bool:
-    """Ask an active job to end with `reason`; the stop itself happens in runs.stopping."""
+def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server", held: bool = False,
+                  **fields) -> bool:
+    """Ask an active job to end with `reason`; the stop itself happens in runs.stopping.
+
+    `held`: the caller holds the job's lease, so finish_job could not claim it yet; the caller hands
+    the job over when it lets go (release_job) instead of a message being sent now for nothing.
+    """
     from runs import tasks
     from runs.choices import FINAL_STATUS
 
     if job.instance_id is None and not job.runner_submitted:
         # nothing runs anywhere and no host is held: end it now instead of via finish_job
         return move_job(job, FINAL_STATUS.get(reason, "terminated"), frm=JOB_ACTIVE, termination_reason=reason,
-                        termination_message=message, message=message, actor=actor)
+                        termination_message=message, message=message, actor=actor, **fields)
     moved = move_job(job, "terminating", frm=JOB_ACTIVE, termination_reason=reason,
-                     termination_message=message, message=message or f"terminating ({reason})", actor=actor)
-    if moved:
+                     termination_message=message, message=message or f"terminating ({reason})", actor=actor,
+                     **fields)
+    if moved and not held:
         transaction.on_commit(lambda: tasks.finish_job.delay(job.pk))
     return moved
 
@@ -100,3 +127,23 @@ def hand_over_if_terminating(job_id: int) -> str | None:
     if status == "terminating":
         tasks.finish_job.delay(job_id)
     return status
+
+
+def release_job(job: Job, token: str, keep, **updates) -> str | None:
+    """Give back the caller's lease on `job` and return the job's status as it is left.
+
+    One statement in the common case: the job is still in one of `keep`, as the caller left it.
+    A job that is terminating now (moved by the caller, or by another process while the lease was
+    held) is handed to finish_job, whose own claim could not succeed until now.
+    """
+    from muster import claims
+    from runs import tasks
+
+    keep = tuple(keep)
+    if job.status in keep and claims.release(Job, job.pk, token, where={"status__in": keep}, **updates):
+        return job.status
+    claims.release(Job, job.pk, token, **updates)
+    if job.status == JobStatus.TERMINATING:  # the caller moved it (terminate_job(held=True))
+        tasks.finish_job.delay(job.pk)
+        return job.status
+    return hand_over_if_terminating(job.pk)

@@ -59,9 +59,39 @@ def celery_worker_parameters():
     return {"queues": (f"muster-test-{os.getpid()}",), "perform_ping_check": False, "shutdown_timeout": 20}
 
 
+@pytest.fixture
+def celery_worker(celery_worker, settings):
+    """The real worker, and what beat sends it besides the sweep: the batch watch of running jobs
+    every JOB_POLL_INTERVAL (muster/celery.py). Tests that check recovery add the sweep (Beat)."""
+    import threading
+
+    from runs import tasks
+
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))):
+            tasks.watch_running.delay()
+
+    thread = threading.Thread(target=tick, name="watch-ticks", daemon=True)
+    thread.start()
+    yield celery_worker
+    stop.set()
+    thread.join(5)
+
+
 @pytest.fixture(scope="session")
 def celery_enable_logging():
     return True
+
+
+@pytest.fixture(autouse=True)
+def _no_leases_carried_over():
+    """A test's claims end with it: the lease renewer must not touch the next test's database."""
+    yield
+    from muster.claims import forget_all
+
+    forget_all()
 
 
 @pytest.fixture(autouse=True)

@@ -118,14 +118,14 @@ def test_production_with_a_secret_key_turns_debug_off(tmp_path):
     assert conf["debug"] is False
 
 
-def test_the_sweep_interval_comes_from_the_environment(tmp_path):
+def test_the_sweep_and_watch_intervals_come_from_the_environment(tmp_path):
     code = ("import json; from muster.celery import app; "
             "print(json.dumps(app.conf.beat_schedule))")
-    done = python(code, tmp_path / "data", MUSTER_SWEEP_INTERVAL="7")
+    done = python(code, tmp_path / "data", MUSTER_SWEEP_INTERVAL="7", MUSTER_JOB_POLL_INTERVAL="1.5")
     assert done.returncode == 0, done.stderr
     schedule = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [entry["schedule"] for entry in schedule.values()] == [7.0]
-    assert [entry["options"]["expires"] for entry in schedule.values()] == [7.0]
+    assert {name: (e["schedule"], e["options"]["expires"]) for name, e in schedule.items()} == {
+        "sweep": (7.0, 7.0), "watch": (1.5, 1.5)}, "the batch watch of running jobs ticks at the poll interval"
 
 
 # ---- the beat schedule, in this process ---------------------------------------------------------

@@ -178,19 +178,20 @@ class SSHRunnerHost(RunnerHost):
     def cleanup(self, job_id: str) -> None:
         self._runner_json(f"cleanup --job {shlex.quote(job_id)}")
 
-    def stop_agent(self, wait: float = 5.0) -> None:
+    def stop_agent(self, wait: float = 10.0) -> None:
         """Stop every job and then the agent (its fleet is being deleted); one round trip.
 
         The agent exits when HOME/agent.stop exists; jobs are separate sessions that outlive it, so
-        each gets its own stop file first. Waits up to `wait` seconds for the agent to be gone.
+        each gets its own stop file first. Waits up to `wait` seconds for the agent's process to be
+        gone (not just its pid file, which the agent removes a moment before it exits).
         """
         ticks = max(1, int(wait * 10))
         script = (
             f'H={self._home_expr()}; [ -d "$H" ] || exit 0; '
+            'p=$(cat "$H/agent.pid" 2>/dev/null); '
             'for d in "$H"/jobs/*/; do [ -d "$d" ] && : > "$d/stop"; done; '
-            ': > "$H/agent.stop"; i=0; '
+            ': > "$H/agent.stop"; [ -n "$p" ] || exit 0; i=0; '
             f'while [ $i -lt {ticks} ]; do '
-            'p=$(cat "$H/agent.pid" 2>/dev/null) || exit 0; '
             # A pid left by a killed agent may belong to another process by now: check its command.
             'if [ -d /proc/self ]; then grep -qa muster_runner "/proc/$p/cmdline" 2>/dev/null || exit 0; '
             'else kill -0 "$p" 2>/dev/null || exit 0; fi; '

@@ -4,19 +4,31 @@ A real web process (gunicorn, 2 processes x 4 threads, bench.settings) with the 
 running behind it (the submitted runs are placed on a hollow fleet while the clients submit).
 Measures runs/s, p50/p99 of plan and of apply, and statements per request (counted in the web
 process by a bench-only middleware).
+
+One row per client count (`--clients 4,50`). The clients are the bench's own keep-alive threads or
+Locust users (bench/locustfile.py, its own process); `--load-generator auto` takes the threads up to
+4 clients and Locust above, where a Python thread pool in the driver would measure itself as much as
+the web.
 """
 
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import statistics
+import sys
 import threading
 import time
+from importlib.metadata import version
+from pathlib import Path
 
 from bench import harness, instrument
 from bench.hollow import make_hollow_fleet
 from bench.scenarios.common import project_with_user, table, task_yaml
+
+LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
+THREADS_UP_TO = 4  # --load-generator auto: the bench's own clients up to here, Locust above
 
 
 def pct(values: list[float], p: float) -> float:
@@ -31,20 +43,14 @@ def ensure_web(session: harness.Session) -> int:
     return session.web_port  # type: ignore[attr-defined]
 
 
-def run(session: harness.Session, args) -> dict:
-    count = args.runs or 200
-    clients = args.clients
-    if not any(n.startswith("worker") for n in session.procs):
-        for i in range(args.workers):
-            session.start_worker(f"worker{i}", args.concurrency)
-    if "beat" not in session.procs:
-        session.start_beat()
-    port = ensure_web(session)
-    project, user, token = project_with_user(f"submit-{int(time.time())}")
-    make_hollow_fleet(project, "hollow", count * 4)
-    body = json.dumps({"configuration": task_yaml(4), "env": {}}).encode()
-    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json", "Accept": "application/json"}
-    base = f"/api/projects/{project.name}/"
+def generator_for(clients: int, choice: str) -> str:
+    if choice == "auto":
+        return "threads" if clients <= THREADS_UP_TO else "locust"
+    return choice
+
+
+def thread_clients(port: int, base: str, headers: dict, body: bytes, count: int, clients: int) -> dict:
+    """The bench's own clients: one thread and one keep-alive connection each."""
     plan_ms: list[float] = []
     apply_ms: list[float] = []
     errors: list[str] = []
@@ -66,6 +72,61 @@ def run(session: harness.Session, args) -> dict:
                         errors.append(f"{path}: {resp.status} {data[:200]!r}")
         conn.close()
 
+    threads = [threading.Thread(target=client, args=(n,)) for n in per_client]
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"seconds": time.perf_counter() - t0, "runs": len(apply_ms), "plan_ms": plan_ms, "apply_ms": apply_ms,
+            "errors": errors, "client_cpu_s": time.process_time() - cpu0, "load_generator": "threads"}
+
+
+def locust_clients(session: harness.Session, port: int, base: str, headers: dict, body: bytes, count: int,
+                   clients: int, timeout: float) -> dict:
+    """Locust users in a process of their own; they stop after `count` runs or at `timeout` seconds."""
+    spec = session.data_dir / f"locust-{clients}-spec.json"
+    out = session.data_dir / f"locust-{clients}-out.json"
+    out.unlink(missing_ok=True)
+    spec.write_text(json.dumps({"base": base, "headers": headers, "body": body.decode(), "runs": count,
+                                "out": str(out)}))
+    name = f"locust{clients}"
+    proc = session.start(name, [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+        "--host", f"http://127.0.0.1:{port}", "--users", str(clients),
+        "--spawn-rate", str(min(clients, 100)),  # Locust warns above 100/s; the users start together anyway
+        "--run-time", f"{int(timeout)}s", "--loglevel", "WARNING", "--exit-code-on-error", "0",
+        "--muster-spec", str(spec)])
+    try:
+        proc.wait(timeout=timeout + 60)
+    finally:
+        session.stop(name)
+    if not out.exists():
+        log = (session.data_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"locust wrote no results (exit {proc.returncode}):\n{log}")
+    got = json.loads(out.read_text())
+    return {"seconds": got["seconds"], "runs": got["runs"], "plan_ms": got["times_ms"].get("plan", []),
+            "apply_ms": got["times_ms"].get("apply", []), "errors": got["errors"], "client_cpu_s": got["cpu_s"],
+            "load_generator": f"locust {version('locust')}"}
+
+
+def settle(project, timeout: float) -> float:
+    """Let the previous row's runs end, so the next row's clients do not share the workers with them."""
+    from runs.models import Run
+
+    t = time.perf_counter()
+    harness.wait_until(lambda: not Run.objects.filter(project=project).exclude(
+        status__in=["done", "failed", "terminated"]).exists(), timeout, every=0.2)
+    return time.perf_counter() - t
+
+
+def one_row(session: harness.Session, args, port: int, count: int, clients: int, generator: str):
+    project, user, token = project_with_user(f"submit-{clients}-{int(time.time())}")
+    make_hollow_fleet(project, "hollow", count * 4)
+    body = json.dumps({"configuration": task_yaml(4), "env": {}}).encode()
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json", "Accept": "application/json"}
+    base = f"/api/projects/{project.name}/"
     warm = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for _ in range(8):  # both gunicorn processes import the views and the configuration parser first
         warm.request("POST", base + "runs/plan", body=body, headers=headers)
@@ -73,30 +134,55 @@ def run(session: harness.Session, args) -> dict:
     warm.close()
     r = session.redis()
     instrument.reset(r)
-    threads = [threading.Thread(target=client, args=(n,)) for n in per_client]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    if generator == "locust":
+        got = locust_clients(session, port, base, headers, body, count, clients, args.timeout)
+    else:
+        got = thread_clients(port, base, headers, body, count, clients)
     web = {k: v for k, v in instrument.read(r).items() if k.startswith("web:")}
     plan_stats = web.get("web:POST:run-plan", {})
     apply_stats = web.get("web:POST:runs", {})
-    result = {
-        "runs": count, "clients": clients, "seconds": elapsed, "runs_per_s": count / elapsed,
+    plan_ms, apply_ms, errors = got["plan_ms"], got["apply_ms"], got["errors"]
+    return {
+        "runs": got["runs"], "clients": clients, "load_generator": got["load_generator"],
+        "seconds": got["seconds"], "runs_per_s": got["runs"] / got["seconds"],
         "plan_p50_ms": statistics.median(plan_ms), "plan_p99_ms": pct(plan_ms, 99),
         "apply_p50_ms": statistics.median(apply_ms), "apply_p99_ms": pct(apply_ms, 99),
         "statements_per_plan": plan_stats.get("queries", 0) / max(plan_stats.get("calls", 1), 1),
         "statements_per_apply": apply_stats.get("queries", 0) / max(apply_stats.get("calls", 1), 1),
         "xacts_per_apply": apply_stats.get("xacts", 0) / max(apply_stats.get("calls", 1), 1),
+        "client_cpu_s": got["client_cpu_s"],
         "errors": errors[:10], "error_count": len(errors), "web_counters": web,
-        "web_rss_after": harness.tree_rss(session.procs["web"].pid),
-    }
+    }, project
+
+
+def run(session: harness.Session, args) -> dict:
+    count = args.runs or 200
+    clients_list = args.clients if isinstance(args.clients, list) else [args.clients]
+    choice = getattr(args, "load_generator", "auto")
+    if any(generator_for(c, choice) == "locust" for c in clients_list) and not importlib.util.find_spec("locust"):
+        raise RuntimeError("locust is not installed: `make bench`, or .venv/bin/pip install -e '.[dev,bench]'")
+    if not any(n.startswith("worker") for n in session.procs):
+        for i in range(args.workers):
+            session.start_worker(f"worker{i}", args.concurrency)
+    if "beat" not in session.procs:
+        session.start_beat()
+    port = ensure_web(session)
+    rows: list[dict] = []
+    project = None
+    for clients in clients_list:
+        settled = settle(project, args.timeout) if project is not None else 0.0
+        row, project = one_row(session, args, port, count, clients, generator_for(clients, choice))
+        row["settle_before_s"] = settled
+        rows.append(row)
+    result = {"runs": count, "rows": rows, "web_rss_after": harness.tree_rss(session.procs["web"].pid)}
     result["table"] = table(
-        f"submit: {count} runs (4 nodes) by {clients} HTTP clients, plan then apply, gunicorn 2x4",
-        ["runs/s", "plan p50 ms", "plan p99 ms", "apply p50 ms", "apply p99 ms", "stmts/plan", "stmts/apply",
-         "errors"],
-        [[result["runs_per_s"], result["plan_p50_ms"], result["plan_p99_ms"], result["apply_p50_ms"],
-          result["apply_p99_ms"], result["statements_per_plan"], result["statements_per_apply"], len(errors)]])
+        f"submit: {count} runs (4 nodes) per row, plan then apply, gunicorn 2x4 (workers placing meanwhile)",
+        ["clients", "load generator", "runs", "runs/s", "plan p50 ms", "plan p99 ms", "apply p50 ms",
+         "apply p99 ms", "stmts/plan", "stmts/apply", "client CPU-s", "errors"],
+        [[r["clients"], r["load_generator"], r["runs"], r["runs_per_s"], r["plan_p50_ms"], r["plan_p99_ms"],
+          r["apply_p50_ms"], r["apply_p99_ms"], r["statements_per_plan"], r["statements_per_apply"],
+          r["client_cpu_s"], r["error_count"]] for r in rows])
+    for r in rows[1:]:
+        print(f"  ({r['clients']} clients: started after {r['settle_before_s']:.0f} s waiting for the previous "
+              "row's runs to end)", flush=True)
     return result

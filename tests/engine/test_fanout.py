@@ -60,5 +60,9 @@ def test_provisioning_releases_exactly_those_jobs_in_the_database(django_capture
     provision(5)
     assert waiting() == set()
     assert not scheduling.provision_job(run.current_jobs().get(job_num=0).pk), "a second attempt is a no-op"
-    instances = [j.instance_id for j in run.current_jobs() if j.instance_id]
-    assert len(instances) == len(set(instances)) == 3
+    jobs = list(run.current_jobs())
+    instances = [j.instance_id for j in jobs if j.instance_id]
+    assert len(instances) == len(set(instances)) == 7, "each group master placed its whole group on distinct hosts"
+    assert {j.status for j in jobs} == {"provisioning"}, "members need no provisioning attempt of their own"
+    for num in (1, 2, 4, 6):
+        assert not scheduling.provision_job(jobs[num].pk), "a member's own provisioning task finds nothing to do"

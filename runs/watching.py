@@ -1,0 +1,96 @@
+"""Watching running jobs in batches: one task looks at every running job that is due.
+
+A job in `running` has nothing to do but be looked at until its runner reports an end. One task
+per job per poll interval made the watch loop the control plane's main cost (a message, a claim
+and a release for each look). Instead beat sends `watch_running` every JOB_POLL_INTERVAL: it
+claims the due jobs BATCH at a time (claim_batch, SKIP LOCKED on PostgreSQL, so several workers
+share the work without waiting on each other), asks their runners in threads that only do network
+I/O, acts on each answer on this task's connection, and gives the leases of the jobs that are
+still running back in one UPDATE. A job that ended is handed to finish_job as advance_job would.
+
+advance_job still drives the short stages before `running` (runner up, peers, start order).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from django.utils import timezone
+
+from backends.base import BackendError
+from backends.registry import compute_for_instance
+from muster import claims
+from runs import progress
+from runs.choices import JobStatus
+from runs.models import Job
+from runs.transitions import release_job
+
+log = logging.getLogger(__name__)
+BATCH = 200
+THREADS = 16
+
+
+def watch_running() -> int:
+    """Task body: look at every due running job, a batch at a time; returns how many were looked at.
+
+    Stops after about one poll interval even if more are due, so a busy fleet is shared between
+    the ticks (and the workers) instead of one task holding on to it.
+    """
+    started = time.monotonic()
+    total = 0
+    while True:
+        n = _watch_batch()
+        total += n
+        if n < BATCH or time.monotonic() - started > progress.poll_interval():
+            return total
+
+
+def _watch_batch() -> int:
+    now = timezone.now()
+    due = Job.objects.filter(status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False,
+                             next_check_at__lte=now)
+    token, pks = claims.claim_batch(due, BATCH)
+    if not pks:
+        return 0
+    jobs = list(Job.objects.filter(pk__in=pks, lease_token=token)
+                .select_related("run", "instance", "instance__fleet", "instance__group"))
+    looks = _look_at_all(jobs)
+    seen_before = {job.pk: job.agent_seen_at for job in jobs}
+    for job in jobs:
+        try:
+            progress.watch_observed(job, progress.take_look(job, *looks[job.pk]))
+        except BackendError as exc:
+            log.warning("job %s: backend error: %s", job, exc)
+            progress.end_held(job, exc.reason, str(exc))
+    _give_back(jobs, token, seen={job.pk for job in jobs if job.agent_seen_at != seen_before[job.pk]})
+    return len(pks)
+
+
+def _look_at_all(jobs: list[Job]) -> dict[int, tuple]:
+    # Hosts are made here, on this thread (they may read settings or decrypt keys); the threads
+    # only talk to them. Every database write happens afterwards, on this task's connection.
+    hosts = {job.pk: compute_for_instance(job.instance).runner_host(job.instance) for job in jobs}
+    if len(hosts) == 1:
+        return {pk: progress.look(host) for pk, host in hosts.items()}
+    with ThreadPoolExecutor(max_workers=min(THREADS, len(hosts)), thread_name_prefix="watch") as pool:
+        return dict(zip(hosts, pool.map(progress.look, hosts.values()), strict=True))
+
+
+def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
+    """Leases of jobs still running go back in one UPDATE per kind of look; the rest one by one."""
+    now = timezone.now()
+    next_at = now + timedelta(seconds=progress.poll_interval())
+    running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
+    released: set[int] = set()
+    for pks, updates in ((running & seen, {"agent_seen_at": now}), (running - seen, {})):
+        if pks and Job.objects.filter(pk__in=pks, lease_token=token, status=JobStatus.RUNNING).update(
+                lease_until=None, lease_token="", next_check_at=next_at, **updates) == len(pks):
+            released |= pks
+    claims.forget(Job, token, released)
+    for job in jobs:
+        if job.pk not in released:  # ended, or changed under us: the careful path, hand-over included
+            updates = {"agent_seen_at": job.agent_seen_at} if job.pk in seen else {}
+            release_job(job, token, progress.WATCHED, next_check_at=next_at, **updates)

@@ -1,0 +1,50 @@
+"""Leases: held rows stay held while their holder works, and come free one lease after it stops."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from muster import claims
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _job(settings, lease: float):
+    settings.MUSTER = {**settings.MUSTER, "LEASE_SECONDS": lease}
+    fleet = local_project_fleet(size=1)
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nname: leased\ncommands: [echo]\n"})
+    return run.current_jobs().get()
+
+
+def test_a_held_row_is_renewed_past_its_lease_and_free_once_released(settings):
+    job = _job(settings, lease=1.5)
+    token = claims.claim(Job, job.pk, status="submitted")
+    assert token
+    time.sleep(4)  # more than two leases: only the renewer keeps it
+    assert claims.claim(Job, job.pk, status="submitted") is None, "a worker still at work keeps its row"
+    job.refresh_from_db()
+    assert job.lease_token == token
+    assert claims.release(Job, job.pk, token)
+    assert claims.claim(Job, job.pk, status="submitted"), "a released row can be claimed at once"
+
+
+def test_a_row_whose_holder_stopped_renewing_is_free_after_one_lease(settings):
+    job = _job(settings, lease=1.5)
+    token = claims.claim(Job, job.pk, status="submitted")
+    claims.forget(Job, token)  # what a killed worker amounts to: nobody renews the lease any more
+    assert claims.claim(Job, job.pk, status="submitted") is None
+    time.sleep(2)
+    assert claims.claim(Job, job.pk, status="submitted"), "the lease ran out and the row is claimable again"
+
+
+def test_a_batch_claimed_without_renewal_runs_out(settings):
+    job = _job(settings, lease=1.5)
+    _, pks = claims.claim_batch(Job.objects.filter(pk=job.pk), 10, seconds=1, renew=False)
+    assert pks == [job.pk]
+    time.sleep(1.6)
+    assert claims.claim(Job, job.pk, status="submitted"), "a lease meant to run out is not renewed"
