@@ -35,8 +35,9 @@ def _beat_schedule() -> dict:
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
         "sweep": {"task": "runs.tasks.sweep", "schedule": every, "options": {"expires": every}},
-        # every running job is looked at in batches (runs/watching.py), not by one task per job
-        "watch": {"task": "runs.tasks.watch_running", "schedule": poll, "options": {"expires": poll}},
+        # every running job is looked at in batches (runs/watching.py), not by one task per job;
+        # a tick waits out a short backlog (it is the only thing that watches running jobs)
+        "watch": {"task": "runs.tasks.watch_running", "schedule": poll, "options": {"expires": 10 * poll}},
     }
 
 

@@ -27,20 +27,54 @@ def stale_after() -> timedelta:
     return timedelta(seconds=3 * float(settings.MUSTER["SWEEP_INTERVAL"]))
 
 
+# Above this many queued messages the workers are behind: a row's own message is late, not lost,
+# and a copy would only lengthen the line (and the next sweep would add another).
+BACKLOG = 100
+
+
+def queued_messages() -> int | None:
+    """Messages waiting in the default queue (all priority levels); None if the broker cannot say."""
+    from muster.celery import app
+
+    try:
+        with app.pool.acquire(block=True, timeout=5) as conn:
+            return conn.default_channel.queue_declare(queue=app.conf.task_default_queue, passive=True).message_count
+    except Exception:  # noqa: BLE001 - a broker that cannot count must not stop the sweep
+        return None
+
+
 def sweep() -> dict[str, int]:
     from instances import pods
-    from instances import tasks as instance_tasks
-    from runs import tasks
 
     now = timezone.now()
     old = now - stale_after()
     found = {}
+    backlog = queued_messages()
+    if backlog is not None and backlog > BACKLOG:
+        found["backlog"] = backlog  # messages are late, not lost: re-enqueue nothing this time
+    else:
+        found.update(_re_enqueue(now, old))
+    found["idle"] = pods.expire_idle_pods(now)
+    from instances.ssh_health import check_ssh_hosts
+
+    found["ssh_hosts"] = check_ssh_hosts(now)
+    return found
+
+
+def _re_enqueue(now, old) -> dict[str, int]:
+    """Rows left without a lease in a non-final state for too long: their task is sent again."""
+    from instances import pods
+    from instances import tasks as instance_tasks
+    from runs import tasks
+
+    found = {}
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["provision"] = _enqueue(tasks.provision_job, submitted)
-    # a job never looked at yet is stale by the age of its status, not at once
-    watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING,
-                                                            JobStatus.RUNNING]).filter(
+    # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
+    # the batch watcher's (runs/watching.py): it claims whatever is due, so no message of theirs
+    # can be lost, and re-enqueueing them here would only add tasks to a backlog.
+    watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING]).filter(
         Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)
     ).values_list("pk", flat=True)[:BATCH]
     found["advance"] = _enqueue(tasks.advance_job, watched)
@@ -52,10 +86,6 @@ def sweep() -> dict[str, int]:
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
     found["groups"] = _enqueue(instance_tasks.terminate_group, groups)
     found["pods"] = _enqueue(instance_tasks.poll_pod, pods.pods_to_poll(now))
-    found["idle"] = pods.expire_idle_pods(now)
-    from instances.ssh_health import check_ssh_hosts
-
-    found["ssh_hosts"] = check_ssh_hosts(now)
     return found
 
 

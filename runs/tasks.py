@@ -6,28 +6,34 @@ from celery import shared_task
 
 from runs import progress, run_state, scheduling, stopping, sweeps, watching
 
+# Redis delivers lower numbers first (other brokers ignore this). Admitting work comes first:
+# a submitted job takes its hosts before the starts and ends of jobs that have theirs, so a burst
+# of submissions is not queued behind the work of the ones before it. Two levels only: the rest
+# shares one, so no kind of task (finish_job gives hosts back) can be starved by another.
+FIRST, NEXT = 0, 3
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, priority=FIRST)
 def provision_job(job_id: int) -> None:
     scheduling.provision_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
 def advance_job(job_id: int) -> None:
     progress.advance_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
 def finish_job(job_id: int) -> None:
     stopping.finish_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
 def process_run(run_id: int) -> None:
     run_state.process_run(run_id)
 
 
-@shared_task
+@shared_task(priority=NEXT)  # never ahead of the starts it shares the workers with
 def watch_running() -> None:
     watching.watch_running()
 

@@ -22,23 +22,31 @@ def wait_for_run(name: str, statuses=("done", "failed", "terminated"), timeout: 
 
 
 class Beat:
-    """Stands in for celery beat during a test: runs the sweep every `interval` seconds in a thread."""
+    """Stands in for celery beat during a test: runs the sweep every `interval` seconds in a thread.
 
-    def __init__(self, interval: float = 0.5):
+    The celery_worker fixture already sends beat's other entry, the batch watch of running jobs;
+    `watch=True` sends it here too, for tests whose workers are processes of their own.
+    """
+
+    def __init__(self, interval: float = 0.5, watch: bool = False):
         import threading
 
         self.interval = interval
+        self.watch = watch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         from django.db import connection
 
+        from runs import tasks
         from runs.sweeps import sweep
 
         try:
             while not self._stop.wait(self.interval):
                 sweep()
+                if self.watch:
+                    tasks.watch_running.delay()
         finally:
             connection.close()
 

@@ -67,7 +67,7 @@ def test_two_worker_processes_on_postgresql_never_put_two_jobs_on_one_instance(f
            "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10"}
     workers = [_worker_process(f"w{i}", env) for i in range(2)]
     try:
-        with Beat():
+        with Beat(watch=True):
             names = []
             for i in range(8):
                 conf = (f"type: task\nname: burst-{i}\ncommands: [sleep 0.3]\n"

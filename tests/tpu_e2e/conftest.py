@@ -73,7 +73,8 @@ def submit(api) -> Callable[..., str]:
 
 @pytest.fixture
 def beat() -> Iterator[None]:
-    """What celery beat does in production: runs.sweeps.sweep() every half second."""
+    """What celery beat does in production: runs.sweeps.sweep() every half second (the worker
+    fixture sends the batch watch of running jobs, beat's other entry)."""
     from runs.sweeps import sweep
 
     stop = threading.Event()
