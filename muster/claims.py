@@ -148,8 +148,10 @@ def claim_batch(queryset, limit: int, seconds: float | None = None, renew: bool 
             qs = qs.select_for_update(skip_locked=True)
         pks = list(qs.values_list("pk", flat=True)[:limit])
         if pks:
-            queryset.model.objects.filter(unleased(now), pk__in=pks).update(lease_until=until, lease_token=token)
-    held = list(queryset.model.objects.filter(pk__in=pks, lease_token=token).values_list("pk", flat=True))
+            # the rows are locked by this transaction (SKIP LOCKED on PostgreSQL; SQLite's IMMEDIATE
+            # transaction excludes every other writer), so the update takes every one of them
+            queryset.model.objects.filter(pk__in=pks).update(lease_until=until, lease_token=token)
+    held = pks
     if held and renew:
         _renewer.hold(queryset.model, token, held)
     return token, held

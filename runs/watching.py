@@ -82,7 +82,9 @@ def _look_at_all(jobs: list[Job]) -> dict[int, tuple]:
 def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
     """Leases of jobs still running go back in one UPDATE per kind of look; the rest one by one."""
     now = timezone.now()
-    next_at = now + timedelta(seconds=progress.poll_interval())
+    # Due again half an interval from now, so the next tick (one interval after this one began)
+    # finds it due: a full interval would skip a tick and look at each job every other interval.
+    next_at = now + timedelta(seconds=progress.poll_interval() / 2)
     running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
     released: set[int] = set()
     for pks, updates in ((running & seen, {"agent_seen_at": now}), (running - seen, {})):
