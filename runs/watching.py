@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 
 from backends.base import BackendError
@@ -50,8 +51,9 @@ def watch_running() -> int:
 
 def _watch_batch() -> int:
     now = timezone.now()
-    due = Job.objects.filter(status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False,
-                             next_check_at__lte=now)
+    # never looked at (NULL): a worker that moved the job to running died before giving it back
+    due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
+                             status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
     token, pks = claims.claim_batch(due, BATCH)
     if not pks:
         return 0
