@@ -35,6 +35,12 @@ def process_run(run_id: int) -> bool:
             _derive(run)
     finally:
         claims.release(Run, run_id, token, derived_at=derived_at)
+    if run.status in ACTIVE_RUN and Job.objects.filter(
+            run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
+        # a job moved while we held the run: its nudge found the run leased and was dropped
+        from runs import tasks
+
+        tasks.process_run.delay(run_id)
     return True
 
 
