@@ -50,7 +50,6 @@ class _Renewer:
         self.lock = threading.Lock()
         self.held: dict[tuple[type[models.Model], str], set] = {}
         self.pid = 0
-        self.wake = threading.Event()
 
     def hold(self, model, token: str, pks) -> None:
         with self.lock:
