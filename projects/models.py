@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -30,6 +32,29 @@ class Project(models.Model):
 
     def secret_values(self) -> dict[str, str]:
         return {s.name: s.value for s in self.secrets.all()}
+
+    def lazy_secret_values(self) -> Mapping[str, str]:
+        """The secrets, read (and decrypted) only when a bare env key asks for one."""
+        return LazySecrets(self)
+
+
+class LazySecrets(Mapping):
+    def __init__(self, project: Project):
+        self._project, self._values = project, None
+
+    def _load(self) -> dict[str, str]:
+        if self._values is None:
+            self._values = self._project.secret_values()
+        return self._values
+
+    def __getitem__(self, key: str) -> str:
+        return self._load()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
 
 
 class Membership(models.Model):

@@ -17,11 +17,10 @@ from runs.transitions import move_job, move_run, nudge_job, release_job, termina
 log = logging.getLogger(__name__)
 
 
-def on_run_submitted(run: Run) -> None:
-    """Called inside the submit transaction: job 0 is claimable at once."""
+def on_run_submitted(run: Run, master: Job) -> None:
+    """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
     from runs import tasks
 
-    master = run.current_jobs().get(job_num=0)
     transaction.on_commit(lambda: tasks.provision_job.delay(master.pk))
 
 

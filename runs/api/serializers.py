@@ -49,7 +49,10 @@ class RunSerializer(serializers.ModelSerializer):
         return {k: v for k, v in run.configuration.items() if k != "secret_env"}
 
     def get_jobs(self, run: Run) -> list[dict]:
-        jobs = [j for j in run.jobs.all() if j.submission_num == run.submission_num]
+        # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
+        jobs = getattr(run, "submitted_jobs", None)
+        if jobs is None:
+            jobs = [j for j in run.jobs.all() if j.submission_num == run.submission_num]
         return JobSerializer(sorted(jobs, key=lambda j: j.job_num), many=True).data
 
 

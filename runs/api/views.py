@@ -45,7 +45,7 @@ class RunListView(ProjectScopedMixin, APIView):
     @extend_schema(request=RunRequestSerializer, responses={201: RunSerializer})
     def post(self, request, project):
         run = submit_run(self.project, request.user, request.data)
-        return Response(RunSerializer(_run(self.project, run.name)).data, status=status.HTTP_201_CREATED)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
 class RunDetailView(ProjectScopedMixin, APIView):

@@ -6,6 +6,7 @@ one implicit group named `default`), so a rule cannot apply to one and silently 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -183,7 +184,7 @@ def parse_run_configuration(
     data: str | dict,
     *,
     env_values: dict[str, str] | None = None,
-    secrets: dict[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
     max_nodes: int = DEFAULT_MAX_NODES,
 ) -> TaskConfiguration:
     """Check a task configuration and return it normalized; ConfigurationError lists every problem."""
@@ -197,9 +198,12 @@ def parse_run_configuration(
 
     if task.groups is not None:
         _check_group_layout(task, parts, errors)
-    top_env = resolve_env(written_env, env_values or {}, secrets or {}, errors, ["env"])
+    env_values = env_values or {}
+    # not `secrets or {}`: truth-testing a lazy mapping would read the secrets of every submit
+    secrets = {} if secrets is None else secrets
+    top_env = resolve_env(written_env, env_values, secrets, errors, ["env"])
     groups = [
-        _check_part(part, i, task, top_env, env_values or {}, secrets or {}, errors)
+        _check_part(part, i, task, top_env, env_values, secrets, errors)
         for i, part in enumerate(parts)
     ]
     total = sum(g.nodes for g in groups if g is not None)
@@ -303,8 +307,8 @@ def _check_part(
     index: int,
     task: _TaskInput,
     top_env: dict[str, str],
-    env_values: dict[str, str],
-    secrets: dict[str, str],
+    env_values: Mapping[str, str],
+    secrets: Mapping[str, str],
     errors: ErrorList,
 ) -> NodeGroup | None:
     """Defaults and rules of one group (or of a `nodes:` task); None when it has errors."""

@@ -7,7 +7,7 @@ import secrets as pysecrets
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from events.services import record
 from muster import crypto
@@ -63,7 +63,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
     if doc.get("type") != "task":
         raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
     conf = parse_run_configuration(
-        doc, env_values=env_values, secrets=project.secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
+        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
     )
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
@@ -94,13 +94,8 @@ def plan_run(project: Project, payload: Any) -> dict:
     }
 
 
-def _run_name(project: Project, requested: str | None) -> str:
-    if requested:
-        return requested
-    while True:
-        name = f"run-{pysecrets.token_hex(3)}"
-        if not Run.objects.filter(project=project, name=name).exists():
-            return name
+def _generated_name() -> str:
+    return f"run-{pysecrets.token_hex(3)}"
 
 
 def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
@@ -122,6 +117,7 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
 
 
 def submit_run(project: Project, user, payload: Any) -> Run:
+    """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput."""
     conf, jobs, hidden = parse_for_project(project, payload)
     specs = [j.as_dict() for j in jobs]
     hidden_values = {}
@@ -131,25 +127,39 @@ def submit_run(project: Project, user, payload: Any) -> Run:
             hidden_values[key] = spec["env"].pop(key)
         spec["hidden_env"] = popped  # filled from the encrypted store when the job starts
     configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
+    stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))}
+    # A generated name is not checked first (one statement less per submit): the unique
+    # (project, name) constraint catches the rare clash and the whole transaction is tried again.
+    for attempt in range(5):
+        try:
+            return _create_run(project, user, conf.name or _generated_name(), bool(conf.name), stored, specs)
+        except IntegrityError:
+            if conf.name or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _create_run(project: Project, user, name: str, named: bool, configuration: dict, specs: list[dict]) -> Run:
     with transaction.atomic():
-        existing = Run.objects.select_for_update().filter(project=project, name=conf.name).first() if conf.name else None
+        existing = Run.objects.select_for_update().filter(project=project, name=name).first() if named else None
         if existing is not None:
             if not existing.finished:
-                raise InvalidInput(["name"], f"run {conf.name} is still {existing.status}: stop it first or pick another name")
+                raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another name")
             existing.delete()
         run = Run.objects.create(
             project=project,
             user=user if user and user.is_authenticated else None,
-            name=_run_name(project, conf.name),
-            configuration={**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))},
+            name=name,
+            configuration=configuration,
             status=RunStatus.SUBMITTED,
         )
-        create_jobs(run, specs, submission_num=0)
+        jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
         from runs import scheduling
 
-        scheduling.on_run_submitted(run)
+        scheduling.on_run_submitted(run, next(j for j in jobs if j.job_num == 0))
+    run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run
 
 

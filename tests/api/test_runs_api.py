@@ -92,6 +92,29 @@ def test_a_name_in_use_by_an_active_run_is_refused(api):
     assert resp.json()["errors"][0]["loc"] == ["name"]
 
 
+def test_the_submit_answer_is_what_the_run_detail_shows(api):
+    created = api.post("/api/projects/main/runs/", {"configuration": "type: task\nnodes: 3\ncommands: [echo]\n"},
+                       format="json")
+    assert created.status_code == 201
+    body = created.json()
+    detail = api.get(f"/api/projects/main/runs/{body['name']}/").json()
+    assert body == detail
+    assert [j["job_num"] for j in body["jobs"]] == [0, 1, 2]
+
+
+def test_a_generated_run_name_that_clashes_is_drawn_again(api, monkeypatch):
+    from runs.services import submission
+
+    drawn = iter(["run-aaaaaa", "run-aaaaaa", "run-aaaaaa", "run-bbbbbb"])
+    monkeypatch.setattr(submission, "_generated_name", lambda: next(drawn))
+    body = {"configuration": "type: task\ncommands: [echo]\n"}
+    first = api.post("/api/projects/main/runs/", body, format="json")
+    second = api.post("/api/projects/main/runs/", body, format="json")
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert [first.json()["name"], second.json()["name"]] == ["run-aaaaaa", "run-bbbbbb"]
+    assert Run.objects.count() == 2 and Job.objects.count() == 2
+
+
 def test_runs_list_filters_by_status_and_detail_has_jobs(api):
     api.post("/api/projects/main/runs/", {"configuration": "type: task\nname: r1\nnodes: 2\ncommands: [echo ok]\n"},
              format="json")
