@@ -66,6 +66,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="workers: worker process counts to compare (1,2,4)")
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[4, 50],
                    help="submit: concurrent HTTP clients, one row each (4,50)")
+    p.add_argument("--placing", choices=["both", "yes", "no"], default="both",
+                   help="submit: rows with the workers placing the runs meanwhile (yes), with the web alone "
+                        "(no: workers and beat stopped), or both")
     p.add_argument("--load-generator", choices=["auto", "threads", "locust"], default="auto",
                    help="submit: the bench's own keep-alive threads, or Locust (bench/locustfile.py); "
                         "auto: threads up to 4 clients, Locust above")

@@ -57,7 +57,11 @@ def advance_job(job_id: int) -> bool:
         log.warning("job %s: backend error: %s", job, exc)
         terminate_job(job, exc.reason, str(exc), held=True)
     finally:
-        updates = {"next_check_at": timezone.now() + timedelta(seconds=poll_interval())}
+        now = timezone.now()
+        # A job that just started is due at the watcher's next tick: a short job (a router that
+        # exits after one request) then ends within a tick instead of after one more interval.
+        started = job.status == JobStatus.RUNNING and job.runner_submitted
+        updates = {"next_check_at": now if started else now + timedelta(seconds=poll_interval())}
         if job.agent_seen_at != seen_before:
             updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
         status = release_job(job, token, WATCHED, **updates)

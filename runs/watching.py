@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from backends.base import BackendError
@@ -82,17 +82,18 @@ def _look_at_all(jobs: list[Job]) -> dict[int, tuple]:
 
 
 def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
-    """Leases of jobs still running go back in one UPDATE per kind of look; the rest one by one."""
+    """Leases of jobs still running go back in one UPDATE; the rest one by one."""
     now = timezone.now()
     # Due again half an interval from now, so the next tick (one interval after this one began)
     # finds it due: a full interval would skip a tick and look at each job every other interval.
     next_at = now + timedelta(seconds=progress.poll_interval() / 2)
     running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
     released: set[int] = set()
-    for pks, updates in ((running & seen, {"agent_seen_at": now}), (running - seen, {})):
-        if pks and Job.objects.filter(pk__in=pks, lease_token=token, status=JobStatus.RUNNING).update(
-                lease_until=None, lease_token="", next_check_at=next_at, **updates) == len(pks):
-            released |= pks
+    # the jobs whose agent answered get agent_seen_at in the same statement as the others' release
+    seen_now = Case(When(pk__in=running & seen, then=Value(now)), default=F("agent_seen_at"))
+    if running and Job.objects.filter(pk__in=running, lease_token=token, status=JobStatus.RUNNING).update(
+            lease_until=None, lease_token="", next_check_at=next_at, agent_seen_at=seen_now) == len(running):
+        released = running
     claims.forget(Job, token, released)
     for job in jobs:
         if job.pk not in released:  # ended, or changed under us: the careful path, hand-over included

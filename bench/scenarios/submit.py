@@ -1,11 +1,19 @@
 """submit: runs submitted over HTTP by concurrent clients, plan then apply, as the CLI does.
 
-A real web process (gunicorn, 2 processes x 4 threads, bench.settings) with the workers and beat
-running behind it (the submitted runs are placed on a hollow fleet while the clients submit).
-Measures runs/s, p50/p99 of plan and of apply, and statements per request (counted in the web
-process by a bench-only middleware).
+A real web process (gunicorn, 2 processes x 4 threads, bench.settings). Measures runs/s, p50/p99
+of plan and of apply, and statements per request (counted in the web process by a bench-only
+middleware).
 
-One row per client count (`--clients 4,50`). The clients are the bench's own keep-alive threads or
+Two kinds of row (`--placing both|yes|no`):
+* placing: the workers and beat run behind the web on the same 2 CPUs, so the submitted runs are
+  placed on a hollow fleet (and started, watched and ended) while the clients submit;
+* web alone: the workers and beat are stopped first, as when they run on other machines; the runs
+  wait in `submitted`, and at the end they are deleted and the queue purged (bench cleanup).
+Placing costs the workers about 0.2 CPU-s per 4-node run (place scenario), so on 2 CPUs a submit
+rate of 50 runs/s and the placing of those runs cannot both fit: the web-alone rows are the API's
+own capacity, the placing rows what is left of it beside a busy engine.
+
+One row per client count (`--clients 4,50`) and kind. The clients are the bench's own keep-alive threads or
 Locust users (bench/locustfile.py, its own process); `--load-generator auto` takes the threads up to
 4 clients and Locust above, where a Python thread pool in the driver would measure itself as much as
 the web.
@@ -155,34 +163,60 @@ def one_row(session: harness.Session, args, port: int, count: int, clients: int,
     }, project
 
 
+def stop_engine(session: harness.Session) -> None:
+    for name in [n for n in session.procs if n.startswith("worker") or n == "beat"]:
+        session.stop(name)
+
+
+def forget_unplaced(projects: list) -> int:
+    """Bench cleanup after the web-alone rows: their runs were never meant to be placed."""
+    from muster.celery import app
+    from runs.models import Run
+
+    Run.objects.filter(project__in=projects).delete()
+    return app.control.purge()
+
+
 def run(session: harness.Session, args) -> dict:
     count = args.runs or 200
     clients_list = args.clients if isinstance(args.clients, list) else [args.clients]
     choice = getattr(args, "load_generator", "auto")
+    kinds = {"both": [True, False], "yes": [True], "no": [False]}[getattr(args, "placing", "both")]
     if any(generator_for(c, choice) == "locust" for c in clients_list) and not importlib.util.find_spec("locust"):
         raise RuntimeError("locust is not installed: `make bench`, or .venv/bin/pip install -e '.[dev,bench]'")
-    if not any(n.startswith("worker") for n in session.procs):
-        for i in range(args.workers):
-            session.start_worker(f"worker{i}", args.concurrency)
-    if "beat" not in session.procs:
-        session.start_beat()
     port = ensure_web(session)
     rows: list[dict] = []
+    unplaced: list = []
     project = None
-    for clients in clients_list:
-        settled = settle(project, args.timeout) if project is not None else 0.0
-        row, project = one_row(session, args, port, count, clients, generator_for(clients, choice))
-        row["settle_before_s"] = settled
-        rows.append(row)
-    result = {"runs": count, "rows": rows, "web_rss_after": harness.tree_rss(session.procs["web"].pid)}
+    for placing in kinds:
+        if placing:
+            if not any(n.startswith("worker") for n in session.procs):
+                for i in range(args.workers):
+                    session.start_worker(f"worker{i}", args.concurrency)
+            if "beat" not in session.procs:
+                session.start_beat()
+        for clients in clients_list:
+            settled = settle(project, args.timeout) if project is not None and project not in unplaced else 0.0
+            if not placing:
+                stop_engine(session)  # after the previous rows' runs ended, so none is left half-way
+            row, project = one_row(session, args, port, count, clients, generator_for(clients, choice))
+            row["settle_before_s"], row["placing"] = settled, placing
+            rows.append(row)
+            if not placing:
+                unplaced.append(project)
+    purged = forget_unplaced(unplaced) if unplaced else 0
+    result = {"runs": count, "rows": rows, "web_rss_after": harness.tree_rss(session.procs["web"].pid),
+              "purged_messages": purged}
     result["table"] = table(
-        f"submit: {count} runs (4 nodes) per row, plan then apply, gunicorn 2x4 (workers placing meanwhile)",
-        ["clients", "load generator", "runs", "runs/s", "plan p50 ms", "plan p99 ms", "apply p50 ms",
+        f"submit: {count} runs (4 nodes) per row, plan then apply, gunicorn 2x4; "
+        "placing = workers placing the runs on the same CPUs meanwhile",
+        ["clients", "load generator", "placing", "runs", "runs/s", "plan p50 ms", "plan p99 ms", "apply p50 ms",
          "apply p99 ms", "stmts/plan", "stmts/apply", "client CPU-s", "errors"],
-        [[r["clients"], r["load_generator"], r["runs"], r["runs_per_s"], r["plan_p50_ms"], r["plan_p99_ms"],
-          r["apply_p50_ms"], r["apply_p99_ms"], r["statements_per_plan"], r["statements_per_apply"],
-          r["client_cpu_s"], r["error_count"]] for r in rows])
+        [[r["clients"], r["load_generator"], "yes" if r["placing"] else "no (web alone)", r["runs"], r["runs_per_s"],
+          r["plan_p50_ms"], r["plan_p99_ms"], r["apply_p50_ms"], r["apply_p99_ms"], r["statements_per_plan"],
+          r["statements_per_apply"], r["client_cpu_s"], r["error_count"]] for r in rows])
     for r in rows[1:]:
-        print(f"  ({r['clients']} clients: started after {r['settle_before_s']:.0f} s waiting for the previous "
-              "row's runs to end)", flush=True)
+        if r["settle_before_s"]:
+            print(f"  ({r['clients']} clients: started after {r['settle_before_s']:.0f} s waiting for the previous "
+                  "row's runs to end)", flush=True)
     return result
