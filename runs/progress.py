@@ -61,14 +61,27 @@ def advance_job(job_id: int) -> bool:
         # A job that just started is due at the watcher's next tick: a short job (a router that
         # exits after one request) then ends within a tick instead of after one more interval.
         started = job.status == JobStatus.RUNNING and job.runner_submitted
-        updates = {"next_check_at": now if started else now + timedelta(seconds=poll_interval())}
+        again = next_look(job)
+        updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
         if job.agent_seen_at != seen_before:
             updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
         status = release_job(job, token, WATCHED, **updates)
     if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
-        nudge_job(job_id, countdown=poll_interval())  # outside a transaction: sent at once
+        nudge_job(job_id, countdown=again)  # outside a transaction: sent at once
     # a started job is looked at by the batch watcher from now on (runs/watching.py)
     return True
+
+
+# A runner that accepted a job starts it within one agent poll (0.2 s) plus a process start, so a
+# submitted job is looked at again this soon rather than a whole poll interval later.
+STARTING_RECHECK = 0.25
+
+
+def next_look(job: Job) -> float:
+    """Seconds until advance_job looks at this job again."""
+    if job.status == JobStatus.PULLING and job.runner_submitted:
+        return min(STARTING_RECHECK, poll_interval())
+    return poll_interval()
 
 
 def end_held(job: Job, reason: str, message: str = "", **fields) -> None:

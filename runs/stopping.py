@@ -17,6 +17,9 @@ from runs.models import Job, Run
 from runs.transitions import move_job, move_run, nudge_run, terminate_job
 
 log = logging.getLogger(__name__)
+# A runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most jobs
+# (servers, shells) exit on SIGTERM at once, so the stop is checked again after this.
+STOP_RECHECK = 0.25
 
 
 def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
@@ -50,7 +53,7 @@ def finish_job(job_id: int) -> bool:
                 claims.release(Job, job_id, token)
                 from runs import tasks
 
-                transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=0.5))
+                transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=STOP_RECHECK))
                 return False
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)

@@ -28,6 +28,26 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, max(0, -(-95 * len(ordered) // 100) - 1))]  # nearest rank
 
 
+STAGES = ["workers running", "master running", "master ended", "run done"]
+
+
+def stage_times(run) -> dict[str, float]:
+    """Seconds from submit to each stage, read from the run's events (where the time goes)."""
+    from events.models import Event
+
+    first: dict[tuple[int, str], float] = {}
+    for job_num, status, created in Event.objects.filter(run=run, job__isnull=False).values_list(
+            "job__job_num", "status", "created"):
+        first.setdefault((job_num, status), (created - run.submitted_at).total_seconds())
+    run_done = Event.objects.filter(run=run, job__isnull=True, status="done").values_list("created", flat=True).first()
+    workers = [t for (num, status), t in first.items() if num != 0 and status == "running"]
+    ended = [t for (num, status), t in first.items() if num == 0 and status in ("terminating", "done", "failed")]
+    out = {"workers running": max(workers) if workers else None, "master running": first.get((0, "running")),
+           "master ended": min(ended) if ended else None,
+           "run done": (run_done - run.submitted_at).total_seconds() if run_done else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def run(session: harness.Session, args) -> dict:
     from django.db.models import Count
 
@@ -66,7 +86,8 @@ def run(session: harness.Session, args) -> dict:
                 harness.wait_until(ended, 30, every=0.2)
             status = final.status if final else "timeout"
             reason = final.termination_reason if final else ""
-            per_run.append({"run": run.name, "status": status, "reason": reason, "seconds": elapsed})
+            per_run.append({"run": run.name, "status": status, "reason": reason, "seconds": elapsed,
+                            "stages": stage_times(run)})
             print(f"  run {i + 1}/{count} {run.name}: {status} in {elapsed:.2f}s", flush=True)
     finally:
         terminate_fleet_instances(fleet, actor="bench")
@@ -78,9 +99,15 @@ def run(session: harness.Session, args) -> dict:
         "median_s": statistics.median(done) if done else None, "p95_s": p95(done) if done else None,
         "max_s": max(done, default=None), "min_s": min(done, default=None),
     }
+    result["stage_medians_s"] = {
+        stage: statistics.median(ts) for stage in STAGES
+        if (ts := [r["stages"][stage] for r in per_run if stage in r["stages"]])}
     result["table"] = table(
         f"e2e: {count} runs of examples/pd-disagg-local.yml on a local fleet of {FLEET}, one after another",
         ["runs", "done", "not done", "submit->done median s", "p95 s", "min s", "max s"],
         [[count, len(done), result["not_done"], result["median_s"] or "-", result["p95_s"] or "-",
           result["min_s"] or "-", result["max_s"] or "-"]])
+    result["table"] += "\n" + table(
+        "e2e: where the time goes, median seconds from submit (from the runs' events)",
+        STAGES, [[result["stage_medians_s"].get(stage, "-") for stage in STAGES]])
     return result
