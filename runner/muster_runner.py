@@ -700,6 +700,12 @@ def job_status(job: JobPaths) -> dict[str, Any] | None:
 
 
 def cmd_status(paths: Paths) -> int:
+    emit(status_report(paths))
+    return 0
+
+
+def status_report(paths: Paths) -> dict[str, Any]:
+    """What ``status`` prints; reads files and /proc only (the local backend calls it in-process)."""
     now = time.time()
     agent = read_json(paths.agent_json)
     pid = _int(agent.get("pid")) if isinstance(agent, dict) else 0
@@ -713,10 +719,7 @@ def cmd_status(paths: Paths) -> int:
                 continue
             if status is not None:
                 jobs[job_id] = status
-    emit(
-        {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
-    )
-    return 0
+    return {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
 
 
 def cmd_stop(paths: Paths, job_id: str) -> int:

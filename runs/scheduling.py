@@ -33,7 +33,12 @@ def provision_job(job_id: int) -> bool:
     try:
         _attempt(job)
     finally:
-        release_job(job, token, AFTER_ATTEMPT)
+        status = release_job(job, token, AFTER_ATTEMPT)
+    if status == JobStatus.PROVISIONING:
+        # Sent only now that the lease is given back: sent from inside the attempt, the message
+        # could reach an idle worker while this task still held the job, bounce off the claim and
+        # leave the job to the sweep (three sweep intervals later).
+        nudge_job(job_id)
     return True
 
 
@@ -49,7 +54,6 @@ def _attempt(job: Job) -> None:
         with transaction.atomic():
             move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)")
             fanout.release_after_attempt(job)
-            nudge_job(job.pk)
         return
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
@@ -96,7 +100,6 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
         for instance in fanout.place_members(job, members, theirs):
             release_instance(instance.pk)
         fanout.release_after_attempt(job, siblings)
-        nudge_job(job.pk)
 
 
 def _provision_cloud_group(job: Job, fleet) -> None:
@@ -120,4 +123,3 @@ def _provision_cloud_group(job: Job, fleet) -> None:
         move_job(job, JobStatus.PROVISIONING, instance_id=assigned[job.pk],
                  message=f"provisioning {len(group_jobs)} hosts as one group")
         fanout.release_after_attempt(job)
-        nudge_job(job.pk)

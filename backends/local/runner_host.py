@@ -1,16 +1,32 @@
-"""The runner agent on a local instance: the same CLI as on a remote host, run as a subprocess."""
+"""The runner agent on a local instance: the same CLI as on a remote host, run as a subprocess.
+
+`status`, the call every look at a job makes, is the one exception: it only reads files and /proc,
+so it runs in this process (the runner file imported as a module) instead of starting a Python
+process of its own each time, about 70 ms of CPU saved per look.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from backends.base import BackendError, RunnerHost
 
 RUNNER = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+
+
+@functools.cache
+def runner_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("muster_runner", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class LocalRunnerHost(RunnerHost):
@@ -41,7 +57,11 @@ class LocalRunnerHost(RunnerHost):
         self._call("submit", "--job", job_id, stdin=json.dumps(spec).encode())
 
     def status(self) -> dict[str, Any]:
-        return json.loads(self._call("status"))
+        runner = runner_module()
+        try:
+            return runner.status_report(runner.Paths(self.home))
+        except OSError as exc:
+            raise BackendError(f"runner status failed: {exc}") from exc
 
     def stop(self, job_id: str) -> None:
         self._call("stop", "--job", job_id)

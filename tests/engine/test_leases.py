@@ -48,3 +48,17 @@ def test_a_batch_claimed_without_renewal_runs_out(settings):
     assert pks == [job.pk]
     time.sleep(1.6)
     assert claims.claim(Job, job.pk, status="submitted"), "a lease meant to run out is not renewed"
+
+
+def test_a_placed_job_is_handed_to_advance_job_only_after_its_lease_is_given_back(settings, monkeypatch):
+    # The advance message used to leave from inside the provisioning attempt, while the attempt still
+    # held the job: a free worker could take it at once, bounce off the claim, and leave the job to
+    # the sweep, seconds later. Whatever the timing, the message must find the job claimable.
+    from runs import scheduling, tasks
+
+    job = _job(settings, lease=15)
+    found = []
+    monkeypatch.setattr(tasks.advance_job, "delay", lambda job_id: found.append(
+        (job_id, Job.objects.filter(pk=job_id).values_list("status", "lease_token").get())))
+    assert scheduling.provision_job(job.pk)
+    assert found == [(job.pk, ("provisioning", ""))], "sent once, with the job placed and its lease free"
