@@ -1,12 +1,14 @@
 """One error shape for the whole API: {"errors": [{"loc": [...], "msg": "..."}]} for bad input.
 
-Authentication, permission and not-found errors keep DRF's {"detail": ...} with their own status.
+A body that cannot be read (malformed JSON: 400; a media type the API does not take: 415) is bad
+input too and gets the same shape, located at the body (`loc: []`). Authentication, permission,
+not-found and method errors keep DRF's {"detail": ...} with their own status.
 """
 
 from __future__ import annotations
 
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import ParseError, UnsupportedMediaType, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -37,8 +39,8 @@ def _flatten(detail, loc: list) -> list[dict]:
     return [{"loc": loc, "msg": str(detail)}]
 
 
-def errors_response(errors: list[dict]) -> Response:
-    return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+def errors_response(errors: list[dict], code: int = status.HTTP_400_BAD_REQUEST) -> Response:
+    return Response({"errors": errors}, status=code)
 
 
 def exception_handler(exc, context):
@@ -46,4 +48,7 @@ def exception_handler(exc, context):
         return errors_response(exc.errors)
     if isinstance(exc, ValidationError):
         return errors_response(_flatten(exc.detail, []))
+    if isinstance(exc, ParseError | UnsupportedMediaType):
+        hint = "send a JSON object (Content-Type: application/json)"
+        return errors_response([{"loc": [], "msg": f"{exc.detail}: {hint}"}], exc.status_code)
     return drf_exception_handler(exc, context)

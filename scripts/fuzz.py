@@ -41,12 +41,18 @@ def property_tests() -> int:
         with log.open("w") as out:
             running.append((path, log, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
                                                         stderr=subprocess.STDOUT)))
+    ended: dict[str, float] = {}
+    while len(ended) < len(running):
+        for path, _, proc in running:
+            if path not in ended and proc.poll() is not None:
+                ended[path] = time.monotonic() - started
+        time.sleep(0.5)
     worst = 0
     for path, log, proc in running:
-        code = proc.wait()
+        code = proc.returncode
         worst = max(worst, code)
-        print(f"fuzz: {path}: {'ok' if code == 0 else f'FAILED (exit {code})'} after "
-              f"{time.monotonic() - started:.0f} s; full output in {log}")
+        print(f"fuzz: {path}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {ended[path]:.0f} s; "
+              f"full output in {log}")
         for line in log.read_text().splitlines():
             # hypothesis' statistics name each test and how many examples passed, failed or were invalid
             if line.endswith(":") and "::" in line or " passing, " in line:

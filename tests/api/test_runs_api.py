@@ -141,3 +141,16 @@ def test_deleting_an_unfinished_run_is_refused(api):
     resp = api.delete("/api/projects/main/runs/r1/")
     assert resp.status_code == 400
     assert "stop it" in resp.json()["errors"][0]["msg"]
+
+
+@pytest.mark.parametrize("body, content_type", [
+    ('{"configuration": "type: task"', "application/json"),
+    ("not json at all", "application/json"),
+    ("<xml/>", "application/xml"),
+])
+def test_a_body_that_cannot_be_read_is_a_400_with_located_errors(api, body, content_type):
+    resp = api.generic("POST", "/api/projects/main/runs/plan", body, content_type=content_type)
+    assert resp.status_code in (400, 415), resp.content
+    errors = resp.json()["errors"]
+    assert errors and all(set(e) == {"loc", "msg"} and e["msg"] for e in errors)
+    assert errors[0]["loc"] == []
