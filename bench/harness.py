@@ -177,9 +177,10 @@ class Session:
                          "tup_fetched"], row, strict=True))
 
     # --- processes -------------------------------------------------------------------------------
-    def start(self, name: str, cmd: list[str], ready: str | None = None, timeout: float = 60) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], ready: str | None = None, timeout: float = 60,
+              env: dict | None = None) -> subprocess.Popen:
         logf = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **self.env}, stdout=logf,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **self.env, **(env or {})}, stdout=logf,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         proc._bench_log = logf  # type: ignore[attr-defined]
         self.procs[name] = proc
@@ -192,10 +193,12 @@ class Session:
                 time.sleep(0.1)
         return proc
 
-    def start_worker(self, name: str = "worker", concurrency: int = 4) -> subprocess.Popen:
+    def start_worker(self, name: str = "worker", concurrency: int = 4, nice: int | None = None) -> subprocess.Popen:
+        """`nice`: MUSTER_WORKER_NICE for this worker (None: whatever the environment says)."""
         return self.start(name, [sys.executable, "-m", "celery", "-A", "muster", "worker", "--loglevel=INFO",
                                  f"--concurrency={concurrency}", "--without-gossip", "--without-mingle",
-                                 "--without-heartbeat", "-n", f"{name}-{self.id}@%h"], ready=" ready.")
+                                 "--without-heartbeat", "-n", f"{name}-{self.id}@%h"], ready=" ready.",
+                          env=None if nice is None else {"MUSTER_WORKER_NICE": str(nice)})
 
     def start_beat(self) -> subprocess.Popen:
         return self.start("beat", [sys.executable, "-m", "celery", "-A", "muster", "beat", "--loglevel=INFO",

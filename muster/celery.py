@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
 
@@ -25,6 +25,19 @@ def _recycle_connections(**_) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_init.connect
+def _lower_priority(**_) -> None:
+    # On a machine shared with the web (`muster serve`, one host), placement and watching are
+    # throughput work and the API is what a user waits on: a niced worker (and its prefork
+    # children, which inherit it) gives way to the web when both want the CPU, and costs nothing
+    # when the machine is otherwise idle.
+    from django.conf import settings
+
+    nice = int(settings.MUSTER.get("WORKER_NICE", 0))
+    if nice > 0:
+        os.nice(nice)
 
 
 def _beat_schedule() -> dict:

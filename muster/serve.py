@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+WORKER_NICE = 10
+
 
 def _manage(*args: str) -> list[str]:
     return [sys.executable, "-m", "django", *args]
@@ -52,7 +54,10 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
     prepare(bootstrap)
     print(f"Muster: API http://{bind}/api/  docs http://{bind}/api/docs/  admin http://{bind}/admin/", flush=True)
-    children = {name: subprocess.Popen(cmd, start_new_session=True) for name, cmd in commands(bind, concurrency).items()}
+    # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)
+    worker_env = {**os.environ, "MUSTER_WORKER_NICE": os.environ.get("MUSTER_WORKER_NICE", str(WORKER_NICE))}
+    children = {name: subprocess.Popen(cmd, start_new_session=True, env=worker_env if name == "worker" else None)
+                for name, cmd in commands(bind, concurrency).items()}
     stopping = False
 
     def stop(*_):

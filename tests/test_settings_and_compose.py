@@ -200,3 +200,24 @@ def test_the_dockerfile_installs_muster_and_starts_gunicorn():
     assert text.startswith("FROM python:3.11")
     assert "pip install" in text
     assert "gunicorn" in text
+
+
+def test_a_worker_started_with_muster_worker_nice_runs_at_that_niceness(tmp_path):
+    data = tmp_path / "data"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "MUSTER_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "muster.settings", "MUSTER_WORKER_NICE": "7"}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "muster", "worker", "--pool=solo",
+                                   "--loglevel=INFO", "--without-gossip", "--without-mingle"],
+                                  cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        from tests.waiting import wait_until
+
+        wait_until(lambda: " ready." in log.read_text(errors="replace") or worker.poll() is not None, timeout=60)
+        assert worker.poll() is None, log.read_text()[-2000:]
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == min(19, base + 7)
+    finally:
+        worker.terminate()
+        worker.wait(20)

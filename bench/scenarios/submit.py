@@ -4,12 +4,14 @@ A real web process (gunicorn, 2 processes x 4 threads, bench.settings). Measures
 of plan and of apply, and statements per request (counted in the web process by a bench-only
 middleware).
 
-Two kinds of row (`--placing both|yes|no`):
+Three kinds of row (`--placing both|yes|no`):
 * placing: the workers and beat run behind the web on the same 2 CPUs, so the submitted runs are
   placed on a hollow fleet (and started, watched and ended) while the clients submit;
+* placing, worker niced: the same with the worker at MUSTER_WORKER_NICE=10, as `muster serve`
+  (web, worker and beat on one machine) runs it, so the web goes first when both want the CPU;
 * web alone: the workers and beat are stopped first, as when they run on other machines; the runs
   wait in `submitted`, and at the end they are deleted and the queue purged (bench cleanup).
-Placing costs the workers about 0.2 CPU-s per 4-node run (place scenario), so on 2 CPUs a submit
+Placing costs the workers about 0.15 CPU-s per 4-node run (place scenario), so on 2 CPUs a submit
 rate of 50 runs/s and the placing of those runs cannot both fit: the web-alone rows are the API's
 own capacity, the placing rows what is left of it beside a busy engine.
 
@@ -163,9 +165,17 @@ def one_row(session: harness.Session, args, port: int, count: int, clients: int,
     }, project
 
 
+SERVE_NICE = 10  # what `muster serve` runs its worker at (muster/serve.py)
+
+
+def session_nice(session: harness.Session) -> int | None:
+    return getattr(session, "worker_nice", None)
+
+
 def stop_engine(session: harness.Session) -> None:
     for name in [n for n in session.procs if n.startswith("worker") or n == "beat"]:
         session.stop(name)
+    session.worker_nice = None  # type: ignore[attr-defined]
 
 
 def forget_unplaced(projects: list) -> int:
@@ -177,30 +187,38 @@ def forget_unplaced(projects: list) -> int:
     return app.control.purge()
 
 
+def placing_label(row: dict) -> str:
+    if not row["placing"]:
+        return "no (web alone)"
+    return "yes" if row["worker_nice"] is None else f"yes, worker nice {row['worker_nice']}"
+
+
 def run(session: harness.Session, args) -> dict:
     count = args.runs or 200
     clients_list = args.clients if isinstance(args.clients, list) else [args.clients]
     choice = getattr(args, "load_generator", "auto")
-    kinds = {"both": [True, False], "yes": [True], "no": [False]}[getattr(args, "placing", "both")]
+    # (placing, worker niceness): a niceness of None leaves the worker as the environment says
+    kinds = {"both": [(True, None), (True, SERVE_NICE), (False, None)], "yes": [(True, None), (True, SERVE_NICE)],
+             "no": [(False, None)]}[getattr(args, "placing", "both")]
     if any(generator_for(c, choice) == "locust" for c in clients_list) and not importlib.util.find_spec("locust"):
         raise RuntimeError("locust is not installed: `make bench`, or .venv/bin/pip install -e '.[dev,bench]'")
     port = ensure_web(session)
     rows: list[dict] = []
     unplaced: list = []
     project = None
-    for placing in kinds:
-        if placing:
-            if not any(n.startswith("worker") for n in session.procs):
-                for i in range(args.workers):
-                    session.start_worker(f"worker{i}", args.concurrency)
-            if "beat" not in session.procs:
-                session.start_beat()
+    for placing, nice in kinds:
         for clients in clients_list:
             settled = settle(project, args.timeout) if project is not None and project not in unplaced else 0.0
-            if not placing:
+            if not placing or session_nice(session) != nice:
                 stop_engine(session)  # after the previous rows' runs ended, so none is left half-way
+            if placing and not any(n.startswith("worker") for n in session.procs):
+                for i in range(args.workers):
+                    session.start_worker(f"worker{i}", args.concurrency, nice=nice)
+                session.worker_nice = nice  # type: ignore[attr-defined]
+            if placing and "beat" not in session.procs:
+                session.start_beat()
             row, project = one_row(session, args, port, count, clients, generator_for(clients, choice))
-            row["settle_before_s"], row["placing"] = settled, placing
+            row["settle_before_s"], row["placing"], row["worker_nice"] = settled, placing, nice
             rows.append(row)
             if not placing:
                 unplaced.append(project)
@@ -212,7 +230,7 @@ def run(session: harness.Session, args) -> dict:
         "placing = workers placing the runs on the same CPUs meanwhile",
         ["clients", "load generator", "placing", "runs", "runs/s", "plan p50 ms", "plan p99 ms", "apply p50 ms",
          "apply p99 ms", "stmts/plan", "stmts/apply", "client CPU-s", "errors"],
-        [[r["clients"], r["load_generator"], "yes" if r["placing"] else "no (web alone)", r["runs"], r["runs_per_s"],
+        [[r["clients"], r["load_generator"], placing_label(r), r["runs"], r["runs_per_s"],
           r["plan_p50_ms"], r["plan_p99_ms"], r["apply_p50_ms"], r["apply_p99_ms"], r["statements_per_plan"],
           r["statements_per_apply"], r["client_cpu_s"], r["error_count"]] for r in rows])
     for r in rows[1:]:
