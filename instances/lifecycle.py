@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from django.db import transaction
 from django.db.models import Q
@@ -75,8 +76,7 @@ def terminate_group_now(group_id: int) -> bool:
             compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
             compute.terminate_group(group.name, group.backend_data)
         else:
-            for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
-                _stop_agent(inst)
+            stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
     except BackendError as exc:
         log.warning("deleting group %s failed, will retry: %s", group.name, exc)
         claims.release(InstanceGroup, group_id, token)
@@ -92,15 +92,37 @@ def terminate_group_now(group_id: int) -> bool:
     return True
 
 
-def _stop_agent(inst: Instance) -> None:
+STOP_THREADS = 16
+
+
+def stop_agents(instances: list[Instance]) -> None:
+    """Ask the runner agent on each host to exit, up to STOP_THREADS hosts at a time.
+
+    Best effort: a host that is gone cannot stop its agent and is removed anyway. The hosts are
+    made here, on this thread (they may read the database); the threads only talk to them, so a
+    Celery soft time limit, raised on this thread, ends the task instead of being swallowed.
+    """
+    hosts = []
+    for inst in instances:
+        try:
+            hosts.append((inst, compute_for_instance(inst).runner_host(inst)))
+        except BackendError as exc:
+            log.info("could not reach the runner agent on %s: %s", inst.name, exc)
+    if not hosts:
+        return
+    with ThreadPoolExecutor(max_workers=min(STOP_THREADS, len(hosts)), thread_name_prefix="stop-agent") as pool:
+        list(pool.map(lambda pair: _stop_agent(*pair), hosts))
+
+
+def _stop_agent(inst: Instance, host) -> None:
     try:
-        host = compute_for_instance(inst).runner_host(inst)
         stop = getattr(host, "stop_agent", None)
         if stop:
             stop()
-        host.close()
     except Exception as exc:  # a host that is gone cannot stop its agent; it is removed anyway
         log.info("could not stop the runner agent on %s: %s", inst.name, exc)
+    finally:
+        host.close()
 
 
 def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
@@ -109,8 +131,9 @@ def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
             delete_group(group, actor=actor, force=True)
     loose = fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
         status=InstanceStatus.TERMINATED)
+    loose = list(loose)
+    stop_agents(loose)
     for inst in loose:
-        _stop_agent(inst)
         Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, fleet=None)
         record(fleet.project_id, f"instance {inst.name}", "terminated with its fleet", status="terminated",
                actor=actor, instance_id=inst.id)

@@ -185,6 +185,7 @@ MUSTER = {
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     "LOG_DIR": DATA_DIR / "logs",
+    "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",
 }
 

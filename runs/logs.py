@@ -39,15 +39,26 @@ def read(job: Job, start: int = 0, limit: int = CHUNK) -> bytes:
         return b""
 
 
+def truncated_note(limit: int) -> bytes:
+    return f"\n[muster: the server kept the first {limit} bytes of this log (MUSTER_LOG_COPY_LIMIT)]\n".encode()
+
+
 def keep_copy(job: Job, host) -> None:
-    """Copy the whole log to the server before the runner's job directory is removed."""
+    """Copy the log to the server before the runner's job directory is removed.
+
+    At most LOG_COPY_LIMIT bytes, then a line that says so: a job that printed without end must
+    not hold its finish_job (and its host) for as long as the copy takes, nor fill the server's disk.
+    """
+    limit = int(settings.MUSTER["LOG_COPY_LIMIT"])
     path = stored_path(job)
     path.parent.mkdir(parents=True, exist_ok=True)
     offset = 0
     with path.open("wb") as out:
-        while True:
-            chunk = host.read_log(job.runner_job_id, offset, CHUNK)
+        while offset < limit:
+            chunk = host.read_log(job.runner_job_id, offset, min(CHUNK, limit - offset))
             if not chunk:
-                break
+                return
             out.write(chunk)
             offset += len(chunk)
+        if host.read_log(job.runner_job_id, offset, 1):
+            out.write(truncated_note(limit))

@@ -45,3 +45,14 @@ def test_the_logs_api_serves_a_jobs_output_from_an_offset(local_fleet, celery_wo
     rest = api.get(f"/api/projects/main/runs/chatty/logs?job=0&start={len('first line')+1}").json()
     assert rest["text"] == "second line\n" and rest["next"] == whole["next"]
     assert api.get("/api/projects/main/runs/chatty/logs?job=7").status_code == 400
+
+
+def test_a_log_longer_than_the_copy_limit_is_kept_up_to_it_and_says_so(local_fleet, celery_worker, api, settings):
+    settings.MUSTER = {**settings.MUSTER, "LOG_COPY_LIMIT": 3000}
+    conf = "type: task\nname: loud\ncommands:\n  - for i in $(seq 2000); do echo line $i; done\n"
+    assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    assert wait_for_run("loud", timeout=60).status == "done"
+    text = api.get("/api/projects/main/runs/loud/logs?job=0").json()["text"]
+    assert text.startswith("line 1\nline 2\n")
+    assert text.endswith(logs.truncated_note(3000).decode())
+    assert len(text) == 3000 + len(logs.truncated_note(3000))
