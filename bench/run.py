@@ -67,8 +67,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[4, 50],
                    help="submit: concurrent HTTP clients, one row each (4,50)")
     p.add_argument("--placing", choices=["both", "yes", "no"], default="both",
-                   help="submit: rows with the workers placing the runs meanwhile (yes), with the web alone "
-                        "(no: workers and beat stopped), or both")
+                   help="submit: rows with the workers placing the runs meanwhile, at normal priority and "
+                        "at MUSTER_WORKER_NICE=10 (yes), with the web alone (no: workers and beat stopped), "
+                        "or all of them (both)")
     p.add_argument("--load-generator", choices=["auto", "threads", "locust"], default="auto",
                    help="submit: the bench's own keep-alive threads, or Locust (bench/locustfile.py); "
                         "auto: threads up to 4 clients, Locust above")
