@@ -114,6 +114,7 @@ class Session:
         self.redis_base = redis_url or REDIS
         self.redis_db = redis_db
         self.procs: dict[str, subprocess.Popen] = {}
+        self.worker_nice: int | None = None  # MUSTER_WORKER_NICE the running workers got (None: unset)
         self.log = log
         self.env = {
             "DJANGO_SETTINGS_MODULE": "bench.settings",

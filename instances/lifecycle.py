@@ -106,7 +106,7 @@ def stop_agents(instances: list[Instance]) -> None:
     for inst in instances:
         try:
             hosts.append((inst, compute_for_instance(inst).runner_host(inst)))
-        except BackendError as exc:
+        except Exception as exc:  # as in _stop_agent: the instance is removed whatever happens here
             log.info("could not reach the runner agent on %s: %s", inst.name, exc)
     if not hosts:
         return
@@ -129,9 +129,8 @@ def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
     for group in fleet.groups.exclude(status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]):
         if group.kind == GroupKind.TPU_POD:
             delete_group(group, actor=actor, force=True)
-    loose = fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
-        status=InstanceStatus.TERMINATED)
-    loose = list(loose)
+    loose = list(fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
+        status=InstanceStatus.TERMINATED))
     stop_agents(loose)
     for inst in loose:
         Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, fleet=None)

@@ -174,7 +174,7 @@ MUSTER = {
     "MAX_NODES": env_int("MUSTER_MAX_NODES", 4096),
     "SWEEP_INTERVAL": env_float("MUSTER_SWEEP_INTERVAL", 2.0),
     "LEASE_SECONDS": env_float("MUSTER_LEASE_SECONDS", 15.0),  # renewed while held (muster/claims.py)
-    # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 5
+    # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 10
     "WORKER_NICE": env_int("MUSTER_WORKER_NICE", 0),
     "JOB_POLL_INTERVAL": env_float("MUSTER_JOB_POLL_INTERVAL", 1.0),
     "WAITING_INSTANCE_LIMIT": env_float("MUSTER_WAITING_INSTANCE_LIMIT", 600.0),

@@ -9,6 +9,7 @@ errors[{loc, msg}] (scripts/fuzz_checks.py, a schemathesis check of our own).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,8 +73,6 @@ def property_tests() -> int:
 
 def seed_objects(token: str) -> None:
     """A fleet and a run for the fuzzer's path parameters to find (scripts/fuzz_checks.py)."""
-    import json
-
     bodies = {"fleets/": "type: fleet\nname: fuzz-local\nbackends: [local]\nnodes: 2\n",
               "runs/": "type: task\nname: fuzz-run\ncommands: [echo fuzz]\n"}
     for path, configuration in bodies.items():

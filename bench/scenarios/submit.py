@@ -168,14 +168,10 @@ def one_row(session: harness.Session, args, port: int, count: int, clients: int,
 SERVE_NICE = 10  # what `muster serve` runs its worker at (muster/serve.py)
 
 
-def session_nice(session: harness.Session) -> int | None:
-    return getattr(session, "worker_nice", None)
-
-
 def stop_engine(session: harness.Session) -> None:
     for name in [n for n in session.procs if n.startswith("worker") or n == "beat"]:
         session.stop(name)
-    session.worker_nice = None  # type: ignore[attr-defined]
+    session.worker_nice = None
 
 
 def forget_unplaced(projects: list) -> int:
@@ -209,12 +205,12 @@ def run(session: harness.Session, args) -> dict:
     for placing, nice in kinds:
         for clients in clients_list:
             settled = settle(project, args.timeout) if project is not None and project not in unplaced else 0.0
-            if not placing or session_nice(session) != nice:
+            if not placing or session.worker_nice != nice:
                 stop_engine(session)  # after the previous rows' runs ended, so none is left half-way
             if placing and not any(n.startswith("worker") for n in session.procs):
                 for i in range(args.workers):
                     session.start_worker(f"worker{i}", args.concurrency, nice=nice)
-                session.worker_nice = nice  # type: ignore[attr-defined]
+                session.worker_nice = nice
             if placing and "beat" not in session.procs:
                 session.start_beat()
             row, project = one_row(session, args, port, count, clients, generator_for(clients, choice))

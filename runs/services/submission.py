@@ -130,18 +130,20 @@ def submit_run(project: Project, user, payload: Any) -> Run:
     stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))}
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
-    for attempt in range(5):
+    clashes = 0
+    while True:
         try:
-            return _create_run(project, user, conf.name or _generated_name(), bool(conf.name), stored, specs)
+            return _create_run(project, user, conf.name, stored, specs)
         except IntegrityError:
-            if conf.name or attempt == 4:
+            clashes += 1
+            if conf.name or clashes == 5:
                 raise
-    raise AssertionError("unreachable")
 
 
-def _create_run(project: Project, user, name: str, named: bool, configuration: dict, specs: list[dict]) -> Run:
+def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict]) -> Run:
+    name = requested or _generated_name()
     with transaction.atomic():
-        existing = Run.objects.select_for_update().filter(project=project, name=name).first() if named else None
+        existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
         if existing is not None:
             if not existing.finished:
                 raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another name")
