@@ -12,6 +12,7 @@ from backends.registry import get_compute
 from events.services import record
 from instances.models import Fleet, FleetBackend, Instance, InstanceStatus
 from muster.api_errors import InvalidInput
+from projects.access import check_local_fleet
 from projects.models import Project
 from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
 
@@ -29,7 +30,7 @@ def _configuration(payload: Any) -> dict:
     return conf
 
 
-def apply_fleet(project: Project, payload: Any, actor: str = "api") -> Fleet:
+def apply_fleet(project: Project, payload: Any, actor: str = "api", user=None) -> Fleet:
     conf = _configuration(payload)
     name = conf["name"]
     if Fleet.objects.filter(project=project, name=name).exists():
@@ -41,6 +42,7 @@ def apply_fleet(project: Project, payload: Any, actor: str = "api") -> Fleet:
     backends = conf.get("backends") or ["local"]
     if backends == ["local"]:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
+        check_local_fleet(user, count)
         return create_local_fleet(project, name, count, placement=conf.get("placement") or "any", actor=actor)
     if backends == ["gcp"]:
         return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)

@@ -18,9 +18,17 @@ from runs.configuration import ConfigurationError
 class InvalidInput(Exception):
     """Raised by services for input that is well-formed but not acceptable (name taken, fleet busy)."""
 
+    status_code = status.HTTP_400_BAD_REQUEST
+
     def __init__(self, loc: list, msg: str):
         super().__init__(msg)
         self.errors = [{"loc": loc, "msg": msg}]
+
+
+class NotAllowed(InvalidInput):
+    """Input the caller may not send (a local fleet from a non-superuser): 403, located like a 400."""
+
+    status_code = status.HTTP_403_FORBIDDEN
 
 
 def _flatten(detail, loc: list) -> list[dict]:
@@ -44,7 +52,9 @@ def errors_response(errors: list[dict], code: int = status.HTTP_400_BAD_REQUEST)
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, (ConfigurationError, InvalidInput)):
+    if isinstance(exc, InvalidInput):
+        return errors_response(exc.errors, exc.status_code)
+    if isinstance(exc, ConfigurationError):
         return errors_response(exc.errors)
     if isinstance(exc, ValidationError):
         return errors_response(_flatten(exc.detail, []))

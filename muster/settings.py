@@ -184,6 +184,9 @@ MUSTER = {
     "STOP_GRACE": env_float("MUSTER_STOP_GRACE", 5.0),
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
+    # local instances run jobs as the server's own user: off in production unless the operator opts in
+    "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
+    "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",

@@ -140,6 +140,17 @@ def api(make_user):
 
 
 @pytest.fixture
+def superuser_api(db, django_user_model):
+    """A superuser: the only caller that may create local fleets (projects.access.check_local_fleet)."""
+    from projects.models import Membership, Project
+
+    user = django_user_model.objects.create_superuser(username="root", password=None)
+    proj, _ = Project.objects.get_or_create(name="main")
+    Membership.objects.get_or_create(project=proj, user=user, defaults={"role": "admin"})
+    return client_for(user)
+
+
+@pytest.fixture
 def project(api):
     from projects.models import Project
 

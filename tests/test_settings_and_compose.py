@@ -221,3 +221,32 @@ def test_a_worker_started_with_muster_worker_nice_runs_at_that_niceness(tmp_path
     finally:
         worker.terminate()
         worker.wait(20)
+
+LOCAL_BACKEND = """
+import django
+django.setup()
+from django.conf import settings
+print(settings.MUSTER["LOCAL_BACKEND"])
+"""
+
+
+def test_production_turns_the_local_backend_off(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret",
+                  ALLOWED_HOSTS="muster.example.com")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "MUSTER_LOCAL_BACKEND" not in done.stderr
+
+
+def test_an_operator_can_turn_it_back_on_in_production_with_a_warning_at_start_up(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret",
+                  ALLOWED_HOSTS="muster.example.com", MUSTER_LOCAL_BACKEND="1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "MUSTER_LOCAL_BACKEND is on in production" in done.stderr
+
+
+def test_the_embedded_default_keeps_the_local_backend(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -31,7 +31,7 @@ class FleetListView(ProjectScopedMixin, APIView):
 
     @extend_schema(request=FleetRequestSerializer, responses={201: FleetSerializer})
     def post(self, request, project):
-        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username)
+        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user)
         return Response(FleetSerializer(fleet).data, status=status.HTTP_201_CREATED)
 
 

@@ -29,6 +29,8 @@ class Command(BaseCommand):
             password_path.write_text(password)
             password_path.chmod(0o600)
         Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
+        if not settings.MUSTER.get("LOCAL_BACKEND"):
+            no_fleet = True  # production without MUSTER_LOCAL_BACKEND: no shell on the control plane
         if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
             create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement="cluster")
         token, _ = Token.objects.get_or_create(user=user)
