@@ -90,3 +90,20 @@ class Secret(models.Model):
     @value.setter
     def value(self, plaintext: str) -> None:
         self.value_encrypted = crypto.encrypt(plaintext)
+
+
+class ApiToken(models.Model):
+    """An API token, kept as its SHA-256 only: a database dump gives nobody a way in.
+
+    The key is 256 random bits, so a plain hash is enough (no slow KDF: nothing to brute-force).
+    `prefix` is the key's first characters, kept to tell a user's tokens apart in the admin.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    prefix = models.CharField(max_length=12)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField(null=True, blank=True, help_text="empty: never")
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

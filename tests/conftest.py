@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 pytest_plugins = ("celery.contrib.pytest",)
@@ -125,11 +124,17 @@ def make_user(db, django_user_model):
     return make
 
 
+def token_for(user, lifetime_days: float | None = None) -> str:
+    """A new API token for `user` (the key, as a client sends it); the only way tests make tokens."""
+    from projects.tokens import issue
+
+    return issue(user, lifetime_days)[1]
+
+
 def client_for(user) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(user)}")
     return client
 
 

@@ -1,0 +1,26 @@
+"""Files only the server's user may read, private from the moment they exist.
+
+Writing first and chmod-ing after leaves a window in which the file has the umask's mode
+(often world-readable); os.open with a mode creates it private.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask, and an existing dir keeps its own
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create (or replace) `path` with mode 0600 and `text`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
