@@ -42,7 +42,9 @@ class Fleet(models.Model):
 
     @property
     def private_key(self) -> str:
-        return crypto.decrypt(self.private_key_encrypted)
+        return crypto.decrypt(self.private_key_encrypted, loc=["fleets", self.name, "private_key"],
+                              what=f"the SSH private key of fleet {self.name}",
+                              fix="delete the fleet and apply it again with its key")
 
     @private_key.setter
     def private_key(self, plaintext: str) -> None:
@@ -170,7 +172,9 @@ class Instance(Claimable):
     def ssh_target(self):
         from backends.ssh.connection import SSHTarget
 
-        own_key = crypto.decrypt(self.private_key_encrypted)
+        own_key = crypto.decrypt(self.private_key_encrypted, loc=["instances", self.name, "private_key"],
+                                 what=f"the SSH private key of instance {self.name}",
+                                 fix="delete its fleet and apply it again with its keys")
         fleet_key = self.fleet.private_key if self.fleet else ""
         return SSHTarget(
             hostname=self.hostname,

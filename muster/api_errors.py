@@ -12,6 +12,7 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType, Validati
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from muster.crypto import DecryptError
 from runs.configuration import ConfigurationError
 
 
@@ -52,7 +53,7 @@ def errors_response(errors: list[dict], code: int = status.HTTP_400_BAD_REQUEST)
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, InvalidInput):
+    if isinstance(exc, InvalidInput | DecryptError):
         return errors_response(exc.errors, exc.status_code)
     if isinstance(exc, ConfigurationError):
         return errors_response(exc.errors)

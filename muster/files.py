@@ -24,3 +24,22 @@ def write_private(path: Path, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def read_or_create_private(path: Path, make) -> str:
+    """The content of `path`, creating it (0600) with `make()` if it does not exist yet.
+
+    Web, worker and beat may start at once: the file appears whole or not at all (written aside,
+    then hard-linked into place, which fails if another process got there first), so no two
+    processes ever use two different generated keys.
+    """
+    if not path.exists():
+        aside = path.with_name(f".{path.name}.{os.getpid()}")
+        write_private(aside, make())
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(aside)
+    return path.read_text().strip()

@@ -15,10 +15,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from muster.env import env_bool, env_float, env_int, env_str
+from muster.files import private_dir, read_or_create_private
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MUSTER_DATA_DIR", str(BASE_DIR / ".muster-data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(DATA_DIR)  # 0700: the database, keys and logs in it are the server user's alone
 PRODUCTION = env_str("MUSTER_ENV") == "production"
 
 
@@ -28,14 +29,34 @@ def _secret_key() -> str:
         return key
     if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY must be set in the environment when MUSTER_ENV=production")
-    path = DATA_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return read_or_create_private(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
+
+
+def _encryption_keys() -> list[str]:
+    """Fernet keys for data at rest (muster/crypto.py), first one encrypting; not SECRET_KEY, so
+    rotating either never makes the other's data unreadable."""
+    from cryptography.fernet import Fernet
+
+    keys = [k.strip() for k in env_str("MUSTER_ENCRYPTION_KEYS").split(",") if k.strip()]
+    if not keys:
+        if PRODUCTION:
+            raise ImproperlyConfigured(
+                "MUSTER_ENCRYPTION_KEYS must be set when MUSTER_ENV=production (comma-separated Fernet keys; make "
+                "one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')")
+        keys = [read_or_create_private(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())]
+    for i, key in enumerate(keys):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ImproperlyConfigured(f"MUSTER_ENCRYPTION_KEYS: key {i + 1} is not a Fernet key (32 url-safe "
+                                       "base64-encoded bytes)") from None
+    return keys
+
+
+MUSTER_ENCRYPTION_KEYS = _encryption_keys()
 DEBUG = env_bool("DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "*").split(",") if h]
 
@@ -87,12 +108,16 @@ TEMPLATES = [
 if env_str("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL"), conn_max_age=60, conn_health_checks=True)}
 else:
+    SQLITE_PATH = DATA_DIR / "muster.sqlite3"
+    if not SQLITE_PATH.exists():
+        # created 0600 here, before SQLite would make it with the umask's mode; its -wal/-shm copy this mode
+        os.close(os.open(SQLITE_PATH, os.O_WRONLY | os.O_CREAT, 0o600))
     # IMMEDIATE transactions take the write lock up front, so a read-then-conditional-update claim
     # never fails with "database is locked" on the read->write upgrade (see docs/how-it-works.md).
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(DATA_DIR / "muster.sqlite3"),
+            "NAME": str(SQLITE_PATH),
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,

@@ -85,7 +85,8 @@ class Secret(models.Model):
 
     @property
     def value(self) -> str:
-        return crypto.decrypt(self.value_encrypted)
+        return crypto.decrypt(self.value_encrypted, loc=["secrets", self.name], what=f"secret {self.name}",
+                              fix=f"set it again (POST /api/projects/{self.project.name}/secrets/)")
 
     @value.setter
     def value(self, plaintext: str) -> None:

@@ -17,6 +17,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# what production needs set; each test leaves one out or adds to it
+PROD = {"MUSTER_ENV": "production", "SECRET_KEY": "s3cret", "ALLOWED_HOSTS": "muster.example.com",
+        "MUSTER_ENCRYPTION_KEYS": "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s="}
 
 SHOW_SETTINGS = """
 import json
@@ -27,6 +30,7 @@ print(json.dumps({
     "host": db.get("HOST"), "port": db.get("PORT"),
     "broker": s.CELERY_BROKER_URL, "transport": s.CELERY_BROKER_TRANSPORT_OPTIONS,
     "secret_key": s.SECRET_KEY, "debug": s.DEBUG, "data_dir": str(s.DATA_DIR),
+    "encryption_keys": s.MUSTER_ENCRYPTION_KEYS,
 }))
 """
 
@@ -91,6 +95,50 @@ def test_a_secret_key_from_the_environment_wins_and_writes_no_file(tmp_path):
     assert not (data / "secret_key").exists()
 
 
+def test_an_encryption_key_is_generated_once_in_the_data_dir_apart_from_the_secret_key(tmp_path):
+    data = tmp_path / "data"
+    first = settings_with(data)["encryption_keys"]
+    key_file = data / "encryption_key"
+    assert first == [key_file.read_text().strip()]
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    again = settings_with(data, SECRET_KEY="rotated")
+    assert again["encryption_keys"] == first, "rotating SECRET_KEY keeps the encryption key"
+
+
+def test_encryption_keys_from_the_environment_are_a_list_and_write_no_file(tmp_path):
+    from cryptography.fernet import Fernet
+
+    new, old = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    conf = settings_with(tmp_path / "data", MUSTER_ENCRYPTION_KEYS=f"{new}, {old}")
+    assert conf["encryption_keys"] == [new, old]
+    assert not (tmp_path / "data" / "encryption_key").exists()
+
+
+def test_a_malformed_encryption_key_stops_start_up_saying_which(tmp_path):
+    from cryptography.fernet import Fernet
+
+    done = python(SHOW_SETTINGS, tmp_path / "data", MUSTER_ENCRYPTION_KEYS=f"{Fernet.generate_key().decode()},oops")
+    assert done.returncode != 0
+    assert "MUSTER_ENCRYPTION_KEYS: key 2 is not a Fernet key" in done.stderr
+
+
+def test_production_without_encryption_keys_refuses_to_start(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **{**PROD, "MUSTER_ENCRYPTION_KEYS": ""})
+    assert done.returncode != 0
+    assert "MUSTER_ENCRYPTION_KEYS must be set" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "data" / "encryption_key").exists()
+
+
+def test_the_data_dir_and_every_file_in_it_are_private_from_creation(tmp_path):
+    data = tmp_path / "data"
+    # a permissive umask: the modes must come from how the files are created, not from the shell
+    done = python("import os; os.umask(0o022); from muster import settings", data)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for name in ("secret_key", "encryption_key", "muster.sqlite3"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+
+
 def test_database_url_and_broker_url_switch_to_postgres_and_redis(tmp_path):
     conf = settings_with(tmp_path / "data", DATABASE_URL="postgres://u@h:5432/db",
                          CELERY_BROKER_URL="redis://h:6379/0")
@@ -113,7 +161,7 @@ def test_production_without_a_secret_key_refuses_to_start(tmp_path):
 
 
 def test_production_with_a_secret_key_turns_debug_off(tmp_path):
-    conf = settings_with(tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret")
+    conf = settings_with(tmp_path / "data", **PROD)
     assert conf["secret_key"] == "s3cret"
     assert conf["debug"] is False
 
@@ -193,6 +241,7 @@ def test_compose_points_the_app_at_its_postgres_and_redis_in_production_mode(com
         assert env["CELERY_BROKER_URL"].startswith("redis://redis:"), name
         assert env["MUSTER_ENV"] == "production", name
         assert "SECRET_KEY" in env, name
+        assert "MUSTER_ENCRYPTION_KEYS" in env, name
 
 
 def test_the_dockerfile_installs_muster_and_starts_gunicorn():
@@ -231,16 +280,14 @@ print(settings.MUSTER["LOCAL_BACKEND"])
 
 
 def test_production_turns_the_local_backend_off(tmp_path):
-    done = python(LOCAL_BACKEND, tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret",
-                  ALLOWED_HOSTS="muster.example.com")
+    done = python(LOCAL_BACKEND, tmp_path / "data", **PROD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert "MUSTER_LOCAL_BACKEND" not in done.stderr
 
 
 def test_an_operator_can_turn_it_back_on_in_production_with_a_warning_at_start_up(tmp_path):
-    done = python(LOCAL_BACKEND, tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret",
-                  ALLOWED_HOSTS="muster.example.com", MUSTER_LOCAL_BACKEND="1")
+    done = python(LOCAL_BACKEND, tmp_path / "data", **PROD, MUSTER_LOCAL_BACKEND="1")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
     assert "MUSTER_LOCAL_BACKEND is on in production" in done.stderr

@@ -167,4 +167,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
 
 def secret_env(run: Run) -> dict[str, str]:
     token = run.configuration.get("secret_env", "")
-    return json.loads(crypto.decrypt(token)) if token else {}
+    if not token:
+        return {}
+    return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",
+                                     fix="submit the run again"))
