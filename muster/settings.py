@@ -58,7 +58,29 @@ def _encryption_keys() -> list[str]:
 
 MUSTER_ENCRYPTION_KEYS = _encryption_keys()
 DEBUG = env_bool("DEBUG", not PRODUCTION)
-ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "*").split(",") if h]
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "" if PRODUCTION else "*").split(",") if h.strip()]
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when MUSTER_ENV=production: the host names clients use "
+                               "to reach Muster, comma-separated (e.g. muster.example.com)")
+
+if PRODUCTION:
+    # HTTPS only (`manage.py check --deploy` is clean). Behind a proxy that terminates TLS, set
+    # MUSTER_PROXY_SSL_HEADER (e.g. HTTP_X_FORWARDED_PROTO=https) so Django knows the request was secure.
+    SECURE_SSL_REDIRECT = env_bool("MUSTER_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes from inside the deployment speak plain HTTP
+    SECURE_HSTS_SECONDS = env_int("MUSTER_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MUSTER_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("MUSTER_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    _proxy_header = env_str("MUSTER_PROXY_SSL_HEADER")
+    if _proxy_header:
+        name, _, value = _proxy_header.partition("=")
+        if not name or not value:
+            raise ImproperlyConfigured("MUSTER_PROXY_SSL_HEADER: write it as HEADER=value, e.g. "
+                                       "HTTP_X_FORWARDED_PROTO=https")
+        SECURE_PROXY_SSL_HEADER = (name.strip(), value.strip())
+    CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS").split(",") if o]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -130,7 +152,11 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in ("UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
+                 "NumericPasswordValidator")
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -164,6 +190,17 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # several tables have a `status`: each its own enum name (no W001 name collision in `check --deploy`)
+    "ENUM_NAME_OVERRIDES": {
+        "FleetStatusEnum": "instances.models.FleetStatus",
+        "InstanceGroupStatusEnum": "instances.models.GroupStatus",
+        "InstanceStatusEnum": "instances.models.InstanceStatus",
+        "RunStatusEnum": "runs.choices.RunStatus",
+        "JobStatusEnum": "runs.choices.JobStatus",
+    },
+    # the schema maps every endpoint: in production only signed-in callers (token or admin session) see it
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated" if PRODUCTION
+                          else "rest_framework.permissions.AllowAny"],
 }
 
 # --- Celery (the CELERY_ namespace is read by muster/celery.py) ---

@@ -297,3 +297,76 @@ def test_the_embedded_default_keeps_the_local_backend(tmp_path):
     done = python(LOCAL_BACKEND, tmp_path / "data")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+# ---- production hardening ---------------------------------------------------------------------------
+
+STRONG = "k7#Qp2!vX9$wLm4@Zr8^Tn6&Yb3*Hc5(Jd1)Fg0-Ks_Pe+Ua=Oi~Wq"
+
+
+def test_check_deploy_is_clean_in_production(tmp_path):
+    done = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+                               "LANG": "C.UTF-8", "MUSTER_DATA_DIR": str(tmp_path / "data"),
+                               **PROD, "SECRET_KEY": STRONG},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout, done.stdout + done.stderr
+
+
+def test_production_without_allowed_hosts_refuses_to_start_saying_so(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **{**PROD, "ALLOWED_HOSTS": ""})
+    assert done.returncode != 0
+    assert "ALLOWED_HOSTS must be set" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_malformed_proxy_ssl_header_is_a_clear_start_up_error(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **PROD, MUSTER_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO")
+    assert done.returncode != 0
+    assert "MUSTER_PROXY_SSL_HEADER" in done.stderr.strip().splitlines()[-1]
+
+
+SERVE_IN_PRODUCTION = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth import get_user_model
+from django.test import Client
+from projects.tokens import issue
+call_command("migrate", verbosity=0)
+key = issue(get_user_model().objects.create_user("ops"))[1]
+host = {"HTTP_HOST": "muster.example.com"}
+anon, proxied = Client(**host), Client(**host, HTTP_X_FORWARDED_PROTO="https")
+out = {
+    "schema_anon": anon.get("/api/schema/", secure=True).status_code,
+    "docs_anon": anon.get("/api/docs/", secure=True).status_code,
+    "schema_token": anon.get("/api/schema/", secure=True, HTTP_AUTHORIZATION="Token " + key).status_code,
+    "http": anon.get("/api/projects/").status_code,
+    "http_location": anon.get("/api/projects/").get("Location"),
+    "healthz_http": anon.get("/healthz").status_code,
+    "proxied": proxied.get("/api/projects/", HTTP_AUTHORIZATION="Token " + key).status_code,
+    "hsts": anon.get("/api/projects/", secure=True).get("Strict-Transport-Security"),
+}
+print(json.dumps(out))
+"""
+
+
+def test_in_production_the_schema_is_for_signed_in_callers_and_plain_http_is_redirected(tmp_path):
+    done = python(SERVE_IN_PRODUCTION, tmp_path / "data", **PROD, MUSTER_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO=https")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["schema_anon"] == 401 and out["docs_anon"] == 401, out
+    assert out["schema_token"] == 200, out
+    assert out["http"] == 301 and out["http_location"].startswith("https://muster.example.com/"), out
+    assert out["healthz_http"] == 200, "probes inside the deployment are not redirected"
+    assert out["proxied"] == 200, "a request the TLS proxy forwarded counts as secure"
+    assert "max-age=" in (out["hsts"] or ""), out
+
+
+def test_the_image_runs_as_a_user_that_is_not_root():
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines() if line.strip()]
+    users = [words[1] for words in lines if words[0] == "USER"]
+    assert users and users[-1] not in ("root", "0", "0:0"), users
+    last_user = max(i for i, words in enumerate(lines) if words[0] == "USER")
+    assert all(words[0] != "RUN" for words in lines[last_user:]), "nothing runs as root after USER"

@@ -127,6 +127,16 @@ def test_the_admin_stop_action_requests_a_stop(admin_client_logged_in, submitted
     assert submitted_run.stop_requested == "stop"
 
 
+def test_the_admin_refuses_a_weak_password(admin_client_logged_in, django_user_model):
+    bob = django_user_model.objects.create_user("bob", password="a-long-enough-Passphrase-7")
+    resp = admin_client_logged_in.post(f"/admin/auth/user/{bob.pk}/password/",
+                                       {"password1": "12345678", "password2": "12345678", "usable_password": "true"})
+    assert resp.status_code == 200, "the form comes back with errors instead of redirecting"
+    assert "too common" in resp.content.decode()
+    bob.refresh_from_db()
+    assert bob.check_password("a-long-enough-Passphrase-7")
+
+
 # ---- management commands ----------------------------------------------------------------------
 
 
