@@ -7,6 +7,8 @@ not-found and method errors keep DRF's {"detail": ...} with their own status.
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import status
 from rest_framework.exceptions import ParseError, UnsupportedMediaType, ValidationError
 from rest_framework.response import Response
@@ -53,6 +55,11 @@ def errors_response(errors: list[dict], code: int = status.HTTP_400_BAD_REQUEST)
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return errors_response([{"loc": [], "msg": f"the request body is over {limit} bytes, the most this server "
+                                                   "takes (DATA_UPLOAD_MAX_MEMORY_SIZE)"}],
+                               status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, InvalidInput | DecryptError):
         return errors_response(exc.errors, exc.status_code)
     if isinstance(exc, ConfigurationError):

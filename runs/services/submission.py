@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets as pysecrets
 from typing import Any
@@ -21,7 +23,7 @@ from runs.configuration import (
     load_document,
     parse_run_configuration,
 )
-from runs.models import Job, Run
+from runs.models import Job, Run, SubmissionKey
 
 MASK = "***"
 
@@ -116,8 +118,36 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
     return Job.objects.bulk_create(jobs)
 
 
-def submit_run(project: Project, user, payload: Any) -> Run:
-    """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput."""
+def _request_digest(payload: Any) -> str:
+    # keyed: the body may carry secret env values, and a plain hash of a short one can be guessed
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hmac.new(settings.SECRET_KEY.encode(), b"muster-idempotency:" + body, hashlib.sha256).hexdigest()
+
+
+def _replayed(project: Project, user, key: str, digest: str) -> Run | None:
+    """The run an earlier submission with this Idempotency-Key made, or None; a different body is an error."""
+    owner = user if user is not None and user.is_authenticated else None
+    found = SubmissionKey.objects.select_related("run").filter(project=project, user=owner, key=key).first()
+    if found is None:
+        return None
+    if not hmac.compare_digest(found.digest, digest):
+        raise InvalidInput(["headers", "Idempotency-Key"], f"this key was already used for another request (run "
+                                                          f"{found.run.name}): use a new key for a new submission")
+    found.run.replayed = True
+    return found.run
+
+
+def submit_run(project: Project, user, payload: Any, idempotency_key: str | None = None) -> Run:
+    """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput.
+
+    With an idempotency key already used by this caller in this project, the run that submission
+    made (`run.replayed` set) instead of a new one: a client that lost the first answer retries safely.
+    """
+    digest = _request_digest(payload) if idempotency_key else ""
+    if idempotency_key:
+        replay = _replayed(project, user, idempotency_key, digest)
+        if replay is not None:
+            return replay
     conf, jobs, hidden = parse_for_project(project, payload)
     specs = [j.as_dict() for j in jobs]
     hidden_values = {}
@@ -133,14 +163,22 @@ def submit_run(project: Project, user, payload: Any) -> Run:
     clashes = 0
     while True:
         try:
-            return _create_run(project, user, conf.name, stored, specs)
+            return _create_run(project, user, conf.name, stored, specs, (idempotency_key, digest))
         except IntegrityError:
+            # the same key sent twice at once: the other request made the run
+            replay = _replayed(project, user, idempotency_key, digest) if idempotency_key else None
+            if replay is not None:
+                return replay
+            if conf.name:
+                raise InvalidInput(["name"], f"run {conf.name} was just submitted by another request: "
+                                             "pick another name, or stop that run first") from None
             clashes += 1
-            if conf.name or clashes == 5:
+            if clashes == 5:
                 raise
 
 
-def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict]) -> Run:
+def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
+                idempotency: tuple[str | None, str] = (None, "")) -> Run:
     name = requested or _generated_name()
     with transaction.atomic():
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
@@ -155,6 +193,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
             configuration=configuration,
             status=RunStatus.SUBMITTED,
         )
+        if idempotency[0]:
+            SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
+                                         run=run)
         jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
