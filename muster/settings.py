@@ -179,6 +179,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "muster.api_errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["muster.throttling.UserThrottle", "muster.throttling.AnonThrottle"],
     "DEFAULT_PARSER_CLASSES": [
         "muster.parsers.JSONParser",  # DRF's, with bounded nesting
         "rest_framework.parsers.FormParser",
@@ -254,6 +255,10 @@ MUSTER = {
     "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
     "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),
     "MAX_JSON_DEPTH": env_int("MUSTER_MAX_JSON_DEPTH", 64),  # levels of nesting a request body may have
+    # requests per caller ("N/s", "N/min", "N/hour", "N/day"; empty: no limit). Generous: a CLI, the
+    # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.
+    "THROTTLE_USER": env_str("MUSTER_THROTTLE_USER", "10000/min"),
+    "THROTTLE_ANON": env_str("MUSTER_THROTTLE_ANON", "600/min"),
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
