@@ -25,7 +25,11 @@ class DecryptError(Exception):
         msg = (f"{what} cannot be decrypted with this server's keys (MUSTER_ENCRYPTION_KEYS): the key it was "
                f"stored with is no longer configured; {fix}")
         super().__init__(msg)
+        self.loc, self.what, self.fix = loc, what, fix
         self.errors = [{"loc": loc, "msg": msg}]
+
+    def __reduce__(self):  # Celery pickles a task's exception to report it
+        return (type(self), (self.loc, self.what, self.fix))
 
 
 def legacy_key(secret_key: str) -> bytes:

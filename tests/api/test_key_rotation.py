@@ -83,3 +83,26 @@ def test_values_encrypted_with_the_old_secret_key_derived_key_survive_the_upgrad
     keys(OLD, secret_key="rotated-after-the-upgrade")
     assert plan(api).status_code == 200
     assert Secret.objects.get(name="HF_TOKEN").value == "hf_from_before"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_secret_env_no_key_opens_fails_saying_so_instead_of_hanging(request, api, keys, superuser_api,
+                                                                                 fast_limits):
+    from instances.lifecycle import terminate_fleet_instances
+    from instances.models import Fleet
+    from tests.engine.helpers import wait_for_run
+
+    fleet_conf = "type: fleet\nname: here\nbackends: [local]\nnodes: 1\n"
+    assert superuser_api.post("/api/projects/main/fleets/", {"configuration": fleet_conf}, format="json").status_code == 201
+    try:
+        set_secret(api)
+        assert api.post("/api/projects/main/runs/", {"configuration": TASK}, format="json").status_code == 201
+        keys(NEW)  # the old key dropped without muster_reencrypt, before any worker read the run
+        request.getfixturevalue("celery_worker")
+        run = wait_for_run("uses-secret", timeout=60)
+        (job,) = run.current_jobs()
+        assert (run.status, job.termination_reason) == ("failed", "executor_error"), job.termination_message
+        assert "secret env of run uses-secret" in job.termination_message
+        assert "MUSTER_ENCRYPTION_KEYS" in job.termination_message
+    finally:
+        terminate_fleet_instances(Fleet.objects.get(name="here"))
