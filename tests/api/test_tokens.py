@@ -85,3 +85,33 @@ def test_a_deactivated_users_token_stops_working(make_user):
     user.is_active = False
     user.save()
     assert client.get(RUNS).status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_hashes_the_old_plaintext_tokens_and_they_keep_working(django_user_model):
+    from django.db.migrations.executor import MigrationExecutor
+
+    from projects.models import Membership, Project
+
+    old_key = "0123456789abcdef0123456789abcdef01234567"  # what rest_framework.authtoken handed out
+    user = django_user_model.objects.create_user("veteran")
+    MigrationExecutor(connection).migrate([("projects", "0001_initial")])  # the schema before hashed tokens
+    try:
+        with connection.cursor() as cursor:
+            # the table rest_framework.authtoken kept, as the previous release left it
+            cursor.execute('CREATE TABLE "authtoken_token" ("key" varchar(40) NOT NULL PRIMARY KEY, '
+                           '"created" timestamp NOT NULL, "user_id" integer NOT NULL UNIQUE)')
+            cursor.execute('INSERT INTO "authtoken_token" VALUES (%s, %s, %s)', [old_key, timezone.now(), user.pk])
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+        with connection.cursor() as cursor:
+            cursor.execute('SELECT COUNT(*) FROM "authtoken_token"')
+            assert cursor.fetchone()[0] == 0, "no plaintext token is left behind"
+        token = ApiToken.objects.get(user=user)
+        assert old_key not in (token.digest, token.prefix) and token.expires is None
+        Membership.objects.create(project=Project.objects.create(name="p1"), user=user, role="user")
+        assert client_with(old_key).get(RUNS).status_code == 200, "clients of the old release keep working"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute('DROP TABLE IF EXISTS "authtoken_token"')
