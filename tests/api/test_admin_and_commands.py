@@ -178,6 +178,7 @@ def test_muster_bootstrap_creates_project_admin_fleet_and_a_working_token(db, se
     assert ApiToken.objects.filter(user=admin).count() == 1
     password = (tmp_path / "admin_password").read_text().strip()
     assert password in out
+    assert (tmp_path / "admin_password").stat().st_mode & 0o777 == 0o600
     assert admin.check_password(password)
     assert Membership.objects.get(user=admin, project__name="main").role == "admin"
     fleet = Fleet.objects.get(project__name="main", name="local")
@@ -234,3 +235,11 @@ def test_the_api_docs_page_loads_everything_from_this_server(client):
         assert not re.match(r"^(https?:)?//", src), f"external asset {src}"
         asset = client.get(src)
         assert asset.status_code == 200, f"{src} is not served"
+
+
+def test_muster_bootstrap_makes_no_local_fleet_where_the_local_backend_is_off(db, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    settings.MUSTER = {**settings.MUSTER, "LOCAL_BACKEND": False}
+    out = _call("muster_bootstrap")
+    assert not Fleet.objects.exists() and not Instance.objects.exists()
+    assert re.search(r"^token: mst_\S+$", out, re.M), out
