@@ -85,8 +85,12 @@ class Secret(models.Model):
 
     @property
     def value(self) -> str:
-        return crypto.decrypt(self.value_encrypted, loc=["secrets", self.name], what=f"secret {self.name}",
-                              fix=f"set it again (POST /api/projects/{self.project.name}/secrets/)")
+        try:
+            return crypto.decrypt(self.value_encrypted)
+        except crypto.DecryptError:
+            # named here, not before: self.project costs a query that only a failure needs
+            raise crypto.DecryptError(["secrets", self.name], f"secret {self.name}",
+                                      f"set it again (POST /api/projects/{self.project.name}/secrets/)") from None
 
     @value.setter
     def value(self, plaintext: str) -> None:
