@@ -12,7 +12,13 @@ from pathlib import Path
 
 def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask, and an existing dir keeps its own
+    try:
+        os.chmod(path, 0o700)  # mkdir's mode is masked by the umask, and an existing dir keeps its own
+    except PermissionError:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{path} must belong to the user Muster runs as (uid {os.getuid()}): "
+                                   "it holds the database, keys and logs") from None
     return path
 
 
