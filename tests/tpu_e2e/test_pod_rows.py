@@ -222,3 +222,16 @@ def test_a_pod_whose_create_outcome_was_never_recorded_is_found_or_made_by_its_n
     assert pod.status == "active" and pod.backend_data["node_name"] == name
     assert list(gcp_settings.nodes) == [name]
     assert gcp_settings.create_calls == [name] * (1 if reached_the_api else 2)
+
+
+def test_reserving_again_for_the_same_attempt_takes_the_planned_pod_and_creates_no_second_slice(
+        fleet, gcp_settings):
+    jobs, first = reserve(fleet, name="twice")
+    compute = get_compute("gcp", fleet_backend_config(fleet))
+
+    again = pods.reserve_pod(fleet, compute, [Job.objects.get(pk=j.pk) for j in jobs])
+
+    assert again == first
+    assert InstanceGroup.objects.filter(kind="tpu_pod").count() == 1
+    assert len(gcp_settings.create_calls) == 1, "the node the first try made was found by its id"
+    assert len(gcp_settings.nodes) == 1
