@@ -23,7 +23,8 @@ Behaviour worth knowing when writing tests:
   "operation"): `slow_answers[kind] = seconds` does the work, then waits that long before
   answering (past the client's timeout, the client gives up on a call that took effect);
   `lost_answers[kind] = n` does the work and then drops the connection without an answer, for the
-  next n calls of that kind;
+  next n calls of that kind; `dropped_requests[kind] = n` drops the connection without doing the
+  work (the call is still listed in `calls` and `create_calls`);
 - delete removes the node at once and answers with a finished Operation.
 """
 
@@ -84,6 +85,7 @@ class FakeTpuServer:
         self.failed_operations: dict[str, tuple[int, str]] = {}
         self.slow_answers: dict[str, float] = {}
         self.lost_answers: dict[str, int] = {}
+        self.dropped_requests: dict[str, int] = {}
         self.host_addresses: HostAddresses = _default_addresses
         # None: endpoints carry no external address, so the backend falls back to the internal one.
         self.external_addresses: HostAddresses | None = None
@@ -159,6 +161,19 @@ class FakeTpuServer:
             if lost:
                 self.lost_answers[kind] -= 1
             return self.slow_answers.get(kind, 0.0), lost
+
+    def drop_request(self, method: str, raw_path: str) -> bool:
+        """True when this request is to be dropped unheard (recorded as a call, nothing done)."""
+        kind = self.kind_of(method, raw_path)
+        with self.lock:
+            if self.dropped_requests.get(kind, 0) <= 0:
+                return False
+            self.dropped_requests[kind] -= 1
+            url = urlsplit(raw_path)
+            self.calls.append((method, url.path))
+            if kind == "create":
+                self._create_names.append(f"{url.path[4:]}/{parse_qs(url.query).get('nodeId', [''])[0]}")
+            return True
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[HTTPStatus, str]:
         url = urlsplit(raw_path)
@@ -311,6 +326,10 @@ def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if server.drop_request(self.command, self.path):
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
             delay, lost = server.answer_fate(server.kind_of(self.command, self.path))
             try:
                 status, text = server.handle(self.command, self.path, body)

@@ -366,6 +366,19 @@ def test_a_create_whose_answer_never_arrives_is_adopted_by_its_id_not_made_twice
     assert [r.backend_data["node_name"] for r in records] == [name] * 4
 
 
+def test_a_lost_create_the_api_never_took_is_sent_again_with_the_same_id_in_the_same_zone(fake_tpu):
+    fake_tpu.dropped_requests["create"] = 1  # the connection drops before the API hears it
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"], timeout=0.5)
+
+    progress = compute.create_group(tpu_offer(compute, "v2-8"), 1, "pod-x")
+    assert progress.records is None and fake_tpu.nodes == {}
+    records = poll_until_ready(compute, "pod-x", "v2-8", progress)
+
+    name = NODE.format(zone="zone-a", node="pod-x")
+    assert fake_tpu.create_calls == [name, name]
+    assert list(fake_tpu.nodes) == [name] and records[0].region == "zone-a"
+
+
 @pytest.mark.parametrize("kind", ["create", "get", "list", "delete", "operation"])
 def test_every_tpu_api_call_gives_up_at_the_timeout(fake_tpu, kind):
     fake_tpu.slow_answers[kind] = 3.0
