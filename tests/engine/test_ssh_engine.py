@@ -1,0 +1,121 @@
+"""The engine on real sshd hosts (network namespaces, fake nvidia-smi): what a job gets told about
+its host, and hosts that come back after being unreachable."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from instances.fleets import apply_fleet
+from instances.models import Instance
+from runs import logs
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import wait_for_run
+from tests.ssh_e2e.helpers import L40S, Beat, fleet_configuration, host_commands, needs_netns
+from tests.waiting import job_states, wait_until
+
+pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def project(fast_limits, settings):
+    from projects.models import Project
+
+    # hosts are looked at every second, so one that answers again is noticed within the test
+    settings.MUSTER = {**settings.MUSTER, "SSH_HEALTH_INTERVAL": 1, "SSH_HEALTH_TIMEOUT": 3}
+    project, _ = Project.objects.get_or_create(name="main")
+    return project
+
+
+@pytest.fixture
+def beat(celery_worker):
+    with Beat() as beat:
+        yield beat
+
+
+def submit(project, text: str):
+    return submit_run(project, None, {"configuration": text})
+
+
+def env_of(log: str) -> dict[str, str]:
+    return dict(line[4:].split("=", 1) for line in log.splitlines() if line.startswith("ENV ") and "=" in line)
+
+
+TWO_L40S_NODES = """
+type: task
+name: gpus
+fleets: [gpu]
+nodes: 2
+resources: {gpu: L40S}
+commands:
+  - env | grep -E '^DSTACK_GPUS' | sed 's/^/ENV /'
+  - sed 's/^/HOSTFILE /' "$DSTACK_MPI_HOSTFILE"
+"""
+
+
+def test_a_multi_node_job_counts_every_gpu_of_the_host_it_got(ssh_hosts, project, beat):
+    pool = ssh_hosts(2, gpus=[L40S, L40S], mode="netns")
+    apply_fleet(project, {"configuration": fleet_configuration(pool, name="gpu")}, actor="test")
+    run = wait_for_run(submit(project, TWO_L40S_NODES).name, timeout=60)
+    assert run.status == "done", job_states(run)
+    jobs = list(run.current_jobs().select_related("instance"))
+    for job in jobs:
+        log = logs.read(job).decode()
+        env = env_of(log)
+        # `gpu: L40S` asks for at least one; the node has the host's two, as dstack tells it
+        assert (env["DSTACK_GPUS_PER_NODE"], env["DSTACK_GPUS_NUM"]) == ("2", "4"), log
+        hostfile = [line[9:] for line in log.splitlines() if line.startswith("HOSTFILE ")]
+        assert hostfile == [f"{j.instance.internal_ip} slots=2" for j in jobs], log
+
+
+SLEEPER = """
+type: task
+name: lonely
+fleets: [solo]
+commands:
+  - echo "first run up"
+  - sleep 307
+"""
+
+QUICK = """
+type: task
+name: lonely
+fleets: [solo]
+commands:
+  - echo "second run ran"
+"""
+
+
+def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it_are_gone(
+        ssh_hosts, project, beat):
+    pool = ssh_hosts(1, mode="netns")
+    host = pool[0]
+    apply_fleet(project, {"configuration": fleet_configuration(pool, name="solo")}, actor="test")
+    run = submit(project, SLEEPER)
+    wait_until(lambda: run.current_jobs().filter(status="running").exists(), 60, "the sleeper running")
+    wait_until(lambda: any("sleep 307" in c for c in host_commands(host)), 20, "the sleep on the host")
+
+    host.stop_sshd()  # the job's processes go on; the server can no longer reach them
+    run = wait_for_run(run.name, timeout=60)
+    lost = Job.objects.get(run=run)
+    assert (run.status, lost.termination_reason) == ("failed", "instance_unreachable"), job_states(run)
+    instance = Instance.objects.get(pk=lost.instance_id)
+    assert (instance.status, instance.unreachable) == ("idle", True)
+    assert any("sleep 307" in c for c in host_commands(host)), "the orphan still runs while the host is away"
+
+    host.start_sshd()
+    deadline = time.monotonic() + 60
+    while Instance.objects.get(pk=instance.pk).unreachable:
+        assert time.monotonic() < deadline, "the host never became reachable again"
+        time.sleep(0.1)
+    # offered again from this moment on: nothing of the ended job may be left on the host
+    assert not any("sleep 307" in c for c in host_commands(host)), host_commands(host)
+    assert Instance.objects.get(pk=instance.pk).status == "idle"
+
+    again = wait_for_run(submit(project, QUICK).name, timeout=60)
+    assert again.status == "done", job_states(again)
+    job = again.current_jobs().get()
+    assert job.instance_id == instance.pk
+    assert "second run ran" in logs.read(job).decode()
