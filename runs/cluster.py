@@ -17,7 +17,12 @@ def all_ips_known(jobs: list[Job]) -> bool:
                for j in jobs)
 
 
-def gpus_on_host(job: Job) -> int:
+def gpus_on_host(job: Job, multi_node: bool = False) -> int:
+    """GPUs the job counts as its own. A node of a multi-node run has its whole host to itself, so
+    it counts every GPU of the host it got, as dstack does (DSTACK_GPUS_PER_NODE, hostfile slots);
+    a single node counts what it asked for, up to its count's upper bound."""
+    if multi_node:
+        return gpu_count_for({}, job.instance.resources)
     return gpu_count_for(job.spec["resources"], job.instance.resources)
 
 
@@ -41,11 +46,11 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "env": env,
         "max_duration": run.configuration.get("max_duration"),
         "node_ip": instance.internal_ip,
-        "gpus": gpus_on_host(job),
+        "gpus": gpus_on_host(job, len(jobs) > 1),
         "cluster_info": {
             "job_ips": [j.instance.internal_ip for j in jobs],
             "master_job_ip": jobs[0].instance.internal_ip,
-            "gpus_per_node": [gpus_on_host(j) for j in jobs],
+            "gpus_per_node": [gpus_on_host(j, len(jobs) > 1) for j in jobs],
         },
         "tpu": None,
     }
