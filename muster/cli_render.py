@@ -188,12 +188,19 @@ def fleet_summary(fleet: dict[str, Any]) -> str:
     return head + "\n" + table(["name", "status", "ip"], rows, indent="  ")
 
 
-_HOST_HEADERS = ["index", "name", "status", "backend", "ip", "resources", "job"]
+_HOST_HEADERS = ["index", "name", "status", "health", "backend", "ip", "resources", "job"]
+
+
+def health(inst: dict[str, Any]) -> str | None:
+    # An idle host the server cannot reach gets no job: `idle` alone would say it is ready.
+    if "unreachable" not in inst:
+        return None
+    return "unreachable" if inst["unreachable"] else "ok"
 
 
 def _host_row(inst: dict[str, Any]) -> tuple:
-    return (inst.get("index"), inst.get("name"), inst.get("status"), inst.get("backend"), inst.get("internal_ip"),
-            instance_resources(inst.get("resources")), inst.get("job"))
+    return (inst.get("index"), inst.get("name"), inst.get("status"), health(inst), inst.get("backend"),
+            inst.get("internal_ip"), instance_resources(inst.get("resources")), inst.get("job"))
 
 
 def _by_index(inst: dict[str, Any]) -> tuple:

@@ -119,3 +119,28 @@ def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it
     job = again.current_jobs().get()
     assert job.instance_id == instance.pk
     assert "second run ran" in logs.read(job).decode()
+
+
+def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, project, beat, live_server, tmp_path,
+                                                               monkeypatch, capsys, make_user):
+    from rest_framework.authtoken.models import Token
+
+    from muster import cli
+
+    pool = ssh_hosts(2, mode="netns")
+    apply_fleet(project, {"configuration": fleet_configuration(pool, name="edge")}, actor="test")
+    pool[1].stop_sshd()
+    wait_until(lambda: Instance.objects.filter(name="edge-1", unreachable=True).exists(), 30,
+               "the server to find edge-1 unreachable")
+
+    token, _ = Token.objects.get_or_create(user=make_user("viewer"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MUSTER_URL", live_server.url)
+    monkeypatch.setenv("MUSTER_TOKEN", token.key)
+    monkeypatch.setenv("MUSTER_PROJECT", "main")
+    assert cli.main(["instances"]) == 0
+    out = capsys.readouterr().out
+    rows = {cells[1]: cells for cells in (line.split() for line in out.splitlines()) if cells[1:2] in (["edge-0"], ["edge-1"])}
+    assert out.splitlines()[1].split()[1:4] == ["NAME", "STATUS", "HEALTH"], out
+    assert rows["edge-1"][2:4] == ["idle", "unreachable"], out
+    assert rows["edge-0"][2:4] == ["idle", "ok"], out
