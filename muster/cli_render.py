@@ -154,6 +154,10 @@ def plan_table(jobs: Sequence[dict[str, Any]]) -> str:
     return table(["job", "group", "rank", "resources", "command"], rows)
 
 
+def no_capacity(reasons: Sequence[str]) -> str:
+    return "No fleet can hold this run now:\n" + "\n".join(f"  {line}" for line in reasons)
+
+
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
     rows = [
         (r.get("name"), r.get("status"), r.get("termination_reason"), r.get("fleet"),

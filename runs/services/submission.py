@@ -87,11 +87,26 @@ def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
 
 def plan_run(project: Project, payload: Any) -> dict:
     conf, jobs, hidden = parse_for_project(project, payload)
+    specs = [_masked(j.as_dict(), hidden) for j in jobs]
     return {
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
-        "jobs": [_masked(j.as_dict(), hidden) for j in jobs],
+        "jobs": specs,
+        "capacity": plan_capacity(project, conf.fleets or [], specs),
     }
+
+
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
+    """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
+    from runs import capacity, placement
+
+    groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
+                                lambda s: s["resources"])
+    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
+                                          [(req, n) for _, req, n in groups])
+    if fleet is not None:
+        return {"fits": True, "fleet": fleet.name, "reasons": []}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
 
 
 def _generated_name() -> str:

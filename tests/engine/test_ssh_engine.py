@@ -144,3 +144,82 @@ def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, projec
     assert out.splitlines()[1].split()[1:4] == ["NAME", "STATUS", "HEALTH"], out
     assert rows["edge-1"][2:4] == ["idle", "unreachable"], out
     assert rows["edge-0"][2:4] == ["idle", "ok"], out
+
+
+# The hosts have 2 CPUs each: decode's `cpu: 4` is what no L40S host has.
+PD_TOO_BIG = """
+type: task
+name: pd-big
+fleets: [pd]
+groups:
+  - name: router
+    nodes: 1
+    commands: [echo router]
+  - name: decode
+    nodes: 1
+    resources: {gpu: L40S, cpu: 4}
+    commands: [echo decode]
+"""
+DECODE_REASON = "decode: needs 1 host with gpu L40S and cpu >= 4: fleet pd has 3 hosts, 2 with gpu L40S, " \
+                "none of those with cpu >= 4"
+
+
+@pytest.fixture
+def pd_fleet(ssh_hosts, project):
+    pool = ssh_hosts(3, gpus=[[], [L40S, L40S], [L40S, L40S]], mode="netns")
+    return apply_fleet(project, {"configuration": fleet_configuration(pool, name="pd")}, actor="test")
+
+
+def test_the_plan_says_which_requirement_of_which_group_no_host_meets(pd_fleet, make_user):
+    from tests.conftest import client_for
+
+    api = client_for(make_user("alice"))
+    plan = api.post("/api/projects/main/runs/plan", {"configuration": PD_TOO_BIG}, format="json")
+    assert plan.status_code == 200, plan.content
+    assert plan.json()["capacity"] == {"fits": False, "fleet": None, "reasons": [DECODE_REASON]}
+
+    fitting = PD_TOO_BIG.replace("cpu: 4", "cpu: 2")
+    plan = api.post("/api/projects/main/runs/plan", {"configuration": fitting}, format="json")
+    assert plan.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": []}
+
+    two_decoders = fitting.replace("nodes: 1\n    resources", "nodes: 3\n    resources")
+    plan = api.post("/api/projects/main/runs/plan", {"configuration": two_decoders}, format="json")
+    assert plan.json()["capacity"]["reasons"] == [
+        "decode: needs 3 hosts with gpu L40S: fleet pd has 3 hosts, 2 with gpu L40S; the group needs 3"]
+
+
+def test_a_run_that_fits_nowhere_fails_saying_why(pd_fleet, make_user, beat):
+    from tests.conftest import client_for
+
+    api = client_for(make_user("alice"))
+    assert api.post("/api/projects/main/runs/", {"configuration": PD_TOO_BIG}, format="json").status_code == 201
+    wait_for_run("pd-big", timeout=30)
+    run = api.get("/api/projects/main/runs/pd-big/").json()
+    assert (run["status"], run["jobs"][0]["termination_reason"]) == ("failed", "failed_to_start_due_to_no_capacity")
+    assert run["termination_message"] == f"no fleet can hold every group of this run: {DECODE_REASON}"
+
+
+def test_muster_apply_shows_why_a_run_fits_nowhere_before_asking(pd_fleet, make_user, live_server, tmp_path,
+                                                                 monkeypatch, capsys):
+    import io
+
+    from rest_framework.authtoken.models import Token
+
+    from muster import cli
+    from runs.models import Run
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    token, _ = Token.objects.get_or_create(user=make_user("alice"))
+    for name, value in (("HOME", str(tmp_path)), ("MUSTER_URL", live_server.url), ("MUSTER_TOKEN", token.key),
+                        ("MUSTER_PROJECT", "main")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    (tmp_path / "pd.yml").write_text(PD_TOO_BIG)
+    assert cli.main(["apply", "-f", str(tmp_path / "pd.yml")]) == 0
+    out = capsys.readouterr().out
+    assert f"No fleet can hold this run now:\n  {DECODE_REASON}\n" in out, out
+    assert out.index(DECODE_REASON) < out.index("Submit the run?") < out.index("Not submitted.")
+    assert not Run.objects.exists()
