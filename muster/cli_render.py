@@ -145,7 +145,20 @@ def first_command(commands: Sequence[str] | None) -> str:
     return f"{line} (+{more} more)" if more else line
 
 
-def plan_table(jobs: Sequence[dict[str, Any]]) -> str:
+def plan_table(jobs: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] | None = None) -> str:
+    """One row per group (the plan states what a group's nodes run once, in configuration.groups);
+    one row per job for a server that sends each job's commands with the job."""
+    if groups:
+        nums: dict[int, list[int]] = {}
+        for j in jobs:
+            nums.setdefault(j.get("node_group_index"), []).append(j.get("job_num"))
+        rows = []
+        for g in groups:
+            mine = nums.get(g.get("index")) or []
+            span = "-" if not mine else str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
+            rows.append((span, g.get("name"), len(mine), job_resources(g.get("resources")),
+                         first_command(g.get("commands"))))
+        return table(["jobs", "group", "nodes", "resources", "command"], rows)
     rows = [
         (j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"), job_resources(j.get("resources")),
          first_command(j.get("commands")))

@@ -26,12 +26,28 @@ def gpus_on_host(job: Job, multi_node: bool = False) -> int:
     return gpu_count_for(job.spec["resources"], job.instance.resources)
 
 
+def group_commands_and_env(job: Job) -> tuple[list[str], dict[str, str]]:
+    """The job's commands and env, with the values of masked keys from the encrypted store.
+
+    They are its group's, kept once in the run's configuration; rows written before that kept
+    their own copy in `spec` (with the masked keys left out and listed in `hidden_env`).
+    """
+    run = job.run
+    if "commands" in job.spec:
+        keys, commands, env = job.spec.get("hidden_env") or [], job.spec["commands"], job.spec["env"]
+    else:
+        group = run.configuration["groups"][job.node_group_index]
+        keys = [k for k in run.configuration.get("hidden_env") or [] if k in group["env"]]
+        commands, env = group["commands"], {k: v for k, v in group["env"].items() if k not in keys}
+    hidden = secret_env(run) if keys else {}
+    return commands, {**{k: hidden[k] for k in keys if k in hidden}, **env}
+
+
 def runner_spec(job: Job, jobs: list[Job]) -> dict:
     """The spec the runner receives (runner/muster_runner.py documents each field)."""
     run = job.run
     ips = peer_ips(jobs)
-    hidden = secret_env(run) if job.spec.get("hidden_env") else {}
-    env = {**{k: hidden[k] for k in job.spec.get("hidden_env", []) if k in hidden}, **job.spec["env"]}
+    commands, env = group_commands_and_env(job)
     env = {k: substitute_ips(v, ips) for k, v in env.items()}
     instance = job.instance
     spec = {
@@ -42,7 +58,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "node_group_name": job.node_group_name,
         "node_group_index": job.node_group_index,
         "node_group_rank": job.node_group_rank,
-        "commands": [substitute_ips(c, ips) for c in job.spec["commands"]],
+        "commands": [substitute_ips(c, ips) for c in commands],
         "env": env,
         "max_duration": run.configuration.get("max_duration"),
         "node_ip": instance.internal_ip,
