@@ -287,7 +287,10 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
     print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
-    print(render.plan_table(jobs))
+    print(render.plan_table(jobs, (plan.get("configuration") or {}).get("groups")))
+    capacity = plan.get("capacity") or {}
+    if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
+        print(render.no_capacity(capacity.get("reasons") or []))
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")
         return 0

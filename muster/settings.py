@@ -239,6 +239,8 @@ CELERY_TIMEZONE = "UTC"
 # --- Muster limits (seconds unless said otherwise); tests shorten them ---
 MUSTER = {
     "MAX_NODES": env_int("MUSTER_MAX_NODES", 4096),
+    # bytes of commands and env a run hands out over all its nodes (each node's runner gets a copy)
+    "MAX_EXPANDED_BYTES": env_int("MUSTER_MAX_EXPANDED_BYTES", 256 << 20),
     "SWEEP_INTERVAL": env_float("MUSTER_SWEEP_INTERVAL", 2.0),
     "LEASE_SECONDS": env_float("MUSTER_LEASE_SECONDS", 15.0),  # renewed while held (muster/claims.py)
     # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 10

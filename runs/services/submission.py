@@ -23,6 +23,7 @@ from runs.configuration import (
     load_document,
     parse_run_configuration,
 )
+from runs.configuration.expansion import expanded_sizes
 from runs.models import Job, Run, SubmissionKey
 
 MASK = "***"
@@ -67,12 +68,29 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
     conf = parse_run_configuration(
         doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
     )
+    _check_expanded_size(conf)
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
 
-def _masked(job: dict, hidden: set[str]) -> dict:
-    env = {k: (MASK if k in hidden else v) for k, v in job["env"].items()}
-    return {**job, "env": env}
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _check_expanded_size(conf: TaskConfiguration) -> None:
+    """Each node's runner is handed its own copy of its group's commands and env: a run whose
+    copies add up past MAX_EXPANDED_BYTES is refused before anything is stored."""
+    limit = int(settings.MUSTER["MAX_EXPANDED_BYTES"])
+    sizes = expanded_sizes(conf)
+    total = sum(each * nodes for each, nodes in sizes)
+    if total <= limit:
+        return
+    biggest = max(range(len(sizes)), key=lambda g: sizes[g][0] * sizes[g][1])
+    each, nodes = sizes[biggest]
+    loc = ["groups", biggest, "nodes"] if conf.uses_groups else ["nodes"]
+    raise ConfigurationError([{"loc": loc, "msg": (
+        f"the run hands out {_mb(total)} of commands and env over its nodes ({nodes} nodes x {_mb(each)} in "
+        f"group {conf.groups[biggest].name}), {_mb(total - limit)} over the limit of {_mb(limit)} "
+        "(MUSTER_MAX_EXPANDED_BYTES): use fewer nodes or shorter commands and env")}])
 
 
 def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
@@ -87,13 +105,34 @@ def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
     return out
 
 
+PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_rank")
+
+
 def plan_run(project: Project, payload: Any) -> dict:
+    """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
+    ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
+    does not grow with nodes x commands."""
     conf, jobs, hidden = parse_for_project(project, payload)
+    specs = [j.stored_dict() for j in jobs]
     return {
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
-        "jobs": [_masked(j.as_dict(), hidden) for j in jobs],
+        "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
+        "capacity": plan_capacity(project, conf.fleets or [], specs),
     }
+
+
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
+    """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
+    from runs import capacity, placement
+
+    groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
+                                lambda s: s["resources"])
+    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
+                                          [(req, n) for _, req, n in groups])
+    if fleet is not None:
+        return {"fits": True, "fleet": fleet.name, "reasons": []}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
 
 
 def _generated_name() -> str:
@@ -149,15 +188,14 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
         if replay is not None:
             return replay
     conf, jobs, hidden = parse_for_project(project, payload)
-    specs = [j.as_dict() for j in jobs]
-    hidden_values = {}
-    for spec in specs:
-        popped = sorted(hidden & set(spec["env"]))
-        for key in popped:
-            hidden_values[key] = spec["env"].pop(key)
-        spec["hidden_env"] = popped  # filled from the encrypted store when the job starts
+    # A job row keeps its place and resources; its commands and env are its group's, kept once in
+    # the stored configuration (runs/cluster.py puts them together when the job starts).
+    specs = [j.stored_dict() for j in jobs]
+    hidden_values = {key: group.env[key] for group in conf.groups for key in hidden & set(group.env)}
     configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
-    stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))}
+    # the masked keys, filled from the encrypted store when a job starts
+    stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values)),
+              "hidden_env": sorted(hidden_values)}
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
     clashes = 0
