@@ -1,7 +1,8 @@
-"""`${{ groups[i].nodes[j].IP_ADDRESS }}` references in commands and env values.
+"""`${{ groups[i].nodes[j].IP_ADDRESS }}` references and `${{ run.args }}` in commands and env values.
 
-This is the only interpolation the language has: any other `${{ ... }}` expression is rejected at
-submit time rather than passed through, so a typo cannot reach a host as literal text. `$${{`
+These are the only interpolations the language has: any other `${{ ... }}` expression is rejected
+at submit time rather than passed through, so a typo cannot reach a host as literal text.
+`${{ run.args }}` is filled when the run is planned or submitted (`muster apply -f FILE -- ARGS`). `$${{`
 writes a literal `${{`. Whitespace inside `${{ }}` and around brackets and dots is optional.
 References stay in the stored commands; the engine substitutes them once the IPs are known.
 """
@@ -16,6 +17,7 @@ _OPENING = re.compile(r"\$?\$\{\{")
 _REFERENCE = re.compile(
     r"^groups\s*\[\s*([0-9]+)\s*\]\s*\.\s*nodes\s*\[\s*([0-9]+)\s*\]\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)$"
 )
+_RUN_ARGS = re.compile(r"^run\s*\.\s*args$")
 IP_ATTRIBUTE = "IP_ADDRESS"
 REFERENCE_FORM = "${{ groups[i].nodes[j].IP_ADDRESS }}"
 
@@ -24,7 +26,7 @@ REFERENCE_FORM = "${{ groups[i].nodes[j].IP_ADDRESS }}"
 class _Piece:
     start: int
     end: int
-    kind: str  # "escape" | "reference" | "invalid"
+    kind: str  # "escape" | "reference" | "run_args" | "invalid"
     group: int = -1
     node: int = -1
     problem: str = ""
@@ -53,13 +55,15 @@ def _scan(text: str) -> Iterator[_Piece]:
 
 def _classify(inner: str, start: int, end: int) -> _Piece:
     written = f"${{{{ {inner} }}}}"
+    if _RUN_ARGS.fullmatch(inner):
+        return _Piece(start, end, "run_args")
     match = _REFERENCE.fullmatch(inner)
     if match is None:
         if inner.startswith("groups"):
             problem = f"cannot read `{written}`: write {REFERENCE_FORM}"
         else:
             problem = (
-                f"`{written}` is not supported: only {REFERENCE_FORM} can be interpolated "
+                f"`{written}` is not supported: only {REFERENCE_FORM} and ${{{{ run.args }}}} can be interpolated "
                 "(write `$${{` for a literal `${{`)"
             )
         return _Piece(start, end, "invalid", problem=problem)
@@ -101,6 +105,21 @@ def substitute_ips(text: str, ips: dict[tuple[int, int], str]) -> str:
             out.append(ips[key])
         else:
             out.append(text[piece.start : piece.end])
+        pos = piece.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def substitute_run_args(text: str, args: str) -> str:
+    """Fill every `${{ run.args }}`; everything else, escapes included, stays for later.
+
+    A `${{` inside the arguments is escaped, so an argument cannot become an IP reference.
+    """
+    out: list[str] = []
+    pos = 0
+    for piece in _scan(text):
+        out.append(text[pos : piece.start])
+        out.append(args.replace("${{", "$${{") if piece.kind == "run_args" else text[piece.start : piece.end])
         pos = piece.end
     out.append(text[pos:])
     return "".join(out)

@@ -26,10 +26,13 @@ from runs.models import Job, Run
 MASK = "***"
 
 
-def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
+MAX_RUN_ARGS_CHARS = 64 * 1024
+
+
+def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
     if not isinstance(payload, dict):
         raise ConfigurationError([{"loc": [], "msg": "send a JSON object with `configuration` (and optional `env`)"}])
-    unknown = sorted(set(payload) - {"configuration", "env"})
+    unknown = sorted(set(payload) - {"configuration", "env", "args"})
     if unknown:
         raise ConfigurationError([{"loc": [k], "msg": f"unknown key `{k}`"} for k in unknown])
     if payload.get("configuration") in (None, ""):
@@ -37,7 +40,11 @@ def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
     env = payload.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigurationError([{"loc": ["env"], "msg": "must be an object of string values, e.g. {\"HF_TOKEN\": \"...\"}"}])
-    return payload["configuration"], env
+    args = payload.get("args") or ""
+    if not isinstance(args, str) or len(args) > MAX_RUN_ARGS_CHARS:
+        raise ConfigurationError([{"loc": ["args"], "msg": (
+            f"must be a string of at most {MAX_RUN_ARGS_CHARS} characters: what fills ${{{{ run.args }}}}")}])
+    return payload["configuration"], env, args
 
 
 def _bare_env_keys(doc: dict) -> set[str]:
@@ -57,13 +64,26 @@ def _bare_env_keys(doc: dict) -> set[str]:
     return keys
 
 
+def probed_gpu_names(project: Project) -> list[str]:
+    """GPU names the project's hosts reported, for names outside the known table."""
+    from instances.models import Instance
+
+    names: set[str] = set()
+    for resources in Instance.objects.filter(project=project, gpu_count__gt=0).values_list("resources", flat=True):
+        for gpu in (resources or {}).get("gpus") or []:
+            if isinstance(gpu, dict) and isinstance(gpu.get("name"), str):
+                names.add(gpu["name"])
+    return sorted(names)
+
+
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
-    data, env_values = _payload_parts(payload)
+    data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
     if doc.get("type") != "task":
         raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
     conf = parse_run_configuration(
-        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
+        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"],
+        run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
@@ -91,6 +111,8 @@ def plan_run(project: Project, payload: Any) -> dict:
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
         "jobs": [_masked(j.as_dict(), hidden) for j in jobs],
+        # what the configuration asks for that does not take effect here: shown before submitting
+        "warnings": conf.warnings,
     }
 
 
