@@ -223,6 +223,8 @@ def parse_run_configuration(
     if parts is not None and task.groups is not None:
         _check_group_layout(task, parts, errors)
     readable = [p for p in parts or [] if p is not None]
+    for part in readable:
+        _warn_part(part, warnings)
     env_values = env_values or {}
     # not `secrets or {}`: truth-testing a lazy mapping would read the secrets of every submit
     secrets = {} if secrets is None else secrets
@@ -299,6 +301,17 @@ def _read_parts(
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
+
+
+def _warn_part(part: _Part, warnings: Warnings) -> None:
+    if part.ports:
+        warnings.append({"field": [*part.loc, "ports"], "message": (
+            f"ports: {', '.join(str(p) for p in part.ports)} are kept with each job but not forwarded: "
+            "reach them on the node's own address (DSTACK_NODE_IP)")})
+    if part.loc and part.image is not None:
+        warnings.append({"field": [*part.loc, "image"], "message": (
+            f"image: {part.image} is accepted but takes effect once jobs run in containers; "
+            "until then the commands run on the host")})
 
 
 def _read_group(
