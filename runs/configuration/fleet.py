@@ -210,6 +210,7 @@ class FleetConfiguration(_Checked):
 
 _FLEET_NOTES = {
     "env": "the fleet's env is not passed to jobs: set env on the task",
+    "regions": "gcp fleets try the zones listed in `zones`; regions are kept but not used",
     "availability_zones": "write the gcp zones to try as `zones`",
     "instance_types": "TPU slices are chosen by `resources.gpu`",
     "reservation": "Muster has no cloud reservations",
@@ -283,7 +284,7 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
                 warnings.append({"field": ["spot_policy"], "message": (
                     f"spot_policy: {fleet.spot_policy} ignored on a local fleet: its instances are this machine")})
     for key, note in _FLEET_NOTES.items():
-        if key in fleet.model_fields_set and getattr(fleet, key) is not None:
+        if key in fleet.model_fields_set and getattr(fleet, key) not in (None, []):
             warnings.append({"field": [key], "message": f"{key}: has no effect here: {note}"})
     errors.raise_if_any()
     assert fleet.name is not None
