@@ -266,7 +266,8 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
     for key in CONTAINER_KEYS:
         if key == "python" or key not in written or getattr(task, key) in (None, False):
             continue
-        shown = "(set)" if key == "registry_auth" else getattr(task, key)
+        value = getattr(task, key)
+        shown = "(set)" if key == "registry_auth" else str(value).lower() if isinstance(value, bool) else value
         _warn(warnings, key, f"{shown} is accepted but {WHY_CONTAINERS}")
     if task.volumes:
         _warn(warnings, "volumes", f"instance volumes are accepted but {WHY_CONTAINERS}: "

@@ -18,7 +18,7 @@ from .durations import parse_duration, parse_optional_duration
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList, format_loc
 from .fields import Port, WrittenModel, check_group_name, check_slug, read_model_partially
-from .interpolation import reference_problems, substitute_run_args
+from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
 from .resources import ProbedNames, Resources, Warnings, parse_resources
 
 DEFAULT_MAX_NODES = 4096
@@ -228,7 +228,7 @@ def parse_run_configuration(
     env_values = env_values or {}
     # not `secrets or {}`: truth-testing a lazy mapping would read the secrets of every submit
     secrets = {} if secrets is None else secrets
-    written_env = {k: substitute_run_args(v, run_args) if v is not None else v for k, v in written_env.items()}
+    written_env = _fill_env(written_env, run_args, secrets, errors, ["env"])
     top_env = resolve_env(written_env, env_values, secrets, errors, ["env"])
     groups = [
         _check_part(part, i, task, top_env, env_values, secrets, run_args, errors)
@@ -301,6 +301,24 @@ def _read_parts(
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
+
+
+def _fill_env(
+    env: dict[str, str | None], run_args: str, secrets: Mapping[str, str], errors: ErrorList, loc: list[str | int]
+) -> dict[str, str | None]:
+    """`${{ run.args }}` and dstack's `${{ secrets.NAME }}` filled in env values."""
+    filled: dict[str, str | None] = {}
+    for key, value in env.items():
+        if value is None:
+            filled[key] = None
+            continue
+        value = substitute_run_args(value, run_args)
+        missing = [name for name in secret_names(value) if name not in secrets]
+        for name in missing:
+            errors.add([*loc, key], f"secret `{name}` does not exist in this project: create it or pass {key} "
+                       "with the run")
+        filled[key] = value if missing else substitute_secrets(value, secrets)
+    return filled
 
 
 def _warn_part(part: _Part, warnings: Warnings) -> None:
@@ -403,7 +421,7 @@ def _check_part(
             )
     if nodes is None:
         nodes = 1
-    own_env = {k: substitute_run_args(v, run_args) if v is not None else v for k, v in part.env.items()}
+    own_env = _fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
     env = top_env | resolve_env(own_env, env_values, secrets, errors, [*part.loc, "env"])
     if len(errors.items) > before or resources is None:
         return None
@@ -430,11 +448,11 @@ def _check_references(
     sizes: list[tuple[str, int | None]] | None = None
     if task.groups is not None:
         sizes = [(p.name, g.nodes if g is not None else p.nodes) for p, g in zip(parts, groups, strict=True)]
-    places: list[tuple[list[str | int], str]] = []
-    places += [(["env", key], value) for key, value in written_env.items() if value is not None]
+    places: list[tuple[list[str | int], str, bool]] = []  # (loc, text, secrets allowed)
+    places += [(["env", key], value, True) for key, value in written_env.items() if value is not None]
     for part in parts:
-        places += [([*part.loc, "commands", c], command) for c, command in enumerate(part.commands)]
-        places += [([*part.loc, "env", k], v) for k, v in part.env.items() if v is not None]
-    for loc, text in places:
-        for problem in reference_problems(text, sizes):
+        places += [([*part.loc, "commands", c], command, False) for c, command in enumerate(part.commands)]
+        places += [([*part.loc, "env", k], v, True) for k, v in part.env.items() if v is not None]
+    for loc, text, secrets_allowed in places:
+        for problem in reference_problems(text, sizes, secrets_allowed):
             errors.add(loc, problem)

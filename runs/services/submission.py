@@ -21,6 +21,7 @@ from runs.configuration import (
     load_document,
     parse_run_configuration,
 )
+from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run
 
 MASK = "***"
@@ -48,13 +49,15 @@ def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
 
 
 def _bare_env_keys(doc: dict) -> set[str]:
-    """Env keys whose value comes from the request or a secret (never stored in plaintext)."""
+    """Env keys whose value comes from the request or a secret (never stored in plaintext): bare
+    keys, and values that refer to a secret as `${{ secrets.NAME }}`."""
 
     def bare(env: Any) -> set[str]:
         if isinstance(env, list):
-            return {e for e in env if isinstance(e, str) and "=" not in e}
+            entries = [e.partition("=") for e in env if isinstance(e, str)]
+            return {k.strip() for k, sep, v in entries if not sep or secret_names(v)}
         if isinstance(env, dict):
-            return {k for k, v in env.items() if v is None}
+            return {k for k, v in env.items() if v is None or (isinstance(v, str) and secret_names(v))}
         return set()
 
     keys = bare(doc.get("env"))

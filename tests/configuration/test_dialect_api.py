@@ -226,3 +226,37 @@ def test_spot_policy_spot_makes_a_gcp_fleet_create_spot_slices(api):
     from instances.models import Fleet
 
     assert Fleet.objects.get(name="tpu").configuration["spot"] is True
+
+
+# ---- dstack's ${{ secrets.NAME }} in env values ----------------------------------------------------
+
+
+def test_a_secret_reference_in_env_is_filled_from_the_project_and_never_shown(api, project):
+    from projects.models import Secret
+
+    secret = Secret(project=project, name="hf_token")
+    secret.value = "hf_very_secret"
+    secret.save()
+    conf = "type: task\nname: sec\nenv:\n  - HF_TOKEN=${{ secrets.hf_token }}\ncommands: [echo]\n"
+    resp = plan(api, conf)
+    assert resp.status_code == 200, resp.json()
+    assert resp.json()["jobs"][0]["env"]["HF_TOKEN"] == "***"
+    assert "hf_very_secret" not in str(resp.json())
+    resp = api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
+    assert resp.status_code == 201, resp.json()
+    assert "hf_very_secret" not in str(resp.json())
+    from runs.models import Run
+    from runs.services.submission import secret_env
+
+    run = Run.objects.get(name="sec")
+    assert "hf_very_secret" not in str(run.configuration) and "hf_very_secret" not in str(run.jobs.get().spec)
+    assert secret_env(run) == {"HF_TOKEN": "hf_very_secret"}
+
+
+def test_a_missing_secret_or_one_in_commands_is_a_400_at_its_place(api):
+    conf = {"type": "task", "env": {"A": "${{ secrets.nope }}"}, "commands": ["echo ${{ secrets.nope }}"]}
+    resp = plan(api, conf)
+    assert resp.status_code == 400
+    errors = {tuple(e["loc"]): e["msg"] for e in resp.json()["errors"]}
+    assert "secret `nope` does not exist" in errors[("env", "A")]
+    assert "can only be used in env values" in errors[("commands", 0)]

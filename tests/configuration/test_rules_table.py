@@ -370,8 +370,14 @@ CASES = [
     ),
     bad("reference-in-nodes-task", task(nodes=2, commands=[f"ping {REF}"]), ["commands", 0], "no `groups`"),
     bad(
-        "other-namespace-rejected",
+        "secret-in-commands-rejected",
         two_groups(first={"commands": ["echo ${{ secrets.TOKEN }}"]}),
+        ["groups", 0, "commands", 0],
+        "can only be used in env values",
+    ),
+    bad(
+        "other-namespace-rejected",
+        two_groups(first={"commands": ["echo ${{ env.TOKEN }}"]}),
         ["groups", 0, "commands", 0],
         "not supported",
     ),
