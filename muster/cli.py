@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -283,7 +284,9 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
 
 
 def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:
-    body = {"configuration": text, "env": env_values(doc, parse_env_args(args.env), os.environ)}
+    body: dict[str, Any] = {"configuration": text, "env": env_values(doc, parse_env_args(args.env), os.environ)}
+    if args.run_args:
+        body["args"] = shlex.join(args.run_args)  # fills ${{ run.args }}, as with dstack apply
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
     print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
@@ -291,6 +294,8 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     capacity = plan.get("capacity") or {}
     if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
         print(render.no_capacity(capacity.get("reasons") or []))
+    if plan.get("warnings"):
+        print(render.plan_warnings(plan["warnings"]))
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")
         return 0
@@ -307,6 +312,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
     kind = doc.get("type")
     if kind == "fleet":
+        if args.run_args:
+            raise CliError(f"{args.file} is a fleet: arguments after -- only fill ${{{{ run.args }}}} of a task")
         return submit_fleet(_client(args), args.file, text, doc)
     if kind == "task":
         return submit_task(_client(args), args, text, doc)
@@ -439,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("-d", "--detach", action="store_true", help="return once the run is submitted")
     apply.add_argument("-e", "--env", action="append", metavar="KEY=VALUE",
                        help="value for a bare KEY in the configuration's env (repeatable)")
+    apply.add_argument("run_args", nargs="*", metavar="-- ARGS",
+                       help="after --: the arguments that fill ${{ run.args }} in the commands")
 
     ps = _command(sub, "ps", cmd_ps, help="list runs")
     ps.add_argument("-a", "--all", action="store_true", help="include every finished run")

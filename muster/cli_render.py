@@ -171,6 +171,13 @@ def no_capacity(reasons: Sequence[str]) -> str:
     return "No fleet can hold this run now:\n" + "\n".join(f"  {line}" for line in reasons)
 
 
+def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
+    """What the configuration asks for that does not take effect on this server."""
+    lines = [f"Warnings ({len(warnings)}): these keys are accepted but do not take effect as written"]
+    lines += [f"  ! {w.get('message') or w.get('field')}" for w in warnings]
+    return "\n".join(lines)
+
+
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
     rows = [
         (r.get("name"), r.get("status"), r.get("termination_reason"), r.get("fleet"),

@@ -24,15 +24,19 @@ from runs.configuration import (
     parse_run_configuration,
 )
 from runs.configuration.expansion import expanded_sizes
+from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
 
 MASK = "***"
 
 
-def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
+MAX_RUN_ARGS_CHARS = 64 * 1024
+
+
+def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
     if not isinstance(payload, dict):
         raise ConfigurationError([{"loc": [], "msg": "send a JSON object with `configuration` (and optional `env`)"}])
-    unknown = sorted(set(payload) - {"configuration", "env"})
+    unknown = sorted(set(payload) - {"configuration", "env", "args"})
     if unknown:
         raise ConfigurationError([{"loc": [k], "msg": f"unknown key `{k}`"} for k in unknown])
     if payload.get("configuration") in (None, ""):
@@ -40,17 +44,23 @@ def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
     env = payload.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigurationError([{"loc": ["env"], "msg": "must be an object of string values, e.g. {\"HF_TOKEN\": \"...\"}"}])
-    return payload["configuration"], env
+    args = payload.get("args") or ""
+    if not isinstance(args, str) or len(args) > MAX_RUN_ARGS_CHARS:
+        raise ConfigurationError([{"loc": ["args"], "msg": (
+            f"must be a string of at most {MAX_RUN_ARGS_CHARS} characters: what fills ${{{{ run.args }}}}")}])
+    return payload["configuration"], env, args
 
 
 def _bare_env_keys(doc: dict) -> set[str]:
-    """Env keys whose value comes from the request or a secret (never stored in plaintext)."""
+    """Env keys whose value comes from the request or a secret (never stored in plaintext): bare
+    keys, and values that refer to a secret as `${{ secrets.NAME }}`."""
 
     def bare(env: Any) -> set[str]:
         if isinstance(env, list):
-            return {e for e in env if isinstance(e, str) and "=" not in e}
+            entries = [e.partition("=") for e in env if isinstance(e, str)]
+            return {k.strip() for k, sep, v in entries if not sep or secret_names(v)}
         if isinstance(env, dict):
-            return {k for k, v in env.items() if v is None}
+            return {k for k, v in env.items() if v is None or (isinstance(v, str) and secret_names(v))}
         return set()
 
     keys = bare(doc.get("env"))
@@ -60,13 +70,26 @@ def _bare_env_keys(doc: dict) -> set[str]:
     return keys
 
 
+def probed_gpu_names(project: Project) -> list[str]:
+    """GPU names the project's hosts reported, for names outside the known table."""
+    from instances.models import Instance
+
+    names: set[str] = set()
+    for resources in Instance.objects.filter(project=project, gpu_count__gt=0).values_list("resources", flat=True):
+        for gpu in (resources or {}).get("gpus") or []:
+            if isinstance(gpu, dict) and isinstance(gpu.get("name"), str):
+                names.add(gpu["name"])
+    return sorted(names)
+
+
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
-    data, env_values = _payload_parts(payload)
+    data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
     if doc.get("type") != "task":
         raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
     conf = parse_run_configuration(
-        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
+        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"],
+        run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     _check_expanded_size(conf)
     return conf, expand_jobs(conf), _bare_env_keys(doc)
@@ -119,6 +142,8 @@ def plan_run(project: Project, payload: Any) -> dict:
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
         "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
         "capacity": plan_capacity(project, conf.fleets or [], specs),
+        # what the configuration asks for that does not take effect here: shown before submitting
+        "warnings": conf.warnings,
     }
 
 
