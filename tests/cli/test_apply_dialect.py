@@ -6,10 +6,10 @@ import io
 import sys
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from muster import cli
 from runs.models import Run
+from tests.conftest import token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,9 +26,9 @@ resources:
 
 @pytest.fixture
 def server(live_server, home, make_user, monkeypatch):
-    token, _ = Token.objects.get_or_create(user=make_user("alice"))
+    token = token_for(make_user("alice"))
     monkeypatch.setenv("MUSTER_URL", live_server.url)
-    monkeypatch.setenv("MUSTER_TOKEN", token.key)
+    monkeypatch.setenv("MUSTER_TOKEN", token)
     return live_server
 
 
@@ -46,5 +46,5 @@ def test_apply_shows_the_warnings_before_asking_and_sends_the_args(server, tmp_p
     assert not Run.objects.exists()
 
     assert cli.main(["apply", "-f", str(path), "-y", "--detach", "--", "--epochs", "3"]) == 0
-    job = Run.objects.get(name="train").jobs.get(job_num=0)
-    assert job.spec["commands"] == ["python train.py --epochs 3"]
+    run = Run.objects.get(name="train")
+    assert run.configuration["groups"][0]["commands"] == ["python train.py --epochs 3"]

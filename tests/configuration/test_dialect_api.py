@@ -154,7 +154,7 @@ def test_the_profile_keys_of_dstack_are_all_accepted(api):
         assert key in warned, (key, warned)
     body = resp.json()
     assert body["configuration"]["retry"] == {"on_events": ["no-capacity", "error"], "duration": 86400}
-    assert body["jobs"][0]["commands"] == ["echo setup", "x"]
+    assert body["configuration"]["groups"][0]["commands"] == ["echo setup", "x"]
     assert "secret-pass" not in str(body), "a registry password is never echoed or stored"
 
 
@@ -182,9 +182,9 @@ def test_run_args_fill_the_commands(api):
     conf = "type: task\ncommands:\n  - python train.py ${{ run.args }}\n"
     resp = plan(api, conf, args="--epochs 3 '${{ x }}'")
     assert resp.status_code == 200, resp.json()
-    assert resp.json()["jobs"][0]["commands"] == ["python train.py --epochs 3 '$${{ x }}'"]
+    assert resp.json()["configuration"]["groups"][0]["commands"] == ["python train.py --epochs 3 '$${{ x }}'"]
     resp = plan(api, conf)
-    assert resp.json()["jobs"][0]["commands"] == ["python train.py "]
+    assert resp.json()["configuration"]["groups"][0]["commands"] == ["python train.py "]
 
 
 # ---- 12.9: GPU names and duration bounds ----------------------------------------------------------
@@ -205,7 +205,7 @@ def test_a_gpu_name_probed_on_a_host_of_the_project_is_accepted(api, project):
                             resources={"cpus": 8, "gpus": [{"name": "X9000", "memory_gb": 48, "vendor": "nvidia"}]})
     resp = plan(api, conf)
     assert resp.status_code == 200, resp.json()
-    assert resp.json()["jobs"][0]["resources"]["gpu"]["names"] == ["X9000"]
+    assert resp.json()["configuration"]["groups"][0]["resources"]["gpu"]["names"] == ["X9000"]
 
 
 @pytest.mark.parametrize("key", ["max_duration", "retry"])
@@ -240,7 +240,7 @@ def test_a_secret_reference_in_env_is_filled_from_the_project_and_never_shown(ap
     conf = "type: task\nname: sec\nenv:\n  - HF_TOKEN=${{ secrets.hf_token }}\ncommands: [echo]\n"
     resp = plan(api, conf)
     assert resp.status_code == 200, resp.json()
-    assert resp.json()["jobs"][0]["env"]["HF_TOKEN"] == "***"
+    assert resp.json()["configuration"]["groups"][0]["env"]["HF_TOKEN"] == "***"
     assert "hf_very_secret" not in str(resp.json())
     resp = api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
     assert resp.status_code == 201, resp.json()

@@ -116,7 +116,7 @@ def test_run_args_of_the_qlora_example_are_filled(api):
     text = _text("qlora-run-args.dstack.yml")
     body = {"configuration": text, "env": {"HUGGING_FACE_HUB_TOKEN": "t"}, "args": "--epochs 1"}
     resp = api.post("/api/projects/main/runs/plan", body, format="json")
-    assert resp.json()["jobs"][0]["commands"][-1] == "python examples/fine-tuning/qlora/train.py --merge_and_push --epochs 1"
+    assert resp.json()["configuration"]["groups"][0]["commands"][-1] == "python examples/fine-tuning/qlora/train.py --merge_and_push --epochs 1"
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -12,6 +12,7 @@ from instances.models import Instance
 from runs import logs
 from runs.models import Job
 from runs.services.submission import submit_run
+from tests.conftest import token_for
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import L40S, Beat, fleet_configuration, host_commands, needs_netns
 from tests.waiting import job_states, wait_until
@@ -123,8 +124,6 @@ def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it
 
 def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, project, beat, live_server, tmp_path,
                                                                monkeypatch, capsys, make_user):
-    from rest_framework.authtoken.models import Token
-
     from muster import cli
 
     pool = ssh_hosts(2, mode="netns")
@@ -133,10 +132,10 @@ def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, projec
     wait_until(lambda: Instance.objects.filter(name="edge-1", unreachable=True).exists(), 30,
                "the server to find edge-1 unreachable")
 
-    token, _ = Token.objects.get_or_create(user=make_user("viewer"))
+    token = token_for(make_user("viewer"))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("MUSTER_URL", live_server.url)
-    monkeypatch.setenv("MUSTER_TOKEN", token.key)
+    monkeypatch.setenv("MUSTER_TOKEN", token)
     monkeypatch.setenv("MUSTER_PROJECT", "main")
     assert cli.main(["instances"]) == 0
     out = capsys.readouterr().out
@@ -203,8 +202,6 @@ def test_muster_apply_shows_why_a_run_fits_nowhere_before_asking(pd_fleet, make_
                                                                  monkeypatch, capsys):
     import io
 
-    from rest_framework.authtoken.models import Token
-
     from muster import cli
     from runs.models import Run
 
@@ -212,8 +209,8 @@ def test_muster_apply_shows_why_a_run_fits_nowhere_before_asking(pd_fleet, make_
         def isatty(self):
             return True
 
-    token, _ = Token.objects.get_or_create(user=make_user("alice"))
-    for name, value in (("HOME", str(tmp_path)), ("MUSTER_URL", live_server.url), ("MUSTER_TOKEN", token.key),
+    token = token_for(make_user("alice"))
+    for name, value in (("HOME", str(tmp_path)), ("MUSTER_URL", live_server.url), ("MUSTER_TOKEN", token),
                         ("MUSTER_PROJECT", "main")):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("sys.stdin", Terminal("n\n"))
