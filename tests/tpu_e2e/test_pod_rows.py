@@ -67,9 +67,9 @@ def test_plan_of_the_example_makes_one_job_per_host(api):
                         format="json")
 
     assert response.status_code == 200, response.content
-    jobs = response.json()["jobs"]
+    jobs, groups = response.json()["jobs"], response.json()["configuration"]["groups"]
     assert [j["node_group_rank"] for j in jobs] == [0, 1, 2, 3]
-    assert {j["resources"]["gpu"]["tpu"] for j in jobs} == {"v2-32"}
+    assert {groups[j["node_group_index"]]["resources"]["gpu"]["tpu"] for j in jobs} == {"v2-32"}
 
 
 def test_the_fleets_zones_spot_and_runtime_version_reach_the_tpu_api_settings(api, gcp_settings):
