@@ -1,15 +1,19 @@
 """Registering an SSH fleet: every host is contacted, probed and given a runner before anything is written.
 
-Hosts are contacted in parallel (one connection each: host key, resource probe, runner upload and
-start). Registration is all or nothing: if any host fails, the runners started on the others are
-stopped again and the request is refused with one error per failing host, naming it and the fix.
+Hosts are contacted in parallel, one connection each, in two steps: first the host key and the
+resource probe; then, once no host turned out to be a machine already registered (recognised by
+its host key, however its address is spelled), the runner upload and start. Registration is all
+or nothing: if any host fails, the runners started on the others are stopped again and the
+request is refused with one error per failing host, naming it and the fix.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import time
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,13 +57,14 @@ class HostFacts:
 def register_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     hosts: list[dict] = conf["ssh_config"]["hosts"]
     placement = conf.get("placement") or "any"
+    _refuse_server_paths(hosts)
     targets = [_target(i, host) for i, host in enumerate(hosts)]
-    _refuse_registered_elsewhere(hosts)
-    facts = _contact_all(targets)  # raises (after stopping what it started) when any host fails
+    _refuse_registered_elsewhere(project, hosts)
+    facts = _contact_all(project, targets)  # raises (after stopping what it started) when any host fails
     try:
         network = _common_network(placement, hosts, facts)
         with transaction.atomic():
-            _refuse_registered_elsewhere(hosts)  # again, inside the transaction: a concurrent apply may have won
+            _refuse_registered_elsewhere(project, hosts, facts)  # again, inside the transaction: a concurrent apply may have won
             return _write(project, conf, hosts, targets, facts, network, actor)
     except (IntegrityError, InvalidInput) as exc:
         _stop_agents(targets, facts)
@@ -74,48 +79,67 @@ def register_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Flee
 
 
 def _target(i: int, host: dict) -> SSHTarget:
+    muster = settings.MUSTER
     return SSHTarget(
-        hostname=host["hostname"], port=host["port"], username=host["user"], private_key=_private_key(i, host)
+        hostname=host["hostname"], port=host["port"], username=host["user"], private_key=host["private_key"],
+        host_key=host.get("host_key") or "",
+        # A runner home of its own per instance, named by nothing another fleet or project can reuse:
+        # two fleets on one login never share (or stop) each other's runner files and jobs.
+        runner_home=f"instances/{uuid.uuid4().hex}",
+        allow=tuple(muster.get("SSH_HOSTS_ALLOW") or ()), deny=tuple(muster.get("SSH_HOSTS_DENY") or ()),
     )
 
 
-def _private_key(i: int, host: dict) -> str:
-    if host.get("private_key"):
-        return host["private_key"]
-    # identity_file names a file on the client; the CLI sends its content. Reading it here only helps
-    # when client and server share a machine (a dev setup, the tests).
-    path = os.path.expanduser(host.get("identity_file") or "")
-    if path and os.path.isfile(path):
-        try:
-            with open(path) as f:
-                return f.read()
-        except OSError as exc:
-            raise InvalidInput(["ssh_config", "hosts", i], f"cannot read identity_file {path}: {exc}") from exc
-    raise InvalidInput(
-        ["ssh_config", "hosts", i],
-        f"host {host['hostname']}:{host['port']}: identity_file {host.get('identity_file')!r} is a path on your "
-        "machine, not on the server: send the key's content as `private_key` (the muster CLI does this)",
-    )
+def _refuse_server_paths(hosts: list[dict]) -> None:
+    # The server never opens a path it is sent: it would log in with the server's own keys, and
+    # "cannot read" vs "not a key" would tell which server files exist. The message is the same
+    # whatever the path is.
+    for i, host in enumerate(hosts):
+        if host.get("identity_file"):
+            raise InvalidInput(
+                ["ssh_config", "hosts", i, "identity_file"],
+                f"host {host['hostname']}:{host['port']}: identity_file names a file on your machine, which "
+                "the server does not read: send the key's content as `private_key` instead (the muster "
+                "CLI reads identity_file and sends its content)",
+            )
 
 
 # ---- checks -----------------------------------------------------------------------------------
 
 
-def _refuse_registered_elsewhere(hosts: list[dict]) -> None:
+def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list[HostFacts] | None = None) -> None:
+    """One machine sits in one live fleet: by address and port before contact, by host key after."""
+    live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
+    errors = []
     for i, host in enumerate(hosts):
-        taken = (
-            Instance.objects.filter(hostname__iexact=host["hostname"], port=host["port"])
-            .exclude(status=InstanceStatus.TERMINATED)
-            .select_related("fleet", "project")
-            .first()
-        )
-        if taken is not None:
-            raise InvalidInput(
-                ["ssh_config", "hosts", i],
-                f"host {host['hostname']}:{host['port']} is already registered as instance {taken.name} "
-                f"(fleet {taken.fleet.name if taken.fleet else '-'}, project {taken.project.name}): delete that "
-                "fleet first or remove the host from this one",
-            )
+        where = f"host {host['hostname']}:{host['port']}"
+        taken = live.filter(hostname__iexact=host["hostname"], port=host["port"]).select_related("fleet").first()
+        how = "is already registered"
+        if taken is None and facts is not None:
+            taken = live.filter(host_key=facts[i].host_key).select_related("fleet").first()
+            how = "presents the host key of a machine already registered"
+        if taken is None:
+            continue
+        if taken.project_id == project.id:
+            msg = (f"{where} {how} as instance {taken.name} (fleet {taken.fleet.name if taken.fleet else '-'}): "
+                   "delete that fleet first or remove the host from this one")
+        else:
+            # Another project's fleet and instance names are none of this project's business.
+            msg = (f"{where} {how} in another project: it can be in one fleet at a time, so it must be "
+                   "removed there first")
+        errors.append({"loc": ["ssh_config", "hosts", i], "msg": msg})
+    if facts is not None:
+        first: dict[str, int] = {}
+        for i, found in enumerate(facts):
+            if found.host_key in first:
+                errors.append({"loc": ["ssh_config", "hosts", i], "msg": (
+                    f"host {hosts[i]['hostname']}:{hosts[i]['port']} is the same machine as hosts[{first[found.host_key]}] "
+                    "(it presents the same host key): list each machine once")})
+            first.setdefault(found.host_key, i)
+    if errors:
+        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
+        failure.errors = errors
+        raise failure
 
 
 def _common_network(placement: str, hosts: list[dict], facts: list[HostFacts]) -> str:
@@ -143,46 +167,59 @@ def _timeouts() -> tuple[float, float]:
             float(muster.get("SSH_REGISTER_TIMEOUT", DEFAULT_REGISTER_TIMEOUT)))
 
 
-def _contact(target: SSHTarget, timeout: float) -> HostFacts:
-    """One connection: record the host key on first contact, probe, install and start the runner."""
-    runner = SSHRunnerHost(target, timeout=timeout)
-    try:
-        host_key = runner.remote_host_key()
-        facts = runner.probe()
-        runner.ensure_agent()
-        return HostFacts(host_key=host_key, probe=facts)
-    finally:
-        runner.close()
+def _examine(runner: SSHRunnerHost) -> HostFacts:
+    """Step one: the host key (checked against `host_key` when one is given) and the probe."""
+    return HostFacts(host_key=runner.remote_host_key(), probe=runner.probe())
 
 
-def _contact_all(targets: list[SSHTarget]) -> list[HostFacts]:
-    timeout, overall = _timeouts()
-    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets)), thread_name_prefix="ssh-register")
+def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHTarget], deadline: float,
+              errors: dict[int, str]) -> dict[int, Any]:
+    """step(i) for each index in threads, until `deadline`; failures go to `errors` by index."""
+    results: dict[int, Any] = {}
+    if not indexes:
+        return results
+    _timeout, overall = _timeouts()
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(indexes)), thread_name_prefix="ssh-register")
     try:
-        futures = [pool.submit(_contact, t, timeout) for t in targets]
-        wait(futures, timeout=overall)
+        futures = {i: pool.submit(step, i) for i in indexes}
+        wait(futures.values(), timeout=max(0.0, deadline - time.monotonic()))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a hung host must not hold the request
-    results: list[HostFacts | None] = []
-    errors: list[dict] = []
-    for i, (target, future) in enumerate(zip(targets, futures, strict=True)):
-        loc = ["ssh_config", "hosts", i]
-        where = f"host {target.hostname}:{target.port}"
+    for i, future in futures.items():
+        where = f"host {targets[i].hostname}:{targets[i].port}"
         if not future.done():
-            results.append(None)
-            errors.append({"loc": loc, "msg": f"{where} did not finish registering within {overall:g} s (connect, "
-                                              "probe and runner start); check that it answers SSH promptly"})
-            continue
-        exc = future.exception()
-        if exc is None:
-            results.append(future.result())
-            continue
-        results.append(None)
-        errors.append({"loc": loc, "msg": _message(where, exc)})
+            errors[i] = (f"{where} did not finish registering within {overall:g} s (connect, probe and runner "
+                         "start); check that it answers SSH promptly")
+        elif future.exception() is not None:
+            errors[i] = _message(where, future.exception())
+        else:
+            results[i] = future.result()
+    return results
+
+
+def _contact_all(project: Project, targets: list[SSHTarget]) -> list[HostFacts]:
+    timeout, overall = _timeouts()
+    deadline = time.monotonic() + overall
+    runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
+    errors: dict[int, str] = {}
+    facts: dict[int, HostFacts] = {}
+    started: dict[int, None] = {}
+    try:
+        facts = _parallel(lambda i: _examine(runners[i]), list(range(len(targets))), targets, deadline, errors)
+        if not errors:  # else nothing was started anywhere yet, and nothing is
+            hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
+            _refuse_registered_elsewhere(project, hosts, [facts[i] for i in range(len(targets))])
+            started = _parallel(lambda i: runners[i].ensure_agent(), list(range(len(targets))), targets, deadline,
+                                errors)
+    finally:
+        for runner in runners:
+            runner.close()
+    results = [facts.get(i) for i in range(len(targets))]
     if errors:
-        _stop_agents(targets, results)
-        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
-        failure.errors = errors
+        _stop_agents(targets, [r if i in started else None for i, r in enumerate(results)])
+        listed = [{"loc": ["ssh_config", "hosts", i], "msg": errors[i]} for i in sorted(errors)]
+        failure = InvalidInput(listed[0]["loc"], listed[0]["msg"])
+        failure.errors = listed
         raise failure
     return [r for r in results if r is not None]
 
@@ -274,7 +311,7 @@ def _write(project: Project, conf: dict, hosts: list[dict], targets: list[SSHTar
             backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
             internal_ip=found.probe.get("internal_ip") or host["hostname"], host_key=found.host_key,
             private_key_encrypted=crypto.encrypt(target.private_key) if target.private_key != fleet_key else "",
-            resources=resources, idle_since=now, last_seen=now,
+            resources=resources, idle_since=now, last_seen=now, backend_data={"runner_home": target.runner_home},
         )
         record(project.id, f"instance {inst.name}",
                f"registered {target.where} at {inst.internal_ip} ({_describe(resources)})",

@@ -187,6 +187,13 @@ MUSTER = {
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",
+    # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
+    # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.
+    "SSH_HOSTS_ALLOW": [c for c in env_str("MUSTER_SSH_HOSTS_ALLOW").split(",") if c.strip()],
+    "SSH_HOSTS_DENY": [c for c in env_str(
+        "MUSTER_SSH_HOSTS_DENY", "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else "",
+    ).split(",") if c.strip()],
+    "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
 }
 
 LOGGING = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 
 import pytest
 
@@ -10,8 +11,9 @@ from backends.ssh.connection import HostKeyMismatch
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Fleet, Instance, InstanceGroup
 from muster import crypto
-from tests.ssh_e2e.helpers import L40S, fleet_configuration, needs_netns
+from tests.ssh_e2e.helpers import L40S, fleet_configuration, needs_netns, runner_processes
 from tests.sshhosts import SSHHostPool, _ed25519_keypair
+from tests.waiting import wait_until
 
 pytestmark = needs_netns
 
@@ -98,7 +100,7 @@ def test_a_host_with_its_own_key_keeps_it_encrypted_on_its_instance(api, pool):
     conf = fleet_configuration(pool, hosts=[pool[0], pool[1]])
     conf["ssh_config"]["private_key"] = None
     conf["ssh_config"]["hosts"][0]["private_key"] = pool.private_key
-    conf["ssh_config"]["hosts"][1]["identity_file"] = str(pool.private_key_path)  # readable on this server
+    conf["ssh_config"]["hosts"][1]["private_key"] = pool.private_key
     assert post(api, conf).status_code == 201
     fleet = Fleet.objects.get(name="pd")
     assert fleet.private_key == pool.private_key
@@ -130,7 +132,31 @@ def test_a_wrong_port_is_refused_naming_host_and_port(api, pool):
     conf["ssh_config"]["hosts"][1]["port"] = 2222
     msg = refused(api, conf, ["ssh_config", "hosts", 1])
     assert f"{pool[1].address}:2222" in msg
-    assert "refused" in msg
+    assert "cannot reach" in msg
+
+
+def test_closed_open_silent_and_unresolvable_ports_all_read_the_same(api, pool):
+    # Registration must not work as a port scanner: whether a port is closed, open but not sshd, on an
+    # address nobody answers at, or a name that does not resolve, the user reads one message.
+    server = pool[1].netns_popen(["python3", "-m", "http.server", "8000", "--bind", "0.0.0.0"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: pool[1].netns_exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1)\"").returncode == 0,
+                   timeout=15, what="an HTTP server on host1:8000")
+        unused = str(list(pool.network.hosts())[200])
+        cases = {(pool[1].address, 2222): "closed", (pool[1].address, 8000): "open, not sshd",
+                 (unused, 22): "nobody answers", ("no-such-host.invalid", 22): "unresolvable"}
+        seen = {}
+        for (hostname, port), case in cases.items():
+            conf = fleet_configuration(pool, hosts=[])
+            conf["ssh_config"]["hosts"] = [{"hostname": hostname, "port": port}]
+            msg = refused(api, conf, ["ssh_config", "hosts", 0])
+            seen[case] = msg.replace(f"{hostname}:{port}", "HOST:PORT")
+        assert len(set(seen.values())) == 1, seen
+        assert "cannot reach HOST:PORT" in seen["closed"]
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_a_key_the_hosts_do_not_authorize_is_refused_for_each_host(api, pool):
@@ -163,15 +189,24 @@ def test_a_host_already_in_another_projects_fleet_is_refused(api, pool):
     apply_fleet(other, {"configuration": fleet_configuration(pool, name="theirs", hosts=[pool[1]])})
     msg = refused(api, fleet_configuration(pool, hosts=[pool[0], pool[1]]), ["ssh_config", "hosts", 1])
     assert f"{pool[1].address}:{pool[1].port}" in msg
-    assert "theirs-0" in msg
+    assert "another project" in msg
+    assert "theirs" not in msg and "other" not in msg.replace("another", ""), "another project's names stay hidden"
 
 
-def test_an_identity_file_that_is_not_on_the_server_asks_for_the_key_content(api, pool):
-    conf = fleet_configuration(pool, hosts=[pool[0]])
-    conf["ssh_config"]["private_key"] = None
-    conf["ssh_config"]["identity_file"] = "~/.ssh/no-such-key"
-    msg = refused(api, conf, ["ssh_config", "hosts", 0])
-    assert "private_key" in msg
+def test_an_identity_file_is_never_read_on_the_server_whether_or_not_it_exists(api, pool):
+    # The server's own files are not the user's keys: a path that exists on the server (here the very
+    # key the hosts accept) is refused exactly like one that does not, and no host is contacted.
+    messages = []
+    before = runner_processes(pool[0])
+    for path in (str(pool.private_key_path), "/no/such/key"):
+        conf = fleet_configuration(pool, hosts=[pool[0]])
+        conf["ssh_config"]["private_key"] = None
+        conf["ssh_config"]["identity_file"] = path
+        msg = refused(api, conf, ["ssh_config", "hosts", 0, "identity_file"])
+        assert "private_key" in msg and path not in msg
+        messages.append(msg)
+    assert messages[0] == messages[1]
+    assert runner_processes(pool[0]) == before, "nothing was started on the host"
 
 
 def test_a_second_cluster_fleet_with_the_same_name_gets_its_group_name_from_the_fleet(api, pool, project):
