@@ -29,6 +29,7 @@ from events.services import record
 from instances.models import (
     Fleet,
     FleetBackend,
+    FleetStatus,
     GroupKind,
     GroupStatus,
     Instance,
@@ -54,40 +55,90 @@ class HostFacts:
     probe: dict[str, Any]
 
 
-def register_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
+def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
+    """Write the fleet and one pending instance per host after the checks that need no network.
+
+    Nothing is contacted here: `complete_registration` (a Celery task) does that, so a slow or
+    hostile host never holds the web request.
+    """
     hosts: list[dict] = conf["ssh_config"]["hosts"]
-    placement = conf.get("placement") or "any"
     _refuse_server_paths(hosts)
-    targets = [_target(i, host) for i, host in enumerate(hosts)]
     _refuse_registered_elsewhere(project, hosts)
-    facts = _contact_all(project, targets)  # raises (after stopping what it started) when any host fails
+    name = conf["name"]
+    fleet_key = Counter(h["private_key"] for h in hosts).most_common(1)[0][0]
     try:
-        network = _common_network(placement, hosts, facts)
         with transaction.atomic():
-            _refuse_registered_elsewhere(project, hosts, facts)  # again, inside the transaction: a concurrent apply may have won
-            return _write(project, conf, hosts, targets, facts, network, actor)
-    except (IntegrityError, InvalidInput) as exc:
-        _stop_agents(targets, facts)
-        if isinstance(exc, InvalidInput):
-            raise
+            _refuse_registered_elsewhere(project, hosts)  # again, inside the transaction: a concurrent apply may have won
+            fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, status=FleetStatus.PENDING,
+                          placement=conf.get("placement") or "any", configuration=_stored_configuration(conf))
+            fleet.private_key = fleet_key
+            fleet.save()
+            for i, host in enumerate(hosts):
+                Instance.objects.create(
+                    project=project, fleet=fleet, index=i, name=f"{name}-{i}", status=InstanceStatus.PENDING,
+                    backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
+                    host_key=host.get("host_key") or "",  # given: the host must present exactly this key
+                    private_key_encrypted=crypto.encrypt(host["private_key"]) if host["private_key"] != fleet_key else "",
+                    # A runner home of its own per instance, named by nothing another fleet or project can
+                    # reuse: two fleets on one login never share (or stop) each other's runner files and jobs.
+                    backend_data={"runner_home": f"instances/{uuid.uuid4().hex}", "registration": "waiting"},
+                )
+            record(project.id, f"fleet {name}", f"registering {len(hosts)} ssh hosts", actor=actor)
+    except IntegrityError as exc:
         # A concurrent request took the fleet name (or an instance name) between the checks and the insert.
-        raise InvalidInput(["name"], f"fleet {conf['name']} (or an instance named {conf['name']}-N) already "
+        raise InvalidInput(["name"], f"fleet {name} (or an instance named {name}-N) already "
                                      "exists: delete it first or pick another name") from exc
+    return fleet
+
+
+def complete_registration(fleet_id: int, actor: str = "server") -> None:
+    """Contact, probe and start the runner on every host of a pending fleet; all or nothing."""
+    fleet = Fleet.objects.filter(pk=fleet_id, status=FleetStatus.PENDING).select_related("project").first()
+    if fleet is None:
+        return  # done already (a redelivered task), or deleted meanwhile
+    instances = list(fleet.instances.order_by("index"))
+    muster = settings.MUSTER
+    policy = {"allow": tuple(muster.get("SSH_HOSTS_ALLOW") or ()), "deny": tuple(muster.get("SSH_HOSTS_DENY") or ())}
+    targets = [replace(inst.ssh_target(), **policy) for inst in instances]
+    hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
+    started: list[HostFacts | None] = [None] * len(targets)
+    try:
+        facts, started = _contact_all(fleet, instances, targets)
+        network = _common_network(fleet.placement, hosts, facts)
+        with transaction.atomic():
+            if not Fleet.objects.select_for_update().filter(pk=fleet.pk, status=FleetStatus.PENDING).exists():
+                _stop_agents(targets, started)  # deleted while it registered
+                return
+            _activate(fleet, instances, targets, facts, network, actor)
+    except InvalidInput as exc:
+        _stop_agents(targets, started)
+        _fail(fleet, instances, exc.errors, actor)
+
+
+def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str) -> None:
+    by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
+    with transaction.atomic():
+        if not Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.PENDING).update(
+                status=FleetStatus.FAILED, errors=errors):
+            return
+        for inst in instances:
+            inst.status = InstanceStatus.TERMINATED
+            inst.termination_reason = "registration_failed"
+            inst.backend_data = {**inst.backend_data, "registration": f"failed: {by_host[inst.index]}"
+                                 if inst.index in by_host else "not registered: another host failed"}
+            inst.save(update_fields=["status", "termination_reason", "backend_data", "updated"])
+        record(fleet.project_id, f"fleet {fleet.name}", "registration failed: " + "; ".join(e["msg"] for e in errors),
+               actor=actor)
+
+
+def _progress(instances: list[Instance], steps: dict[int, str]) -> None:
+    for i, step in steps.items():
+        inst = instances[i]
+        inst.backend_data = {**inst.backend_data, "registration": step}
+        Instance.objects.filter(pk=inst.pk).update(backend_data=inst.backend_data)
 
 
 # ---- keys -------------------------------------------------------------------------------------
-
-
-def _target(i: int, host: dict) -> SSHTarget:
-    muster = settings.MUSTER
-    return SSHTarget(
-        hostname=host["hostname"], port=host["port"], username=host["user"], private_key=host["private_key"],
-        host_key=host.get("host_key") or "",
-        # A runner home of its own per instance, named by nothing another fleet or project can reuse:
-        # two fleets on one login never share (or stop) each other's runner files and jobs.
-        runner_home=f"instances/{uuid.uuid4().hex}",
-        allow=tuple(muster.get("SSH_HOSTS_ALLOW") or ()), deny=tuple(muster.get("SSH_HOSTS_DENY") or ()),
-    )
 
 
 def _refuse_server_paths(hosts: list[dict]) -> None:
@@ -107,9 +158,12 @@ def _refuse_server_paths(hosts: list[dict]) -> None:
 # ---- checks -----------------------------------------------------------------------------------
 
 
-def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list[HostFacts] | None = None) -> None:
+def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list[HostFacts] | None = None,
+                                 fleet: Fleet | None = None) -> None:
     """One machine sits in one live fleet: by address and port before contact, by host key after."""
     live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
+    if fleet is not None:
+        live = live.exclude(fleet=fleet)
     errors = []
     for i, host in enumerate(hosts):
         where = f"host {host['hostname']}:{host['port']}"
@@ -197,31 +251,41 @@ def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHT
     return results
 
 
-def _contact_all(project: Project, targets: list[SSHTarget]) -> list[HostFacts]:
+def _contact_all(fleet: Fleet, instances: list[Instance],
+                 targets: list[SSHTarget]) -> tuple[list[HostFacts], list[HostFacts | None]]:
+    """(facts per host, facts of the hosts whose runner was started); InvalidInput names each failing host."""
     timeout, overall = _timeouts()
     deadline = time.monotonic() + overall
     runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
     errors: dict[int, str] = {}
     facts: dict[int, HostFacts] = {}
     started: dict[int, None] = {}
+    everyone = list(range(len(targets)))
     try:
-        facts = _parallel(lambda i: _examine(runners[i]), list(range(len(targets))), targets, deadline, errors)
+        _progress(instances, dict.fromkeys(everyone, "connecting and probing"))
+        facts = _parallel(lambda i: _examine(runners[i]), everyone, targets, deadline, errors)
+        _progress(instances, {i: f"probed: {_describe(_resources(f.probe))}" for i, f in facts.items()})
         if not errors:  # else nothing was started anywhere yet, and nothing is
+            # Recorded before the check, so two registrations of one machine racing each other see
+            # each other's key and both refuse, rather than both passing.
+            for i, found in facts.items():
+                Instance.objects.filter(pk=instances[i].pk).update(host_key=found.host_key)
             hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
-            _refuse_registered_elsewhere(project, hosts, [facts[i] for i in range(len(targets))])
-            started = _parallel(lambda i: runners[i].ensure_agent(), list(range(len(targets))), targets, deadline,
-                                errors)
+            _refuse_registered_elsewhere(fleet.project, hosts, [facts[i] for i in everyone], fleet=fleet)
+            _progress(instances, dict.fromkeys(everyone, "starting the runner"))
+            started = _parallel(lambda i: runners[i].ensure_agent(), everyone, targets, deadline, errors)
     finally:
         for runner in runners:
             runner.close()
-    results = [facts.get(i) for i in range(len(targets))]
+    results = [facts.get(i) for i in everyone]
+    ran = [r if i in started else None for i, r in enumerate(results)]
     if errors:
-        _stop_agents(targets, [r if i in started else None for i, r in enumerate(results)])
+        _stop_agents(targets, ran)
         listed = [{"loc": ["ssh_config", "hosts", i], "msg": errors[i]} for i in sorted(errors)]
         failure = InvalidInput(listed[0]["loc"], listed[0]["msg"])
         failure.errors = listed
         raise failure
-    return [r for r in results if r is not None]
+    return [r for r in results if r is not None], ran
 
 
 def _message(where: str, exc: BaseException) -> str:
@@ -255,12 +319,6 @@ def _stop_agents(targets: list[SSHTarget], results: list[HostFacts | None]) -> N
 # ---- writing ----------------------------------------------------------------------------------
 
 
-def _fleet_key(targets: list[SSHTarget]) -> str:
-    # The checked configuration has each host's key already resolved; the most common one is the
-    # fleet's, and hosts with a different key keep their own on the instance.
-    return Counter(t.private_key for t in targets).most_common(1)[0][0]
-
-
 def _stored_configuration(conf: dict) -> dict:
     ssh = conf["ssh_config"]
     hosts = [{k: v for k, v in h.items() if k != "private_key"} for h in ssh["hosts"]]
@@ -290,32 +348,25 @@ def _describe(resources: dict[str, Any]) -> str:
     return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}"
 
 
-def _write(project: Project, conf: dict, hosts: list[dict], targets: list[SSHTarget], facts: list[HostFacts],
-           network: str, actor: str) -> Fleet:
-    name = conf["name"]
-    placement = conf.get("placement") or "any"
-    fleet_key = _fleet_key(targets)
-    fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, placement=placement,
-                  configuration=_stored_configuration(conf), network=network)
-    fleet.private_key = fleet_key
-    fleet.save()
+def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
+              network: str, actor: str) -> None:
     group = None
-    if placement == "cluster":
-        group = InstanceGroup.objects.create(project=project, fleet=fleet, name=_group_name(project, name),
+    if fleet.placement == "cluster":
+        group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=_group_name(fleet.project, fleet.name),
                                              kind=GroupKind.CLUSTER, status=GroupStatus.ACTIVE)
     now = timezone.now()
-    for i, (host, target, found) in enumerate(zip(hosts, targets, facts, strict=True)):
+    for inst, target, found in zip(instances, targets, facts, strict=True):
         resources = _resources(found.probe)
-        inst = Instance.objects.create(
-            project=project, fleet=fleet, group=group, index=i, name=f"{name}-{i}", status=InstanceStatus.IDLE,
-            backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
-            internal_ip=found.probe.get("internal_ip") or host["hostname"], host_key=found.host_key,
-            private_key_encrypted=crypto.encrypt(target.private_key) if target.private_key != fleet_key else "",
-            resources=resources, idle_since=now, last_seen=now, backend_data={"runner_home": target.runner_home},
-        )
-        record(project.id, f"instance {inst.name}",
+        inst.refresh_from_db(fields=["backend_data"])
+        inst.group, inst.status, inst.resources = group, InstanceStatus.IDLE, resources
+        inst.internal_ip = found.probe.get("internal_ip") or inst.hostname
+        inst.host_key, inst.idle_since, inst.last_seen = found.host_key, now, now
+        inst.backend_data = {**inst.backend_data, "registration": "ready"}
+        inst.save()
+        record(fleet.project_id, f"instance {inst.name}",
                f"registered {target.where} at {inst.internal_ip} ({_describe(resources)})",
                status=inst.status, actor=actor, instance_id=inst.id)
+    fleet.network, fleet.status = network, FleetStatus.ACTIVE
+    fleet.save(update_fields=["network", "status"])
     where = f" on network {network}" if network else ""
-    record(project.id, f"fleet {name}", f"registered with {len(hosts)} ssh hosts{where}", actor=actor)
-    return fleet
+    record(fleet.project_id, f"fleet {fleet.name}", f"registered with {len(instances)} ssh hosts{where}", actor=actor)

@@ -11,13 +11,26 @@ from backends.ssh.connection import HostKeyMismatch
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Fleet, Instance, InstanceGroup
 from muster import crypto
-from tests.ssh_e2e.helpers import L40S, fleet_configuration, needs_netns, runner_processes
+from tests.ssh_e2e.helpers import (
+    L40S,
+    fleet_configuration,
+    needs_netns,
+    post_fleet,
+    refused,
+    register,
+    runner_processes,
+    settled,
+)
 from tests.sshhosts import SSHHostPool, _ed25519_keypair
 from tests.waiting import wait_until
 
-pytestmark = needs_netns
+# Registration runs in a Celery task: a real worker, and a database the worker's thread can see.
+pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
 
-URL = "/api/projects/main/fleets/"
+
+@pytest.fixture(autouse=True)
+def _worker(celery_worker):
+    return celery_worker
 
 
 @pytest.fixture(scope="module")
@@ -40,29 +53,11 @@ def short_ssh_timeouts(settings):
     settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
 
 
-def post(api, configuration: dict):
-    return api.post(URL, {"configuration": configuration}, format="json")
-
-
-def counts() -> tuple[int, int, int]:
-    return Fleet.objects.count(), Instance.objects.count(), InstanceGroup.objects.count()
-
-
-def refused(api, configuration: dict, loc: list) -> str:
-    """POST, expect a 400 at `loc` with nothing written; return the message."""
-    before = counts()
-    resp = post(api, configuration)
-    assert resp.status_code == 400, resp.content
-    errors = resp.json()["errors"]
-    assert [e["loc"] for e in errors] == [loc], errors
-    assert counts() == before, "a refused registration writes nothing"
-    return errors[0]["msg"]
-
-
 def test_three_hosts_register_as_a_cluster_with_probed_resources_network_and_host_keys(api, pool):
-    resp = post(api, fleet_configuration(pool))
-    assert resp.status_code == 201, resp.content
+    resp = post_fleet(api, fleet_configuration(pool))
+    assert resp.status_code == 202, resp.content
     assert "PRIVATE KEY" not in resp.content.decode()
+    assert settled(api, "pd")["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert (fleet.backend, fleet.placement, fleet.network) == ("ssh", "cluster", str(pool.network))
     assert fleet.private_key == pool.private_key
@@ -87,7 +82,7 @@ def test_three_hosts_register_as_a_cluster_with_probed_resources_network_and_hos
 
 
 def test_registration_leaves_a_running_runner_agent_on_every_host(api, pool):
-    assert post(api, fleet_configuration(pool)).status_code == 201
+    assert register(api, fleet_configuration(pool))["status"] == "active"
     for inst in Instance.objects.filter(fleet__name="pd"):
         host = SSHRunnerHost(inst.ssh_target(), timeout=10)
         try:
@@ -101,7 +96,7 @@ def test_a_host_with_its_own_key_keeps_it_encrypted_on_its_instance(api, pool):
     conf["ssh_config"]["private_key"] = None
     conf["ssh_config"]["hosts"][0]["private_key"] = pool.private_key
     conf["ssh_config"]["hosts"][1]["private_key"] = pool.private_key
-    assert post(api, conf).status_code == 201
+    assert register(api, conf)["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert fleet.private_key == pool.private_key
     assert all(i.ssh_target().private_key == pool.private_key for i in fleet.instances.all())
@@ -212,12 +207,12 @@ def test_an_identity_file_is_never_read_on_the_server_whether_or_not_it_exists(a
 def test_a_second_cluster_fleet_with_the_same_name_gets_its_group_name_from_the_fleet(api, pool, project):
     # A live group already holds the fleet's name (say, a TPU pod): the cluster group takes <fleet>-cluster.
     InstanceGroup.objects.create(project=project, name="pd", kind="tpu_pod")
-    assert post(api, fleet_configuration(pool, hosts=[pool[0]])).status_code == 201
+    assert register(api, fleet_configuration(pool, hosts=[pool[0]]))["status"] == "active"
     assert InstanceGroup.objects.get(fleet__name="pd").name == "pd-cluster"
 
 
 def test_the_stored_host_key_is_checked_on_later_connections(api, pool):
-    assert post(api, fleet_configuration(pool, hosts=[pool[0]])).status_code == 201
+    assert register(api, fleet_configuration(pool, hosts=[pool[0]]))["status"] == "active"
     inst = Instance.objects.get(name="pd-0")
     Instance.objects.filter(pk=inst.pk).update(host_key=pool[1].host_key)
     inst.refresh_from_db()
@@ -230,7 +225,7 @@ def test_the_stored_host_key_is_checked_on_later_connections(api, pool):
 
 
 def test_keys_are_never_stored_in_clear(api, pool):
-    assert post(api, fleet_configuration(pool)).status_code == 201
+    assert register(api, fleet_configuration(pool))["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert pool.private_key not in fleet.private_key_encrypted
     assert crypto.decrypt(fleet.private_key_encrypted) == pool.private_key
@@ -242,7 +237,10 @@ def test_a_cluster_over_two_networks_is_refused_naming_both(api, pool, far_pool)
         {"hostname": far_pool[0].address, "port": far_pool[0].port, "private_key": far_pool.private_key})
     msg = refused(api, conf, ["placement"])
     assert str(pool.network) in msg and str(far_pool.network) in msg
-    host = SSHRunnerHost(far_pool[0].target(), timeout=10)
+    far = Instance.objects.filter(hostname=far_pool[0].address).latest("id")
+    assert (far_pool[0].muster_home / far.backend_data["runner_home"] / "bin" / "muster_runner.py").exists(), \
+        "the runner was started there while registering"
+    host = SSHRunnerHost(far.ssh_target(), timeout=10)
     try:
         assert host.status()["agent_alive"] is False, "the runners started while probing are stopped again"
     finally:
@@ -253,7 +251,7 @@ def test_hosts_on_two_networks_register_without_a_common_network_when_placement_
     conf = fleet_configuration(pool, hosts=[pool[0]], placement="any")
     conf["ssh_config"]["hosts"].append(
         {"hostname": far_pool[0].address, "port": far_pool[0].port, "private_key": far_pool.private_key})
-    assert post(api, conf).status_code == 201
+    assert register(api, conf)["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert fleet.network == ""
     assert not InstanceGroup.objects.filter(fleet=fleet).exists(), "only cluster fleets form a group"
