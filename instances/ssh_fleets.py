@@ -113,6 +113,12 @@ def complete_registration(fleet_id: int, actor: str = "server") -> None:
     except InvalidInput as exc:
         _stop_agents(targets, started)
         _fail(fleet, instances, exc.errors, actor)
+    except Exception:
+        # Whatever went wrong, the fleet must not stay pending for ever with runners left behind.
+        log.exception("registering fleet %s failed unexpectedly", fleet.name)
+        _stop_agents(targets, started)
+        _fail(fleet, instances, [{"loc": [], "msg": "registration failed on an unexpected server error (see the "
+                                               "server log); apply the fleet again"}], actor)
 
 
 def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str) -> None:
@@ -124,8 +130,11 @@ def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: st
         for inst in instances:
             inst.status = InstanceStatus.TERMINATED
             inst.termination_reason = "registration_failed"
-            inst.backend_data = {**inst.backend_data, "registration": f"failed: {by_host[inst.index]}"
-                                 if inst.index in by_host else "not registered: another host failed"}
+            if inst.index in by_host:
+                step = f"failed: {by_host[inst.index]}"
+            else:
+                step = "not registered: " + ("another host failed" if by_host else errors[0]["msg"])
+            inst.backend_data = {**inst.backend_data, "registration": step}
             inst.save(update_fields=["status", "termination_reason", "backend_data", "updated"])
         record(fleet.project_id, f"fleet {fleet.name}", "registration failed: " + "; ".join(e["msg"] for e in errors),
                actor=actor)
