@@ -97,9 +97,7 @@ def complete_registration(fleet_id: int, actor: str = "server") -> None:
     if fleet is None:
         return  # done already (a redelivered task), or deleted meanwhile
     instances = list(fleet.instances.order_by("index"))
-    muster = settings.MUSTER
-    policy = {"allow": tuple(muster.get("SSH_HOSTS_ALLOW") or ()), "deny": tuple(muster.get("SSH_HOSTS_DENY") or ())}
-    targets = [replace(inst.ssh_target(), **policy) for inst in instances]
+    targets = [inst.ssh_target() for inst in instances]
     hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
     started: list[HostFacts | None] = [None] * len(targets)
     try:

@@ -44,10 +44,6 @@ class SSHTarget:
     host_key: str = ""  # "<keytype> <base64>" as recorded; empty = not yet known (trust on first use)
     # empty = ${MUSTER_HOME:-$HOME/.muster} on the host; a relative path is under that default home
     runner_home: str = ""
-    # Networks the server may connect to: checked against every address the hostname resolves to,
-    # just before connecting to that very address (so a DNS answer cannot change between the two).
-    allow: tuple[str, ...] = ()  # empty = any address not denied
-    deny: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -239,15 +235,28 @@ def address_allowed(address: str, allow: Iterable[str], deny: Iterable[str]) -> 
     return not allowed or any(ip in net for net in allowed if net.version == ip.version)
 
 
+def host_policy() -> tuple[list[str], list[str]]:
+    """(allow, deny) CIDRs of MUSTER_SSH_HOSTS_ALLOW / _DENY; applied to every SSH connection, not only
+    at registration, so a name that later resolves elsewhere is held to the same rule."""
+    from django.conf import settings
+
+    return list(settings.MUSTER.get("SSH_HOSTS_ALLOW") or []), list(settings.MUSTER.get("SSH_HOSTS_DENY") or [])
+
+
 def _open_socket(target: SSHTarget, timeout: float) -> socket.socket:
-    """A TCP connection to the first allowed address of the host that answers."""
+    """A TCP connection to the first allowed address of the host that answers.
+
+    Each resolved address is checked just before connecting to that very address, so a DNS answer
+    cannot change between the check and the connection.
+    """
+    allow, deny = host_policy()
     try:
         infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
         raise _unreachable(target, exc) from exc
     addresses = list(dict.fromkeys((info[0], info[4]) for info in infos))
     permitted = [(family, sockaddr) for family, sockaddr in addresses
-                 if address_allowed(sockaddr[0], target.allow, target.deny)]
+                 if address_allowed(sockaddr[0], allow, deny)]
     if addresses and not permitted:
         raise HostNotAllowed(
             f"{target.hostname}:{target.port} is not an address this server connects to (the operator's "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.ssh.connection import HostNotAllowed
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.fleets import apply_fleet
 from instances.models import Instance
@@ -208,6 +209,18 @@ def test_an_allow_list_admits_only_its_networks(api, ssh_hosts, settings):
     assert "not an address this server connects to" in msg
     settings.MUSTER = {**settings.MUSTER, "SSH_HOSTS_ALLOW": [str(pool.network)]}
     assert register(api, fleet_configuration(pool))["status"] == "active"
+
+
+def test_a_registered_host_on_a_network_denied_later_is_not_connected_to(api, ssh_hosts, settings):
+    pool = ssh_hosts(1, mode="netns")
+    assert register(api, fleet_configuration(pool))["status"] == "active"
+    settings.MUSTER = {**settings.MUSTER, "SSH_HOSTS_DENY": [str(pool.network)]}
+    host = SSHRunnerHost(Instance.objects.get(name="pd-0").ssh_target(), timeout=5)
+    try:
+        with pytest.raises(HostNotAllowed):
+            host.status()
+    finally:
+        host.close()
 
 
 PRODUCTION_DENY = """
