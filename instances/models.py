@@ -18,7 +18,9 @@ class Placement(models.TextChoices):
 
 
 class FleetStatus(models.TextChoices):
+    PENDING = "pending"  # an SSH fleet whose hosts are being contacted (instances.tasks.register_ssh_fleet)
     ACTIVE = "active"
+    FAILED = "failed"  # SSH registration refused: `errors` says why; applying again replaces it
     TERMINATING = "terminating"
 
 
@@ -32,6 +34,7 @@ class Fleet(models.Model):
     private_key_encrypted = models.TextField(blank=True, default="")
     network = models.CharField(max_length=64, blank=True, default="")  # the hosts' common network (cluster)
     idle_duration = models.IntegerField(null=True, blank=True)  # seconds an idle cloud instance is kept
+    errors = models.JSONField(default=list, blank=True)  # a failed registration's [{"loc", "msg"}]
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -26,6 +26,7 @@ from muster.cli_client import (  # noqa: F401  (load_settings and Settings are p
     Settings,
     Unreachable,
     UsageError,
+    format_error,
     load_settings,
     write_config,
 )
@@ -279,8 +280,39 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
     if inline_identity_files(doc, Path(path).resolve().parent):
         configuration = doc  # the API takes a parsed document as well as YAML text
     fleet = client.post("fleets/", {"configuration": configuration})
+    if fleet.get("status") == "pending":
+        fleet = wait_for_fleet(client, fleet)
     print(render.fleet_summary(fleet))
+    if fleet.get("status") == "failed":
+        for error in fleet.get("errors") or []:
+            say(f"error: {format_error(error)}")
+        return 1
     return 0
+
+
+FLEET_WAIT_SECONDS = 900.0
+
+
+def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SECONDS,
+                   timeout: float = FLEET_WAIT_SECONDS) -> dict[str, Any]:
+    """Poll a pending SSH fleet until the server has registered (or refused) every host, saying
+    each host's progress as it changes."""
+    name = fleet.get("name") or ""
+    shown: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for inst in fleet.get("instances") or []:
+            step = inst.get("registration")
+            if step and shown.get(inst.get("name")) != step:
+                shown[inst.get("name")] = step
+                say(f"{inst.get('name')} ({inst.get('hostname')}:{inst.get('port')}): {step}")
+        if fleet.get("status") != "pending":
+            return fleet
+        if time.monotonic() > deadline:
+            raise CliError(f"fleet {name} is still registering after {timeout:g} s; "
+                           f"see `muster fleet list` (or delete it with `muster fleet delete {name}`)")
+        time.sleep(poll)
+        fleet = client.get(f"fleets/{segment(name)}/")
 
 
 def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:

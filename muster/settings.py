@@ -236,6 +236,18 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 
+def _cidrs(name: str, default: str = "") -> list[str]:
+    import ipaddress
+
+    items = [c.strip() for c in env_str(name, default).split(",") if c.strip()]
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a network (e.g. 10.0.0.0/8)") from exc
+    return items
+
+
 # --- Muster limits (seconds unless said otherwise); tests shorten them ---
 MUSTER = {
     "MAX_NODES": env_int("MUSTER_MAX_NODES", 4096),
@@ -265,6 +277,12 @@ MUSTER = {
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",
+    # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
+    # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.
+    "SSH_HOSTS_ALLOW": _cidrs("MUSTER_SSH_HOSTS_ALLOW"),
+    "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
+                             "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
+    "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
 }
 
 LOGGING = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import struct
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -34,6 +37,7 @@ class _HostInput(WrittenModel):
     user: str | None = None
     identity_file: str | None = None
     private_key: str | None = None
+    host_key: str | None = None
 
     @field_validator("hostname")
     @classmethod
@@ -181,6 +185,7 @@ class SSHHost(_Checked):
     user: str
     identity_file: str | None
     private_key: str | None = Field(default=None, repr=False)  # key content: never in logs
+    host_key: str | None = None  # "<keytype> <base64>": the key the host must present
 
 
 class SSHConfig(_Checked):
@@ -329,6 +334,13 @@ def _check_ssh(fleet: _FleetInput, errors: ErrorList) -> SSHConfig:
                 f"no key for host `{host.hostname}`: set ssh_config.private_key "
                 "(or identity_file) or the host's own",
             )
+        host_key = None
+        if host.host_key is not None:
+            try:
+                host_key = parse_host_key_line(host.host_key)
+            except ValueError as exc:
+                errors.add([*loc, "host_key"], f"host `{host.hostname}`: {exc}")
+                continue
         if user and (private_key or identity_file):
             hosts.append(
                 SSHHost(
@@ -337,9 +349,39 @@ def _check_ssh(fleet: _FleetInput, errors: ErrorList) -> SSHConfig:
                     user=user,
                     identity_file=identity_file,
                     private_key=private_key,
+                    host_key=host_key,
                 )
             )
     return SSHConfig(hosts=hosts)
+
+
+HOST_KEY_TYPES = (
+    "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+)
+
+
+def parse_host_key_line(text: str) -> str:
+    """An OpenSSH known_hosts line (`[host]:port ssh-ed25519 AAAA... comment`) or `ssh-ed25519 AAAA...`,
+    as "<keytype> <base64>". The key blob must decode and name the same type it is written with."""
+    words = text.split()
+    for i, word in enumerate(words):
+        if word in HOST_KEY_TYPES:
+            if i + 1 >= len(words):
+                break
+            blob_text = words[i + 1]
+            try:
+                blob = base64.b64decode(blob_text, validate=True)
+                (length,) = struct.unpack(">I", blob[:4])
+                named = blob[4 : 4 + length].decode("ascii")
+            except (binascii.Error, struct.error, UnicodeDecodeError) as exc:
+                raise ValueError(f"host_key: the key after {word} is not valid base64 key data") from exc
+            if named != word:
+                raise ValueError(f"host_key: the key data is a {named or 'unknown'} key, not {word}")
+            return f"{word} {blob_text}"
+    raise ValueError(
+        "host_key must be an OpenSSH known_hosts line or `<keytype> <base64>` (as in the host's "
+        f"/etc/ssh/ssh_host_ed25519_key.pub), with keytype one of {', '.join(HOST_KEY_TYPES)}"
+    )
 
 
 def _cloud_nodes(

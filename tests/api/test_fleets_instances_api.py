@@ -258,3 +258,15 @@ def test_submitting_a_run_records_a_submitted_event(api):
     assert submitted[0]["subject"] == "run ev1"
     assert submitted[0]["actor"] == "alice"
     assert "2 jobs" in submitted[0]["message"]
+
+
+@pytest.mark.parametrize("bad", ["not a key", "ssh-ed25519 !!notbase64", "ssh-ed25519 " + "QUFBQQ==",
+                                 "[h]:22 ssh-rsa"])
+def test_a_malformed_host_key_is_a_400_before_any_contact(api, bad):
+    conf = {"type": "fleet", "name": "pd", "ssh_config": {
+        "user": "root", "private_key": "x", "hosts": [{"hostname": "192.0.2.1", "host_key": bad}]}}
+    resp = apply_fleet(api, conf)
+    assert resp.status_code == 400
+    (error,) = resp.json()["errors"]
+    assert error["loc"] == ["ssh_config", "hosts", 0, "host_key"] and "host_key" in error["msg"]
+    assert not Fleet.objects.exists()

@@ -485,6 +485,7 @@ CASES = [
                 "user": "ubuntu",
                 "identity_file": None,
                 "private_key": "KEY",
+                "host_key": None,
             },
             "ssh_config.hosts.1.user": "root",
             "ssh_config.hosts.1.port": 2222,
