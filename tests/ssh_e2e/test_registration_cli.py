@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rest_framework.authtoken.models import Token
 
 from instances.models import Fleet
+from tests.conftest import token_for
 from tests.ssh_e2e.helpers import needs_netns
 from tests.sshhosts import SSHHostPool
 
@@ -38,10 +38,10 @@ def short_ssh_timeouts(settings):
 
 @pytest.fixture
 def muster(live_server, make_user, celery_worker, tmp_path):
-    token = Token.objects.create(user=make_user("alice"))
+    token = token_for(make_user("alice"))
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "MUSTER_URL": live_server.url, "MUSTER_TOKEN": token.key,
+    env = {**os.environ, "HOME": str(home), "MUSTER_URL": live_server.url, "MUSTER_TOKEN": token,
            "MUSTER_PROJECT": "main"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -29,6 +29,7 @@ from tests.ssh_e2e.helpers import (
     settled,
 )
 from tests.sshhosts import _run
+from tests.test_settings_and_compose import PROD
 
 # Registration runs in a Celery task: a real worker, and a database the worker's thread can see.
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
@@ -233,7 +234,7 @@ print(json.dumps(settings.MUSTER["SSH_HOSTS_DENY"]))
 
 
 def test_production_denies_loopback_and_cloud_metadata_by_default(api, settings, tmp_path):
-    env = {**os.environ, "MUSTER_ENV": "production", "SECRET_KEY": "x" * 50, "MUSTER_DATA_DIR": str(tmp_path)}
+    env = {**os.environ, **PROD, "MUSTER_DATA_DIR": str(tmp_path)}
     env.pop("MUSTER_SSH_HOSTS_DENY", None)
     out = subprocess.run([sys.executable, "-c", PRODUCTION_DENY], env=env, capture_output=True, text=True,
                          timeout=60, check=True, cwd=Path(__file__).resolve().parents[2]).stdout
