@@ -23,6 +23,7 @@ from time import monotonic
 from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
+from kombu.utils.objects import cached_property
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ def _write_whole(folder: str, name: str, data: bytes) -> str:
 
 
 class Channel(filesystem.Channel):
+    @cached_property
+    def processed_folder(self):
+        # taken messages are renamed into it, so it must exist: a failed rename reads as "another
+        # reader took it first", and a missing folder would silently leave every message unread
+        folder = self.transport_options.get("processed_folder", "processed")
+        os.makedirs(folder, exist_ok=True)
+        return folder
+
     def _put(self, queue, payload, **kwargs):
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         try:

@@ -108,13 +108,14 @@ def test_the_embedded_broker_hands_out_every_message_whole(tmp_path, count):
 
 def test_a_message_file_that_is_not_json_is_set_aside_and_the_reader_goes_on(tmp_path, caplog):
     # what an older writer may have left in the queue folder: said, kept for a look, never fatal
+    # ("0_" sorts before every name this transport writes, so it is read first)
     conn = connect(NEW, tmp_path)
     channel = conn.channel()
-    (tmp_path / "queue" / "1_x.torn.msg").write_bytes(b'{"body": "hal')
+    (tmp_path / "queue" / "0_x.torn.msg").write_bytes(b'{"body": "hal')
     conn.Producer(serializer="json").publish({"n": 1, "body": "whole"}, exchange="", routing_key="torn")
     message = wait_until(lambda: channel.basic_get("torn", no_ack=True), timeout=10, what="the good message")
     assert message.decode() == {"n": 1, "body": "whole"}
-    assert (tmp_path / "processed" / "1_x.torn.msg.unreadable").read_bytes() == b'{"body": "hal'
+    assert (tmp_path / "processed" / "0_x.torn.msg.unreadable").read_bytes() == b'{"body": "hal'
     assert "set aside unreadable message" in caplog.text
     conn.release()
 
@@ -130,4 +131,15 @@ def test_queues_bound_to_a_fanout_exchange_are_all_in_its_table(tmp_path):
     channel.queue_bind("b", "fan")
     assert sorted(q.queue for q in channel.get_table("fan")) == ["a", "b"]
     assert not [p for p in (tmp_path / "control").iterdir() if p.name.endswith(".partial")]
+    conn.release()
+
+
+def test_messages_are_delivered_when_the_processed_folder_does_not_exist_yet(tmp_path):
+    # a taken message is renamed into it; were it missing, every rename would fail like a message
+    # another reader took first, and nothing would ever be delivered
+    conn = connect(NEW, tmp_path)
+    (tmp_path / "processed").rmdir()
+    conn.Producer(serializer="json").publish({"n": 7}, exchange="", routing_key="torn")
+    message = wait_until(lambda: conn.channel().basic_get("torn", no_ack=True), timeout=10, what="the message")
+    assert message.decode() == {"n": 7}
     conn.release()
