@@ -62,7 +62,7 @@ def test_a_killed_worker_is_restarted_with_a_log_line_and_the_web_keeps_serving(
     assert served.answers()
     new = wait_until(lambda: served.pid_of("worker"), timeout=30, what="the new worker")
     assert new != worker
-    assert not group_members(worker), "the dead worker's prefork children went with it"
+    wait_until(lambda: not group_members(worker), timeout=20, what="the dead worker's prefork children gone with it")
     run_to_done(served)  # a run submitted after the restart still completes
 
 
