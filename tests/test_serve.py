@@ -65,6 +65,14 @@ def test_a_killed_worker_is_restarted_with_a_log_line_and_the_web_keeps_serving(
     wait_until(lambda: not group_members(worker), timeout=20, what="the dead worker's prefork children gone with it")
     run_to_done(served)  # a run submitted after the restart still completes
 
+    # a worker that dies again soon after its restart waits longer before the next one
+    os.kill(new, signal.SIGKILL)
+    wait_until(lambda: f"worker (pid {new}) exited with signal 9; restarting it in 2s" in served.log(), timeout=30,
+               what="the second restart backed off")
+    wait_until(lambda: "worker restarted" in served.log().split(f"pid {new}) exited", 1)[1], timeout=60,
+               what="the second restart")
+    assert served.answers()
+
 
 def test_sigterm_stops_every_child(served):
     children = wait_until(lambda: (c := served.children()) and len(c) == 3 and c, timeout=30, what="3 children")
