@@ -15,6 +15,8 @@ import pytest
 from bench.soak import ServeProcess
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 
 def alive(pid: int) -> bool:
     try:
