@@ -47,6 +47,18 @@ class ProvisioningData:
     backend_data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class GroupProgress:
+    """Where the creation of a group (a pod slice) stands after one call.
+
+    `records`: one per host once the group is ready, else None (look again). `backend_data`: what
+    the backend needs kept with the group for the next look (it may change on every look).
+    """
+
+    records: list[ProvisioningData] | None
+    backend_data: dict[str, Any] = field(default_factory=dict)
+
+
 class RunnerHost(ABC):
     """How the server talks to the runner agent on one host (files on disk, or the same over SSH)."""
 
@@ -100,6 +112,14 @@ class Compute(ABC):
     @abstractmethod
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
         """Delete one machine; a missing machine is success."""
+
+    def create_group(self, offer: InstanceOffer, count: int, name: str) -> GroupProgress:
+        """Start creating a whole group; raises only when it surely does not and will not exist."""
+        raise NotImplementedError
+
+    def poll_group(self, name: str, shape: str, backend_data: dict[str, Any]) -> GroupProgress:
+        """One look at a group being created, carrying on from `backend_data`."""
+        raise NotImplementedError
 
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         """Delete a whole group (a pod slice) with one call; a missing group is success."""

@@ -21,6 +21,8 @@ MUSTER = {
     # how long a hollow job reports `running` after it was handed to the hollow runner
     "HOLLOW_RUN_SECONDS": float(os.environ.get("BENCH_HOLLOW_RUN_SECONDS", "2.0")),
     "JOB_POLL_INTERVAL": float(os.environ.get("BENCH_POLL_INTERVAL", "0.5")),
+    # the benches measure capacity, with one user for all their clients: no request rate unless asked
+    "THROTTLE_USER": os.environ.get("MUSTER_THROTTLE_USER", ""),
 }
 
 # Query counting (bench/instrument.py): on only when a stats Redis is named.

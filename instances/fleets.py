@@ -1,4 +1,4 @@
-"""Applying and deleting fleets. SSH hosts are probed before anything is written."""
+"""Applying and deleting fleets. SSH hosts are contacted by a Celery task after the fleet is written as pending."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from backends.registry import get_compute
 from events.services import record
-from instances.models import Fleet, FleetBackend, Instance, InstanceStatus
+from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
 from muster.api_errors import InvalidInput
+from projects.access import check_local_fleet
 from projects.models import Project
 from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
 
@@ -29,22 +30,44 @@ def _configuration(payload: Any) -> dict:
     return conf
 
 
-def apply_fleet(project: Project, payload: Any, actor: str = "api") -> Fleet:
+def apply_fleet(project: Project, payload: Any, actor: str = "api", user=None, wait: bool = True) -> Fleet:
+    """Create a fleet. An SSH fleet's hosts are registered in this call when `wait` (then a failure
+    is an InvalidInput and nothing is kept), else by a Celery task: the fleet is returned `pending`
+    and ends `active` or `failed` (with `errors`)."""
     conf = _configuration(payload)
     name = conf["name"]
+    # A failed registration stays visible until it is applied again (or deleted).
+    Fleet.objects.filter(project=project, name=name, status=FleetStatus.FAILED).delete()
     if Fleet.objects.filter(project=project, name=name).exists():
         raise InvalidInput(["name"], f"fleet {name} already exists: delete it first or pick another name")
     if conf.get("ssh_config"):
-        from instances.ssh_fleets import register_ssh_fleet
-
-        return register_ssh_fleet(project, conf, actor=actor)
+        return _apply_ssh_fleet(project, conf, actor, wait)
     backends = conf.get("backends") or ["local"]
     if backends == ["local"]:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
+        check_local_fleet(user, count)
         return create_local_fleet(project, name, count, placement=conf.get("placement") or "any", actor=actor)
     if backends == ["gcp"]:
         return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
     raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
+
+
+def _apply_ssh_fleet(project: Project, conf: dict, actor: str, wait: bool) -> Fleet:
+    from instances import ssh_fleets, tasks
+
+    fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
+    if not wait:
+        transaction.on_commit(lambda: tasks.register_ssh_fleet.delay(fleet.id, actor))
+        return fleet
+    ssh_fleets.complete_registration(fleet.id, actor=actor)
+    fleet.refresh_from_db()
+    if fleet.status == FleetStatus.FAILED:
+        failure = InvalidInput(fleet.errors[0]["loc"], fleet.errors[0]["msg"])
+        failure.errors = fleet.errors
+        fleet.instances.all().delete()  # never used: nothing of a refused registration is kept
+        fleet.delete()
+        raise failure
+    return fleet
 
 
 def _fixed_nodes(conf: dict, default: int) -> int:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 from django.utils import timezone
 
 from events.services import record
 from instances.models import Instance
+
+log = logging.getLogger(__name__)
+# runner states of a job whose processes may still be alive
+RUNNER_LIVE_STATES = ("running", "starting", "submitted")
 
 
 def mark_unreachable(instance: Instance, why: str) -> None:
@@ -23,6 +29,8 @@ def mark_reachable(instance: Instance) -> None:
     `last_seen` is older than 10 s."""
     now = timezone.now()
     if instance.unreachable:
+        if not stop_orphans(instance):
+            return  # stays unreachable, so placement skips it; the next look tries again
         with transaction.atomic():
             if Instance.objects.filter(pk=instance.pk, unreachable=True).update(
                     unreachable=False, unreachable_since=None, last_seen=now):
@@ -33,3 +41,53 @@ def mark_reachable(instance: Instance) -> None:
     if not instance.last_seen or (now - instance.last_seen).total_seconds() > 10:
         Instance.objects.filter(pk=instance.pk).update(last_seen=now)
         instance.last_seen = now
+
+
+def stop_orphans(instance: Instance) -> bool:
+    """Stop and clean up, on a host that answers again, the jobs the server ended while it could
+    not reach it (instance_unreachable, or a stop it could not deliver). Their processes may
+    still run there: offered again, the host would get a new job next to them (its ports taken,
+    or a runner job id that already exists). True once none of them is left running.
+    """
+    from backends.base import BackendError
+    from backends.registry import compute_for_instance
+    from runs import logs
+    from runs.choices import JOB_FINISHED
+    from runs.models import Job
+
+    since = instance.unreachable_since
+    if since is None:
+        return True
+    ended = list(Job.objects.filter(instance_id=instance.pk, runner_submitted=True, status__in=JOB_FINISHED,
+                                    status_changed_at__gte=since).select_related("run"))
+    if not ended:
+        return True
+    host = compute_for_instance(instance).runner_host(instance)
+    stopping, cleaned = [], []
+    try:
+        known = host.status().get("jobs") or {}
+        for job in ended:
+            state = (known.get(job.runner_job_id) or {}).get("state")
+            if state is None:
+                continue  # already cleaned up (or never reached the runner)
+            if state in RUNNER_LIVE_STATES:
+                host.stop(job.runner_job_id)
+                stopping.append(job)
+                continue
+            logs.keep_copy(job, host)  # the log the server could not copy when the job ended
+            host.cleanup(job.runner_job_id)
+            cleaned.append(job)
+    except BackendError as exc:
+        log.info("could not clean up ended jobs on %s: %s", instance.name, exc)
+        return False
+    finally:
+        host.close()
+    for job in stopping:
+        record(instance.project_id, f"instance {instance.name}",
+               f"stopping job {job.run.name}/{job.job_num}, ended while the host was unreachable",
+               status="unreachable", instance_id=instance.pk, job_id=job.pk)
+    for job in cleaned:
+        record(instance.project_id, f"instance {instance.name}",
+               f"cleaned up job {job.run.name}/{job.job_num}, ended while the host was unreachable",
+               status="unreachable", instance_id=instance.pk, job_id=job.pk)
+    return not stopping

@@ -18,7 +18,9 @@ class Placement(models.TextChoices):
 
 
 class FleetStatus(models.TextChoices):
+    PENDING = "pending"  # an SSH fleet whose hosts are being contacted (instances.tasks.register_ssh_fleet)
     ACTIVE = "active"
+    FAILED = "failed"  # SSH registration refused: `errors` says why; applying again replaces it
     TERMINATING = "terminating"
 
 
@@ -32,6 +34,7 @@ class Fleet(models.Model):
     private_key_encrypted = models.TextField(blank=True, default="")
     network = models.CharField(max_length=64, blank=True, default="")  # the hosts' common network (cluster)
     idle_duration = models.IntegerField(null=True, blank=True)  # seconds an idle cloud instance is kept
+    errors = models.JSONField(default=list, blank=True)  # a failed registration's [{"loc", "msg"}]
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -42,7 +45,9 @@ class Fleet(models.Model):
 
     @property
     def private_key(self) -> str:
-        return crypto.decrypt(self.private_key_encrypted)
+        return crypto.decrypt(self.private_key_encrypted, loc=["fleets", self.name, "private_key"],
+                              what=f"the SSH private key of fleet {self.name}",
+                              fix="delete the fleet and apply it again with its key")
 
     @private_key.setter
     def private_key(self, plaintext: str) -> None:
@@ -170,7 +175,9 @@ class Instance(Claimable):
     def ssh_target(self):
         from backends.ssh.connection import SSHTarget
 
-        own_key = crypto.decrypt(self.private_key_encrypted)
+        own_key = crypto.decrypt(self.private_key_encrypted, loc=["instances", self.name, "private_key"],
+                                 what=f"the SSH private key of instance {self.name}",
+                                 fix="delete its fleet and apply it again with its keys")
         fleet_key = self.fleet.private_key if self.fleet else ""
         return SSHTarget(
             hostname=self.hostname,

@@ -12,16 +12,16 @@ poll for every provisioning pod as the safety net for lost messages.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-import secrets
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.base import BackendError, Compute, NoCapacityError, ProvisioningData
+from backends.base import BackendError, Compute, GroupProgress, NoCapacityError, ProvisioningData
 from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
 from events.services import record
@@ -64,15 +64,20 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
         return {}
     group, instances = _plan_pod(fleet, shape, jobs)
     try:
-        records = compute.create_instances(offers[0], shape.hosts, [group.name])
-    except NoCapacityError:
-        _forget(group, "no capacity in any zone")
+        progress = compute.create_group(offers[0], shape.hosts, group.name)
+    except NoCapacityError as exc:
+        _forget(group, str(exc))
         raise
     except BackendError as exc:
-        _forget(group, f"create failed: {exc}")
-        raise
-    if records:
-        apply_ready(group, records)
+        if getattr(exc, "transient", False):
+            # The API may have taken the create: the rows stay, and polls find the node by its id.
+            progress = GroupProgress(None, {})
+        else:
+            _forget(group, f"create failed: {exc}")
+            raise
+    _keep(group, progress)
+    if progress.records:
+        apply_ready(group, progress.records)
     else:
         schedule_poll(group.pk)
     return {job.pk: inst.pk for job, inst in zip(jobs, instances, strict=True)}
@@ -101,21 +106,36 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | No
     return None
 
 
-def pod_name(run_name: str, group_name: str) -> str:
-    """A TPU node id: lowercase letters, digits and '-', starting with a letter, at most 63 chars."""
+def pod_name(run_name: str, group_name: str, attempt: str = "") -> str:
+    """A TPU node id: lowercase letters, digits and '-', starting with a letter, at most 63 chars.
+
+    The same for the same `attempt` (run id, group, submission): a create tried again for one
+    attempt asks for the node the first try may have made, never for a second one.
+    """
     base = re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{group_name}".lower()).strip("-")
     if not base or not base[0].isalpha():
         base = f"pod-{base}".rstrip("-")
+    digest = hashlib.sha256(f"{run_name}\0{group_name}\0{attempt}".encode()).hexdigest()[:6]
     # 63 minus "-" + 6 hex for the pod, minus "-NNNN" that instance names append.
-    return f"{base[:50].rstrip('-')}-{secrets.token_hex(3)}"
+    return f"{base[:50].rstrip('-')}-{digest}"
 
 
 def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
     from runs.models import Job
 
     master = jobs[0]
-    name = pod_name(master.run.name, master.node_group_name)
+    name = pod_name(master.run.name, master.node_group_name,
+                    f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
     with transaction.atomic():
+        planned = (InstanceGroup.objects.select_for_update()
+                   .filter(project=fleet.project, name=name, kind=GroupKind.TPU_POD,
+                           status=GroupStatus.PROVISIONING).first())
+        if planned is not None:
+            # An earlier try of this attempt planned it (and may have created the node): carry on.
+            instances = list(planned.instances.order_by("index"))
+            for job, inst in zip(jobs, instances, strict=True):
+                Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
+            return planned, instances
         group = InstanceGroup.objects.create(
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=shape.name,
             status=GroupStatus.PROVISIONING, backend_data={"backend": fleet.backend},
@@ -149,6 +169,14 @@ def _forget(group: InstanceGroup, why: str) -> None:
         group.instances.update(status=InstanceStatus.TERMINATED, termination_reason=why[:64])
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATED)
         record(group.project_id, f"instance group {group.name}", f"not created: {why}", status="terminated")
+
+
+def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
+    """Store where the create stands (zone, operation, zones refused) for the next poll."""
+    if not progress.backend_data:
+        return
+    group.backend_data = {**group.backend_data, **progress.backend_data}
+    InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
 
 
 def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
@@ -201,7 +229,9 @@ def _look(group: InstanceGroup) -> bool:
     try:
         compute = get_compute(group.backend_data.get("backend", "gcp"),
                               fleet_backend_config(group.fleet) if group.fleet else {})
-        records = compute.update_provisioning_data(group.name, group.backend_data)
+        progress = compute.poll_group(group.name, group.shape, group.backend_data)
+        _keep(group, progress)
+        records = progress.records
     except BackendError as exc:
         if not getattr(exc, "transient", False):
             failure, reason = str(exc), exc.reason

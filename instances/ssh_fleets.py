@@ -1,15 +1,19 @@
 """Registering an SSH fleet: every host is contacted, probed and given a runner before anything is written.
 
-Hosts are contacted in parallel (one connection each: host key, resource probe, runner upload and
-start). Registration is all or nothing: if any host fails, the runners started on the others are
-stopped again and the request is refused with one error per failing host, naming it and the fix.
+Hosts are contacted in parallel, one connection each, in two steps: first the host key and the
+resource probe; then, once no host turned out to be a machine already registered (recognised by
+its host key, however its address is spelled), the runner upload and start. Registration is all
+or nothing: if any host fails, the runners started on the others are stopped again and the
+request is refused with one error per failing host, naming it and the fix.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import time
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +29,7 @@ from events.services import record
 from instances.models import (
     Fleet,
     FleetBackend,
+    FleetStatus,
     GroupKind,
     GroupStatus,
     Instance,
@@ -50,72 +55,152 @@ class HostFacts:
     probe: dict[str, Any]
 
 
-def register_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
+def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
+    """Write the fleet and one pending instance per host after the checks that need no network.
+
+    Nothing is contacted here: `complete_registration` (a Celery task) does that, so a slow or
+    hostile host never holds the web request.
+    """
     hosts: list[dict] = conf["ssh_config"]["hosts"]
-    placement = conf.get("placement") or "any"
-    targets = [_target(i, host) for i, host in enumerate(hosts)]
-    _refuse_registered_elsewhere(hosts)
-    facts = _contact_all(targets)  # raises (after stopping what it started) when any host fails
+    _refuse_server_paths(hosts)
+    _refuse_registered_elsewhere(project, hosts)
+    name = conf["name"]
+    fleet_key = Counter(h["private_key"] for h in hosts).most_common(1)[0][0]
     try:
-        network = _common_network(placement, hosts, facts)
         with transaction.atomic():
-            _refuse_registered_elsewhere(hosts)  # again, inside the transaction: a concurrent apply may have won
-            return _write(project, conf, hosts, targets, facts, network, actor)
-    except (IntegrityError, InvalidInput) as exc:
-        _stop_agents(targets, facts)
-        if isinstance(exc, InvalidInput):
-            raise
+            _refuse_registered_elsewhere(project, hosts)  # again, inside the transaction: a concurrent apply may have won
+            fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, status=FleetStatus.PENDING,
+                          placement=conf.get("placement") or "any", configuration=_stored_configuration(conf))
+            fleet.private_key = fleet_key
+            fleet.save()
+            for i, host in enumerate(hosts):
+                Instance.objects.create(
+                    project=project, fleet=fleet, index=i, name=f"{name}-{i}", status=InstanceStatus.PENDING,
+                    backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
+                    host_key=host.get("host_key") or "",  # given: the host must present exactly this key
+                    private_key_encrypted=crypto.encrypt(host["private_key"]) if host["private_key"] != fleet_key else "",
+                    # A runner home of its own per instance, named by nothing another fleet or project can
+                    # reuse: two fleets on one login never share (or stop) each other's runner files and jobs.
+                    backend_data={"runner_home": f"instances/{uuid.uuid4().hex}", "registration": "waiting"},
+                )
+            record(project.id, f"fleet {name}", f"registering {len(hosts)} ssh hosts", actor=actor)
+    except IntegrityError as exc:
         # A concurrent request took the fleet name (or an instance name) between the checks and the insert.
-        raise InvalidInput(["name"], f"fleet {conf['name']} (or an instance named {conf['name']}-N) already "
+        raise InvalidInput(["name"], f"fleet {name} (or an instance named {name}-N) already "
                                      "exists: delete it first or pick another name") from exc
+    return fleet
+
+
+def complete_registration(fleet_id: int, actor: str = "server") -> None:
+    """Contact, probe and start the runner on every host of a pending fleet; all or nothing."""
+    fleet = Fleet.objects.filter(pk=fleet_id, status=FleetStatus.PENDING).select_related("project").first()
+    if fleet is None:
+        return  # done already (a redelivered task), or deleted meanwhile
+    instances = list(fleet.instances.order_by("index"))
+    targets = [inst.ssh_target() for inst in instances]
+    hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
+    started: list[HostFacts | None] = [None] * len(targets)
+    try:
+        facts, started = _contact_all(fleet, instances, targets)
+        network = _common_network(fleet.placement, hosts, facts)
+        with transaction.atomic():
+            if not Fleet.objects.select_for_update().filter(pk=fleet.pk, status=FleetStatus.PENDING).exists():
+                _stop_agents(targets, started)  # deleted while it registered
+                return
+            _activate(fleet, instances, targets, facts, network, actor)
+    except InvalidInput as exc:
+        _stop_agents(targets, started)
+        _fail(fleet, instances, exc.errors, actor)
+    except Exception:
+        # Whatever went wrong, the fleet must not stay pending for ever with runners left behind.
+        log.exception("registering fleet %s failed unexpectedly", fleet.name)
+        _stop_agents(targets, started)
+        _fail(fleet, instances, [{"loc": [], "msg": "registration failed on an unexpected server error (see the "
+                                               "server log); apply the fleet again"}], actor)
+
+
+def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str) -> None:
+    by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
+    with transaction.atomic():
+        if not Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.PENDING).update(
+                status=FleetStatus.FAILED, errors=errors):
+            return
+        for inst in instances:
+            inst.status = InstanceStatus.TERMINATED
+            inst.termination_reason = "registration_failed"
+            if inst.index in by_host:
+                step = f"failed: {by_host[inst.index]}"
+            else:
+                step = "not registered: " + ("another host failed" if by_host else errors[0]["msg"])
+            inst.backend_data = {**inst.backend_data, "registration": step}
+            inst.save(update_fields=["status", "termination_reason", "backend_data", "updated"])
+        record(fleet.project_id, f"fleet {fleet.name}", "registration failed: " + "; ".join(e["msg"] for e in errors),
+               actor=actor)
+
+
+def _progress(instances: list[Instance], steps: dict[int, str]) -> None:
+    for i, step in steps.items():
+        inst = instances[i]
+        inst.backend_data = {**inst.backend_data, "registration": step}
+        Instance.objects.filter(pk=inst.pk).update(backend_data=inst.backend_data)
 
 
 # ---- keys -------------------------------------------------------------------------------------
 
 
-def _target(i: int, host: dict) -> SSHTarget:
-    return SSHTarget(
-        hostname=host["hostname"], port=host["port"], username=host["user"], private_key=_private_key(i, host)
-    )
-
-
-def _private_key(i: int, host: dict) -> str:
-    if host.get("private_key"):
-        return host["private_key"]
-    # identity_file names a file on the client; the CLI sends its content. Reading it here only helps
-    # when client and server share a machine (a dev setup, the tests).
-    path = os.path.expanduser(host.get("identity_file") or "")
-    if path and os.path.isfile(path):
-        try:
-            with open(path) as f:
-                return f.read()
-        except OSError as exc:
-            raise InvalidInput(["ssh_config", "hosts", i], f"cannot read identity_file {path}: {exc}") from exc
-    raise InvalidInput(
-        ["ssh_config", "hosts", i],
-        f"host {host['hostname']}:{host['port']}: identity_file {host.get('identity_file')!r} is a path on your "
-        "machine, not on the server: send the key's content as `private_key` (the muster CLI does this)",
-    )
+def _refuse_server_paths(hosts: list[dict]) -> None:
+    # The server never opens a path it is sent: it would log in with the server's own keys, and
+    # "cannot read" vs "not a key" would tell which server files exist. The message is the same
+    # whatever the path is.
+    for i, host in enumerate(hosts):
+        if host.get("identity_file"):
+            raise InvalidInput(
+                ["ssh_config", "hosts", i, "identity_file"],
+                f"host {host['hostname']}:{host['port']}: identity_file names a file on your machine, which "
+                "the server does not read: send the key's content as `private_key` instead (the muster "
+                "CLI reads identity_file and sends its content)",
+            )
 
 
 # ---- checks -----------------------------------------------------------------------------------
 
 
-def _refuse_registered_elsewhere(hosts: list[dict]) -> None:
+def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list[HostFacts] | None = None,
+                                 fleet: Fleet | None = None) -> None:
+    """One machine sits in one live fleet: by address and port before contact, by host key after."""
+    live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
+    if fleet is not None:
+        live = live.exclude(fleet=fleet)
+    errors = []
     for i, host in enumerate(hosts):
-        taken = (
-            Instance.objects.filter(hostname__iexact=host["hostname"], port=host["port"])
-            .exclude(status=InstanceStatus.TERMINATED)
-            .select_related("fleet", "project")
-            .first()
-        )
-        if taken is not None:
-            raise InvalidInput(
-                ["ssh_config", "hosts", i],
-                f"host {host['hostname']}:{host['port']} is already registered as instance {taken.name} "
-                f"(fleet {taken.fleet.name if taken.fleet else '-'}, project {taken.project.name}): delete that "
-                "fleet first or remove the host from this one",
-            )
+        where = f"host {host['hostname']}:{host['port']}"
+        taken = live.filter(hostname__iexact=host["hostname"], port=host["port"]).select_related("fleet").first()
+        how = "is already registered"
+        if taken is None and facts is not None:
+            taken = live.filter(host_key=facts[i].host_key).select_related("fleet").first()
+            how = "presents the host key of a machine already registered"
+        if taken is None:
+            continue
+        if taken.project_id == project.id:
+            msg = (f"{where} {how} as instance {taken.name} (fleet {taken.fleet.name if taken.fleet else '-'}): "
+                   "delete that fleet first or remove the host from this one")
+        else:
+            # Another project's fleet and instance names are none of this project's business.
+            msg = (f"{where} {how} in another project: it can be in one fleet at a time, so it must be "
+                   "removed there first")
+        errors.append({"loc": ["ssh_config", "hosts", i], "msg": msg})
+    if facts is not None:
+        first: dict[str, int] = {}
+        for i, found in enumerate(facts):
+            if found.host_key in first:
+                errors.append({"loc": ["ssh_config", "hosts", i], "msg": (
+                    f"host {hosts[i]['hostname']}:{hosts[i]['port']} is the same machine as hosts[{first[found.host_key]}] "
+                    "(it presents the same host key): list each machine once")})
+            first.setdefault(found.host_key, i)
+    if errors:
+        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
+        failure.errors = errors
+        raise failure
 
 
 def _common_network(placement: str, hosts: list[dict], facts: list[HostFacts]) -> str:
@@ -143,48 +228,71 @@ def _timeouts() -> tuple[float, float]:
             float(muster.get("SSH_REGISTER_TIMEOUT", DEFAULT_REGISTER_TIMEOUT)))
 
 
-def _contact(target: SSHTarget, timeout: float) -> HostFacts:
-    """One connection: record the host key on first contact, probe, install and start the runner."""
-    runner = SSHRunnerHost(target, timeout=timeout)
-    try:
-        host_key = runner.remote_host_key()
-        facts = runner.probe()
-        runner.ensure_agent()
-        return HostFacts(host_key=host_key, probe=facts)
-    finally:
-        runner.close()
+def _examine(runner: SSHRunnerHost) -> HostFacts:
+    """Step one: the host key (checked against `host_key` when one is given) and the probe."""
+    return HostFacts(host_key=runner.remote_host_key(), probe=runner.probe())
 
 
-def _contact_all(targets: list[SSHTarget]) -> list[HostFacts]:
-    timeout, overall = _timeouts()
-    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets)), thread_name_prefix="ssh-register")
+def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHTarget], deadline: float,
+              errors: dict[int, str]) -> dict[int, Any]:
+    """step(i) for each index in threads, until `deadline`; failures go to `errors` by index."""
+    results: dict[int, Any] = {}
+    if not indexes:
+        return results
+    _timeout, overall = _timeouts()
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(indexes)), thread_name_prefix="ssh-register")
     try:
-        futures = [pool.submit(_contact, t, timeout) for t in targets]
-        wait(futures, timeout=overall)
+        futures = {i: pool.submit(step, i) for i in indexes}
+        wait(futures.values(), timeout=max(0.0, deadline - time.monotonic()))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a hung host must not hold the request
-    results: list[HostFacts | None] = []
-    errors: list[dict] = []
-    for i, (target, future) in enumerate(zip(targets, futures, strict=True)):
-        loc = ["ssh_config", "hosts", i]
-        where = f"host {target.hostname}:{target.port}"
+    for i, future in futures.items():
+        where = f"host {targets[i].hostname}:{targets[i].port}"
         if not future.done():
-            results.append(None)
-            errors.append({"loc": loc, "msg": f"{where} did not finish registering within {overall:g} s (connect, "
-                                              "probe and runner start); check that it answers SSH promptly"})
-            continue
-        exc = future.exception()
-        if exc is None:
-            results.append(future.result())
-            continue
-        results.append(None)
-        errors.append({"loc": loc, "msg": _message(where, exc)})
+            errors[i] = (f"{where} did not finish registering within {overall:g} s (connect, probe and runner "
+                         "start); check that it answers SSH promptly")
+        elif future.exception() is not None:
+            errors[i] = _message(where, future.exception())
+        else:
+            results[i] = future.result()
+    return results
+
+
+def _contact_all(fleet: Fleet, instances: list[Instance],
+                 targets: list[SSHTarget]) -> tuple[list[HostFacts], list[HostFacts | None]]:
+    """(facts per host, facts of the hosts whose runner was started); InvalidInput names each failing host."""
+    timeout, overall = _timeouts()
+    deadline = time.monotonic() + overall
+    runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
+    errors: dict[int, str] = {}
+    facts: dict[int, HostFacts] = {}
+    started: dict[int, None] = {}
+    everyone = list(range(len(targets)))
+    try:
+        _progress(instances, dict.fromkeys(everyone, "connecting and probing"))
+        facts = _parallel(lambda i: _examine(runners[i]), everyone, targets, deadline, errors)
+        _progress(instances, {i: f"probed: {_describe(_resources(f.probe))}" for i, f in facts.items()})
+        if not errors:  # else nothing was started anywhere yet, and nothing is
+            # Recorded before the check, so two registrations of one machine racing each other see
+            # each other's key and both refuse, rather than both passing.
+            for i, found in facts.items():
+                Instance.objects.filter(pk=instances[i].pk).update(host_key=found.host_key)
+            hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
+            _refuse_registered_elsewhere(fleet.project, hosts, [facts[i] for i in everyone], fleet=fleet)
+            _progress(instances, dict.fromkeys(everyone, "starting the runner"))
+            started = _parallel(lambda i: runners[i].ensure_agent(), everyone, targets, deadline, errors)
+    finally:
+        for runner in runners:
+            runner.close()
+    results = [facts.get(i) for i in everyone]
+    ran = [r if i in started else None for i, r in enumerate(results)]
     if errors:
-        _stop_agents(targets, results)
-        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
-        failure.errors = errors
+        _stop_agents(targets, ran)
+        listed = [{"loc": ["ssh_config", "hosts", i], "msg": errors[i]} for i in sorted(errors)]
+        failure = InvalidInput(listed[0]["loc"], listed[0]["msg"])
+        failure.errors = listed
         raise failure
-    return [r for r in results if r is not None]
+    return [r for r in results if r is not None], ran
 
 
 def _message(where: str, exc: BaseException) -> str:
@@ -218,12 +326,6 @@ def _stop_agents(targets: list[SSHTarget], results: list[HostFacts | None]) -> N
 # ---- writing ----------------------------------------------------------------------------------
 
 
-def _fleet_key(targets: list[SSHTarget]) -> str:
-    # The checked configuration has each host's key already resolved; the most common one is the
-    # fleet's, and hosts with a different key keep their own on the instance.
-    return Counter(t.private_key for t in targets).most_common(1)[0][0]
-
-
 def _stored_configuration(conf: dict) -> dict:
     ssh = conf["ssh_config"]
     hosts = [{k: v for k, v in h.items() if k != "private_key"} for h in ssh["hosts"]]
@@ -253,32 +355,25 @@ def _describe(resources: dict[str, Any]) -> str:
     return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}"
 
 
-def _write(project: Project, conf: dict, hosts: list[dict], targets: list[SSHTarget], facts: list[HostFacts],
-           network: str, actor: str) -> Fleet:
-    name = conf["name"]
-    placement = conf.get("placement") or "any"
-    fleet_key = _fleet_key(targets)
-    fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, placement=placement,
-                  configuration=_stored_configuration(conf), network=network)
-    fleet.private_key = fleet_key
-    fleet.save()
+def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
+              network: str, actor: str) -> None:
     group = None
-    if placement == "cluster":
-        group = InstanceGroup.objects.create(project=project, fleet=fleet, name=_group_name(project, name),
+    if fleet.placement == "cluster":
+        group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=_group_name(fleet.project, fleet.name),
                                              kind=GroupKind.CLUSTER, status=GroupStatus.ACTIVE)
     now = timezone.now()
-    for i, (host, target, found) in enumerate(zip(hosts, targets, facts, strict=True)):
+    for inst, target, found in zip(instances, targets, facts, strict=True):
         resources = _resources(found.probe)
-        inst = Instance.objects.create(
-            project=project, fleet=fleet, group=group, index=i, name=f"{name}-{i}", status=InstanceStatus.IDLE,
-            backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
-            internal_ip=found.probe.get("internal_ip") or host["hostname"], host_key=found.host_key,
-            private_key_encrypted=crypto.encrypt(target.private_key) if target.private_key != fleet_key else "",
-            resources=resources, idle_since=now, last_seen=now,
-        )
-        record(project.id, f"instance {inst.name}",
+        inst.refresh_from_db(fields=["backend_data"])
+        inst.group, inst.status, inst.resources = group, InstanceStatus.IDLE, resources
+        inst.internal_ip = found.probe.get("internal_ip") or inst.hostname
+        inst.host_key, inst.idle_since, inst.last_seen = found.host_key, now, now
+        inst.backend_data = {**inst.backend_data, "registration": "ready"}
+        inst.save()
+        record(fleet.project_id, f"instance {inst.name}",
                f"registered {target.where} at {inst.internal_ip} ({_describe(resources)})",
                status=inst.status, actor=actor, instance_id=inst.id)
+    fleet.network, fleet.status = network, FleetStatus.ACTIVE
+    fleet.save(update_fields=["network", "status"])
     where = f" on network {network}" if network else ""
-    record(project.id, f"fleet {name}", f"registered with {len(hosts)} ssh hosts{where}", actor=actor)
-    return fleet
+    record(fleet.project_id, f"fleet {fleet.name}", f"registered with {len(instances)} ssh hosts{where}", actor=actor)

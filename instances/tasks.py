@@ -15,3 +15,10 @@ def poll_pod(group_id: int) -> None:
     from instances import pods
 
     pods.poll_pod(group_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
+    from instances import ssh_fleets
+
+    ssh_fleets.complete_registration(fleet_id, actor=actor)

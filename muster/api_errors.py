@@ -7,20 +7,31 @@ not-found and method errors keep DRF's {"detail": ...} with their own status.
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import status
 from rest_framework.exceptions import ParseError, UnsupportedMediaType, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from muster.crypto import DecryptError
 from runs.configuration import ConfigurationError
 
 
 class InvalidInput(Exception):
     """Raised by services for input that is well-formed but not acceptable (name taken, fleet busy)."""
 
+    status_code = status.HTTP_400_BAD_REQUEST
+
     def __init__(self, loc: list, msg: str):
         super().__init__(msg)
         self.errors = [{"loc": loc, "msg": msg}]
+
+
+class NotAllowed(InvalidInput):
+    """Input the caller may not send (a local fleet from a non-superuser): 403, located like a 400."""
+
+    status_code = status.HTTP_403_FORBIDDEN
 
 
 def _flatten(detail, loc: list) -> list[dict]:
@@ -44,7 +55,14 @@ def errors_response(errors: list[dict], code: int = status.HTTP_400_BAD_REQUEST)
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, (ConfigurationError, InvalidInput)):
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return errors_response([{"loc": [], "msg": f"the request body is over {limit} bytes, the most this server "
+                                                   "takes (DATA_UPLOAD_MAX_MEMORY_SIZE)"}],
+                               status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if isinstance(exc, InvalidInput | DecryptError):
+        return errors_response(exc.errors, exc.status_code)
+    if isinstance(exc, ConfigurationError):
         return errors_response(exc.errors)
     if isinstance(exc, ValidationError):
         return errors_response(_flatten(exc.detail, []))

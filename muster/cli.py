@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from muster.cli_client import (  # noqa: F401  (load_settings and Settings are p
     Settings,
     Unreachable,
     UsageError,
+    format_error,
     load_settings,
     write_config,
 )
@@ -278,16 +280,54 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
     if inline_identity_files(doc, Path(path).resolve().parent):
         configuration = doc  # the API takes a parsed document as well as YAML text
     fleet = client.post("fleets/", {"configuration": configuration})
+    if fleet.get("status") == "pending":
+        fleet = wait_for_fleet(client, fleet)
     print(render.fleet_summary(fleet))
+    if fleet.get("status") == "failed":
+        for error in fleet.get("errors") or []:
+            say(f"error: {format_error(error)}")
+        return 1
     return 0
 
 
+FLEET_WAIT_SECONDS = 900.0
+
+
+def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SECONDS,
+                   timeout: float = FLEET_WAIT_SECONDS) -> dict[str, Any]:
+    """Poll a pending SSH fleet until the server has registered (or refused) every host, saying
+    each host's progress as it changes."""
+    name = fleet.get("name") or ""
+    shown: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for inst in fleet.get("instances") or []:
+            step = inst.get("registration")
+            if step and shown.get(inst.get("name")) != step:
+                shown[inst.get("name")] = step
+                say(f"{inst.get('name')} ({inst.get('hostname')}:{inst.get('port')}): {step}")
+        if fleet.get("status") != "pending":
+            return fleet
+        if time.monotonic() > deadline:
+            raise CliError(f"fleet {name} is still registering after {timeout:g} s; "
+                           f"see `muster fleet list` (or delete it with `muster fleet delete {name}`)")
+        time.sleep(poll)
+        fleet = client.get(f"fleets/{segment(name)}/")
+
+
 def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:
-    body = {"configuration": text, "env": env_values(doc, parse_env_args(args.env), os.environ)}
+    body: dict[str, Any] = {"configuration": text, "env": env_values(doc, parse_env_args(args.env), os.environ)}
+    if args.run_args:
+        body["args"] = shlex.join(args.run_args)  # fills ${{ run.args }}, as with dstack apply
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
     print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
-    print(render.plan_table(jobs))
+    print(render.plan_table(jobs, (plan.get("configuration") or {}).get("groups")))
+    capacity = plan.get("capacity") or {}
+    if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
+        print(render.no_capacity(capacity.get("reasons") or []))
+    if plan.get("warnings"):
+        print(render.plan_warnings(plan["warnings"]))
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")
         return 0
@@ -304,6 +344,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
     kind = doc.get("type")
     if kind == "fleet":
+        if args.run_args:
+            raise CliError(f"{args.file} is a fleet: arguments after -- only fill ${{{{ run.args }}}} of a task")
         return submit_fleet(_client(args), args.file, text, doc)
     if kind == "task":
         return submit_task(_client(args), args, text, doc)
@@ -436,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("-d", "--detach", action="store_true", help="return once the run is submitted")
     apply.add_argument("-e", "--env", action="append", metavar="KEY=VALUE",
                        help="value for a bare KEY in the configuration's env (repeatable)")
+    apply.add_argument("run_args", nargs="*", metavar="-- ARGS",
+                       help="after --: the arguments that fill ${{ run.args }} in the commands")
 
     ps = _command(sub, "ps", cmd_ps, help="list runs")
     ps.add_argument("-a", "--all", action="store_true", help="include every finished run")

@@ -145,13 +145,37 @@ def first_command(commands: Sequence[str] | None) -> str:
     return f"{line} (+{more} more)" if more else line
 
 
-def plan_table(jobs: Sequence[dict[str, Any]]) -> str:
+def plan_table(jobs: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] | None = None) -> str:
+    """One row per group (the plan states what a group's nodes run once, in configuration.groups);
+    one row per job for a server that sends each job's commands with the job."""
+    if groups:
+        nums: dict[int, list[int]] = {}
+        for j in jobs:
+            nums.setdefault(j.get("node_group_index"), []).append(j.get("job_num"))
+        rows = []
+        for g in groups:
+            mine = nums.get(g.get("index")) or []
+            span = "-" if not mine else str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
+            rows.append((span, g.get("name"), len(mine), job_resources(g.get("resources")),
+                         first_command(g.get("commands"))))
+        return table(["jobs", "group", "nodes", "resources", "command"], rows)
     rows = [
         (j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"), job_resources(j.get("resources")),
          first_command(j.get("commands")))
         for j in jobs
     ]
     return table(["job", "group", "rank", "resources", "command"], rows)
+
+
+def no_capacity(reasons: Sequence[str]) -> str:
+    return "No fleet can hold this run now:\n" + "\n".join(f"  {line}" for line in reasons)
+
+
+def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
+    """What the configuration asks for that does not take effect on this server."""
+    lines = [f"Warnings ({len(warnings)}): these keys are accepted but do not take effect as written"]
+    lines += [f"  ! {w.get('message') or w.get('field')}" for w in warnings]
+    return "\n".join(lines)
 
 
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
@@ -188,12 +212,19 @@ def fleet_summary(fleet: dict[str, Any]) -> str:
     return head + "\n" + table(["name", "status", "ip"], rows, indent="  ")
 
 
-_HOST_HEADERS = ["index", "name", "status", "backend", "ip", "resources", "job"]
+_HOST_HEADERS = ["index", "name", "status", "health", "backend", "ip", "resources", "job"]
+
+
+def health(inst: dict[str, Any]) -> str | None:
+    # An idle host the server cannot reach gets no job: `idle` alone would say it is ready.
+    if "unreachable" not in inst:
+        return None
+    return "unreachable" if inst["unreachable"] else "ok"
 
 
 def _host_row(inst: dict[str, Any]) -> tuple:
-    return (inst.get("index"), inst.get("name"), inst.get("status"), inst.get("backend"), inst.get("internal_ip"),
-            instance_resources(inst.get("resources")), inst.get("job"))
+    return (inst.get("index"), inst.get("name"), inst.get("status"), health(inst), inst.get("backend"),
+            inst.get("internal_ip"), instance_resources(inst.get("resources")), inst.get("job"))
 
 
 def _by_index(inst: dict[str, Any]) -> tuple:

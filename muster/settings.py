@@ -15,10 +15,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from muster.env import env_bool, env_float, env_int, env_str
+from muster.files import private_dir, read_or_create_private
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MUSTER_DATA_DIR", str(BASE_DIR / ".muster-data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(DATA_DIR)  # 0700: the database, keys and logs in it are the server user's alone
 PRODUCTION = env_str("MUSTER_ENV") == "production"
 
 
@@ -28,16 +29,58 @@ def _secret_key() -> str:
         return key
     if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY must be set in the environment when MUSTER_ENV=production")
-    path = DATA_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return read_or_create_private(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
+
+
+def _encryption_keys() -> list[str]:
+    """Fernet keys for data at rest (muster/crypto.py), first one encrypting; not SECRET_KEY, so
+    rotating either never makes the other's data unreadable."""
+    from cryptography.fernet import Fernet
+
+    keys = [k.strip() for k in env_str("MUSTER_ENCRYPTION_KEYS").split(",") if k.strip()]
+    if not keys:
+        if PRODUCTION:
+            raise ImproperlyConfigured(
+                "MUSTER_ENCRYPTION_KEYS must be set when MUSTER_ENV=production (comma-separated Fernet keys; make "
+                "one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')")
+        keys = [read_or_create_private(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())]
+    for i, key in enumerate(keys):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ImproperlyConfigured(f"MUSTER_ENCRYPTION_KEYS: key {i + 1} is not a Fernet key (32 url-safe "
+                                       "base64-encoded bytes)") from None
+    return keys
+
+
+MUSTER_ENCRYPTION_KEYS = _encryption_keys()
 DEBUG = env_bool("DEBUG", not PRODUCTION)
-ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "*").split(",") if h]
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "" if PRODUCTION else "*").split(",") if h.strip()]
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when MUSTER_ENV=production: the host names clients use "
+                               "to reach Muster, comma-separated (e.g. muster.example.com)")
+
+if PRODUCTION:
+    # HTTPS only (`manage.py check --deploy` is clean). Behind a proxy that terminates TLS, set
+    # MUSTER_PROXY_SSL_HEADER (e.g. HTTP_X_FORWARDED_PROTO=https) so Django knows the request was secure.
+    SECURE_SSL_REDIRECT = env_bool("MUSTER_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes from inside the deployment speak plain HTTP
+    SECURE_HSTS_SECONDS = env_int("MUSTER_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MUSTER_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("MUSTER_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    _proxy_header = env_str("MUSTER_PROXY_SSL_HEADER")
+    if _proxy_header:
+        name, _, value = _proxy_header.partition("=")
+        if not name or not value:
+            raise ImproperlyConfigured("MUSTER_PROXY_SSL_HEADER: write it as HEADER=value, e.g. "
+                                       "HTTP_X_FORWARDED_PROTO=https")
+        SECURE_PROXY_SSL_HEADER = (name.strip(), value.strip())
+    CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS").split(",") if o]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -47,7 +90,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -88,12 +130,16 @@ TEMPLATES = [
 if env_str("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL"), conn_max_age=60, conn_health_checks=True)}
 else:
+    SQLITE_PATH = DATA_DIR / "muster.sqlite3"
+    if not SQLITE_PATH.exists():
+        # created 0600 here, before SQLite would make it with the umask's mode; its -wal/-shm copy this mode
+        os.close(os.open(SQLITE_PATH, os.O_WRONLY | os.O_CREAT, 0o600))
     # IMMEDIATE transactions take the write lock up front, so a read-then-conditional-update claim
     # never fails with "database is locked" on the read->write upgrade (see docs/how-it-works.md).
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(DATA_DIR / "muster.sqlite3"),
+            "NAME": str(SQLITE_PATH),
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
@@ -106,7 +152,11 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in ("UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
+                 "NumericPasswordValidator")
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -122,13 +172,19 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "projects.tokens.TokenAuthentication",  # hashed, expiring; same `Token <key>` header as DRF's
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "muster.api_errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["muster.throttling.UserThrottle", "muster.throttling.AnonThrottle"],
+    "DEFAULT_PARSER_CLASSES": [
+        "muster.parsers.JSONParser",  # DRF's, with bounded nesting
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -140,6 +196,17 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # several tables have a `status`: each its own enum name (no W001 name collision in `check --deploy`)
+    "ENUM_NAME_OVERRIDES": {
+        "FleetStatusEnum": "instances.models.FleetStatus",
+        "InstanceGroupStatusEnum": "instances.models.GroupStatus",
+        "InstanceStatusEnum": "instances.models.InstanceStatus",
+        "RunStatusEnum": "runs.choices.RunStatus",
+        "JobStatusEnum": "runs.choices.JobStatus",
+    },
+    # the schema maps every endpoint: in production only signed-in callers (token or admin session) see it
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated" if PRODUCTION
+                          else "rest_framework.permissions.AllowAny"],
 }
 
 # --- Celery (the CELERY_ namespace is read by muster/celery.py) ---
@@ -171,9 +238,23 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 
+def _cidrs(name: str, default: str = "") -> list[str]:
+    import ipaddress
+
+    items = [c.strip() for c in env_str(name, default).split(",") if c.strip()]
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a network (e.g. 10.0.0.0/8)") from exc
+    return items
+
+
 # --- Muster limits (seconds unless said otherwise); tests shorten them ---
 MUSTER = {
     "MAX_NODES": env_int("MUSTER_MAX_NODES", 4096),
+    # bytes of commands and env a run hands out over all its nodes (each node's runner gets a copy)
+    "MAX_EXPANDED_BYTES": env_int("MUSTER_MAX_EXPANDED_BYTES", 256 << 20),
     "SWEEP_INTERVAL": env_float("MUSTER_SWEEP_INTERVAL", 2.0),
     "LEASE_SECONDS": env_float("MUSTER_LEASE_SECONDS", 15.0),  # renewed while held (muster/claims.py)
     # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 10
@@ -186,9 +267,24 @@ MUSTER = {
     "STOP_GRACE": env_float("MUSTER_STOP_GRACE", 5.0),
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
+    # local instances run jobs as the server's own user: off in production unless the operator opts in
+    "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
+    "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),
+    "MAX_JSON_DEPTH": env_int("MUSTER_MAX_JSON_DEPTH", 64),  # levels of nesting a request body may have
+    # requests per caller ("N/s", "N/min", "N/hour", "N/day"; empty: no limit). Generous: a CLI, the
+    # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.
+    "THROTTLE_USER": env_str("MUSTER_THROTTLE_USER", "10000/min"),
+    "THROTTLE_ANON": env_str("MUSTER_THROTTLE_ANON", "600/min"),
+    "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",
+    # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
+    # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.
+    "SSH_HOSTS_ALLOW": _cidrs("MUSTER_SSH_HOSTS_ALLOW"),
+    "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
+                             "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
+    "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
 }
 
 LOGGING = {

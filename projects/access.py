@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
+from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Membership, Project, Role
 
 WRITE_ROLES = (Role.ADMIN, Role.USER)
@@ -47,3 +49,19 @@ class ProjectScopedMixin:
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         self.project = project_for(request, kwargs["project"])
+
+
+def check_local_fleet(user, count: int) -> None:
+    """A local instance is a directory and a process on the control plane's own machine, as the
+    server's user: whoever runs a job there can read the database, the encryption keys and every
+    token. So only superusers (who could do that anyway) may make one, and production turns the
+    backend off unless the operator says otherwise (docs/security.md)."""
+    if not settings.MUSTER.get("LOCAL_BACKEND", True):
+        raise NotAllowed(["backends"], "the local backend is disabled on this server (MUSTER_ENV=production); "
+                                       "an operator can enable it with MUSTER_LOCAL_BACKEND=1")
+    if user is None or not user.is_superuser:
+        raise NotAllowed(["backends"], "local fleets run commands on the control plane itself: only superusers "
+                                       "may create them; use an ssh or gcp fleet")
+    cap = int(settings.MUSTER.get("LOCAL_FLEET_MAX", 16))
+    if count > cap:
+        raise InvalidInput(["nodes"], f"a local fleet has at most {cap} instances (MUSTER_LOCAL_FLEET_MAX)")

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from projects.models import Membership, Project, Secret
+from projects.models import ApiToken, Membership, Project, Secret
 
 
 class MembershipInline(admin.TabularInline):
@@ -19,3 +19,15 @@ class SecretAdmin(admin.ModelAdmin):
     list_display = ["name", "project", "created"]
     fields = ["project", "name", "created"]
     readonly_fields = ["created"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens can be seen (by prefix) and deleted here; new ones come from `manage.py muster_token`."""
+
+    list_display = ["prefix", "user", "created", "expires"]
+    fields = ["prefix", "user", "created", "expires"]
+    readonly_fields = ["prefix", "user", "created"]
+
+    def has_add_permission(self, request):
+        return False

@@ -85,8 +85,30 @@ class Secret(models.Model):
 
     @property
     def value(self) -> str:
-        return crypto.decrypt(self.value_encrypted)
+        try:
+            return crypto.decrypt(self.value_encrypted)
+        except crypto.DecryptError:
+            # named here, not before: self.project costs a query that only a failure needs
+            raise crypto.DecryptError(["secrets", self.name], f"secret {self.name}",
+                                      f"set it again (POST /api/projects/{self.project.name}/secrets/)") from None
 
     @value.setter
     def value(self, plaintext: str) -> None:
         self.value_encrypted = crypto.encrypt(plaintext)
+
+
+class ApiToken(models.Model):
+    """An API token, kept as its SHA-256 only: a database dump gives nobody a way in.
+
+    The key is 256 random bits, so a plain hash is enough (no slow KDF: nothing to brute-force).
+    `prefix` is the key's first characters, kept to tell a user's tokens apart in the admin.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    prefix = models.CharField(max_length=12)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField(null=True, blank=True, help_text="empty: never")
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

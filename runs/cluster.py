@@ -17,16 +17,37 @@ def all_ips_known(jobs: list[Job]) -> bool:
                for j in jobs)
 
 
-def gpus_on_host(job: Job) -> int:
+def gpus_on_host(job: Job, multi_node: bool = False) -> int:
+    """GPUs the job counts as its own. A node of a multi-node run has its whole host to itself, so
+    it counts every GPU of the host it got, as dstack does (DSTACK_GPUS_PER_NODE, hostfile slots);
+    a single node counts what it asked for, up to its count's upper bound."""
+    if multi_node:
+        return gpu_count_for({}, job.instance.resources)
     return gpu_count_for(job.spec["resources"], job.instance.resources)
+
+
+def group_commands_and_env(job: Job) -> tuple[list[str], dict[str, str]]:
+    """The job's commands and env, with the values of masked keys from the encrypted store.
+
+    They are its group's, kept once in the run's configuration; rows written before that kept
+    their own copy in `spec` (with the masked keys left out and listed in `hidden_env`).
+    """
+    run = job.run
+    if "commands" in job.spec:
+        keys, commands, env = job.spec.get("hidden_env") or [], job.spec["commands"], job.spec["env"]
+    else:
+        group = run.configuration["groups"][job.node_group_index]
+        keys = [k for k in run.configuration.get("hidden_env") or [] if k in group["env"]]
+        commands, env = group["commands"], {k: v for k, v in group["env"].items() if k not in keys}
+    hidden = secret_env(run) if keys else {}
+    return commands, {**{k: hidden[k] for k in keys if k in hidden}, **env}
 
 
 def runner_spec(job: Job, jobs: list[Job]) -> dict:
     """The spec the runner receives (runner/muster_runner.py documents each field)."""
     run = job.run
     ips = peer_ips(jobs)
-    hidden = secret_env(run) if job.spec.get("hidden_env") else {}
-    env = {**{k: hidden[k] for k in job.spec.get("hidden_env", []) if k in hidden}, **job.spec["env"]}
+    commands, env = group_commands_and_env(job)
     env = {k: substitute_ips(v, ips) for k, v in env.items()}
     instance = job.instance
     spec = {
@@ -37,15 +58,15 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "node_group_name": job.node_group_name,
         "node_group_index": job.node_group_index,
         "node_group_rank": job.node_group_rank,
-        "commands": [substitute_ips(c, ips) for c in job.spec["commands"]],
+        "commands": [substitute_ips(c, ips) for c in commands],
         "env": env,
         "max_duration": run.configuration.get("max_duration"),
         "node_ip": instance.internal_ip,
-        "gpus": gpus_on_host(job),
+        "gpus": gpus_on_host(job, len(jobs) > 1),
         "cluster_info": {
             "job_ips": [j.instance.internal_ip for j in jobs],
             "master_job_ip": jobs[0].instance.internal_ip,
-            "gpus_per_node": [gpus_on_host(j) for j in jobs],
+            "gpus_per_node": [gpus_on_host(j, len(jobs) > 1) for j in jobs],
         },
         "tpu": None,
     }

@@ -85,3 +85,19 @@ class Job(Claimable):
     @property
     def runner_job_id(self) -> str:
         return f"{self.run.name}-{self.submission_num}-{self.job_num}"
+
+
+class SubmissionKey(models.Model):
+    """An Idempotency-Key a client sent with a run submission: a retry with the same key gets the
+    same run back instead of a second one. Lives (and goes) with its run."""
+
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="+")
+    key = models.CharField(max_length=255)
+    digest = models.CharField(max_length=64)  # HMAC of the request body: the same key with another body is refused
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="submission_key")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "user", "key"], name="one_run_per_submission_key")]

@@ -97,8 +97,12 @@ def cloud_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
 
 
 def candidate_fleets(run: Run):
-    fleets = Fleet.objects.filter(project=run.project, status=FleetStatus.ACTIVE)
-    wanted = run.configuration.get("fleets") or []
+    return fleets_for(run.project_id, run.configuration.get("fleets") or [])
+
+
+def fleets_for(project_id: int, wanted: list[str]) -> list[Fleet]:
+    """The project's active fleets a run may use: those it names in `fleets:` in that order, else all."""
+    fleets = Fleet.objects.filter(project_id=project_id, status=FleetStatus.ACTIVE)
     if wanted:
         fleets = fleets.filter(name__in=wanted)
         order = {name: i for i, name in enumerate(wanted)}
@@ -107,9 +111,12 @@ def candidate_fleets(run: Run):
 
 
 def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
-    demands = group_demands(run, jobs)
+    return first_fitting_fleet(candidate_fleets(run), group_demands(run, jobs))
+
+
+def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]]) -> Fleet | None:
     multi_node = sum(n for _, n in demands) > 1
-    for fleet in candidate_fleets(run):
+    for fleet in fleets:
         static = is_static(fleet)
         if multi_node and static and fleet.placement != "cluster":
             continue  # nodes of one run must reach each other on a private network

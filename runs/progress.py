@@ -17,7 +17,7 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
-from muster import claims
+from muster import claims, crypto
 from runs import cluster
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
@@ -167,9 +167,16 @@ def _start_when_ready(job: Job) -> None:
                 end_held(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
                               "peers' addresses or start order not satisfied in time")
             return
-        host = compute_for_instance(job.instance).runner_host(job.instance)
         try:
-            host.submit(job.runner_job_id, cluster.runner_spec(job, jobs))
+            spec = cluster.runner_spec(job, jobs)
+            host = compute_for_instance(job.instance).runner_host(job.instance)
+        except crypto.DecryptError as exc:
+            # the server's keys no longer open this run's secret env or the host's SSH key:
+            # retrying cannot help, and the message says what to set again
+            end_held(job, JobReason.EXECUTOR_ERROR, str(exc))
+            return
+        try:
+            host.submit(job.runner_job_id, spec)
         finally:
             host.close()
         Job.objects.filter(pk=job.pk).update(runner_submitted=True)

@@ -27,14 +27,26 @@ def process_run(run_id: int) -> bool:
     if token is None:
         return False
     derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
+    succeeded = False
+    run = None
     try:
         run = Run.objects.select_related("project").get(pk=run_id)
         if run.status == RunStatus.PENDING:
             _resubmit_when_due(run)
         else:
             _derive(run)
+        succeeded = True
+    except Exception as exc:
+        if run is not None:
+            _note_failed_derive(run, exc)
+        raise
     finally:
-        claims.release(Run, run_id, token, derived_at=derived_at)
+        # Only a derive that finished is recorded: one that failed half-way and still wrote
+        # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
+        if succeeded:
+            claims.release(Run, run_id, token, derived_at=derived_at)
+        else:
+            claims.release(Run, run_id, token)
     if run.status in ACTIVE_RUN and Job.objects.filter(
             run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
         # a job moved while we held the run: its nudge found the run leased and was dropped
@@ -42,6 +54,18 @@ def process_run(run_id: int) -> bool:
 
         tasks.process_run.delay(run_id)
     return True
+
+
+def _note_failed_derive(run: Run, exc: Exception) -> None:
+    """One event per distinct failure, so whoever looks at a stuck run sees why (the sweep tries
+    it again on every pass; repeating the same event each time would bury the others)."""
+    from events.models import Event
+    from events.services import record
+
+    message = f"could not derive the run's status: {type(exc).__name__}: {exc}"[:1000]
+    last = Event.objects.filter(run_id=run.id).order_by("-id").values_list("message", flat=True).first()
+    if last != message:
+        record(run.project_id, f"run {run.name}", message, status=run.status, run_id=run.id)
 
 
 def _derive(run: Run) -> None:

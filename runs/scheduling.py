@@ -60,8 +60,7 @@ def _attempt(job: Job) -> None:
     if run.fleet_id is None:
         fleet = placement.choose_fleet(run, siblings)
         if fleet is None:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          "no fleet can hold every group of this run", held=True)
+            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings), held=True)
             return
         if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleet,
                         message=f"placed on fleet {fleet.name}"):
@@ -74,8 +73,19 @@ def _attempt(job: Job) -> None:
         _provision_cloud_group(job, fleet)
 
 
-SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_rank", "status", "instance_id",
-                  "waiting_master_job", "spec")
+SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_rank", "node_group_name", "status",
+                  "instance_id", "waiting_master_job", "spec")
+
+
+def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
+    """The failure message: per group, which requirement no host met (runs/capacity.py)."""
+    from runs import capacity
+
+    jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
+    groups = capacity.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
+                                lambda j: j.spec["resources"])
+    return capacity.no_capacity_message(capacity.explain(run.project_id, run.configuration.get("fleets") or [],
+                                                         groups))
 
 
 def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:

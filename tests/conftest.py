@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 pytest_plugins = ("celery.contrib.pytest",)
@@ -125,11 +124,17 @@ def make_user(db, django_user_model):
     return make
 
 
+def token_for(user, lifetime_days: float | None = None) -> str:
+    """A new API token for `user` (the key, as a client sends it); the only way tests make tokens."""
+    from projects.tokens import issue
+
+    return issue(user, lifetime_days)[1]
+
+
 def client_for(user) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(user)}")
     return client
 
 
@@ -137,6 +142,17 @@ def client_for(user) -> APIClient:
 def api(make_user):
     """An admin of project `main`."""
     return client_for(make_user("alice"))
+
+
+@pytest.fixture
+def superuser_api(db, django_user_model):
+    """A superuser: the only caller that may create local fleets (projects.access.check_local_fleet)."""
+    from projects.models import Membership, Project
+
+    user = django_user_model.objects.create_superuser(username="root", password=None)
+    proj, _ = Project.objects.get_or_create(name="main")
+    Membership.objects.get_or_create(project=proj, user=user, defaults={"role": "admin"})
+    return client_for(user)
 
 
 @pytest.fixture

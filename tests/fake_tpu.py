@@ -6,11 +6,25 @@ Bodies are produced and parsed with the library's own message types, so a field-
 enum-encoding mismatch shows up here rather than in production.
 
 Behaviour worth knowing when writing tests:
-- create answers with a long-running Operation; the node stays CREATING for `creation_polls`
-  GETs (of the node or of its operation) and then turns READY with one network endpoint per
-  host, the host count coming from the slice-shape table;
-- failures are injected per zone (`exhausted_zones` -> 429, `unavailable_zones` -> 503) and only
-  affect create, which is where a real capacity error surfaces;
+- create answers with a long-running Operation (google.longrunning.Operation: name, metadata,
+  done, and once done either `response` (the Node) or `error` (a google.rpc.Status with code,
+  message, details)); the node stays CREATING for `creation_polls` GETs (of the node or of its
+  operation) and then turns READY with one network endpoint per host, the host count coming from
+  the slice-shape table;
+- a create is refused in one of the two shapes Google uses, per zone:
+  * at once, as an HTTP error whose body is {"error": {"code", "status", "message"}}:
+    `exhausted_zones` -> 429 RESOURCE_EXHAUSTED, `unavailable_zones` -> 503 UNAVAILABLE,
+    `create_errors[zone] = (HTTPStatus, message)` for anything else (400, 403, 404, ...);
+  * later, as an accepted create whose Operation finishes with an error:
+    `failed_operations[zone] = (google.rpc code, message)`, e.g. (8, "There is no more capacity
+    in the zone ..."). The node is CREATING meanwhile and is gone once the operation failed; with
+    `creation_polls = 0` the create's own answer is already the failed operation;
+- answers can be slow or lost, per kind of call ("create", "get", "list", "delete",
+  "operation"): `slow_answers[kind] = seconds` does the work, then waits that long before
+  answering (past the client's timeout, the client gives up on a call that took effect);
+  `lost_answers[kind] = n` does the work and then drops the connection without an answer, for the
+  next n calls of that kind; `dropped_requests[kind] = n` drops the connection without doing the
+  work (the call is still listed in `calls` and `create_calls`);
 - delete removes the node at once and answers with a finished Operation.
 """
 
@@ -19,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +44,7 @@ import pytest
 from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, empty_pb2, json_format
+from google.rpc import status_pb2
 
 from backends.tpu_shapes import parse_slice
 
@@ -48,10 +64,12 @@ class FakeApiError(Exception):
 
 
 class _NodeRecord:
-    def __init__(self, node: tpu_v2.Node, polls_left: int, create_op: str):
+    def __init__(self, node: tpu_v2.Node, polls_left: int, create_op: str,
+                 fails_with: tuple[int, str] | None = None):
         self.node = node
         self.polls_left = polls_left
         self.create_op = create_op
+        self.fails_with = fails_with  # (google.rpc code, message) the create operation ends with
 
 
 class FakeTpuServer:
@@ -63,6 +81,11 @@ class FakeTpuServer:
         self.stuck_creating = False
         self.exhausted_zones: set[str] = set()
         self.unavailable_zones: set[str] = set()
+        self.create_errors: dict[str, tuple[HTTPStatus, str]] = {}
+        self.failed_operations: dict[str, tuple[int, str]] = {}
+        self.slow_answers: dict[str, float] = {}
+        self.lost_answers: dict[str, int] = {}
+        self.dropped_requests: dict[str, int] = {}
         self.host_addresses: HostAddresses = _default_addresses
         # None: endpoints carry no external address, so the backend falls back to the internal one.
         self.external_addresses: HostAddresses | None = None
@@ -121,6 +144,37 @@ class FakeTpuServer:
 
     # -- request handling ------------------------------------------------------------------
 
+    @staticmethod
+    def kind_of(method: str, raw_path: str) -> str:
+        """Which kind of call a request is, as `slow_answers` and `lost_answers` name them."""
+        path = urlsplit(raw_path).path
+        if _NODES_RE.match(path):
+            return "create" if method == "POST" else "list"
+        if _NODE_RE.match(path):
+            return "delete" if method == "DELETE" else "get"
+        return "operation" if _OPERATION_RE.match(path) else "other"
+
+    def answer_fate(self, kind: str) -> tuple[float, bool]:
+        """(seconds to wait before answering, whether to drop the answer) for one call of `kind`."""
+        with self.lock:
+            lost = self.lost_answers.get(kind, 0) > 0
+            if lost:
+                self.lost_answers[kind] -= 1
+            return self.slow_answers.get(kind, 0.0), lost
+
+    def drop_request(self, method: str, raw_path: str) -> bool:
+        """True when this request is to be dropped unheard (recorded as a call, nothing done)."""
+        kind = self.kind_of(method, raw_path)
+        with self.lock:
+            if self.dropped_requests.get(kind, 0) <= 0:
+                return False
+            self.dropped_requests[kind] -= 1
+            url = urlsplit(raw_path)
+            self.calls.append((method, url.path))
+            if kind == "create":
+                self._create_names.append(f"{url.path[4:]}/{parse_qs(url.query).get('nodeId', [''])[0]}")
+            return True
+
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[HTTPStatus, str]:
         url = urlsplit(raw_path)
         with self.lock:
@@ -148,6 +202,8 @@ class FakeTpuServer:
             )
         if zone in self.unavailable_zones:
             raise FakeApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"zone {zone!r} is unavailable")
+        if zone in self.create_errors:
+            raise FakeApiError(*self.create_errors[zone])
         if not node_id:
             raise FakeApiError(HTTPStatus.BAD_REQUEST, "nodeId is required")
         if name in self.nodes:
@@ -159,7 +215,7 @@ class FakeTpuServer:
         node.name = name
         node.state = tpu_v2.Node.State.CREATING
         op_name = self._new_operation(parent, "create", name)
-        self.nodes[name] = _NodeRecord(node, self.creation_polls, op_name)
+        self.nodes[name] = _NodeRecord(node, self.creation_polls, op_name, self.failed_operations.get(zone))
         self._maybe_ready(self.nodes[name], count_poll=False)
         return self._operation_json(op_name)
 
@@ -204,6 +260,11 @@ class FakeTpuServer:
             if count_poll:
                 rec.polls_left -= 1
             return
+        if rec.fails_with is not None:
+            # As Google does for a stockout: the operation ends with the error, no node is left.
+            self.operations[rec.create_op]["error"] = rec.fails_with
+            del self.nodes[rec.node.name]
+            return
         node_id = rec.node.name.rsplit("/", 1)[1]
         hosts = parse_slice(rec.node.accelerator_type).hosts
         internal = _resolve(self.host_addresses, node_id, hosts)
@@ -233,6 +294,10 @@ class FakeTpuServer:
         if op["verb"] == "delete":
             msg.done = True
             msg.response.Pack(empty_pb2.Empty())
+        elif "error" in op:
+            code, message = op["error"]
+            msg.done = True
+            msg.error.CopyFrom(status_pb2.Status(code=code, message=message))
         else:
             rec = self.nodes.get(op["target"])
             if rec is not None and rec.node.state == tpu_v2.Node.State.READY:
@@ -261,6 +326,11 @@ def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if server.drop_request(self.command, self.path):
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            delay, lost = server.answer_fate(server.kind_of(self.command, self.path))
             try:
                 status, text = server.handle(self.command, self.path, body)
             except FakeApiError as exc:
@@ -274,12 +344,22 @@ def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
                         }
                     }
                 )
+            if lost:
+                # The work is done; the caller never hears of it.
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            if delay:
+                time.sleep(delay)
             data = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                self.close_connection = True  # the client gave up waiting (its timeout)
 
         do_GET = do_POST = do_DELETE = _serve
 
@@ -292,6 +372,8 @@ def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
 def _grpc_status(code: HTTPStatus) -> str:
     return {
         HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT",
+        HTTPStatus.UNAUTHORIZED: "UNAUTHENTICATED",
+        HTTPStatus.FORBIDDEN: "PERMISSION_DENIED",
         HTTPStatus.NOT_FOUND: "NOT_FOUND",
         HTTPStatus.CONFLICT: "ALREADY_EXISTS",
         HTTPStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED",

@@ -244,6 +244,13 @@ class SSHHost:
         fields.update(overrides)
         return SSHTarget(**fields)
 
+    def reconfigure_sshd(self, sftp: bool = True, extra: Sequence[str] = ()) -> None:
+        """Restart sshd with the sftp subsystem on or off and `extra` sshd_config lines (ForceCommand, ...)."""
+        self._sftp, self._extra_config = sftp, list(extra)
+        self._write_config()
+        self.stop_sshd()
+        self.start_sshd()
+
     def _write_config(self) -> None:
         listen = "0.0.0.0" if self.netns else self.address
         env = " ".join(f"{k}={v}" for k, v in self.session_env.items())
@@ -259,7 +266,7 @@ class SSHHost:
             "UsePAM no",
             "StrictModes no",
             "PermitRootLogin prohibit-password",
-            "Subsystem sftp internal-sftp",
+            *(["Subsystem sftp internal-sftp"] if getattr(self, "_sftp", True) else []),
             f"SetEnv {env}",
             "UseDNS no",
             "PrintMotd no",
@@ -268,6 +275,7 @@ class SSHHost:
             "MaxStartups 200:30:400",
             "MaxSessions 100",
             "LogLevel INFO",
+            *getattr(self, "_extra_config", []),
         ]
         _write(self._config, "\n".join(lines) + "\n", 0o644)
 

@@ -17,6 +17,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# what production needs set; each test leaves one out or adds to it
+PROD = {"MUSTER_ENV": "production", "SECRET_KEY": "s3cret", "ALLOWED_HOSTS": "muster.example.com",
+        "MUSTER_ENCRYPTION_KEYS": "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s="}
 
 SHOW_SETTINGS = """
 import json
@@ -27,6 +30,7 @@ print(json.dumps({
     "host": db.get("HOST"), "port": db.get("PORT"),
     "broker": s.CELERY_BROKER_URL, "transport": s.CELERY_BROKER_TRANSPORT_OPTIONS,
     "secret_key": s.SECRET_KEY, "debug": s.DEBUG, "data_dir": str(s.DATA_DIR),
+    "encryption_keys": s.MUSTER_ENCRYPTION_KEYS,
 }))
 """
 
@@ -102,6 +106,50 @@ def test_a_secret_key_from_the_environment_wins_and_writes_no_file(tmp_path):
     assert not (data / "secret_key").exists()
 
 
+def test_an_encryption_key_is_generated_once_in_the_data_dir_apart_from_the_secret_key(tmp_path):
+    data = tmp_path / "data"
+    first = settings_with(data)["encryption_keys"]
+    key_file = data / "encryption_key"
+    assert first == [key_file.read_text().strip()]
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    again = settings_with(data, SECRET_KEY="rotated")
+    assert again["encryption_keys"] == first, "rotating SECRET_KEY keeps the encryption key"
+
+
+def test_encryption_keys_from_the_environment_are_a_list_and_write_no_file(tmp_path):
+    from cryptography.fernet import Fernet
+
+    new, old = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    conf = settings_with(tmp_path / "data", MUSTER_ENCRYPTION_KEYS=f"{new}, {old}")
+    assert conf["encryption_keys"] == [new, old]
+    assert not (tmp_path / "data" / "encryption_key").exists()
+
+
+def test_a_malformed_encryption_key_stops_start_up_saying_which(tmp_path):
+    from cryptography.fernet import Fernet
+
+    done = python(SHOW_SETTINGS, tmp_path / "data", MUSTER_ENCRYPTION_KEYS=f"{Fernet.generate_key().decode()},oops")
+    assert done.returncode != 0
+    assert "MUSTER_ENCRYPTION_KEYS: key 2 is not a Fernet key" in done.stderr
+
+
+def test_production_without_encryption_keys_refuses_to_start(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **{**PROD, "MUSTER_ENCRYPTION_KEYS": ""})
+    assert done.returncode != 0
+    assert "MUSTER_ENCRYPTION_KEYS must be set" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "data" / "encryption_key").exists()
+
+
+def test_the_data_dir_and_every_file_in_it_are_private_from_creation(tmp_path):
+    data = tmp_path / "data"
+    # a permissive umask: the modes must come from how the files are created, not from the shell
+    done = python("import os; os.umask(0o022); from muster import settings", data)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for name in ("secret_key", "encryption_key", "muster.sqlite3"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+
+
 def test_database_url_and_broker_url_switch_to_postgres_and_redis(tmp_path):
     conf = settings_with(tmp_path / "data", DATABASE_URL="postgres://u@h:5432/db",
                          CELERY_BROKER_URL="redis://h:6379/0")
@@ -124,7 +172,7 @@ def test_production_without_a_secret_key_refuses_to_start(tmp_path):
 
 
 def test_production_with_a_secret_key_turns_debug_off(tmp_path):
-    conf = settings_with(tmp_path / "data", MUSTER_ENV="production", SECRET_KEY="s3cret")
+    conf = settings_with(tmp_path / "data", **PROD)
     assert conf["secret_key"] == "s3cret"
     assert conf["debug"] is False
 
@@ -204,6 +252,7 @@ def test_compose_points_the_app_at_its_postgres_and_redis_in_production_mode(com
         assert env["CELERY_BROKER_URL"].startswith("redis://redis:"), name
         assert env["MUSTER_ENV"] == "production", name
         assert "SECRET_KEY" in env, name
+        assert "MUSTER_ENCRYPTION_KEYS" in env, name
 
 
 def test_the_dockerfile_installs_muster_and_starts_gunicorn():
@@ -232,3 +281,103 @@ def test_a_worker_started_with_muster_worker_nice_runs_at_that_niceness(tmp_path
     finally:
         worker.terminate()
         worker.wait(20)
+
+LOCAL_BACKEND = """
+import django
+django.setup()
+from django.conf import settings
+print(settings.MUSTER["LOCAL_BACKEND"])
+"""
+
+
+def test_production_turns_the_local_backend_off(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data", **PROD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "MUSTER_LOCAL_BACKEND" not in done.stderr
+
+
+def test_an_operator_can_turn_it_back_on_in_production_with_a_warning_at_start_up(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data", **PROD, MUSTER_LOCAL_BACKEND="1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "MUSTER_LOCAL_BACKEND is on in production" in done.stderr
+
+
+def test_the_embedded_default_keeps_the_local_backend(tmp_path):
+    done = python(LOCAL_BACKEND, tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
+# ---- production hardening ---------------------------------------------------------------------------
+
+STRONG = "k7#Qp2!vX9$wLm4@Zr8^Tn6&Yb3*Hc5(Jd1)Fg0-Ks_Pe+Ua=Oi~Wq"
+
+
+def test_check_deploy_is_clean_in_production(tmp_path):
+    done = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+                               "LANG": "C.UTF-8", "MUSTER_DATA_DIR": str(tmp_path / "data"),
+                               **PROD, "SECRET_KEY": STRONG},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout, done.stdout + done.stderr
+
+
+def test_production_without_allowed_hosts_refuses_to_start_saying_so(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **{**PROD, "ALLOWED_HOSTS": ""})
+    assert done.returncode != 0
+    assert "ALLOWED_HOSTS must be set" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_malformed_proxy_ssl_header_is_a_clear_start_up_error(tmp_path):
+    done = python(SHOW_SETTINGS, tmp_path / "data", **PROD, MUSTER_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO")
+    assert done.returncode != 0
+    assert "MUSTER_PROXY_SSL_HEADER" in done.stderr.strip().splitlines()[-1]
+
+
+SERVE_IN_PRODUCTION = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth import get_user_model
+from django.test import Client
+from projects.tokens import issue
+call_command("migrate", verbosity=0)
+key = issue(get_user_model().objects.create_user("ops"))[1]
+host = {"HTTP_HOST": "muster.example.com"}
+anon, proxied = Client(**host), Client(**host, HTTP_X_FORWARDED_PROTO="https")
+out = {
+    "schema_anon": anon.get("/api/schema/", secure=True).status_code,
+    "docs_anon": anon.get("/api/docs/", secure=True).status_code,
+    "schema_token": anon.get("/api/schema/", secure=True, HTTP_AUTHORIZATION="Token " + key).status_code,
+    "http": anon.get("/api/projects/").status_code,
+    "http_location": anon.get("/api/projects/").get("Location"),
+    "healthz_http": anon.get("/healthz").status_code,
+    "proxied": proxied.get("/api/projects/", HTTP_AUTHORIZATION="Token " + key).status_code,
+    "hsts": anon.get("/api/projects/", secure=True).get("Strict-Transport-Security"),
+}
+print(json.dumps(out))
+"""
+
+
+def test_in_production_the_schema_is_for_signed_in_callers_and_plain_http_is_redirected(tmp_path):
+    done = python(SERVE_IN_PRODUCTION, tmp_path / "data", **PROD, MUSTER_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO=https")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["schema_anon"] == 401 and out["docs_anon"] == 401, out
+    assert out["schema_token"] == 200, out
+    assert out["http"] == 301 and out["http_location"].startswith("https://muster.example.com/"), out
+    assert out["healthz_http"] == 200, "probes inside the deployment are not redirected"
+    assert out["proxied"] == 200, "a request the TLS proxy forwarded counts as secure"
+    assert "max-age=" in (out["hsts"] or ""), out
+
+
+def test_the_image_runs_as_a_user_that_is_not_root():
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines() if line.strip()]
+    users = [words[1] for words in lines if words[0] == "USER"]
+    assert users and users[-1] not in ("root", "0", "0:0"), users
+    last_user = max(i for i, words in enumerate(lines) if words[0] == "USER")
+    assert all(words[0] != "RUN" for words in lines[last_user:]), "nothing runs as root after USER"

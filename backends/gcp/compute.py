@@ -2,8 +2,10 @@
 
 A slice of H hosts is created by one API call and becomes H instances (worker k -> instance k),
 so this backend creates groups. The TPU node id is the group name; creating is idempotent by that
-name, and nothing blocks on Google's long-running operation: `create_instances` submits and
-returns, and the provisioning sweep polls `update_provisioning_data` until the node is READY.
+name, and nothing blocks on Google's long-running operation: `create_group` submits and returns
+where the create stands (zone, operation, zones refused), and the provisioning sweep calls
+`poll_group` with it until the node is READY, the operation fails over to the next zone, or the
+create is refused for good.
 """
 
 from __future__ import annotations
@@ -14,21 +16,13 @@ from typing import Any
 
 from google.cloud import tpu_v2
 
-from backends.base import BackendError, Compute, InstanceOffer, ProvisioningData, RunnerHost
+from backends.base import BackendError, Compute, GroupProgress, InstanceOffer, ProvisioningData, RunnerHost
 from backends.gcp import tpu_api
 from backends.gcp.tpu_api import SliceStatus, TpuConfig
 from backends.tpu_shapes import parse_slice
 
 # States a slice passes through on its way to READY; anything else while provisioning is fatal.
-_PENDING_STATES = {
-    "STATE_UNSPECIFIED",
-    "CREATING",
-    "STARTING",
-    "RESTARTING",
-    "REIMAGING",
-    "REPAIRING",
-    "UNKNOWN",
-}
+_PENDING_STATES = tpu_api.PENDING_STATES
 
 
 class GcpTpuCompute(Compute):
@@ -66,19 +60,32 @@ class GcpTpuCompute(Compute):
         return [o for o in tpu_api.slice_offers(self.tpu) if o.instance_type == shape.name]
 
     def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
+        if not names:
+            raise BackendError("gcp backend: no group name given")
+        return self.create_group(offer, count, names[0]).records or []
+
+    def create_group(self, offer: InstanceOffer, count: int, name: str) -> GroupProgress:
         shape = parse_slice(offer.instance_type)
         if shape is None:
             raise BackendError(f"gcp backend: {offer.instance_type!r} is not a TPU slice")
         if count != shape.hosts:
             raise BackendError(f"a {shape.name} slice has {shape.hosts} hosts; asked for {count} instances")
-        if not names:
+        if not name:
             raise BackendError("gcp backend: no group name given")
-        group = names[0]
-        labels = {"managed-by": "muster", "muster-group": _label_value(group)}
-        created = tpu_api.create_slice(self.client, self.tpu, group, shape.name, labels)
-        if created.status is None:
-            return []
-        return self._records(created.zone, created.node_name, created.status) or []
+        created = tpu_api.create_slice(self.client, self.tpu, name, shape.name, _labels(name))
+        return self._progress(created)
+
+    def poll_group(self, name: str, shape: str, backend_data: dict[str, Any]) -> GroupProgress:
+        backend_data = backend_data or {}
+        state = backend_data.get("create")
+        if state is None and not backend_data.get("node_name") and shape:
+            # Rows planned but the create's outcome never recorded (the worker died in the call):
+            # look the node up by its id, and create it if it is nowhere.
+            state = {}
+        if state is not None:
+            created = tpu_api.advance_slice(self.client, self.tpu, name, shape, _labels(name), state)
+            return self._progress(created)
+        return GroupProgress(self.update_provisioning_data(name, backend_data), backend_data)
 
     def update_provisioning_data(
         self, group_name: str, backend_data: dict[str, Any]
@@ -95,6 +102,13 @@ class GcpTpuCompute(Compute):
         if status is None:
             raise BackendError(f"TPU slice {group_name} no longer exists")
         return self._records(zone, node_name, status)
+
+    def _progress(self, created: tpu_api.CreatedSlice) -> GroupProgress:
+        data: dict[str, Any] = {"create": created.state}
+        if created.zone:
+            data.update(zone=created.zone, node_name=created.node_name)
+        records = self._records(created.zone, created.node_name, created.status) if created.status else None
+        return GroupProgress(records or None, data)
 
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         node_name = (backend_data or {}).get("node_name")
@@ -141,6 +155,10 @@ class GcpTpuCompute(Compute):
             )
             for h in status.hosts[: shape.hosts]
         ]
+
+
+def _labels(group: str) -> dict[str, str]:
+    return {"managed-by": "muster", "muster-group": _label_value(group)}
 
 
 def _label_value(text: str) -> str:

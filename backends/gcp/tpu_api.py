@@ -3,7 +3,16 @@
 One TPU node is one pod slice; its `network_endpoints` list one address per host in worker
 order. Every call is bounded by `TpuConfig.timeout` because the generated client has no default
 timeout, and nothing here waits on a long-running operation: create and delete are submitted and
-the caller polls `get_slice` from a later task.
+the caller looks again from a later task (`advance_slice`, `get_slice`).
+
+A create ends in one of four ways, whether the API says so at once (an HTTP error) or later (the
+create's Operation finishing with a google.rpc.Status error, which the client's own
+`operation.result()` would raise as the same exception class):
+- no capacity or quota (429 / code 8): the next zone is tried;
+- a request that cannot succeed anywhere (400/3, 401/16, 403/7, 404/5): it fails at once;
+- ALREADY_EXISTS (409/6) for our own node id: the node is adopted;
+- anything else (timeout, connection lost, 5xx): unknown. The API may have accepted the create,
+  so nothing is given up and no other zone is tried; later looks find the node by its id.
 
 Error mapping worth knowing: over REST a 429 surfaces as `TooManyRequests` (gRPC gives its
 subclass `ResourceExhausted`) and a 409 as `Conflict` (gRPC: `AlreadyExists`), so the parents are
@@ -14,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,13 +38,24 @@ from backends.base import BackendError, InstanceOffer, NoCapacityError
 from backends.tpu_shapes import FAMILIES, SliceShape, all_slices, parse_slice
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-_RESOURCE_EXHAUSTED = 8  # google.rpc.Code, as found in a finished operation's error
+
+# States a node passes through on its way to READY.
+PENDING_STATES = frozenset(
+    {"STATE_UNSPECIFIED", "CREATING", "STARTING", "RESTARTING", "REIMAGING", "REPAIRING", "UNKNOWN"}
+)
+
+# What a refused create means (see the module docstring).
+NEXT_ZONE, FATAL, EXISTS, UNSURE = "next_zone", "fatal", "exists", "unsure"
 
 
 class TpuApiError(BackendError):
     """The TPU API refused a call or could not be reached (timeouts included); worth retrying later."""
 
     transient = True  # callers polling a slice look again instead of giving the slice up
+
+
+class TpuRefusedError(BackendError):
+    """The TPU API refused a create in a way no other zone or later try can fix; says what to fix."""
 
 
 def _default_runtime_versions() -> dict[str, str]:
@@ -106,8 +127,12 @@ class CreatedSlice:
     zone: str
     node_name: str
     # Set when the answer already described the node (it existed, or the operation finished at
-    # once), so the caller can skip a poll; None means "submitted, poll get_slice".
+    # once), so the caller can skip a poll; None means "on its way, look again".
     status: SliceStatus | None = None
+    # Where the create stands, as JSON, for the next `advance_slice`: `zone` of the current try
+    # ("" = not known yet), its `operation` ("" = none to follow), `lost_at` (epoch seconds the
+    # answer was lost, else None) and `refused` ([zone, what it said] for each zone that refused).
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 def node_name(cfg: TpuConfig, zone: str, node_id: str) -> str:
@@ -186,37 +211,198 @@ def create_slice(
     slice_name: str,
     labels: dict[str, str],
     metadata: dict[str, str] | None = None,
+    state: dict[str, Any] | None = None,
 ) -> CreatedSlice:
     """Submit the creation of one node in the first zone with capacity; never waits for it."""
+    shape = _shape(slice_name)
+    state = _new_state(state)
+    # A create whose answer was lost (timeout, crash) may have landed in any zone; creating again
+    # in an earlier zone that has capacity now would leave two billed slices.
+    try:
+        found = find_slice(client, cfg, node_id)
+    except TpuApiError as exc:
+        # Cannot tell whether it exists, so creating now could make a second one: look later.
+        return CreatedSlice("", "", None, {**state, "zone": "", "last": str(exc)[:300]})
+    if found is not None:
+        zone, status = found
+        return CreatedSlice(zone, node_name(cfg, zone, node_id), status, {**state, "zone": zone})
+    return _submit(client, cfg, node_id, shape, _node_spec(cfg, shape, labels, metadata), state)
+
+
+def advance_slice(
+    client: tpu_v2.TpuClient,
+    cfg: TpuConfig,
+    node_id: str,
+    slice_name: str,
+    labels: dict[str, str],
+    state: dict[str, Any],
+    metadata: dict[str, str] | None = None,
+) -> CreatedSlice:
+    """One look at a create in progress: follow its operation, find a node whose create answer was
+    lost, or go on to the next zone when the operation failed for capacity.
+
+    Raises NoCapacityError when every zone refused, TpuRefusedError for a request that cannot
+    succeed, TpuApiError (transient) when the API did not answer this look.
+    """
+    state = _new_state(state)
+    zone = state["zone"]
+    if not zone:
+        return create_slice(client, cfg, node_id, slice_name, labels, metadata, state)
+    shape = _shape(slice_name)
+    name = node_name(cfg, zone, node_id)
+    status = get_slice(client, cfg, name)
+    if state["operation"] and (status is None or status.state in PENDING_STATES):
+        # The node alone cannot say why a create failed (after a stockout it is simply gone),
+        # so while it is not up yet its operation is read too.
+        op = _get_operation(client, cfg, state["operation"])
+        if op is None:  # the operation is gone (expired): the node itself says how it went
+            state.update(operation="", lost_at=None if status else time.time())
+        elif op.done and op.HasField("error"):
+            if status is not None:
+                delete_slice(client, cfg, name)  # a failed node left behind is not ours to keep
+            state["operation"] = ""
+            return _refused(client, cfg, node_id, shape, _node_spec(cfg, shape, labels, metadata), state,
+                            zone, _operation_error(op))
+        elif op.done:
+            state["operation"] = ""
+        elif status is None:
+            return CreatedSlice(zone, name, None, state)  # accepted, not visible yet
+    if status is not None:
+        return CreatedSlice(zone, name, status, {**state, "lost_at": None})
+    if state["lost_at"] is None:
+        raise BackendError(f"TPU slice {name} no longer exists")
+    if time.time() - state["lost_at"] < lost_grace(cfg):
+        return CreatedSlice(zone, name, None, state)  # an accepted create may not show yet
+    # Long enough: the lost create was never accepted. The same id in the same zone again cannot
+    # make a second node (it would be ALREADY_EXISTS, which adopts it).
+    return _submit(client, cfg, node_id, shape, _node_spec(cfg, shape, labels, metadata), state)
+
+
+def lost_grace(cfg: TpuConfig) -> float:
+    """How long a node whose create answer was lost may stay invisible before creating again."""
+    return 2 * cfg.timeout
+
+
+def _new_state(state: dict[str, Any] | None) -> dict[str, Any]:
+    base = {"zone": "", "operation": "", "lost_at": None, "refused": []}
+    return {**base, **(state or {}), "refused": [list(r) for r in (state or {}).get("refused", [])]}
+
+
+def _shape(slice_name: str) -> SliceShape:
     shape = parse_slice(slice_name)
     if shape is None:
         raise BackendError(f"unknown TPU slice {slice_name!r}")
-    # A create whose answer was lost (timeout, crash) may have landed in any zone; creating again
-    # in an earlier zone that has capacity now would leave two billed slices.
-    found = find_slice(client, cfg, node_id)
-    if found is not None:
-        zone, status = found
-        return CreatedSlice(zone, node_name(cfg, zone, node_id), status)
-    node = _node_spec(cfg, shape, labels, metadata)
-    refusals = []
-    for zone in cfg.zones:
+    return shape
+
+
+def _submit(
+    client: tpu_v2.TpuClient, cfg: TpuConfig, node_id: str, shape: SliceShape, node: tpu_v2.Node,
+    state: dict[str, Any],
+) -> CreatedSlice:
+    """Create in each zone not yet refused, in order, until one takes it or says something final."""
+    refused_zones = {z for z, _ in state["refused"]}
+    for zone in [z for z in cfg.zones if z not in refused_zones]:
         name = node_name(cfg, zone, node_id)
-        with _api_errors(f"create TPU node {name}"):
-            try:
-                op = client.create_node(
-                    parent=f"projects/{cfg.project_id}/locations/{zone}",
-                    node_id=node_id,
-                    node=node,
-                    timeout=cfg.timeout,
-                )
-            except (gexc.TooManyRequests, gexc.ServiceUnavailable) as exc:
-                refusals.append(f"{zone}: {exc.message}")
-                continue
-            except gexc.Conflict:
-                # A concurrent attempt created it here between our look-up and our create.
-                return CreatedSlice(zone, name, None)
-        return CreatedSlice(zone, name, _status_from_operation(op.operation, name))
-    raise NoCapacityError(f"no capacity for {shape.name} in any zone ({'; '.join(refusals)})")
+        state.update(zone=zone, operation="", lost_at=None)
+        try:
+            op = client.create_node(
+                parent=f"projects/{cfg.project_id}/locations/{zone}",
+                node_id=node_id,
+                node=node,
+                timeout=cfg.timeout,
+            ).operation
+        except (gexc.GoogleAPICallError, gexc.RetryError, requests.exceptions.RequestException) as exc:
+            outcome = _refused(client, cfg, node_id, shape, node, state, zone, exc, submit_next=False)
+            if outcome is not None:
+                return outcome
+            continue
+        if op.done and op.HasField("error"):
+            outcome = _refused(client, cfg, node_id, shape, node, state, zone, _operation_error(op),
+                               submit_next=False)
+            if outcome is not None:
+                return outcome
+            continue
+        state["operation"] = op.name
+        return CreatedSlice(zone, name, _status_from_operation(op), state)
+    said = "; ".join(f"{z}: {what}" for z, what in state["refused"]) or "no zone left to try"
+    raise NoCapacityError(f"no capacity for {shape.name} in zones {', '.join(cfg.zones)} ({said})")
+
+
+def _refused(
+    client: tpu_v2.TpuClient, cfg: TpuConfig, node_id: str, shape: SliceShape, node: tpu_v2.Node,
+    state: dict[str, Any], zone: str, exc: Exception, submit_next: bool = True,
+) -> CreatedSlice | None:
+    """What a create refused with `exc` in `zone` leads to; None means "try the next zone" when
+    the caller loops over zones itself (`submit_next=False`)."""
+    name = node_name(cfg, zone, node_id)
+    verdict = _verdict(exc)
+    said = _said(exc)
+    if verdict == NEXT_ZONE:
+        state["refused"].append([zone, said[:300]])
+        state.update(zone="", operation="", lost_at=None)
+        return _submit(client, cfg, node_id, shape, node, state) if submit_next else None
+    if verdict == EXISTS:
+        # Our own deterministic id: an earlier try of this very create made it.
+        state.update(zone=zone, operation="", lost_at=None)
+        return CreatedSlice(zone, name, None, state)
+    if verdict == FATAL:
+        before = "".join(f"; {z} said: {what}" for z, what in state["refused"])
+        raise TpuRefusedError(f"creating TPU node {name} failed: {said}. {_fix_for(exc, cfg, zone)}{before}")
+    state.update(zone=zone, operation="", lost_at=time.time(), last=said[:300])
+    return CreatedSlice(zone, name, None, state)
+
+
+def _verdict(exc: Exception) -> str:
+    if isinstance(exc, gexc.TooManyRequests):  # gRPC's ResourceExhausted is a subclass
+        return NEXT_ZONE
+    if isinstance(exc, gexc.Conflict) and not isinstance(exc, gexc.Aborted):  # AlreadyExists is one
+        return EXISTS
+    if isinstance(exc, (gexc.BadRequest, gexc.Unauthorized, gexc.Forbidden, gexc.NotFound)):
+        return FATAL
+    return UNSURE
+
+
+def _said(exc: Exception) -> str:
+    """The status name and message as Google wrote them, without the request line REST adds."""
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        return f"{type(exc).__name__}: {exc}"
+    code = exc.grpc_status_code.name if exc.grpc_status_code is not None else str(exc.code)
+    message = exc.message
+    response = exc.response
+    if isinstance(response, requests.Response):
+        try:
+            error = response.json().get("error") or {}
+        except ValueError:
+            error = {}
+        if isinstance(error, dict):
+            code = str(error.get("status") or code)
+            message = str(error.get("message") or message)
+    return f"{code} {message}"
+
+
+def _fix_for(exc: Exception, cfg: TpuConfig, zone: str) -> str:
+    if isinstance(exc, gexc.Unauthorized):
+        return "Fix: the credentials were rejected; check MUSTER_GCP_CREDENTIALS (or GCP.credentials)."
+    if isinstance(exc, gexc.Forbidden):
+        return (f"Fix: give the server's service account roles/tpu.admin in project {cfg.project_id} "
+                "and enable the Cloud TPU API there.")
+    if isinstance(exc, gexc.NotFound):
+        return f"Fix: check that project {cfg.project_id!r} exists and that zone {zone!r} offers Cloud TPU."
+    return ("Fix: check the slice type, spot, runtime_version and network against what zone "
+            f"{zone!r} offers (the fleet's zones, spot and runtime_version; GCP.network).")
+
+
+def _operation_error(op: Any) -> gexc.GoogleAPICallError:
+    # What google.api_core.operation.Operation.result() would raise for this finished operation.
+    return gexc.from_grpc_status(op.error.code, op.error.message, errors=(op.error,), response=op)
+
+
+def _get_operation(client: tpu_v2.TpuClient, cfg: TpuConfig, name: str) -> Any:
+    with _api_errors(f"get TPU operation {name}"):
+        try:
+            return client.get_operation({"name": name}, timeout=cfg.timeout)
+        except gexc.NotFound:
+            return None
 
 
 def find_slice(client: tpu_v2.TpuClient, cfg: TpuConfig, node_id: str) -> tuple[str, SliceStatus] | None:
@@ -284,13 +470,10 @@ def _node_spec(
     )
 
 
-def _status_from_operation(op: Any, name: str) -> SliceStatus | None:
+def _status_from_operation(op: Any) -> SliceStatus | None:
     # The raw message, not Operation.done(): done() would poll the API again.
-    if not op.done:
+    if not op.done or not op.HasField("response"):
         return None
-    if op.HasField("error"):
-        msg = f"creating TPU node {name} failed: {op.error.code} {op.error.message}"
-        raise NoCapacityError(msg) if op.error.code == _RESOURCE_EXHAUSTED else TpuApiError(msg)
     pb = tpu_v2.Node.pb(tpu_v2.Node())
     if not op.response.Unpack(pb):
         return None

@@ -78,10 +78,11 @@ class SSHRunnerHost(RunnerHost):
             return action(self._connection())
 
     def _exec(
-        self, command: str, stdin: bytes | None = None, timeout: float | None = None
+        self, command: str, stdin: bytes | None = None, timeout: float | None = None,
+        max_output: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         return self._with_client(
-            lambda c: connection.run(c, command, timeout=timeout or self.timeout, stdin=stdin)
+            lambda c: connection.run(c, command, timeout=timeout or self.timeout, stdin=stdin, max_output=max_output)
         )
 
     # --- shell snippets ---------------------------------------------------------------------------
@@ -94,13 +95,16 @@ class SSHRunnerHost(RunnerHost):
             return '"$HOME"'
         if home.startswith("~/"):
             return '"$HOME"' + shlex.quote(home[1:])
+        if not home.startswith("/"):
+            # Relative: a home of its own under the host's default one (see instances.ssh_fleets).
+            return '"${MUSTER_HOME:-$HOME/.muster}"/' + shlex.quote(home)
         return shlex.quote(home)
 
     def _runner_command(self, args: str, prefix: str = "") -> str:
         return f'H={self._home_expr()}; {prefix}exec python3 "$H/bin/muster_runner.py" {args} --home "$H"'
 
-    def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "") -> bytes:
-        status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin)
+    def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "", max_output: int | None = None) -> bytes:
+        status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin, max_output=max_output)
         if status != 0:
             raise RunnerError(self._failure(args.split()[0], status, out, err))
         return out
@@ -173,7 +177,11 @@ class SSHRunnerHost(RunnerHost):
         self._runner_json(f"stop --job {shlex.quote(job_id)}")
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
-        return self._runner(f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)}")
+        # A log chunk may be larger than the output limit for probes and status; never more than asked.
+        cap = max(connection.output_limit(), int(limit) + (64 << 10))
+        return self._runner(
+            f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)}", max_output=cap
+        )
 
     def cleanup(self, job_id: str) -> None:
         self._runner_json(f"cleanup --job {shlex.quote(job_id)}")

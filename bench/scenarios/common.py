@@ -17,15 +17,14 @@ def task_yaml(nodes: int, gpu: str | None = None, retry: bool = False) -> str:
 
 def project_with_user(name: str):
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
     from projects.models import Membership, Project, Role
+    from projects.tokens import issue
 
     project = Project.objects.create(name=name)
     user, _ = get_user_model().objects.get_or_create(username="bench")
     Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
-    token, _ = Token.objects.get_or_create(user=user)
-    return project, user, token.key
+    return project, user, issue(user)[1]
 
 
 def submit_burst(project, user, doc: str, count: int) -> tuple[float, int]:

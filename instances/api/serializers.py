@@ -48,7 +48,8 @@ class FleetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Fleet
-        fields = ["name", "backend", "placement", "status", "network", "configuration", "instances", "created"]
+        fields = ["name", "backend", "placement", "status", "errors", "network", "configuration", "instances",
+                  "created"]
 
     def get_configuration(self, fleet: Fleet) -> dict:
         conf = dict(fleet.configuration)
@@ -62,5 +63,13 @@ class FleetSerializer(serializers.ModelSerializer):
         return conf
 
     def get_instances(self, fleet: Fleet) -> list[dict]:
-        return [{"name": i.name, "status": i.status, "internal_ip": i.internal_ip}
-                for i in fleet.instances.exclude(status="terminated").order_by("name")]
+        rows = fleet.instances.order_by("index", "name")
+        if fleet.status != "failed":  # a failed registration shows every host and how far it got
+            rows = rows.exclude(status="terminated")
+        out = []
+        for i in rows:
+            row = {"name": i.name, "status": i.status, "internal_ip": i.internal_ip}
+            if fleet.backend == "ssh":
+                row.update(hostname=i.hostname, port=i.port, registration=i.backend_data.get("registration"))
+            out.append(row)
+        return out

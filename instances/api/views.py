@@ -29,10 +29,13 @@ class FleetListView(ProjectScopedMixin, APIView):
     def get(self, request, project):
         return Response(FleetSerializer(Fleet.objects.filter(project=self.project).order_by("name"), many=True).data)
 
-    @extend_schema(request=FleetRequestSerializer, responses={201: FleetSerializer})
+    @extend_schema(request=FleetRequestSerializer, responses={201: FleetSerializer, 202: FleetSerializer})
     def post(self, request, project):
-        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username)
-        return Response(FleetSerializer(fleet).data, status=status.HTTP_201_CREATED)
+        # SSH hosts are contacted by a task (202, status pending): a slow host never holds this request.
+        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user,
+                                   wait=False)
+        code = status.HTTP_202_ACCEPTED if fleet.status == "pending" else status.HTTP_201_CREATED
+        return Response(FleetSerializer(fleet).data, status=code)
 
 
 class FleetDetailView(ProjectScopedMixin, APIView):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -51,11 +51,16 @@ class ProjectListView(APIView):
         body = ProjectCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         name = body.validated_data["name"]
-        with transaction.atomic():
-            if Project.objects.filter(name=name).exists():
-                raise InvalidInput(["name"], f"project {name} already exists")
-            project = Project.objects.create(name=name)
-            Membership.objects.create(project=project, user=request.user, role=Role.ADMIN)
+        taken = InvalidInput(["name"], f"project {name} already exists")
+        try:
+            with transaction.atomic():
+                if Project.objects.filter(name=name).exists():
+                    raise taken
+                project = Project.objects.create(name=name)
+                Membership.objects.create(project=project, user=request.user, role=Role.ADMIN)
+        except IntegrityError:
+            # a concurrent create of the same name committed between the check and the insert
+            raise taken from None
         return Response(ProjectSerializer(project, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 

@@ -46,7 +46,7 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
     def get_configuration(self, run: Run) -> dict:
-        return {k: v for k, v in run.configuration.items() if k != "secret_env"}
+        return {k: v for k, v in run.configuration.items() if k not in ("secret_env", "hidden_env")}
 
     def get_jobs(self, run: Run) -> list[dict]:
         # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back

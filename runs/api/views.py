@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import re
+
+from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -14,6 +17,16 @@ from runs.api.serializers import RunListSerializer, RunRequestSerializer, RunSer
 from runs.choices import RunStatus
 from runs.models import Run
 from runs.services.submission import plan_run, submit_run
+
+LOG_OFFSET_MAX = 2**62
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def _int_param(request, name: str, most: int) -> int:
+    raw = request.query_params.get(name, "0")
+    if not re.fullmatch(r"[0-9]{1,20}", raw) or int(raw) > most:
+        raise ValidationError({name: [f"must be a whole number from 0 to {most}"]})
+    return int(raw)
 
 
 def _run(project, name: str) -> Run:
@@ -42,10 +55,17 @@ class RunListView(ProjectScopedMixin, APIView):
             runs = runs.filter(status=wanted)
         return Response(RunListSerializer(runs.order_by("-submitted_at"), many=True).data)
 
-    @extend_schema(request=RunRequestSerializer, responses={201: RunSerializer})
+    @extend_schema(request=RunRequestSerializer, responses={201: RunSerializer},
+                   parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description=(
+                       "any unique string (a UUID): sending the same submission again with it returns the run "
+                       "the first one made instead of a second run"))])
     def post(self, request, project):
-        run = submit_run(self.project, request.user, request.data)
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+            raise InvalidInput(["headers", "Idempotency-Key"], "1 to 255 printable ASCII characters (e.g. a UUID)")
+        run = submit_run(self.project, request.user, request.data, idempotency_key=key)
+        headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else None
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED, headers=headers)
 
 
 class RunDetailView(ProjectScopedMixin, APIView):
@@ -79,13 +99,9 @@ class RunLogsView(ProjectScopedMixin, APIView):
     )
     def get(self, request, project, name):
         run = _run(self.project, name)
-        try:
-            job_num = int(request.query_params.get("job", 0))
-            start = int(request.query_params.get("start", 0))
-        except ValueError as exc:
-            raise ValidationError({"job": ["job and start must be integers"]}) from exc
-        if start < 0:
-            raise ValidationError({"start": ["must be 0 or more"]})
+        # bounded: a huge start overflows the file seek, a huge job number the database integer
+        job_num = _int_param(request, "job", settings.MUSTER["MAX_NODES"])
+        start = _int_param(request, "start", LOG_OFFSET_MAX)
         job = run.current_jobs().filter(job_num=job_num).first()
         if job is None:
             raise InvalidInput(["job"], f"run {name} has no job {job_num}")

@@ -35,6 +35,18 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    # Python refuses int() of more than 4300 digits (a CPU guard) with a bare ValueError
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value)} characters is too large", node.start_mark) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
 def load_document(data: str | dict) -> dict:
     """YAML or JSON text (or a dict) -> dict; anything but a mapping at the top is an error."""
     if isinstance(data, dict):

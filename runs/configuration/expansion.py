@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,26 @@ class JobSpec:
             "image": self.image,
             "ports": list(self.ports),
         }
+
+
+    def stored_dict(self) -> dict[str, Any]:
+        """What a job row keeps: its place and resources. Commands, env, image and ports are the
+        group's, stored once in the run's configuration (`groups[node_group_index]`), so a group of
+        a thousand nodes does not store its commands a thousand times."""
+        return {
+            "job_num": self.job_num,
+            "node_group_name": self.node_group_name,
+            "node_group_index": self.node_group_index,
+            "node_group_rank": self.node_group_rank,
+            "nodes_in_group": self.nodes_in_group,
+            "resources": self.resources,
+        }
+
+
+def expanded_sizes(conf: TaskConfiguration) -> list[tuple[int, int]]:
+    """(bytes of commands and env each node of the group is handed, nodes) per group: what the
+    run hands out in all, once each node's runner gets its own copy."""
+    return [(len(json.dumps({"commands": group.commands, "env": group.env})), group.nodes) for group in conf.groups]
 
 
 def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:

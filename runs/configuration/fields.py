@@ -12,6 +12,9 @@ from .errors import ErrorList, from_validation_error
 SLUG = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 M = TypeVar("M", bound="WrittenModel")
 SLUG_RULE = "lowercase letters, digits and dashes, starting with a letter, at most 40 characters"
+# dstack's rule for group names, which it defaults to "0", "1", ... (so a digit may come first).
+GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+GROUP_NAME_RULE = "lowercase letters, digits and dashes, starting with a letter or digit, at most 40 characters"
 
 
 class WrittenModel(BaseModel):
@@ -26,6 +29,38 @@ def read_model(model: type[M], raw: object, loc: list[str | int], errors: ErrorL
     except ValidationError as exc:
         errors.extend_from(from_validation_error(exc), loc)
         return None
+
+
+def read_model_partially(
+    model: type[M], raw: object, loc: list[str | int], errors: ErrorList
+) -> tuple[M | None, set[str]]:
+    """Like read_model, but a key with a problem is reported, then left out and the rest read
+    again, so the later checks still run and the user sees every problem of the document at once.
+
+    Returns the model read from the good keys (None if even that fails) and the keys left out.
+    """
+    try:
+        return model.model_validate(raw), set()
+    except ValidationError as exc:
+        errors.extend_from(from_validation_error(exc), loc)
+        first = exc
+    if not isinstance(raw, dict):
+        return None, set()
+    bad = {str(item["loc"][0]) for item in first.errors() if item["loc"]}
+    remaining = {k: v for k, v in raw.items() if str(k) not in bad}
+    if len(remaining) == len(raw):  # a problem no key can be blamed for (e.g. a missing key)
+        return None, bad
+    try:
+        return model.model_validate(remaining), bad
+    except ValidationError:
+        # a cross-key check failed only once a key was gone: nothing more to learn from it
+        return None, bad
+
+
+def check_group_name(value: str | None) -> str | None:
+    if value is not None and not GROUP_NAME.fullmatch(value):
+        raise ValueError(f"`{value}` is not a valid group name: use {GROUP_NAME_RULE}")
+    return value
 
 
 def check_slug(value: str | None) -> str | None:

@@ -14,14 +14,16 @@ _NAMES_BY_VENDOR: dict[str, tuple[str, ...]] = {
         "B100", "B200", "GB200", "GH200", "H100", "H200", "A100", "A10G", "A10", "A30", "A40",
         "L4", "L40", "L40S", "T4", "V100", "P100", "P4", "K80",
         "RTX3090", "RTX4090", "RTX5090", "A4000", "A5000", "A6000", "RTX6000", "RTXPRO6000",
+        "H100NVL", "H800", "H20", "A800", "L20", "B300", "GB300", "A2", "A16", "RTX3060", "RTX3080",
+        "RTX4080", "RTX4000", "RTX5000", "RTXA4000", "RTXA5000", "RTXA6000", "RTX2080Ti", "P40",
     ),
-    "amd": ("MI210", "MI250", "MI250X", "MI300A", "MI300X", "MI325X", "MI355X"),
+    "amd": ("MI100", "MI210", "MI250", "MI250X", "MI300A", "MI300X", "MI308X", "MI325X", "MI355X"),
     "intel": ("Gaudi", "Gaudi2", "Gaudi3"),
 }
 # fmt: on
 
 # Grace superchips pair the GPU with an ARM CPU, so their hosts need arm images.
-ARM_GPU_NAMES = frozenset({"GB200", "GH200"})
+ARM_GPU_NAMES = frozenset({"GB200", "GB300", "GH200"})
 
 
 def name_key(name: str) -> str:
@@ -32,6 +34,10 @@ def name_key(name: str) -> str:
 _KNOWN: dict[str, tuple[str, str]] = {
     name_key(name): (name, vendor) for vendor, names in _NAMES_BY_VENDOR.items() for name in names
 }
+
+
+def known_names() -> list[str]:
+    return [name for name, _ in _KNOWN.values()]
 
 
 def canonical_name(name: str) -> str:

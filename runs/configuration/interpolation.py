@@ -1,7 +1,8 @@
-"""`${{ groups[i].nodes[j].IP_ADDRESS }}` references in commands and env values.
+"""`${{ groups[i].nodes[j].IP_ADDRESS }}` references and `${{ run.args }}` in commands and env values.
 
-This is the only interpolation the language has: any other `${{ ... }}` expression is rejected at
-submit time rather than passed through, so a typo cannot reach a host as literal text. `$${{`
+These are the only interpolations the language has: any other `${{ ... }}` expression is rejected
+at submit time rather than passed through, so a typo cannot reach a host as literal text.
+`${{ run.args }}` is filled when the run is planned or submitted (`muster apply -f FILE -- ARGS`). `$${{`
 writes a literal `${{`. Whitespace inside `${{ }}` and around brackets and dots is optional.
 References stay in the stored commands; the engine substitutes them once the IPs are known.
 """
@@ -9,13 +10,15 @@ References stay in the stored commands; the engine substitutes them once the IPs
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 _OPENING = re.compile(r"\$?\$\{\{")
 _REFERENCE = re.compile(
     r"^groups\s*\[\s*([0-9]+)\s*\]\s*\.\s*nodes\s*\[\s*([0-9]+)\s*\]\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)$"
 )
+_RUN_ARGS = re.compile(r"^run\s*\.\s*args$")
+_SECRET = re.compile(r"^secrets\s*\.\s*([A-Za-z0-9_][A-Za-z0-9_.-]*)$")
 IP_ATTRIBUTE = "IP_ADDRESS"
 REFERENCE_FORM = "${{ groups[i].nodes[j].IP_ADDRESS }}"
 
@@ -24,7 +27,8 @@ REFERENCE_FORM = "${{ groups[i].nodes[j].IP_ADDRESS }}"
 class _Piece:
     start: int
     end: int
-    kind: str  # "escape" | "reference" | "invalid"
+    kind: str  # "escape" | "reference" | "run_args" | "secret" | "invalid"
+    name: str = ""  # the secret's name
     group: int = -1
     node: int = -1
     problem: str = ""
@@ -53,13 +57,19 @@ def _scan(text: str) -> Iterator[_Piece]:
 
 def _classify(inner: str, start: int, end: int) -> _Piece:
     written = f"${{{{ {inner} }}}}"
+    if _RUN_ARGS.fullmatch(inner):
+        return _Piece(start, end, "run_args")
+    secret = _SECRET.fullmatch(inner)
+    if secret is not None:
+        return _Piece(start, end, "secret", name=secret.group(1))
     match = _REFERENCE.fullmatch(inner)
     if match is None:
         if inner.startswith("groups"):
             problem = f"cannot read `{written}`: write {REFERENCE_FORM}"
         else:
             problem = (
-                f"`{written}` is not supported: only {REFERENCE_FORM} can be interpolated "
+                f"`{written}` is not supported: only {REFERENCE_FORM}, ${{{{ run.args }}}} and "
+                "${{ secrets.NAME }} (in env values) can be interpolated "
                 "(write `$${{` for a literal `${{`)"
             )
         return _Piece(start, end, "invalid", problem=problem)
@@ -106,7 +116,45 @@ def substitute_ips(text: str, ips: dict[tuple[int, int], str]) -> str:
     return "".join(out)
 
 
-def reference_problems(text: str, groups: Sequence[tuple[str, int | None]] | None) -> list[str]:
+def substitute_run_args(text: str, args: str) -> str:
+    """Fill every `${{ run.args }}`; everything else, escapes included, stays for later.
+
+    A `${{` inside the arguments is escaped, so an argument cannot become an IP reference.
+    """
+    out: list[str] = []
+    pos = 0
+    for piece in _scan(text):
+        out.append(text[pos : piece.start])
+        out.append(args.replace("${{", "$${{") if piece.kind == "run_args" else text[piece.start : piece.end])
+        pos = piece.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def secret_names(text: str) -> list[str]:
+    """Names of the project secrets `text` refers to as `${{ secrets.NAME }}` (dstack's syntax)."""
+    return list(dict.fromkeys(p.name for p in _scan(text) if p.kind == "secret"))
+
+
+def substitute_secrets(text: str, values: Mapping[str, str]) -> str:
+    """Fill every `${{ secrets.NAME }}` from `values` (KeyError names a missing one); a `${{` in a
+    secret's value is escaped, so a value cannot become a reference."""
+    out: list[str] = []
+    pos = 0
+    for piece in _scan(text):
+        out.append(text[pos : piece.start])
+        if piece.kind == "secret":
+            out.append(values[piece.name].replace("${{", "$${{"))
+        else:
+            out.append(text[piece.start : piece.end])
+        pos = piece.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def reference_problems(
+    text: str, groups: Sequence[tuple[str, int | None]] | None, secrets_allowed: bool = False
+) -> list[str]:
     """What is wrong with the `${{ }}` expressions of `text`.
 
     `groups` lists (name, node count) in order, with None for a count that is itself invalid
@@ -117,6 +165,8 @@ def reference_problems(text: str, groups: Sequence[tuple[str, int | None]] | Non
     for piece in _scan(text):
         if piece.kind == "invalid":
             problems.append(piece.problem)
+        elif piece.kind == "secret" and not secrets_allowed:
+            problems.append(f"`${{{{ secrets.{piece.name} }}}}` can only be used in env values")
         elif piece.kind == "reference":
             problem = _range_problem(piece.group, piece.node, groups)
             if problem:

@@ -36,7 +36,16 @@ def fits(requirements: dict[str, Any], resources: dict[str, Any]) -> bool:
         return False  # TPU hosts are kept for TPU jobs
     if gpu is None:
         return True
-    return len(_matching_gpus(gpu, resources)) >= ((gpu.get("count") or {}).get("min") or 0)
+    matching = _matching_gpus(gpu, resources)
+    if len(matching) < ((gpu.get("count") or {}).get("min") or 0):
+        return False
+    total = (gpu.get("total_memory") or {}).get("min")
+    if total is not None:
+        # the memory of the GPUs the node would take (count's upper bound caps them)
+        cap = (gpu.get("count") or {}).get("max")
+        taken = matching if cap is None else matching[:cap]
+        return sum(g.get("memory_gb") or 0 for g in taken) >= total
+    return True
 
 
 def gpu_count_for(requirements: dict[str, Any], resources: dict[str, Any]) -> int:

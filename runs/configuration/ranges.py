@@ -30,8 +30,22 @@ def parse_count(text: str) -> int:
     return int(text)
 
 
+def _range_object(value: dict, what: str, parse) -> tuple:
+    """dstack's object form of a range, `{min: 2, max: 8}` (either bound may be left out)."""
+    unknown = [str(k) for k in value if k not in ("min", "max")]
+    if unknown:
+        raise ValueError(f"{what}: unknown key `{unknown[0]}` (a range object takes min and max)")
+    if value.get("min") is None and value.get("max") is None:
+        raise ValueError(f"{what}: a range needs at least one of min and max")
+    low = None if value.get("min") is None else parse(value["min"])
+    high = None if value.get("max") is None else parse(value["max"])
+    return check_order(low, high)
+
+
 def parse_count_range(value: object, what: str) -> tuple[int | None, int | None]:
-    """`4` -> (4, 4); `2..8` -> (2, 8); `2..` -> (2, None); `..8` -> (None, 8)."""
+    """`4` -> (4, 4); `2..8` -> (2, 8); `2..` -> (2, None); `..8` -> (None, 8); {min, max}."""
+    if isinstance(value, dict):
+        return _range_object(value, what, lambda v: parse_count_range(v, what)[0])
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"{what} must be a number or a range like 2..8")
     if isinstance(value, int):
@@ -81,7 +95,9 @@ def has_size_unit(text: str) -> bool:
 
 
 def parse_size_range(value: object) -> tuple[float | None, float | None]:
-    """`16GB` -> (16, 16); `16GB..` -> (16, None); `..64GB` -> (None, 64)."""
+    """`16GB` -> (16, 16); `16GB..` -> (16, None); `..64GB` -> (None, 64); {min, max}."""
+    if isinstance(value, dict):
+        return _range_object(value, "size", parse_size)
     if isinstance(value, str):
         bounds = split_range(value)
         if bounds is not None:

@@ -7,6 +7,8 @@ level of a task, to each of its groups and to cloud fleets.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -14,8 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from backends.tpu_shapes import SliceShape, looks_like_slice, parse_slice, valid_sizes_message
 
 from .errors import ConfigurationError, ErrorList
-from .gpus import VENDOR_ALIASES, VENDORS, canonical_name, needs_arm, vendor_of
-from .ranges import has_size_unit, parse_count_range, parse_size_range
+from .gpus import VENDOR_ALIASES, VENDORS, canonical_name, known_names, name_key, needs_arm, vendor_of
+from .ranges import has_size_unit, parse_count_range, parse_size, parse_size_range
 
 # Defaults for whatever a resources block leaves out (the docs quote these).
 DEFAULT_CPU_MIN = 1
@@ -25,14 +27,19 @@ DEFAULT_CPU_ARCH = "x86"
 # `gpu: L40S` with no count means one GPU.
 DEFAULT_GPU_COUNT = 1
 
-RESOURCE_KEYS = ("cpu", "memory", "disk", "gpu")
+RESOURCE_KEYS = ("cpu", "memory", "shm_size", "disk", "gpu")
 # fmt: off
 _CPU_ARCH_ALIASES = {
     "x86": "x86", "x86_64": "x86", "amd64": "x86",
     "arm": "arm", "arm64": "arm", "aarch64": "arm",
 }
 # fmt: on
-_GPU_OBJECT_KEYS = ("vendor", "name", "count", "memory")
+_GPU_OBJECT_KEYS = ("vendor", "name", "count", "memory", "total_memory", "compute_capability")
+_CPU_OBJECT_KEYS = ("arch", "count")
+# (field, message): what a written key does not do here, shown with the plan.
+Warnings = list[dict[str, Any]]
+# Names probed on the project's hosts, asked for only when a name is not in the known table.
+ProbedNames = Callable[[], Collection[str]]
 
 CpuArch = Literal["x86", "arm"]
 GpuVendor = Literal["nvidia", "amd", "google", "intel"]
@@ -66,6 +73,8 @@ class GpuRequirement(_Frozen):
     count: IntRange
     memory: SizeRange | None
     tpu: str | None  # canonical slice name, e.g. v2-32
+    total_memory: SizeRange | None = None  # GB over the node's GPUs
+    compute_capability: str | None = None  # e.g. "8.0"
 
     def tpu_shape(self) -> SliceShape | None:
         return parse_slice(self.tpu) if self.tpu else None
@@ -76,6 +85,7 @@ class Resources(_Frozen):
     memory: SizeRange
     disk: SizeRange
     gpu: GpuRequirement | None
+    shm_size: float | None = None  # GB; applies once jobs run in containers
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -85,22 +95,29 @@ def default_resources() -> Resources:
     return parse_resources(None)
 
 
-def parse_resources(raw: object) -> Resources:
-    """A written resources block -> Resources; ConfigurationError locations are relative to it."""
+def parse_resources(
+    raw: object, *, warnings: Warnings | None = None, probed_gpu_names: ProbedNames | None = None
+) -> Resources:
+    """A written resources block -> Resources; ConfigurationError locations are relative to it.
+
+    `warnings` collects (relative) notes on keys that are accepted but do not take effect here;
+    `probed_gpu_names` lets a GPU name outside the known table through if a host of the project has it.
+    """
     errors = ErrorList()
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        errors.add([], "resources must be a mapping with cpu, memory, disk and gpu")
+        errors.add([], "resources must be a mapping with cpu, memory, shm_size, disk and gpu")
         errors.raise_if_any()
     assert isinstance(raw, dict)
     for key in raw:
         if key not in RESOURCE_KEYS:
-            errors.add([key], f"unknown key `{key}`")
+            errors.add([key], f"unknown key `{key}`: resources take {', '.join(RESOURCE_KEYS)}")
 
     cpu: tuple[int | None, int | None, str | None] = (DEFAULT_CPU_MIN, None, None)
     memory: tuple[float | None, float | None] = (DEFAULT_MEMORY_MIN_GB, None)
     disk: tuple[float | None, float | None] = (DEFAULT_DISK_MIN_GB, None)
+    shm_size: float | None = None
     gpu: GpuRequirement | None = None
     try:
         if raw.get("cpu") is not None:
@@ -110,13 +127,25 @@ def parse_resources(raw: object) -> Resources:
     for key in ("memory", "disk"):
         try:
             if raw.get(key) is not None:
-                value = parse_size_range(raw[key])
+                written = raw[key]
+                if key == "disk" and isinstance(written, dict) and "size" in written:
+                    # dstack's disk object form: {size: 100GB..}
+                    if set(written) != {"size"}:
+                        raise ValueError("the disk object takes only `size`")
+                    written = written["size"]
+                value = parse_size_range(written)
                 memory, disk = (value, disk) if key == "memory" else (memory, value)
         except ValueError as exc:
             errors.add([key], str(exc))
     try:
+        if raw.get("shm_size") is not None:
+            shm_size = parse_size(raw["shm_size"])
+    except ValueError as exc:
+        errors.add(["shm_size"], str(exc))
+    try:
         if raw.get("gpu") is not None:
             gpu = parse_gpu(raw["gpu"])
+            _check_gpu_names(gpu, probed_gpu_names)
     except ValueError as exc:
         errors.add(["gpu"], str(exc))
     except ConfigurationError as exc:
@@ -129,16 +158,64 @@ def parse_resources(raw: object) -> Resources:
             errors.add(["cpu"], f"{arm_names} hosts have arm CPUs: use `arm` (or leave the arch out)")
         arch = "arm"
     errors.raise_if_any()
+    if warnings is not None:
+        if shm_size is not None:
+            warnings.append({"field": ["shm_size"], "message": (
+                f"shm_size: {raw['shm_size']} is kept but takes effect only once jobs run in containers; "
+                "until then a job uses the host's /dev/shm")})
+        if gpu is not None and gpu.compute_capability is not None:
+            warnings.append({"field": ["gpu", "compute_capability"], "message": (
+                f"compute_capability: {gpu.compute_capability} is not checked: hosts do not report it; "
+                "name the GPUs (e.g. gpu: A100) to be sure of it")})
     return Resources(
         cpu=CpuRequirement(min=cpu[0], max=cpu[1], arch=arch or DEFAULT_CPU_ARCH),  # type: ignore[arg-type]
         memory=SizeRange(min=memory[0], max=memory[1]),
         disk=SizeRange(min=disk[0], max=disk[1]),
         gpu=gpu,
+        shm_size=shm_size,
+    )
+
+
+def _check_gpu_names(gpu: GpuRequirement, probed: ProbedNames | None) -> None:
+    """A name must be in the known table or on a host of the project: a typo (`H1000`) would
+    otherwise wait for a host that cannot exist and fail long after the submit."""
+    unknown = [n for n in gpu.names if vendor_of(n) is None]
+    if not unknown:
+        return
+    probed_names = {name_key(n): n for n in (probed() if probed is not None else ())}
+    unknown = [n for n in unknown if name_key(n) not in probed_names]
+    if not unknown:
+        return
+    candidates = [*known_names(), *probed_names.values()]
+    problems = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), [c.upper() for c in candidates], n=3, cutoff=0.6)
+        spelled = [next(c for c in candidates if c.upper() == m) for m in close]
+        hint = f": did you mean {' or '.join(spelled)}?" if spelled else ""
+        problems.append(f"unknown GPU `{name}`{hint}")
+    raise ValueError(
+        "; ".join(problems) + " (a name must be a known GPU or one found on a host of this project)"
     )
 
 
 def parse_cpu(value: object) -> tuple[int | None, int | None, str | None]:
-    """`4`, `2..8`, `arm:8`, `x86:4..`, `arm` -> (min, max, arch or None when not said)."""
+    """`4`, `2..8`, `arm:8`, `x86:4..`, `arm`, {arch, count} -> (min, max, arch or None when not said)."""
+    if isinstance(value, dict) and not (set(value) <= {"min", "max"}):
+        unknown = [str(k) for k in value if k not in _CPU_OBJECT_KEYS]
+        if unknown:
+            raise ValueError(f"unknown key `{unknown[0]}` in cpu: the object form takes arch and count")
+        arch_written = value.get("arch")
+        arch_value = None
+        if arch_written is not None:
+            if not isinstance(arch_written, str) or arch_written.strip().lower() not in _CPU_ARCH_ALIASES:
+                raise ValueError("cpu arch must be x86 or arm")
+            arch_value = _CPU_ARCH_ALIASES[arch_written.strip().lower()]
+        count = value.get("count")
+        low, high = parse_count_range(count, "cpu") if count is not None else (DEFAULT_CPU_MIN, None)
+        return low, high, arch_value
+    if isinstance(value, dict):
+        low, high = parse_count_range(value, "cpu")
+        return low, high, None
     if isinstance(value, int) and not isinstance(value, bool):
         low, high = parse_count_range(value, "cpu")
         return low, high, None
@@ -256,12 +333,43 @@ def _parse_gpu_object(raw: dict) -> GpuRequirement:
             memory = parse_size_range(raw["memory"])
     except ValueError as exc:
         errors.add(["memory"], str(exc))
+    total_memory = None
+    try:
+        if raw.get("total_memory") is not None:
+            total_memory = parse_size_range(raw["total_memory"])
+    except ValueError as exc:
+        errors.add(["total_memory"], str(exc))
+    capability = None
+    try:
+        if raw.get("compute_capability") is not None:
+            capability = _compute_capability(raw["compute_capability"])
+    except ValueError as exc:
+        errors.add(["compute_capability"], str(exc))
     errors.raise_if_any()
     if shape is not None:
-        if count is not None or memory is not None:
+        if count is not None or memory is not None or total_memory is not None:
             raise ValueError(f"a TPU slice takes no count or memory: write just `{shape.name}`")
         return _tpu(shape, vendor)
-    return _build_gpu(vendor, names, count, memory)
+    gpu = _build_gpu(vendor, names, count, memory)
+    if total_memory is None and capability is None:
+        return gpu
+    return gpu.model_copy(update={
+        "total_memory": SizeRange(min=total_memory[0], max=total_memory[1]) if total_memory else None,
+        "compute_capability": capability,
+    })
+
+
+def _compute_capability(value: object) -> str:
+    """`8.0`, `"8.0"` or `[8, 0]` -> "8.0"."""
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        return f"{value[0]}.{value[1]}"
+    if isinstance(value, float):
+        value = str(value)
+    if isinstance(value, str):
+        major, dot, minor = value.strip().partition(".")
+        if dot and major.isdigit() and minor.isdigit():
+            return f"{int(major)}.{int(minor)}"
+    raise ValueError("compute_capability must be like 8.0 (major.minor)")
 
 
 def _vendor(value: object) -> str:

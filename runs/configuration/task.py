@@ -10,15 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from . import dialect
 from .documents import load_document
 from .durations import parse_duration, parse_optional_duration
 from .envs import parse_env, resolve_env
-from .errors import ConfigurationError, ErrorList
-from .fields import Port, WrittenModel, check_slug, read_model
-from .interpolation import reference_problems
-from .resources import Resources, parse_resources
+from .errors import ConfigurationError, ErrorList, format_loc
+from .fields import Port, WrittenModel, check_group_name, check_slug, read_model_partially
+from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
+from .resources import ProbedNames, Resources, Warnings, parse_resources
 
 DEFAULT_MAX_NODES = 4096
 IMPLICIT_GROUP_NAME = "default"
@@ -55,11 +56,6 @@ class _RetryInput(WrittenModel):
 class _GroupShape(WrittenModel):
     """Checks that apply alike to the top level of a task and to each of its groups."""
 
-    @field_validator("name", check_fields=False)
-    @classmethod
-    def _slug(cls, value: str | None) -> str | None:
-        return check_slug(value)
-
     @field_validator("nodes", check_fields=False)
     @classmethod
     def _positive(cls, value: int | None) -> int | None:
@@ -69,7 +65,7 @@ class _GroupShape(WrittenModel):
 
 
 class _GroupInput(_GroupShape):
-    name: str
+    name: str | None = None  # dstack's default: the group's index, "0", "1", ...
     nodes: int | None = None
     resources: Any = None
     commands: list[str] = []
@@ -77,8 +73,13 @@ class _GroupInput(_GroupShape):
     image: str | None = None
     ports: list[Port] = []
 
+    @field_validator("name")
+    @classmethod
+    def _group_name(cls, value: str | None) -> str | None:
+        return check_group_name(value)
 
-class _TaskInput(_GroupShape):
+
+class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     type: Literal["task"] = "task"
     name: str | None = None
     nodes: int | None = None
@@ -93,6 +94,12 @@ class _TaskInput(_GroupShape):
     retry: _RetryInput | None = None
     max_duration: Any = None
     fleets: list[str] = []
+    setup: list[str] = []
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str | None) -> str | None:
+        return check_slug(value)
 
     @field_validator("retry", mode="before")
     @classmethod
@@ -107,7 +114,8 @@ class _TaskInput(_GroupShape):
     @field_validator("max_duration")
     @classmethod
     def _max_duration(cls, value: object) -> int | None:
-        return None if value is None else parse_optional_duration(value)
+        # dstack: `true` is the default (no limit for a task), `false` the same as `off`
+        return None if value is None or value is True else parse_optional_duration(value)
 
     @field_validator("fleets")
     @classmethod
@@ -161,6 +169,13 @@ class TaskConfiguration(_Checked):
     nodes: int  # all nodes of the run
     groups: list[NodeGroup]  # a `nodes:` task has one group named `default`
     uses_groups: bool  # False for a `nodes:` task (group references are then invalid)
+    # dstack keys kept as written (normalized) that do not change how Muster runs the task yet;
+    # each one that was written also has a warning. Registry passwords are never kept here.
+    container: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
+    # What the written configuration asks for that does not take effect here: shown with the
+    # plan, not stored with the run.
+    warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
 
 
 # ---- parsing ----------------------------------------------------------------------------------
@@ -186,25 +201,39 @@ def parse_run_configuration(
     env_values: dict[str, str] | None = None,
     secrets: Mapping[str, str] | None = None,
     max_nodes: int = DEFAULT_MAX_NODES,
+    run_args: str = "",
+    probed_gpu_names: ProbedNames | None = None,
 ) -> TaskConfiguration:
-    """Check a task configuration and return it normalized; ConfigurationError lists every problem."""
+    """Check a task configuration and return it normalized; ConfigurationError lists every problem.
+
+    Every check runs even when an earlier one failed (a key with a problem is left out of the
+    later checks), so one 400 names all the problems of the document.
+    """
     document = load_document(data)
     errors = ErrorList()
-    task = read_model(_TaskInput, document, [], errors)
-    written_env = parse_env(task.env, errors, ["env"]) if task is not None else {}
-    parts = _read_parts(task, document, errors)
-    errors.raise_if_any()
-    assert task is not None and parts is not None
+    warnings: Warnings = []
+    task, bad = read_model_partially(_TaskInput, document, [], errors)
+    if task is None:
+        task = _TaskInput.model_validate({})
+        bad = {str(k) for k in document}
+    written_env = parse_env(task.env, errors, ["env"])
+    dialect.check_task_keys(task, errors, warnings)
+    parts = _read_parts(task, document, bad, errors, warnings, probed_gpu_names)
 
-    if task.groups is not None:
+    if parts is not None and task.groups is not None:
         _check_group_layout(task, parts, errors)
+    readable = [p for p in parts or [] if p is not None]
+    for part in readable:
+        _warn_part(part, warnings)
     env_values = env_values or {}
     # not `secrets or {}`: truth-testing a lazy mapping would read the secrets of every submit
     secrets = {} if secrets is None else secrets
+    written_env = _fill_env(written_env, run_args, secrets, errors, ["env"])
     top_env = resolve_env(written_env, env_values, secrets, errors, ["env"])
     groups = [
-        _check_part(part, i, task, top_env, env_values, secrets, errors)
-        for i, part in enumerate(parts)
+        _check_part(part, i, task, top_env, env_values, secrets, run_args, errors)
+        for i, part in enumerate(parts or [])
+        if part is not None
     ]
     total = sum(g.nodes for g in groups if g is not None)
     if total > max_nodes:
@@ -212,7 +241,9 @@ def parse_run_configuration(
             ["groups"] if task.groups is not None else ["nodes"],
             f"the task has {total} nodes; the limit is {max_nodes}",
         )
-    _check_references(task, written_env, parts, groups, errors)
+    if parts is not None and len(readable) == len(parts):
+        # group indexes are only meaningful when every group could be read
+        _check_references(task, written_env, readable, groups, errors)
     errors.raise_if_any()
     return TaskConfiguration(
         name=task.name,
@@ -228,18 +259,32 @@ def parse_run_configuration(
         nodes=total,
         groups=[g for g in groups if g is not None],
         uses_groups=task.groups is not None,
+        container=dialect.container_values(task),
+        profile=dialect.profile_values(task),
+        warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )
 
 
-def _read_parts(task: _TaskInput | None, document: dict, errors: ErrorList) -> list[_Part] | None:
-    """Structural reading of the top level or of each group: every error of that kind at once."""
-    if task is None:
-        # Still read the groups, so a bad top-level key does not hide a typo in a group.
+def _read_parts(
+    task: _TaskInput,
+    document: dict,
+    bad: set[str],
+    errors: ErrorList,
+    warnings: Warnings,
+    probed: ProbedNames | None,
+) -> list[_Part | None] | None:
+    """Structural reading of the top level or of each group: every error of that kind at once.
+
+    None when the layout itself cannot be read (then the checks that need it are skipped); a
+    group that cannot be read is None in the list.
+    """
+    if "groups" in bad:
+        # Still read what can be read, so a bad key does not hide a typo elsewhere.
         written = document.get("groups")
         if isinstance(written, list):
             for i, raw in enumerate(written):
                 if isinstance(raw, dict):
-                    _read_group(raw, i, errors)
+                    _read_group(raw, i, task, errors, warnings, probed)
         return None
     if task.groups is None:
         # The top level is the one implicit group; its env is the top-level env, merged in later.
@@ -248,43 +293,81 @@ def _read_parts(task: _TaskInput | None, document: dict, errors: ErrorList) -> l
                 loc=[],
                 name=IMPLICIT_GROUP_NAME,
                 nodes=task.nodes,
-                resources=_read_resources(task.resources, ["resources"], errors),
-                commands=task.commands,
+                resources=_read_resources(task.resources, ["resources"], errors, warnings, probed),
+                commands=[*task.setup, *task.commands],
                 env={},
                 image=task.image,
                 ports=task.ports,
             )
         ]
-    parts = [_read_group(raw, i, errors) for i, raw in enumerate(task.groups)]
-    return None if any(p is None for p in parts) else parts  # type: ignore[return-value]
+    return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
 
 
-def _read_group(raw: dict, index: int, errors: ErrorList) -> _Part | None:
+def _fill_env(
+    env: dict[str, str | None], run_args: str, secrets: Mapping[str, str], errors: ErrorList, loc: list[str | int]
+) -> dict[str, str | None]:
+    """`${{ run.args }}` and dstack's `${{ secrets.NAME }}` filled in env values."""
+    filled: dict[str, str | None] = {}
+    for key, value in env.items():
+        if value is None:
+            filled[key] = None
+            continue
+        value = substitute_run_args(value, run_args)
+        missing = [name for name in secret_names(value) if name not in secrets]
+        for name in missing:
+            errors.add([*loc, key], f"secret `{name}` does not exist in this project: create it or pass {key} "
+                       "with the run")
+        filled[key] = value if missing else substitute_secrets(value, secrets)
+    return filled
+
+
+def _warn_part(part: _Part, warnings: Warnings) -> None:
+    if part.ports:
+        warnings.append({"field": [*part.loc, "ports"], "message": (
+            f"ports: {', '.join(str(p) for p in part.ports)} are kept with each job but not forwarded: "
+            "reach them on the node's own address (DSTACK_NODE_IP)")})
+    if part.loc and part.image is not None:
+        warnings.append({"field": [*part.loc, "image"], "message": (
+            f"image: {part.image} is accepted but takes effect once jobs run in containers; "
+            "until then the commands run on the host")})
+
+
+def _read_group(
+    raw: dict, index: int, task: _TaskInput, errors: ErrorList, warnings: Warnings, probed: ProbedNames | None
+) -> _Part | None:
     loc: list[str | int] = ["groups", index]
-    group = read_model(_GroupInput, raw, loc, errors)
+    group, bad = read_model_partially(_GroupInput, raw, loc, errors)
     if group is None:
+        return None
+    resources = _read_resources(group.resources, [*loc, "resources"], errors, warnings, probed)
+    if bad:
         return None
     return _Part(
         loc=loc,
-        name=group.name,
+        name=group.name if group.name is not None else str(index),
         nodes=group.nodes,
-        resources=_read_resources(group.resources, [*loc, "resources"], errors),
-        commands=group.commands,
+        resources=resources,
+        commands=[*task.setup, *group.commands],
         env=parse_env(group.env, errors, [*loc, "env"]),
         image=group.image,
         ports=group.ports,
     )
 
 
-def _read_resources(raw: object, loc: list[str | int], errors: ErrorList) -> Resources | None:
+def _read_resources(
+    raw: object, loc: list[str | int], errors: ErrorList, warnings: Warnings, probed: ProbedNames | None
+) -> Resources | None:
     try:
-        return parse_resources(raw)
+        found: Warnings = []
+        resources = parse_resources(raw, warnings=found, probed_gpu_names=probed)
     except ConfigurationError as exc:
         errors.extend_from(exc, loc)
         return None
+    warnings.extend({"field": [*loc, *w["field"]], "message": w["message"]} for w in found)
+    return resources
 
 
-def _check_group_layout(task: _TaskInput, parts: list[_Part], errors: ErrorList) -> None:
+def _check_group_layout(task: _TaskInput, parts: list[_Part | None], errors: ErrorList) -> None:
     if task.nodes is not None:
         errors.add(["nodes"], "`nodes` and `groups` cannot be used together: set `nodes` in each group")
     for key in PER_GROUP_KEYS:
@@ -294,6 +377,8 @@ def _check_group_layout(task: _TaskInput, parts: list[_Part], errors: ErrorList)
         errors.add(["groups"], "`groups` must list at least one group")
     first_use: dict[str, int] = {}
     for i, part in enumerate(parts):
+        if part is None:
+            continue
         if part.name in first_use:
             errors.add(
                 [*part.loc, "name"],
@@ -309,6 +394,7 @@ def _check_part(
     top_env: dict[str, str],
     env_values: Mapping[str, str],
     secrets: Mapping[str, str],
+    run_args: str,
     errors: ErrorList,
 ) -> NodeGroup | None:
     """Defaults and rules of one group (or of a `nodes:` task); None when it has errors."""
@@ -335,7 +421,8 @@ def _check_part(
             )
     if nodes is None:
         nodes = 1
-    env = top_env | resolve_env(part.env, env_values, secrets, errors, [*part.loc, "env"])
+    own_env = _fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
+    env = top_env | resolve_env(own_env, env_values, secrets, errors, [*part.loc, "env"])
     if len(errors.items) > before or resources is None:
         return None
     return NodeGroup(
@@ -343,7 +430,7 @@ def _check_part(
         index=index,
         nodes=nodes,
         resources=resources,
-        commands=part.commands,
+        commands=[substitute_run_args(c, run_args) for c in part.commands],
         env=env,
         image=image,
         ports=part.ports,
@@ -361,11 +448,11 @@ def _check_references(
     sizes: list[tuple[str, int | None]] | None = None
     if task.groups is not None:
         sizes = [(p.name, g.nodes if g is not None else p.nodes) for p, g in zip(parts, groups, strict=True)]
-    places: list[tuple[list[str | int], str]] = []
-    places += [(["env", key], value) for key, value in written_env.items() if value is not None]
+    places: list[tuple[list[str | int], str, bool]] = []  # (loc, text, secrets allowed)
+    places += [(["env", key], value, True) for key, value in written_env.items() if value is not None]
     for part in parts:
-        places += [([*part.loc, "commands", c], command) for c, command in enumerate(part.commands)]
-        places += [([*part.loc, "env", k], v) for k, v in part.env.items() if v is not None]
-    for loc, text in places:
-        for problem in reference_problems(text, sizes):
+        places += [([*part.loc, "commands", c], command, False) for c, command in enumerate(part.commands)]
+        places += [([*part.loc, "env", k], v, True) for k, v in part.env.items() if v is not None]
+    for loc, text, secrets_allowed in places:
+        for problem in reference_problems(text, sizes, secrets_allowed):
             errors.add(loc, problem)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets as pysecrets
 from typing import Any
@@ -21,15 +23,20 @@ from runs.configuration import (
     load_document,
     parse_run_configuration,
 )
-from runs.models import Job, Run
+from runs.configuration.expansion import expanded_sizes
+from runs.configuration.interpolation import secret_names
+from runs.models import Job, Run, SubmissionKey
 
 MASK = "***"
 
 
-def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
+MAX_RUN_ARGS_CHARS = 64 * 1024
+
+
+def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
     if not isinstance(payload, dict):
         raise ConfigurationError([{"loc": [], "msg": "send a JSON object with `configuration` (and optional `env`)"}])
-    unknown = sorted(set(payload) - {"configuration", "env"})
+    unknown = sorted(set(payload) - {"configuration", "env", "args"})
     if unknown:
         raise ConfigurationError([{"loc": [k], "msg": f"unknown key `{k}`"} for k in unknown])
     if payload.get("configuration") in (None, ""):
@@ -37,17 +44,23 @@ def _payload_parts(payload: Any) -> tuple[Any, dict[str, str]]:
     env = payload.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigurationError([{"loc": ["env"], "msg": "must be an object of string values, e.g. {\"HF_TOKEN\": \"...\"}"}])
-    return payload["configuration"], env
+    args = payload.get("args") or ""
+    if not isinstance(args, str) or len(args) > MAX_RUN_ARGS_CHARS:
+        raise ConfigurationError([{"loc": ["args"], "msg": (
+            f"must be a string of at most {MAX_RUN_ARGS_CHARS} characters: what fills ${{{{ run.args }}}}")}])
+    return payload["configuration"], env, args
 
 
 def _bare_env_keys(doc: dict) -> set[str]:
-    """Env keys whose value comes from the request or a secret (never stored in plaintext)."""
+    """Env keys whose value comes from the request or a secret (never stored in plaintext): bare
+    keys, and values that refer to a secret as `${{ secrets.NAME }}`."""
 
     def bare(env: Any) -> set[str]:
         if isinstance(env, list):
-            return {e for e in env if isinstance(e, str) and "=" not in e}
+            entries = [e.partition("=") for e in env if isinstance(e, str)]
+            return {k.strip() for k, sep, v in entries if not sep or secret_names(v)}
         if isinstance(env, dict):
-            return {k for k, v in env.items() if v is None}
+            return {k for k, v in env.items() if v is None or (isinstance(v, str) and secret_names(v))}
         return set()
 
     keys = bare(doc.get("env"))
@@ -57,20 +70,50 @@ def _bare_env_keys(doc: dict) -> set[str]:
     return keys
 
 
+def probed_gpu_names(project: Project) -> list[str]:
+    """GPU names the project's hosts reported, for names outside the known table."""
+    from instances.models import Instance
+
+    names: set[str] = set()
+    for resources in Instance.objects.filter(project=project, gpu_count__gt=0).values_list("resources", flat=True):
+        for gpu in (resources or {}).get("gpus") or []:
+            if isinstance(gpu, dict) and isinstance(gpu.get("name"), str):
+                names.add(gpu["name"])
+    return sorted(names)
+
+
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
-    data, env_values = _payload_parts(payload)
+    data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
     if doc.get("type") != "task":
         raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
     conf = parse_run_configuration(
-        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"]
+        doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"],
+        run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
+    _check_expanded_size(conf)
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
 
-def _masked(job: dict, hidden: set[str]) -> dict:
-    env = {k: (MASK if k in hidden else v) for k, v in job["env"].items()}
-    return {**job, "env": env}
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _check_expanded_size(conf: TaskConfiguration) -> None:
+    """Each node's runner is handed its own copy of its group's commands and env: a run whose
+    copies add up past MAX_EXPANDED_BYTES is refused before anything is stored."""
+    limit = int(settings.MUSTER["MAX_EXPANDED_BYTES"])
+    sizes = expanded_sizes(conf)
+    total = sum(each * nodes for each, nodes in sizes)
+    if total <= limit:
+        return
+    biggest = max(range(len(sizes)), key=lambda g: sizes[g][0] * sizes[g][1])
+    each, nodes = sizes[biggest]
+    loc = ["groups", biggest, "nodes"] if conf.uses_groups else ["nodes"]
+    raise ConfigurationError([{"loc": loc, "msg": (
+        f"the run hands out {_mb(total)} of commands and env over its nodes ({nodes} nodes x {_mb(each)} in "
+        f"group {conf.groups[biggest].name}), {_mb(total - limit)} over the limit of {_mb(limit)} "
+        "(MUSTER_MAX_EXPANDED_BYTES): use fewer nodes or shorter commands and env")}])
 
 
 def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
@@ -85,13 +128,36 @@ def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
     return out
 
 
+PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_rank")
+
+
 def plan_run(project: Project, payload: Any) -> dict:
+    """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
+    ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
+    does not grow with nodes x commands."""
     conf, jobs, hidden = parse_for_project(project, payload)
+    specs = [j.stored_dict() for j in jobs]
     return {
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
-        "jobs": [_masked(j.as_dict(), hidden) for j in jobs],
+        "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
+        "capacity": plan_capacity(project, conf.fleets or [], specs),
+        # what the configuration asks for that does not take effect here: shown before submitting
+        "warnings": conf.warnings,
     }
+
+
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
+    """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
+    from runs import capacity, placement
+
+    groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
+                                lambda s: s["resources"])
+    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
+                                          [(req, n) for _, req, n in groups])
+    if fleet is not None:
+        return {"fits": True, "fleet": fleet.name, "reasons": []}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
 
 
 def _generated_name() -> str:
@@ -116,31 +182,66 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
     return Job.objects.bulk_create(jobs)
 
 
-def submit_run(project: Project, user, payload: Any) -> Run:
-    """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput."""
+def _request_digest(payload: Any) -> str:
+    # keyed: the body may carry secret env values, and a plain hash of a short one can be guessed
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hmac.new(settings.SECRET_KEY.encode(), b"muster-idempotency:" + body, hashlib.sha256).hexdigest()
+
+
+def _replayed(project: Project, user, key: str, digest: str) -> Run | None:
+    """The run an earlier submission with this Idempotency-Key made, or None; a different body is an error."""
+    owner = user if user is not None and user.is_authenticated else None
+    found = SubmissionKey.objects.select_related("run").filter(project=project, user=owner, key=key).first()
+    if found is None:
+        return None
+    if not hmac.compare_digest(found.digest, digest):
+        raise InvalidInput(["headers", "Idempotency-Key"], f"this key was already used for another request (run "
+                                                          f"{found.run.name}): use a new key for a new submission")
+    found.run.replayed = True
+    return found.run
+
+
+def submit_run(project: Project, user, payload: Any, idempotency_key: str | None = None) -> Run:
+    """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput.
+
+    With an idempotency key already used by this caller in this project, the run that submission
+    made (`run.replayed` set) instead of a new one: a client that lost the first answer retries safely.
+    """
+    digest = _request_digest(payload) if idempotency_key else ""
+    if idempotency_key:
+        replay = _replayed(project, user, idempotency_key, digest)
+        if replay is not None:
+            return replay
     conf, jobs, hidden = parse_for_project(project, payload)
-    specs = [j.as_dict() for j in jobs]
-    hidden_values = {}
-    for spec in specs:
-        popped = sorted(hidden & set(spec["env"]))
-        for key in popped:
-            hidden_values[key] = spec["env"].pop(key)
-        spec["hidden_env"] = popped  # filled from the encrypted store when the job starts
+    # A job row keeps its place and resources; its commands and env are its group's, kept once in
+    # the stored configuration (runs/cluster.py puts them together when the job starts).
+    specs = [j.stored_dict() for j in jobs]
+    hidden_values = {key: group.env[key] for group in conf.groups for key in hidden & set(group.env)}
     configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
-    stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values))}
+    # the masked keys, filled from the encrypted store when a job starts
+    stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values)),
+              "hidden_env": sorted(hidden_values)}
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
     clashes = 0
     while True:
         try:
-            return _create_run(project, user, conf.name, stored, specs)
+            return _create_run(project, user, conf.name, stored, specs, (idempotency_key, digest))
         except IntegrityError:
+            # the same key sent twice at once: the other request made the run
+            replay = _replayed(project, user, idempotency_key, digest) if idempotency_key else None
+            if replay is not None:
+                return replay
+            if conf.name:
+                raise InvalidInput(["name"], f"run {conf.name} was just submitted by another request: "
+                                             "pick another name, or stop that run first") from None
             clashes += 1
-            if conf.name or clashes == 5:
+            if clashes == 5:
                 raise
 
 
-def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict]) -> Run:
+def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
+                idempotency: tuple[str | None, str] = (None, "")) -> Run:
     name = requested or _generated_name()
     with transaction.atomic():
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
@@ -155,6 +256,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
             configuration=configuration,
             status=RunStatus.SUBMITTED,
         )
+        if idempotency[0]:
+            SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
+                                         run=run)
         jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
@@ -167,4 +271,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
 
 def secret_env(run: Run) -> dict[str, str]:
     token = run.configuration.get("secret_env", "")
-    return json.loads(crypto.decrypt(token)) if token else {}
+    if not token:
+        return {}
+    return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",
+                                     fix="submit the run again"))

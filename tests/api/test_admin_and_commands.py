@@ -8,11 +8,10 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 
 from events.models import Event
 from instances.models import Fleet, Instance, InstanceGroup
-from projects.models import Membership, Project
+from projects.models import ApiToken, Membership, Project
 from runs.models import Job, Run
 from tests.conftest import client_for
 
@@ -128,13 +127,23 @@ def test_the_admin_stop_action_requests_a_stop(admin_client_logged_in, submitted
     assert submitted_run.stop_requested == "stop"
 
 
+def test_the_admin_refuses_a_weak_password(admin_client_logged_in, django_user_model):
+    bob = django_user_model.objects.create_user("bob", password="a-long-enough-Passphrase-7")
+    resp = admin_client_logged_in.post(f"/admin/auth/user/{bob.pk}/password/",
+                                       {"password1": "12345678", "password2": "12345678", "usable_password": "true"})
+    assert resp.status_code == 200, "the form comes back with errors instead of redirecting"
+    assert "too common" in resp.content.decode()
+    bob.refresh_from_db()
+    assert bob.check_password("a-long-enough-Passphrase-7")
+
+
 # ---- management commands ----------------------------------------------------------------------
 
 
 def test_muster_token_makes_a_read_only_user_whose_token_works(db):
     out = _call("muster_token", "bob", "--project", "p2", "--role", "read-only")
     token = out.strip()
-    assert re.fullmatch(r"[0-9a-f]{40}", token), out
+    assert re.fullmatch(r"mst_[A-Za-z0-9_-]{40,}", token), out
     bob = get_user_model().objects.get(username="bob")
     assert Membership.objects.get(user=bob, project__name="p2").role == "read-only"
 
@@ -147,10 +156,14 @@ def test_muster_token_makes_a_read_only_user_whose_token_works(db):
     assert client.get("/api/projects/main/runs/").status_code == 404
 
 
-def test_muster_token_again_prints_the_same_token_and_can_change_the_role(db):
+def test_muster_token_again_prints_a_new_token_and_can_change_the_role(db):
     first = _call("muster_token", "bob", "--project", "p2", "--role", "read-only").strip()
     second = _call("muster_token", "bob", "--project", "p2", "--role", "user").strip()
-    assert first == second
+    assert first != second, "only hashes are stored: the first key cannot be shown again"
+    for key in (first, second):
+        client = client_for(None)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        assert client.get("/api/projects/p2/runs/").status_code == 200
     assert Membership.objects.get(user__username="bob", project__name="p2").role == "user"
     assert get_user_model().objects.filter(username="bob").count() == 1
 
@@ -158,13 +171,14 @@ def test_muster_token_again_prints_the_same_token_and_can_change_the_role(db):
 def test_muster_bootstrap_creates_project_admin_fleet_and_a_working_token(db, settings, tmp_path):
     settings.DATA_DIR = tmp_path  # it writes the generated admin password there
     out = _call("muster_bootstrap")
-    token = re.search(r"^token: ([0-9a-f]{40})$", out, re.M)
+    token = re.search(r"^token: (mst_\S+)$", out, re.M)
     assert token, out
     admin = get_user_model().objects.get(username="admin")
     assert admin.is_superuser
-    assert Token.objects.get(user=admin).key == token.group(1)
+    assert ApiToken.objects.filter(user=admin).count() == 1
     password = (tmp_path / "admin_password").read_text().strip()
     assert password in out
+    assert (tmp_path / "admin_password").stat().st_mode & 0o777 == 0o600
     assert admin.check_password(password)
     assert Membership.objects.get(user=admin, project__name="main").role == "admin"
     fleet = Fleet.objects.get(project__name="main", name="local")
@@ -183,12 +197,15 @@ def test_muster_bootstrap_twice_creates_nothing_new(db, settings, tmp_path):
 
     def counts():
         return (Project.objects.count(), get_user_model().objects.count(), Membership.objects.count(),
-                Fleet.objects.count(), Instance.objects.count(), Token.objects.count(), Event.objects.count())
+                Fleet.objects.count(), Instance.objects.count(), ApiToken.objects.count(), Event.objects.count())
 
     before = counts()
     second = _call("muster_bootstrap")
     assert counts() == before
-    assert first == second, "the same token and password are printed again"
+    key = re.search(r"^token: (\S+)$", first, re.M).group(1)
+    assert key not in second, "a token is shown once, when it is made"
+    assert "muster_token admin" in second
+    assert first.split("token:")[0] == second.split("token:")[0], "the same project, user and password again"
 
 
 # ---- OpenAPI schema and docs ------------------------------------------------------------------
@@ -218,3 +235,11 @@ def test_the_api_docs_page_loads_everything_from_this_server(client):
         assert not re.match(r"^(https?:)?//", src), f"external asset {src}"
         asset = client.get(src)
         assert asset.status_code == 200, f"{src} is not served"
+
+
+def test_muster_bootstrap_makes_no_local_fleet_where_the_local_backend_is_off(db, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    settings.MUSTER = {**settings.MUSTER, "LOCAL_BACKEND": False}
+    out = _call("muster_bootstrap")
+    assert not Fleet.objects.exists() and not Instance.objects.exists()
+    assert re.search(r"^token: mst_\S+$", out, re.M), out

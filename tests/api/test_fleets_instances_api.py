@@ -21,8 +21,8 @@ def apply_fleet(api, configuration, project="main"):
 # ---- fleets -----------------------------------------------------------------------------------
 
 
-def test_the_local_fleet_example_creates_four_idle_loopback_instances(api):
-    resp = apply_fleet(api, example("local-fleet.yml"))
+def test_the_local_fleet_example_creates_four_idle_loopback_instances(api, superuser_api):
+    resp = apply_fleet(superuser_api, example("local-fleet.yml"))
     assert resp.status_code == 201, resp.json()
     body = resp.json()
     assert body["name"] == "local2"
@@ -44,19 +44,19 @@ def test_the_local_fleet_example_creates_four_idle_loopback_instances(api):
     assert sorted(r["name"] for r in rows) == [f"local2-{i}" for i in range(4)]
 
 
-def test_a_second_local_fleet_gets_addresses_the_first_does_not_use(api):
-    assert apply_fleet(api, example("local-fleet.yml")).status_code == 201
+def test_a_second_local_fleet_gets_addresses_the_first_does_not_use(api, superuser_api):
+    assert apply_fleet(superuser_api, example("local-fleet.yml")).status_code == 201
     other = "type: fleet\nname: other\nbackends: [local]\nnodes: 2\n"
-    assert apply_fleet(api, other).status_code == 201
+    assert apply_fleet(superuser_api, other).status_code == 201
     first = {r["internal_ip"] for r in api.get(f"{BASE}/instances/?fleet=local2").json()}
     second = {r["internal_ip"] for r in api.get(f"{BASE}/instances/?fleet=other").json()}
     assert len(second) == 2
     assert not first & second
 
 
-def test_a_fleet_name_used_twice_is_a_400_on_name(api):
-    assert apply_fleet(api, example("local-fleet.yml")).status_code == 201
-    resp = apply_fleet(api, example("local-fleet.yml"))
+def test_a_fleet_name_used_twice_is_a_400_on_name(api, superuser_api):
+    assert apply_fleet(superuser_api, example("local-fleet.yml")).status_code == 201
+    resp = apply_fleet(superuser_api, example("local-fleet.yml"))
     assert resp.status_code == 400
     errors = resp.json()["errors"]
     assert errors[0]["loc"] == ["name"]
@@ -79,8 +79,8 @@ def test_a_task_sent_to_fleets_is_refused(api):
     assert resp.json()["errors"][0]["loc"] == ["type"]
 
 
-def test_fleets_list_and_detail_show_the_fleet(api):
-    apply_fleet(api, example("local-fleet.yml"))
+def test_fleets_list_and_detail_show_the_fleet(api, superuser_api):
+    apply_fleet(superuser_api, example("local-fleet.yml"))
     listed = api.get(f"{BASE}/fleets/").json()
     assert [f["name"] for f in listed] == ["local2"]
     assert [i["name"] for i in listed[0]["instances"]] == [f"local2-{i}" for i in range(4)]
@@ -117,8 +117,8 @@ def test_a_stored_ssh_key_is_stripped_from_the_fleet_configuration_shown(api, pr
         assert secret not in text
 
 
-def test_deleting_a_fleet_terminates_its_instances(api):
-    apply_fleet(api, example("local-fleet.yml"))
+def test_deleting_a_fleet_terminates_its_instances(api, superuser_api):
+    apply_fleet(superuser_api, example("local-fleet.yml"))
     resp = api.delete(f"{BASE}/fleets/local2/")
     assert resp.status_code == 204
     assert api.get(f"{BASE}/fleets/").json() == []
@@ -134,8 +134,8 @@ def test_an_unknown_instance_status_filter_is_a_400(api):
     assert resp.json()["errors"][0]["loc"] == ["status"]
 
 
-def test_a_reader_cannot_create_or_delete_fleets(api, make_user):
-    apply_fleet(api, example("local-fleet.yml"))
+def test_a_reader_cannot_create_or_delete_fleets(api, superuser_api, make_user):
+    apply_fleet(superuser_api, example("local-fleet.yml"))
     reader = client_for(make_user("rita", role="read-only"))
     assert reader.get(f"{BASE}/fleets/").status_code == 200
     assert apply_fleet(reader, "type: fleet\nname: f2\nbackends: [local]\nnodes: 1\n").status_code == 403
@@ -258,3 +258,15 @@ def test_submitting_a_run_records_a_submitted_event(api):
     assert submitted[0]["subject"] == "run ev1"
     assert submitted[0]["actor"] == "alice"
     assert "2 jobs" in submitted[0]["message"]
+
+
+@pytest.mark.parametrize("bad", ["not a key", "ssh-ed25519 !!notbase64", "ssh-ed25519 " + "QUFBQQ==",
+                                 "[h]:22 ssh-rsa"])
+def test_a_malformed_host_key_is_a_400_before_any_contact(api, bad):
+    conf = {"type": "fleet", "name": "pd", "ssh_config": {
+        "user": "root", "private_key": "x", "hosts": [{"hostname": "192.0.2.1", "host_key": bad}]}}
+    resp = apply_fleet(api, conf)
+    assert resp.status_code == 400
+    (error,) = resp.json()["errors"]
+    assert error["loc"] == ["ssh_config", "hosts", 0, "host_key"] and "host_key" in error["msg"]
+    assert not Fleet.objects.exists()

@@ -20,11 +20,13 @@ def test_the_seed_pd_config_plans_to_three_ranked_jobs_with_references_kept(api)
     assert [j["job_num"] for j in jobs] == [0, 1, 2]
     assert [j["node_group_name"] for j in jobs] == ["router", "prefill", "decode"]
     assert [j["node_group_rank"] for j in jobs] == [0, 0, 0]
-    router_commands = "\n".join(jobs[0]["commands"])
+    # what a job runs is its group's, stated once per group
+    groups = [resp.json()["configuration"]["groups"][j["node_group_index"]] for j in jobs]
+    router_commands = "\n".join(groups[0]["commands"])
     assert "${{ groups[1].nodes[0].IP_ADDRESS }}" in router_commands
     assert "${{ groups[2].nodes[0].IP_ADDRESS }}" in router_commands
-    assert jobs[1]["resources"]["gpu"]["names"] == ["L40S"]
-    assert jobs[0]["env"]["HF_TOKEN"] == "***", "values of bare env keys are not echoed back"
+    assert groups[1]["resources"]["gpu"]["names"] == ["L40S"]
+    assert groups[0]["env"]["HF_TOKEN"] == "***", "values of bare env keys are not echoed back"
 
 
 def test_a_bad_reference_is_a_400_with_its_exact_location(api):

@@ -104,3 +104,11 @@ def test_tpu_hosts_count_their_chips_per_host() -> None:
     assert gpu_count_for(needs(gpu="v2-32"), TPU_HOST) == 4
     assert gpu_count_for(needs(gpu="v6e-8"), host(tpu="v6e-8")) == 8
     assert gpu_count_for(needs(gpu="v5litepod-16"), host(tpu="v5litepod-16")) == 4
+
+
+def test_gpu_total_memory_counts_the_memory_of_the_gpus_the_job_takes() -> None:
+    # dstack's total_memory: two L40S give 96 GB, so 80GB.. fits and 100GB.. does not
+    assert fits(needs(gpu={"name": "L40S", "count": "1..", "total_memory": "80GB.."}), L40S_HOST)
+    assert not fits(needs(gpu={"name": "L40S", "count": "1..", "total_memory": "100GB.."}), L40S_HOST)
+    # a count capped at one GPU takes 48 GB only
+    assert not fits(needs(gpu={"count": "1", "total_memory": "80GB.."}), L40S_HOST)

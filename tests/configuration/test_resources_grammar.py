@@ -20,6 +20,7 @@ def test_an_empty_block_gets_the_documented_defaults() -> None:
         "memory": {"min": DEFAULT_MEMORY_MIN_GB, "max": None},
         "disk": {"min": DEFAULT_DISK_MIN_GB, "max": None},
         "gpu": None,
+        "shm_size": None,
     }
 
 

@@ -68,10 +68,22 @@ CASES = [
         "uppercase-group-name",
         two_groups(first={"name": "Router"}),
         ["groups", 0, "name"],
-        "not a valid name",
+        "not a valid group name",
     ),
     bad("long-group-name", two_groups(first={"name": "a" * 41}), ["groups", 0, "name"], "at most 40"),
-    bad("group-name-required", task(groups=[{"nodes": 1}]), ["groups", 0, "name"], "`name` is required"),
+    # dstack names unnamed groups by their index, and lets a group name start with a digit
+    ok(
+        "unnamed-groups-get-their-index",
+        task(groups=[{"nodes": 1}, {"name": "b"}, {"nodes": 2}]),
+        {"groups.0.name": "0", "groups.1.name": "b", "groups.2.name": "2"},
+    ),
+    ok("group-name-starting-with-digit", task(groups=[{"name": "0-prefill"}]), {"groups.0.name": "0-prefill"}),
+    bad(
+        "unnamed-group-clashes-with-a-name",
+        task(groups=[{"name": "1"}, {"nodes": 1}]),
+        ["groups", 1, "name"],
+        "already used",
+    ),
     bad("group-nodes-zero", two_groups(second={"nodes": 0}), ["groups", 1, "nodes"], "at least 1"),
     bad("group-nodes-negative", two_groups(first={"nodes": -2}), ["groups", 0, "nodes"], "at least 1"),
     bad("task-nodes-zero", task(nodes=0), ["nodes"], "at least 1"),
@@ -138,6 +150,7 @@ CASES = [
                 "memory": {"min": 1.0, "max": None},
                 "disk": {"min": 1.0, "max": None},
                 "gpu": None,
+                "shm_size": None,
             }
         },
     ),
@@ -183,10 +196,12 @@ CASES = [
         task(resources={"gpu": "H100:8"}),
         {"groups.0.resources.gpu.vendor": "nvidia", "groups.0.image": None},
     ),
+    bad("unknown-gpu-name", task(resources={"gpu": "H1000:8"}), ["resources", "gpu"], "did you mean H100"),
     ok(
-        "unknown-gpu-name-keeps-no-vendor",
+        "probed-gpu-name-keeps-no-vendor",
         task(resources={"gpu": "Z9000"}),
         {"groups.0.resources.gpu.vendor": None, "groups.0.resources.gpu.names": ["Z9000"]},
+        probed_gpu_names=lambda: ["Z9000"],
     ),
     bad(
         "vendor-contradicts-name",
@@ -355,8 +370,14 @@ CASES = [
     ),
     bad("reference-in-nodes-task", task(nodes=2, commands=[f"ping {REF}"]), ["commands", 0], "no `groups`"),
     bad(
-        "other-namespace-rejected",
+        "secret-in-commands-rejected",
         two_groups(first={"commands": ["echo ${{ secrets.TOKEN }}"]}),
+        ["groups", 0, "commands", 0],
+        "can only be used in env values",
+    ),
+    bad(
+        "other-namespace-rejected",
+        two_groups(first={"commands": ["echo ${{ env.TOKEN }}"]}),
         ["groups", 0, "commands", 0],
         "not supported",
     ),
@@ -464,6 +485,7 @@ CASES = [
                 "user": "ubuntu",
                 "identity_file": None,
                 "private_key": "KEY",
+                "host_key": None,
             },
             "ssh_config.hosts.1.user": "root",
             "ssh_config.hosts.1.port": 2222,
@@ -565,8 +587,8 @@ CASES = [
     bad(
         "cloud-fleet-unknown-backend",
         {"type": "fleet", "name": "f", "backends": ["aws"]},
-        ["backends", 0],
-        "gcp",
+        ["backends"],
+        "Muster has no `aws` backend: it supports gcp",
     ),
     bad(
         "cloud-tpu-fleet-partial-slice",

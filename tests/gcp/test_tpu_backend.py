@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from http import HTTPStatus
 
 import pytest
 
@@ -14,6 +15,7 @@ from backends.gcp import tpu_api
 from backends.gcp.compute import GcpTpuCompute
 from backends.tpu_shapes import FAMILIES
 from tests.fake_tpu import fake_tpu  # noqa: F401
+from tests.waiting import wait_until
 
 PROJECT = "muster-test"
 NODE = "projects/muster-test/locations/{zone}/nodes/{node}"
@@ -81,14 +83,24 @@ def test_every_zone_exhausted_raises_no_capacity_after_one_create_per_zone(fake_
     assert fake_tpu.nodes == {}
 
 
-def test_unavailable_zone_falls_back_like_an_exhausted_one(fake_tpu):
+def test_unavailable_zone_is_asked_again_by_the_same_id_and_never_skipped(fake_tpu):
+    # A 503 does not say the create was not taken: trying zone-b could make a second slice.
     fake_tpu.unavailable_zones = {"zone-a"}
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
+    client = tpu_api.make_client(cfg)
 
-    created = tpu_api.create_slice(tpu_api.make_client(cfg), cfg, "pod-d", "v2-8", {})
+    created = tpu_api.create_slice(client, cfg, "pod-d", "v2-8", {})
+    fake_tpu.unavailable_zones = set()
+    assert created.zone == "zone-a" and created.status is None
 
-    assert created.zone == "zone-b"
-    assert len(fake_tpu.create_calls) == 2
+    def advance():
+        nonlocal created
+        created = tpu_api.advance_slice(client, cfg, "pod-d", "v2-8", {}, created.state)
+        return created.status and created.status.state == "READY"
+
+    wait_until(advance, 20, "the slice created in zone-a after the 503")
+    assert fake_tpu.create_calls == [NODE.format(zone="zone-a", node="pod-d")] * 2
+    assert list(fake_tpu.nodes) == [NODE.format(zone="zone-a", node="pod-d")]
 
 
 def test_creating_again_returns_the_existing_slice_even_when_an_earlier_zone_has_capacity_now(fake_tpu):
@@ -258,3 +270,135 @@ def test_a_server_that_never_answers_times_out_instead_of_hanging():
         for conn in held:
             conn.close()
         silent.close()
+
+
+# -- zone fallback: the two shapes of a refusal ---------------------------------------------
+
+STOCKOUT = "There is no more capacity in the zone \"{zone}\"; you can try in another zone where Cloud TPU Nodes are offered"
+
+
+def refuse(server, zone: str, shape: str, http: HTTPStatus, rpc_code: int, message: str) -> None:
+    """Make `zone` refuse creates at once (HTTP error) or later (the operation fails)."""
+    if shape == "immediate":
+        server.create_errors[zone] = (http, message)
+    else:
+        server.failed_operations[zone] = (rpc_code, message)
+
+
+def poll_until_ready(compute: GcpTpuCompute, name: str, slice_name: str, progress):
+    def look():
+        nonlocal progress
+        progress = compute.poll_group(name, slice_name, progress.backend_data)
+        return progress.records
+
+    return wait_until(look, 20, f"slice {name} READY")
+
+
+@pytest.mark.parametrize("shape", ["immediate", "operation", "operation-at-once"])
+def test_no_capacity_in_the_first_zone_goes_to_the_second_in_either_shape(fake_tpu, shape):
+    fake_tpu.creation_polls = 0 if shape == "operation-at-once" else 1
+    refuse(fake_tpu, "zone-a", shape, HTTPStatus.TOO_MANY_REQUESTS, 8, STOCKOUT.format(zone="zone-a"))
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"])
+
+    progress = compute.create_group(tpu_offer(compute, "v2-32"), 4, "pod-s")
+    records = progress.records or poll_until_ready(compute, "pod-s", "v2-32", progress)
+
+    assert fake_tpu.create_calls == [NODE.format(zone="zone-a", node="pod-s"),
+                                     NODE.format(zone="zone-b", node="pod-s")]
+    assert {r.region for r in records} == {"zone-b"} and len(records) == 4
+    assert list(fake_tpu.nodes) == [NODE.format(zone="zone-b", node="pod-s")]
+
+
+@pytest.mark.parametrize("shape", ["immediate", "operation"])
+def test_no_capacity_anywhere_names_every_zone_and_what_it_said(fake_tpu, shape):
+    for zone in ("zone-a", "zone-b"):
+        refuse(fake_tpu, zone, shape, HTTPStatus.TOO_MANY_REQUESTS, 8, STOCKOUT.format(zone=zone))
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"])
+
+    with pytest.raises(NoCapacityError) as caught:
+        progress = compute.create_group(tpu_offer(compute, "v4-16"), 2, "pod-t")
+        poll_until_ready(compute, "pod-t", "v4-16", progress)
+
+    text = str(caught.value)
+    assert "zone-a: RESOURCE_EXHAUSTED There is no more capacity in the zone \"zone-a\"" in text
+    assert "zone-b: RESOURCE_EXHAUSTED There is no more capacity in the zone \"zone-b\"" in text
+    assert len(fake_tpu.create_calls) == 2 and fake_tpu.nodes == {}
+
+
+@pytest.mark.parametrize("shape", ["immediate", "operation"])
+@pytest.mark.parametrize(("http", "rpc_code", "fix"), [
+    (HTTPStatus.BAD_REQUEST, 3, "runtime_version"),
+    (HTTPStatus.FORBIDDEN, 7, "roles/tpu.admin in project muster-test"),
+    (HTTPStatus.NOT_FOUND, 5, "project 'muster-test' exists"),
+])
+def test_a_create_that_cannot_succeed_fails_at_once_without_trying_other_zones(fake_tpu, shape, http, rpc_code, fix):
+    refuse(fake_tpu, "zone-a", shape, http, rpc_code, "the API says no")
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"])
+
+    with pytest.raises(tpu_api.TpuRefusedError, match="the API says no") as caught:
+        progress = compute.create_group(tpu_offer(compute, "v2-8"), 1, "pod-u")
+        poll_until_ready(compute, "pod-u", "v2-8", progress)
+
+    assert fix in str(caught.value)
+    assert not getattr(caught.value, "transient", False)
+    assert fake_tpu.create_calls == [NODE.format(zone="zone-a", node="pod-u")]
+    assert fake_tpu.nodes == {}
+
+
+# -- lost creates ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["slow", "lost"])
+def test_a_create_whose_answer_never_arrives_is_adopted_by_its_id_not_made_twice(fake_tpu, how):
+    if how == "slow":
+        fake_tpu.slow_answers["create"] = 2.0  # past the client's timeout below
+    else:
+        fake_tpu.lost_answers["create"] = 1
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"], timeout=0.5)
+
+    progress = compute.create_group(tpu_offer(compute, "v2-32"), 4, "pod-v")
+    assert progress.records is None
+    records = poll_until_ready(compute, "pod-v", "v2-32", progress)
+
+    name = NODE.format(zone="zone-a", node="pod-v")
+    assert fake_tpu.create_calls == [name]
+    assert list(fake_tpu.nodes) == [name]
+    assert [r.backend_data["node_name"] for r in records] == [name] * 4
+
+
+def test_a_lost_create_the_api_never_took_is_sent_again_with_the_same_id_in_the_same_zone(fake_tpu):
+    fake_tpu.dropped_requests["create"] = 1  # the connection drops before the API hears it
+    compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"], timeout=0.5)
+
+    progress = compute.create_group(tpu_offer(compute, "v2-8"), 1, "pod-x")
+    assert progress.records is None and fake_tpu.nodes == {}
+    records = poll_until_ready(compute, "pod-x", "v2-8", progress)
+
+    name = NODE.format(zone="zone-a", node="pod-x")
+    assert fake_tpu.create_calls == [name, name]
+    assert list(fake_tpu.nodes) == [name] and records[0].region == "zone-a"
+
+
+@pytest.mark.parametrize("kind", ["create", "get", "list", "delete", "operation"])
+def test_every_tpu_api_call_gives_up_at_the_timeout(fake_tpu, kind):
+    fake_tpu.slow_answers[kind] = 3.0
+    fake_tpu.creation_polls = 5
+    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
+    client = tpu_api.make_client(cfg)
+    name = NODE.format(zone="zone-a", node="pod-w")
+    if kind != "create":
+        fake_tpu.slow_answers.pop(kind)
+        created = tpu_api.create_slice(client, cfg, "pod-w", "v2-8", {})
+        fake_tpu.slow_answers[kind] = 3.0
+    calls = {
+        "create": lambda: tpu_api.create_slice(client, cfg, "pod-w", "v2-8", {}).state["lost_at"] or None,
+        "get": lambda: tpu_api.get_slice(client, cfg, name),
+        "list": lambda: tpu_api.list_slices(client, cfg, "zone-a"),
+        "delete": lambda: tpu_api.delete_slice(client, cfg, name),
+        "operation": lambda: tpu_api.advance_slice(client, cfg, "pod-w", "v2-8", {}, created.state),
+    }
+    if kind == "create":
+        assert calls["create"]() is not None, "a create that timed out is recorded as lost, not failed"
+    else:
+        with pytest.raises(tpu_api.TpuApiError, match="Timeout"):
+            calls[kind]()

@@ -58,3 +58,56 @@ def break_python(host: SSHHost) -> None:
     script.chmod(0o755)
 
 
+
+
+# ---- registering through the API (asynchronous: 202 pending, then a Celery task settles it) -------
+
+FLEETS_URL = "/api/projects/main/fleets/"
+
+
+def post_fleet(api, configuration: dict):
+    return api.post(FLEETS_URL, {"configuration": configuration}, format="json")
+
+
+def settled(api, name: str, timeout: float = 90) -> dict:
+    """The fleet once its registration task has made it active or failed."""
+    from tests.waiting import wait_until
+
+    def done():
+        fleet = api.get(f"{FLEETS_URL}{name}/").json()
+        return fleet if fleet["status"] != "pending" else None
+
+    return wait_until(done, timeout=timeout, what=f"fleet {name} to finish registering")
+
+
+def register(api, configuration: dict) -> dict:
+    """POST a fleet, expect 202 pending, and return it once settled."""
+    resp = post_fleet(api, configuration)
+    assert resp.status_code == 202, resp.content
+    assert resp.json()["status"] == "pending"
+    assert all(i["status"] == "pending" for i in resp.json()["instances"])
+    return settled(api, configuration["name"])
+
+
+def live_counts() -> tuple[int, int, int]:
+    from instances.models import Fleet, Instance, InstanceGroup
+
+    return (Fleet.objects.exclude(status="failed").count(), Instance.objects.exclude(status="terminated").count(),
+            InstanceGroup.objects.count())
+
+
+def refused(api, configuration: dict, loc: list) -> str:
+    """POST; expect a 400 at `loc`, or a registration that fails at `loc`; nothing live is left. The message."""
+    before = live_counts()
+    resp = post_fleet(api, configuration)
+    if resp.status_code == 400:
+        errors = resp.json()["errors"]
+    else:
+        assert resp.status_code == 202, resp.content
+        fleet = settled(api, configuration["name"])
+        assert fleet["status"] == "failed", fleet
+        assert all(i["status"] == "terminated" for i in fleet["instances"])
+        errors = fleet["errors"]
+    assert [e["loc"] for e in errors] == [loc], errors
+    assert live_counts() == before, "a refused registration leaves nothing live"
+    return errors[0]["msg"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 
 import pytest
 
@@ -10,12 +11,26 @@ from backends.ssh.connection import HostKeyMismatch
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Fleet, Instance, InstanceGroup
 from muster import crypto
-from tests.ssh_e2e.helpers import L40S, fleet_configuration, needs_netns
+from tests.ssh_e2e.helpers import (
+    L40S,
+    fleet_configuration,
+    needs_netns,
+    post_fleet,
+    refused,
+    register,
+    runner_processes,
+    settled,
+)
 from tests.sshhosts import SSHHostPool, _ed25519_keypair
+from tests.waiting import wait_until
 
-pytestmark = needs_netns
+# Registration runs in a Celery task: a real worker, and a database the worker's thread can see.
+pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
 
-URL = "/api/projects/main/fleets/"
+
+@pytest.fixture(autouse=True)
+def _worker(celery_worker):
+    return celery_worker
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +53,11 @@ def short_ssh_timeouts(settings):
     settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
 
 
-def post(api, configuration: dict):
-    return api.post(URL, {"configuration": configuration}, format="json")
-
-
-def counts() -> tuple[int, int, int]:
-    return Fleet.objects.count(), Instance.objects.count(), InstanceGroup.objects.count()
-
-
-def refused(api, configuration: dict, loc: list) -> str:
-    """POST, expect a 400 at `loc` with nothing written; return the message."""
-    before = counts()
-    resp = post(api, configuration)
-    assert resp.status_code == 400, resp.content
-    errors = resp.json()["errors"]
-    assert [e["loc"] for e in errors] == [loc], errors
-    assert counts() == before, "a refused registration writes nothing"
-    return errors[0]["msg"]
-
-
 def test_three_hosts_register_as_a_cluster_with_probed_resources_network_and_host_keys(api, pool):
-    resp = post(api, fleet_configuration(pool))
-    assert resp.status_code == 201, resp.content
+    resp = post_fleet(api, fleet_configuration(pool))
+    assert resp.status_code == 202, resp.content
     assert "PRIVATE KEY" not in resp.content.decode()
+    assert settled(api, "pd")["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert (fleet.backend, fleet.placement, fleet.network) == ("ssh", "cluster", str(pool.network))
     assert fleet.private_key == pool.private_key
@@ -85,7 +82,7 @@ def test_three_hosts_register_as_a_cluster_with_probed_resources_network_and_hos
 
 
 def test_registration_leaves_a_running_runner_agent_on_every_host(api, pool):
-    assert post(api, fleet_configuration(pool)).status_code == 201
+    assert register(api, fleet_configuration(pool))["status"] == "active"
     for inst in Instance.objects.filter(fleet__name="pd"):
         host = SSHRunnerHost(inst.ssh_target(), timeout=10)
         try:
@@ -98,8 +95,8 @@ def test_a_host_with_its_own_key_keeps_it_encrypted_on_its_instance(api, pool):
     conf = fleet_configuration(pool, hosts=[pool[0], pool[1]])
     conf["ssh_config"]["private_key"] = None
     conf["ssh_config"]["hosts"][0]["private_key"] = pool.private_key
-    conf["ssh_config"]["hosts"][1]["identity_file"] = str(pool.private_key_path)  # readable on this server
-    assert post(api, conf).status_code == 201
+    conf["ssh_config"]["hosts"][1]["private_key"] = pool.private_key
+    assert register(api, conf)["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert fleet.private_key == pool.private_key
     assert all(i.ssh_target().private_key == pool.private_key for i in fleet.instances.all())
@@ -130,7 +127,31 @@ def test_a_wrong_port_is_refused_naming_host_and_port(api, pool):
     conf["ssh_config"]["hosts"][1]["port"] = 2222
     msg = refused(api, conf, ["ssh_config", "hosts", 1])
     assert f"{pool[1].address}:2222" in msg
-    assert "refused" in msg
+    assert "cannot reach" in msg
+
+
+def test_closed_open_silent_and_unresolvable_ports_all_read_the_same(api, pool):
+    # Registration must not work as a port scanner: whether a port is closed, open but not sshd, on an
+    # address nobody answers at, or a name that does not resolve, the user reads one message.
+    server = pool[1].netns_popen(["python3", "-m", "http.server", "8000", "--bind", "0.0.0.0"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: pool[1].netns_exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1)\"").returncode == 0,
+                   timeout=15, what="an HTTP server on host1:8000")
+        unused = str(list(pool.network.hosts())[200])
+        cases = {(pool[1].address, 2222): "closed", (pool[1].address, 8000): "open, not sshd",
+                 (unused, 22): "nobody answers", ("no-such-host.invalid", 22): "unresolvable"}
+        seen = {}
+        for (hostname, port), case in cases.items():
+            conf = fleet_configuration(pool, hosts=[])
+            conf["ssh_config"]["hosts"] = [{"hostname": hostname, "port": port}]
+            msg = refused(api, conf, ["ssh_config", "hosts", 0])
+            seen[case] = msg.replace(f"{hostname}:{port}", "HOST:PORT")
+        assert len(set(seen.values())) == 1, seen
+        assert "cannot reach HOST:PORT" in seen["closed"]
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_a_key_the_hosts_do_not_authorize_is_refused_for_each_host(api, pool):
@@ -163,26 +184,35 @@ def test_a_host_already_in_another_projects_fleet_is_refused(api, pool):
     apply_fleet(other, {"configuration": fleet_configuration(pool, name="theirs", hosts=[pool[1]])})
     msg = refused(api, fleet_configuration(pool, hosts=[pool[0], pool[1]]), ["ssh_config", "hosts", 1])
     assert f"{pool[1].address}:{pool[1].port}" in msg
-    assert "theirs-0" in msg
+    assert "another project" in msg
+    assert "theirs" not in msg and "other" not in msg.replace("another", ""), "another project's names stay hidden"
 
 
-def test_an_identity_file_that_is_not_on_the_server_asks_for_the_key_content(api, pool):
-    conf = fleet_configuration(pool, hosts=[pool[0]])
-    conf["ssh_config"]["private_key"] = None
-    conf["ssh_config"]["identity_file"] = "~/.ssh/no-such-key"
-    msg = refused(api, conf, ["ssh_config", "hosts", 0])
-    assert "private_key" in msg
+def test_an_identity_file_is_never_read_on_the_server_whether_or_not_it_exists(api, pool):
+    # The server's own files are not the user's keys: a path that exists on the server (here the very
+    # key the hosts accept) is refused exactly like one that does not, and no host is contacted.
+    messages = []
+    before = runner_processes(pool[0])
+    for path in (str(pool.private_key_path), "/no/such/key"):
+        conf = fleet_configuration(pool, hosts=[pool[0]])
+        conf["ssh_config"]["private_key"] = None
+        conf["ssh_config"]["identity_file"] = path
+        msg = refused(api, conf, ["ssh_config", "hosts", 0, "identity_file"])
+        assert "private_key" in msg and path not in msg
+        messages.append(msg)
+    assert messages[0] == messages[1]
+    assert runner_processes(pool[0]) == before, "nothing was started on the host"
 
 
 def test_a_second_cluster_fleet_with_the_same_name_gets_its_group_name_from_the_fleet(api, pool, project):
     # A live group already holds the fleet's name (say, a TPU pod): the cluster group takes <fleet>-cluster.
     InstanceGroup.objects.create(project=project, name="pd", kind="tpu_pod")
-    assert post(api, fleet_configuration(pool, hosts=[pool[0]])).status_code == 201
+    assert register(api, fleet_configuration(pool, hosts=[pool[0]]))["status"] == "active"
     assert InstanceGroup.objects.get(fleet__name="pd").name == "pd-cluster"
 
 
 def test_the_stored_host_key_is_checked_on_later_connections(api, pool):
-    assert post(api, fleet_configuration(pool, hosts=[pool[0]])).status_code == 201
+    assert register(api, fleet_configuration(pool, hosts=[pool[0]]))["status"] == "active"
     inst = Instance.objects.get(name="pd-0")
     Instance.objects.filter(pk=inst.pk).update(host_key=pool[1].host_key)
     inst.refresh_from_db()
@@ -195,7 +225,7 @@ def test_the_stored_host_key_is_checked_on_later_connections(api, pool):
 
 
 def test_keys_are_never_stored_in_clear(api, pool):
-    assert post(api, fleet_configuration(pool)).status_code == 201
+    assert register(api, fleet_configuration(pool))["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert pool.private_key not in fleet.private_key_encrypted
     assert crypto.decrypt(fleet.private_key_encrypted) == pool.private_key
@@ -207,7 +237,10 @@ def test_a_cluster_over_two_networks_is_refused_naming_both(api, pool, far_pool)
         {"hostname": far_pool[0].address, "port": far_pool[0].port, "private_key": far_pool.private_key})
     msg = refused(api, conf, ["placement"])
     assert str(pool.network) in msg and str(far_pool.network) in msg
-    host = SSHRunnerHost(far_pool[0].target(), timeout=10)
+    far = Instance.objects.filter(hostname=far_pool[0].address).latest("id")
+    assert (far_pool[0].muster_home / far.backend_data["runner_home"] / "bin" / "muster_runner.py").exists(), \
+        "the runner was started there while registering"
+    host = SSHRunnerHost(far.ssh_target(), timeout=10)
     try:
         assert host.status()["agent_alive"] is False, "the runners started while probing are stopped again"
     finally:
@@ -218,7 +251,7 @@ def test_hosts_on_two_networks_register_without_a_common_network_when_placement_
     conf = fleet_configuration(pool, hosts=[pool[0]], placement="any")
     conf["ssh_config"]["hosts"].append(
         {"hostname": far_pool[0].address, "port": far_pool[0].port, "private_key": far_pool.private_key})
-    assert post(api, conf).status_code == 201
+    assert register(api, conf)["status"] == "active"
     fleet = Fleet.objects.get(name="pd")
     assert fleet.network == ""
     assert not InstanceGroup.objects.filter(fleet=fleet).exists(), "only cluster fleets form a group"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import pytest
 
 from events.models import Event
@@ -88,3 +90,74 @@ def test_slice_stuck_creating_past_the_instance_limit_is_deleted_and_the_job_fai
     wait_until(lambda: not Instance.objects.filter(status__in=[*LIVE, "terminating"]).exists(), 20,
                "every host of the stuck slice terminated")
     assert Instance.objects.filter(status="terminated").count() == 4
+
+
+# -- a stockout the way Google reports it: an accepted create whose operation fails -----------
+
+STOCKOUT = ('There is no more capacity in the zone "{zone}"; you can try in another zone where '
+            'Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions)')
+
+
+@pytest.mark.parametrize("answer", ["failed-operation-at-once", "failed-operation-later", "http-429"])
+def test_a_stockout_in_the_first_zone_in_any_shape_puts_the_slice_in_the_second(
+        gcp, make_fleet, submit, celery_worker, answer):
+    if answer == "http-429":
+        gcp.exhausted_zones = {ZONES[0]}
+    else:
+        gcp.creation_polls = 0 if answer == "failed-operation-at-once" else 1
+        gcp.failed_operations[ZONES[0]] = (8, STOCKOUT.format(zone=ZONES[0]))
+    make_fleet()
+
+    run = wait_for_run(submit(tpu_task(f"stockout-{answer}", "v4-16")), timeout=90)
+
+    assert run.status == "done", [(j.job_num, j.status, j.termination_message) for j in run.current_jobs()]
+    [pod] = InstanceGroup.objects.filter(kind="tpu_pod")
+    assert gcp.create_calls == [node(ZONES[0], pod.name), node(ZONES[1], pod.name)]
+    assert set(pod.instances.values_list("region", flat=True)) == {ZONES[1]}
+    assert list(gcp.nodes) == [node(ZONES[1], pod.name)]
+
+
+@pytest.mark.parametrize("answer", ["failed-operation-later", "http-429"])
+def test_a_stockout_in_every_zone_says_which_zones_were_tried_and_what_each_said(
+        gcp, make_fleet, submit, celery_worker, answer):
+    for zone in ZONES:
+        if answer == "http-429":
+            gcp.create_errors[zone] = (HTTPStatus.TOO_MANY_REQUESTS, STOCKOUT.format(zone=zone))
+        else:
+            gcp.failed_operations[zone] = (8, STOCKOUT.format(zone=zone))
+    make_fleet()
+
+    run = wait_for_run(submit(tpu_task(f"nowhere-{answer}", "v4-16")), timeout=60)
+
+    jobs = list(run.current_jobs())
+    assert run.status == "failed"
+    assert jobs[0].termination_reason == "failed_to_start_due_to_no_capacity"
+    for zone in ZONES:
+        said = f"{zone}: RESOURCE_EXHAUSTED {STOCKOUT.format(zone=zone)}"
+        assert said in jobs[0].termination_message
+        assert Event.objects.filter(subject__startswith="instance group", message__contains=said).exists()
+    assert len(gcp.create_calls) == len(ZONES)
+    wait_until(lambda: not InstanceGroup.objects.exclude(status="terminated").exists(), 20, "pod rows ended")
+    assert gcp.nodes == {}
+
+
+@pytest.mark.parametrize("answer", ["failed-operation", "http"])
+def test_a_create_refused_for_permission_fails_at_once_and_says_what_to_fix(
+        gcp, make_fleet, submit, celery_worker, answer):
+    denied = "Permission 'tpu.nodes.create' denied on 'projects/test-project/locations/us-central1-a'"
+    if answer == "http":
+        gcp.create_errors[ZONES[0]] = (HTTPStatus.FORBIDDEN, denied)
+    else:
+        gcp.failed_operations[ZONES[0]] = (7, denied)
+    make_fleet()
+
+    run = wait_for_run(submit(tpu_task(f"denied-{answer}", "v4-16")), timeout=60)
+
+    [first, *_] = run.current_jobs()
+    assert run.status == "failed" and first.termination_reason == "executor_error"
+    assert denied in first.termination_message
+    assert "roles/tpu.admin in project test-project" in first.termination_message
+    assert len(gcp.create_calls) == 1, "no other zone is tried: it would be refused the same way"
+    wait_until(lambda: not Instance.objects.filter(status__in=[*LIVE, "terminating"]).exists(), 20,
+               "pod rows ended")
+    assert gcp.nodes == {}

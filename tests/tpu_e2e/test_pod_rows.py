@@ -67,9 +67,9 @@ def test_plan_of_the_example_makes_one_job_per_host(api):
                         format="json")
 
     assert response.status_code == 200, response.content
-    jobs = response.json()["jobs"]
+    jobs, groups = response.json()["jobs"], response.json()["configuration"]["groups"]
     assert [j["node_group_rank"] for j in jobs] == [0, 1, 2, 3]
-    assert {j["resources"]["gpu"]["tpu"] for j in jobs} == {"v2-32"}
+    assert {groups[j["node_group_index"]]["resources"]["gpu"]["tpu"] for j in jobs} == {"v2-32"}
 
 
 def test_the_fleets_zones_spot_and_runtime_version_reach_the_tpu_api_settings(api, gcp_settings):
@@ -196,3 +196,42 @@ def test_the_gcp_backend_says_it_creates_groups_without_any_settings_and_checks_
     assert compute.creates_groups is True
     with pytest.raises(BackendError, match="project_id is required"):
         compute.get_offers({"gpu": {"tpu": "v2-32"}})
+
+
+def test_pod_names_are_the_same_for_one_attempt_and_differ_between_attempts():
+    assert pods.pod_name("train", "default", "7/0/0") == pods.pod_name("train", "default", "7/0/0")
+    assert pods.pod_name("train", "default", "7/0/0") != pods.pod_name("train", "default", "7/0/1")
+    assert pods.pod_name("train", "default", "7/0/0") != pods.pod_name("train", "default", "8/0/0")
+
+
+@pytest.mark.parametrize("reached_the_api", [True, False])
+def test_a_pod_whose_create_outcome_was_never_recorded_is_found_or_made_by_its_node_id(
+        fleet, gcp_settings, reached_the_api):
+    reserve(fleet)
+    pod = InstanceGroup.objects.get(kind="tpu_pod")
+    name = f"projects/test-project/locations/{ZONES[0]}/nodes/{pod.name}"
+    # The worker died inside the create call: the rows are there, what the call did is not.
+    InstanceGroup.objects.filter(pk=pod.pk).update(backend_data={"backend": "gcp"})
+    if not reached_the_api:
+        gcp_settings.nodes.clear()
+
+    for _ in range(3):
+        pods.poll_pod(pod.pk)
+
+    pod.refresh_from_db()
+    assert pod.status == "active" and pod.backend_data["node_name"] == name
+    assert list(gcp_settings.nodes) == [name]
+    assert gcp_settings.create_calls == [name] * (1 if reached_the_api else 2)
+
+
+def test_reserving_again_for_the_same_attempt_takes_the_planned_pod_and_creates_no_second_slice(
+        fleet, gcp_settings):
+    jobs, first = reserve(fleet, name="twice")
+    compute = get_compute("gcp", fleet_backend_config(fleet))
+
+    again = pods.reserve_pod(fleet, compute, [Job.objects.get(pk=j.pk) for j in jobs])
+
+    assert again == first
+    assert InstanceGroup.objects.filter(kind="tpu_pod").count() == 1
+    assert len(gcp_settings.create_calls) == 1, "the node the first try made was found by its id"
+    assert len(gcp_settings.nodes) == 1

@@ -5,10 +5,12 @@ import secrets
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
 
 from instances.fleets import create_local_fleet
 from instances.models import Fleet
+from muster.files import write_private
+from projects import tokens
 from projects.models import Membership, Project, Role
 
 
@@ -26,11 +28,17 @@ class Command(BaseCommand):
         if user is None:
             password = secrets.token_urlsafe(12)
             user = User.objects.create_superuser("admin", password=password)
-            password_path.write_text(password)
-            password_path.chmod(0o600)
+            write_private(password_path, password)
         Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
+        if not settings.MUSTER.get("LOCAL_BACKEND"):
+            no_fleet = True  # production without MUSTER_LOCAL_BACKEND: no shell on the control plane
         if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
             create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement="cluster")
-        token, _ = Token.objects.get_or_create(user=user)
+        # Only a token's hash is kept, so it is printed when made; later runs cannot show it again.
+        live = user.api_tokens.exclude(expires__lte=timezone.now())
+        if live.exists():
+            shown = "(printed when it was made; `manage.py muster_token admin` makes another)"
+        else:
+            _, shown = tokens.issue(user)
         password = password_path.read_text().strip() if password_path.exists() else "(set earlier)"
-        self.stdout.write(f"project: main\nadmin user: admin / {password}\ntoken: {token.key}")
+        self.stdout.write(f"project: main\nadmin user: admin / {password}\ntoken: {shown}")

@@ -1,0 +1,81 @@
+"""Malformed or hostile input gets a 4xx in the errors shape, never a 500 or an HTML page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from tests.conftest import token_for
+
+pytestmark = pytest.mark.django_db
+
+PLAN = "/api/projects/main/runs/plan"
+
+
+@pytest.fixture
+def raw(make_user):
+    """A client that sends bytes as they are (no encoding by the test client) and raises nothing."""
+    client = Client(raise_request_exception=False, HTTP_AUTHORIZATION=f"Token {token_for(make_user('alice'))}")
+    return client
+
+
+def assert_errors(resp, code: int, loc: list) -> list[dict]:
+    assert resp.status_code == code, resp.content[:500]
+    assert resp["Content-Type"].startswith("application/json"), resp["Content-Type"]
+    errors = resp.json()["errors"]
+    assert errors and all(set(e) == {"loc", "msg"} for e in errors), errors
+    assert errors[0]["loc"] == loc, errors
+    return errors
+
+
+def test_deeply_nested_json_is_a_400_at_the_body(raw):
+    body = '{"configuration": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (error,) = assert_errors(raw.post(PLAN, body, content_type="application/json"), 400, [])
+    assert "nested" in error["msg"]
+
+
+def test_json_nested_a_little_less_deep_is_refused_too(raw):
+    # deep enough to pass json.loads but to exhaust the stack of whatever walks it next
+    body = '{"configuration": {"type": "task", "commands": ["echo"], "env": ' + "[" * 500 + "]" * 500 + "}}"
+    assert_errors(raw.post(PLAN, body, content_type="application/json"), 400, [])
+
+
+def test_a_yaml_integer_over_4300_digits_is_a_400(raw):
+    conf = "type: task\nnodes: " + "9" * 5000 + "\ncommands: [echo]\n"
+    errors = assert_errors(raw.post(PLAN, json.dumps({"configuration": conf}), content_type="application/json"),
+                           400, ["configuration"])
+    assert "line 2" in errors[0]["msg"] and "too large" in errors[0]["msg"], errors
+
+
+@pytest.mark.parametrize("param,value", [("start", 10**30), ("job", 10**30), ("start", -1), ("job", "²")])
+def test_a_huge_or_odd_number_on_the_logs_endpoint_is_a_400_naming_it(raw, param, value):
+    body = json.dumps({"configuration": "type: task\nname: r1\ncommands: [echo]\n"})
+    assert raw.post("/api/projects/main/runs/", body, content_type="application/json").status_code == 201
+    resp = raw.get("/api/projects/main/runs/r1/logs", {param: value})
+    assert_errors(resp, 400, [param])
+
+
+def test_a_body_over_the_size_limit_is_a_413_in_the_errors_shape(raw, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    body = json.dumps({"configuration": "type: task\ncommands: [echo]\n" + "# padding\n" * 200})
+    (error,) = assert_errors(raw.post(PLAN, body, content_type="application/json"), 413, [])
+    assert "1000" in error["msg"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_huge_start_on_a_finished_jobs_stored_log_is_a_400(fast_limits, celery_worker, api):
+    from instances.lifecycle import terminate_fleet_instances
+    from tests.engine.helpers import local_project_fleet, wait_for_run
+
+    fleet = local_project_fleet(size=1)
+    try:
+        conf = "type: task\nname: said\ncommands: [echo said]\n"
+        assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+        assert wait_for_run("said", timeout=60).status == "done"
+        assert api.get("/api/projects/main/runs/said/logs?job=0").json()["text"] == "said\n"
+        api.raise_request_exception = False
+        assert_errors(api.get(f"/api/projects/main/runs/said/logs?job=0&start={10 ** 30}"), 400, ["start"])
+    finally:
+        terminate_fleet_instances(fleet)
