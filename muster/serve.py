@@ -1,7 +1,8 @@
 """`muster serve` / `make run`: web, one Celery worker and Celery beat as child processes.
 
-Ctrl-C (or SIGTERM) stops all three. The worker and beat are the same ones production runs
-separately (docker-compose.yml); here they share the embedded SQLite + filesystem broker.
+Ctrl-C (or SIGTERM) stops all three; a child that dies on its own is restarted. The worker and
+beat are the same ones production runs separately (docker-compose.yml); here they share the
+embedded SQLite + filesystem broker (muster/broker.py).
 """
 
 from __future__ import annotations
@@ -50,14 +51,88 @@ def prepare(bootstrap: bool = True) -> None:
     connections.close_all()  # the children open their own
 
 
+RESTART_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+# a child that stayed up this long has recovered: its next death starts the backoff over
+STEADY_SECONDS = 60.0
+
+
+def _say(text: str) -> None:
+    print(f"muster serve: {text}", file=sys.stderr, flush=True)
+
+
+def _how(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"status {code}"
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    # each child leads its own session: this reaches the worker's prefork children too, which
+    # outlive a SIGKILLed worker and would otherwise keep taking messages nobody supervises
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Child:
+    """One of web, worker, beat: started, watched, restarted with backoff when it dies."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict | None):
+        self.name, self.cmd, self.env = name, cmd, env
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+        self.failures = 0  # deaths in a row without a steady spell between them
+        self.restart_at: float | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
+        self.started = time.monotonic()
+        self.restart_at = None
+
+    def check(self, now: float) -> None:
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                self.start()
+                _say(f"{self.name} restarted (pid {self.proc.pid}, restart {self.failures})")
+            return
+        code = self.proc.poll()
+        if code is None:
+            return
+        _kill_group(self.proc, signal.SIGKILL)
+        if now - self.started >= STEADY_SECONDS:
+            self.failures = 0
+        delay = RESTART_BACKOFF[min(self.failures, len(RESTART_BACKOFF) - 1)]
+        self.failures += 1
+        self.restart_at = now + delay
+        _say(f"{self.name} (pid {self.proc.pid}) exited with {_how(code)}; restarting it in {delay:g}s")
+
+    def stop(self) -> None:
+        if self.restart_at is None and self.proc.poll() is None:
+            _kill_group(self.proc, signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        if self.restart_at is not None:
+            return
+        try:
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _say(f"{self.name} (pid {self.proc.pid}) did not stop in time; killing it")
+        _kill_group(self.proc, signal.SIGKILL)  # whatever of its group is left
+
+
 def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True) -> int:
+    """Start web, worker and beat and keep them running until SIGINT or SIGTERM.
+
+    A child that dies is restarted after a backoff (1 s doubling to 30 s, back to 1 s once it has
+    run for a minute), with a line on stderr for the death and one for the restart. The others
+    keep running meanwhile: a dead worker does not take the web down with it.
+    """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
     prepare(bootstrap)
     print(f"Muster: API http://{bind}/api/  docs http://{bind}/api/docs/  admin http://{bind}/admin/", flush=True)
     # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)
     worker_env = {**os.environ, "MUSTER_WORKER_NICE": os.environ.get("MUSTER_WORKER_NICE", str(WORKER_NICE))}
-    children = {name: subprocess.Popen(cmd, start_new_session=True, env=worker_env if name == "worker" else None)
-                for name, cmd in commands(bind, concurrency).items()}
+    children = [Child(name, cmd, worker_env if name == "worker" else None)
+                for name, cmd in commands(bind, concurrency).items()]
     stopping = False
 
     def stop(*_):
@@ -66,24 +141,20 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    code = 0
+    for child in children:
+        child.start()
     while not stopping:
-        for name, proc in children.items():
-            if proc.poll() is not None:
-                print(f"muster serve: {name} exited with {proc.returncode}; stopping", file=sys.stderr)
-                stopping, code = True, 1
+        now = time.monotonic()
+        for child in children:
+            child.check(now)
         time.sleep(0.5)
-    for proc in children.values():
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.time() + 10
-    for proc in children.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:
+        child.stop()
+    deadline = time.monotonic() + 10
+    for child in children:
+        child.wait(deadline)
     _stop_local_agents()
-    return code
+    return 0
 
 
 def _stop_local_agents() -> None:

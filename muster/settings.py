@@ -213,6 +213,8 @@ SPECTACULAR_SETTINGS = {
 BROKER_DIR = DATA_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport with writes that never show a half-written message (muster/broker.py)
+    CELERY_BROKER_TRANSPORT = "muster.broker:Transport"
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -72,6 +72,17 @@ def test_with_nothing_set_the_broker_is_the_filesystem_under_the_data_dir(tmp_pa
     assert transport["data_folder_in"] == transport["data_folder_out"], "producers and consumers share one queue"
 
 
+def test_the_embedded_broker_is_the_filesystem_transport_that_writes_messages_whole(tmp_path):
+    # kombu's own filesystem transport lets a worker read a half-written message and die (kombu#1551)
+    code = ("from muster.celery import app; t = type(app.connection_for_write().transport); "
+            "print(t.__module__ + ':' + t.__name__)")
+    done = python(code, tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "muster.broker:Transport"
+    redis = python(code, tmp_path / "data", CELERY_BROKER_URL="redis://h:6379/0")
+    assert redis.stdout.strip().splitlines()[-1] == "kombu.transport.redis:Transport"
+
+
 def test_the_filesystem_broker_keeps_its_exchange_table_under_the_data_dir_too(tmp_path):
     data = tmp_path / "data"
     control = settings_with(data)["transport"].get("control_folder", "control")

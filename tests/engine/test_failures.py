@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from instances.models import Instance
 from runs.services.submission import submit_run
 from runs.stopping import request_stop
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, runner_processes, wait_for_run
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -113,9 +112,7 @@ def test_a_user_can_stop_or_abort_a_running_run(abort, fast_limits, celery_worke
         run = submit_run(fleet.project, None, {"configuration": "type: task\nname: stoppable\nnodes: 2\n"
                                                                 "commands: [sleep 331]\n"})
         wait_for_run(run.name, statuses=("running",), timeout=30)
-        deadline = time.monotonic() + 20
-        while len(runner_processes("sleep 331")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: len(runner_processes("sleep 331")) == 2, timeout=20, what="both nodes' commands running")
         request_stop(run, abort=abort, actor="tester")
         run = wait_for_run(run.name, timeout=30)
     assert run.status == "terminated"

@@ -9,6 +9,7 @@ import pytest
 from backends.ssh.connection import connect, run
 from backends.ssh.probe import probe
 from tests.sshhosts import SSHHostPool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs OpenSSH sshd")
 
@@ -37,8 +38,9 @@ def test_loopback_kill_processes_finds_what_sessions_started():
         c = connect(host.target())
         run(c, "setsid sleep 300 >/dev/null 2>&1 </dev/null &")
         c.close()
+        # the shell returns before the detached sleep is surely in place: poll, never assume an instant
+        wait_until(lambda: any(b"sleep 300" in _cmdline(p) for p in host.pids()), timeout=20, what="the sleep")
         sleepers = [p for p in host.pids() if p != host.sshd_pid]
-        assert sleepers
         host.kill_processes(keep_sshd=True)
         assert all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in sleepers)
 
@@ -46,3 +48,11 @@ def test_loopback_kill_processes_finds_what_sessions_started():
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ")
+    except OSError:
+        return b""

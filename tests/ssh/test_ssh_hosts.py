@@ -30,6 +30,7 @@ from backends.ssh.connection import (
 )
 from backends.ssh.probe import probe
 from tests.sshhosts import SSHHostPool, ssh_hosts  # noqa: F401 - fixture
+from tests.waiting import wait_until
 
 L40S = ("L40S", 46068)
 needs_root = pytest.mark.skipif(
@@ -275,9 +276,10 @@ def test_kill_processes_can_keep_sshd(pool):
     c = connect(host.target())
     run(c, "setsid sleep 300 >/dev/null 2>&1 </dev/null &")
     c.close()
-    assert any("sleep" in _cmdline(p) for p in host.pids())
+    # the shell returns before the detached sleep is surely in place: poll, never assume an instant
+    wait_until(lambda: any("sleep 300" in _cmdline(p) for p in host.pids()), timeout=20, what="the sleep on the host")
     host.kill_processes(keep_sshd=True)
-    assert all("sleep" not in _cmdline(p) for p in host.pids())
+    wait_until(lambda: all("sleep" not in _cmdline(p) for p in host.pids()), timeout=20, what="the sleep killed")
     c = connect(host.target())
     assert run(c, "echo alive")[1] == b"alive\n"
     c.close()

@@ -15,6 +15,7 @@ import pytest
 from backends.ssh.connection import HostUnreachable
 from backends.ssh.runner_host import DEFAULT_RUNNER_PATH, RunnerError, SSHRunnerHost
 from tests.sshhosts import SSHHostPool
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.netns,
@@ -124,9 +125,7 @@ def test_job_serves_on_the_host_address_and_stops_on_request(pool, runner):
     )
     runner.submit(job_id, {"commands": [f"python3 -c {shlex.quote(server)}"], "node_ip": host.address})
     _wait_for_state(runner, job_id, ("running",))
-    deadline = time.monotonic() + 15
-    while b"listening" not in runner.read_log(job_id) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: b"listening" in runner.read_log(job_id), timeout=15, what="the job's server listening")
     # Bound to the host's 10.x address, so it can only be inside the namespace; reached over the bridge.
     with socket.create_connection((host.address, 9100), timeout=5) as conn:
         assert conn.recv(100) == f"served from {host.address}".encode()
