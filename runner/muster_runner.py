@@ -7,7 +7,9 @@ local subprocess).  It must therefore stay standard-library only and run on Pyth
 Layout under the runner home directory HOME::
 
     HOME/agent.json, agent.pid, agent.lock, agent.log, agent.stop
-    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``)
+    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``); the job runner
+                                      rewrites it without env values once it has read them
+    HOME/jobs/<job_id>/spec.sha256    digest of the spec as submitted (tells a resubmit from a clash)
     HOME/jobs/<job_id>/status.json    written by the runner, always atomically
     HOME/jobs/<job_id>/output.log     the commands' stdout + stderr, appended as produced
     HOME/jobs/<job_id>/runner.log     the job runner's own diagnostics
@@ -17,14 +19,23 @@ Layout under the runner home directory HOME::
 
 Commands: agent, ensure-agent, submit, status, stop, log, cleanup, job (internal).
 Every command except ``log`` prints one JSON document on stdout.
+
+Every command runs under umask 077: the home, job directories and files are the runner user's
+alone (a spec holds secret values until its job starts; the output may print them).  Agents, job
+runners and jobs start from a minimal environment (``base_env``), never the caller's: the caller
+is a server worker or an SSH session whose variables (SECRET_KEY, DATABASE_URL) are not the job's.
+Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` in its environment, so a stop finds
+the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -46,6 +57,8 @@ SPEC_SETTLE_SECONDS = 2.0
 STARTING_ABANDONED_AFTER = 60.0
 WATCH_INTERVAL = 0.1
 FINAL_STATES = ("done", "failed", "terminated", "max_duration_exceeded")
+JOB_MARKER = "MUSTER_JOB_ID"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SCRIPT_PATH = os.path.abspath(__file__)
 
 
@@ -128,6 +141,7 @@ class JobPaths:
         self.job_id = job_id
         self.dir = os.path.join(jobs_dir, job_id)
         self.spec = os.path.join(self.dir, "spec.json")
+        self.spec_digest = os.path.join(self.dir, "spec.sha256")
         self.status = os.path.join(self.dir, "status.json")
         self.output = os.path.join(self.dir, "output.log")
         self.runner_log = os.path.join(self.dir, "runner.log")
@@ -220,6 +234,40 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def marked_pids(job_id: str) -> list[int]:
+    """Live processes whose environment carries this job's marker, wherever their group or session.
+
+    Only processes of our own user can be read, which are the only ones a job can start (short of
+    setuid programs, which a kill from us could not reach anyway).
+    """
+    if not os.path.isdir("/proc/self"):
+        return []
+    needle = f"{JOB_MARKER}={job_id}".encode()
+    own = os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            stat = proc_stat(int(name))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                pids.append(int(name))
+    return pids
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -246,6 +294,44 @@ def kill_group(pgid: int, grace: float, proc: subprocess.Popen | None = None) ->
     if not wait_group_gone(pgid, grace, proc):
         signal_group(pgid, signal.SIGKILL)
         wait_group_gone(pgid, 2.0, proc)
+
+
+def job_tree_alive(job_id: str, pgid: int) -> bool:
+    return (pgid > 0 and group_alive(pgid)) or bool(marked_pids(job_id))
+
+
+def signal_job_tree(job_id: str, pgid: int, sig: int) -> None:
+    if pgid > 0:
+        signal_group(pgid, sig)
+    signal_pids(marked_pids(job_id), sig)
+
+
+def wait_job_tree_gone(job_id: str, pgid: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.poll()
+        if not job_tree_alive(job_id, pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_job_tree(job_id: str, pgid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM every process of the job, its group and the ones that left it; SIGKILL after ``grace``.
+
+    The process group alone misses ``setsid``, GNU ``timeout`` and daemons, which then keep ports
+    and GPUs of a job that has ended; the environment marker follows them.
+    """
+    signal_job_tree(job_id, pgid, signal.SIGTERM)
+    if wait_job_tree_gone(job_id, pgid, grace, proc):
+        return
+    # A process may fork between our scan and our signal; a few rounds catch what a fork bred.
+    for _ in range(5):
+        signal_job_tree(job_id, pgid, signal.SIGKILL)
+        if wait_job_tree_gone(job_id, pgid, 1.0, proc):
+            return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +407,27 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
         env["TPU_WORKER_HOSTNAMES"] = _text(hostnames)
         env["PJRT_DEVICE"] = "TPU"
     return env
+
+
+def base_env() -> dict[str, str]:
+    """The environment every runner process starts from: what a login would give, nothing inherited.
+
+    PATH is the one value taken over (hosts install python3 and CUDA tools in odd places and it
+    holds no secret); HOME and the user names come from the password database.
+    """
+    try:
+        user = pwd.getpwuid(os.getuid())
+        home, name = user.pw_dir, user.pw_name
+    except KeyError:
+        home, name = "/", str(os.getuid())
+    return {
+        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+        "HOME": home,
+        "USER": name,
+        "LOGNAME": name,
+        "SHELL": "/bin/sh",
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+    }
 
 
 def build_env(spec: dict[str, Any], base: dict[str, str], hostfile_path: str) -> dict[str, str]:
@@ -412,7 +519,7 @@ def watch_job(
         elif max_duration and time.monotonic() - started >= float(max_duration):
             reason = "max_duration_exceeded"
         if reason is not None:
-            kill_group(proc.pid, stop_grace(spec), proc)
+            kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc)
             proc.wait()
             return reason
         time.sleep(WATCH_INTERVAL)
@@ -420,7 +527,9 @@ def watch_job(
 
 
 def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
-    env = build_env(spec, dict(os.environ), job.hostfile)
+    env = build_env(spec, base_env(), job.hostfile)
+    # Set after the user's env so a job cannot drop or change it and escape its stop.
+    env[JOB_MARKER] = job.job_id
     with open(job.output, "ab") as output:
         return subprocess.Popen(
             ["/bin/sh", "-c", job_script(spec["commands"])],
@@ -432,6 +541,13 @@ def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
             start_new_session=True,  # own process group: a stop kills everything the job spawned
             close_fds=True,
         )
+
+
+def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:
+    """Keep the env names only: secret values leave the disk once the runner holds them in memory."""
+    env = spec.get("env") or {}
+    if any(value is not None for value in env.values()):
+        write_json_atomic(job.spec, dict(spec, env={str(key): None for key in env}))
 
 
 def run_job(home: str, job_id: str) -> int:
@@ -448,6 +564,7 @@ def run_job(home: str, job_id: str) -> int:
     base = {"runner_pid": os.getpid()}
     try:
         spec = validate_spec(read_json(job.spec))
+        forget_env_values(job, spec)
         if os.path.exists(job.stop) or flag.set:
             write_json_atomic(
                 job.status, dict(base, state="terminated", exit_status=None, end_time=time.time())
@@ -464,8 +581,8 @@ def run_job(home: str, job_id: str) -> int:
     running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, start_time=time.time())
     write_json_atomic(job.status, running)
     reason = watch_job(job, proc, spec, started, flag)
-    # Background children (`server &`) outlive the shell in its group; a finished job must not leak them.
-    kill_group(proc.pid, stop_grace(spec), proc)
+    # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
+    kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc)
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
     final.update(exit_fields(proc.returncode))
     write_json_atomic(job.status, final)
@@ -492,7 +609,7 @@ class Agent:
         self.last_heartbeat = 0.0
 
     def run(self) -> int:
-        os.makedirs(self.paths.jobs, exist_ok=True)
+        private_home(self.paths)
         lock = open(self.paths.agent_lock, "a")
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -565,6 +682,7 @@ class Agent:
         with open(job.runner_log, "ab") as runner_log:
             self.children[job.job_id] = subprocess.Popen(
                 [sys.executable, SCRIPT_PATH, "job", "--home", self.paths.home, "--job", job.job_id],
+                env=base_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=runner_log,
                 stderr=subprocess.STDOUT,
@@ -601,9 +719,7 @@ class Agent:
         status = read_json(job.status)
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
-        pgid = _int(status.get("pgid"))
-        if pgid > 0:
-            kill_group(pgid, 0.5)
+        kill_job_tree(job.job_id, _int(status.get("pgid")), 0.5)
         failed = dict(status, state="failed", error=error, end_time=time.time())
         if os.path.isdir(job.dir):
             write_json_atomic(job.status, failed)
@@ -645,8 +761,15 @@ def live_agent_pid(paths: Paths) -> int | None:
     return pid if pid_alive(pid) and heartbeat_fresh(read_json(paths.agent_json), time.time()) else None
 
 
-def cmd_ensure_agent(paths: Paths) -> int:
+def private_home(paths: Paths) -> None:
     os.makedirs(paths.jobs, exist_ok=True)
+    # A home made before umask 077 (or by the server with its own umask) is closed here.
+    for path in (paths.home, paths.jobs):
+        os.chmod(path, 0o700)
+
+
+def cmd_ensure_agent(paths: Paths) -> int:
+    private_home(paths)
     pid = live_agent_pid(paths)
     if pid is not None:
         emit({"started": False, "pid": pid})
@@ -656,6 +779,7 @@ def cmd_ensure_agent(paths: Paths) -> int:
     with open(paths.agent_log, "ab") as agent_log:
         proc = subprocess.Popen(
             [sys.executable, SCRIPT_PATH, "agent", "--home", paths.home],
+            env=base_env(),
             stdin=subprocess.DEVNULL,
             stdout=agent_log,
             stderr=subprocess.STDOUT,
@@ -677,15 +801,35 @@ def cmd_ensure_agent(paths: Paths) -> int:
     return 1
 
 
+def spec_digest(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
 def cmd_submit(paths: Paths, job_id: str) -> int:
     job = paths.job(job_id)
     raw = sys.stdin.buffer.read()
     try:
-        validate_spec(json.loads(raw.decode("utf-8")))
+        spec = validate_spec(json.loads(raw.decode("utf-8")))
     except ValueError as e:
         emit({"submitted": False, "error": f"bad spec: {e}"})
         return 1
     os.makedirs(job.dir, exist_ok=True)
+    digest = spec_digest(spec)
+    # The digest is published first and alone decides: the spec itself loses its env values once
+    # the job starts, and two concurrent submits must agree on one winner.
+    if not create_exclusively(job.spec_digest, digest.encode()):
+        try:
+            with open(job.spec_digest) as f:
+                existing = f.read().strip()
+        except OSError:
+            existing = ""
+        if existing != digest:
+            # Someone else's job under this id (or a changed spec): accepting it would show that
+            # job's output and status as this one's.
+            emit({"submitted": False, "error": f"job {job_id} already exists with a different spec"})
+            return 1
+        emit({"submitted": False})
+        return 0
     emit({"submitted": create_exclusively(job.spec, raw)})
     return 0
 
@@ -769,8 +913,12 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     if job_is_active(job, status):
         emit({"removed": False, "reason": "job is " + str(status["state"])})
         return 0
-    if status is not None and _int(status.get("pgid")) > 0 and status.get("state") not in FINAL_STATES:
-        kill_group(_int(status.get("pgid")), 0.5)  # its runner died: do not leave its processes behind
+    # A runner that died, or one that finished while a daemon of its job still lingers: nothing of
+    # the job may outlive its directory.
+    status = status or {}
+    # A finished job's group id may belong to someone else by now; its marker cannot.
+    pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
+    kill_job_tree(job.job_id, pgid, 0.5)
     shutil.rmtree(job.dir, ignore_errors=True)
     emit({"removed": True})
     return 0
@@ -818,6 +966,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     paths = Paths(args.home)
     try:

@@ -1,0 +1,148 @@
+"""What a job may see and leave behind on its host: environment, file modes, escaped processes.
+
+Driven through the runner's CLI with real agents and job processes, as the server drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .runner_helpers import (
+    RUNNER_PATH,
+    RUNNER_PYTHON,
+    cli_json,
+    escape_commands,
+    escaped_processes,
+    free_port,
+    job_spec,
+    kill_escapes,
+    kill_everything,
+    nothing_of_the_job_left,
+    submit,
+    wait_for,
+    wait_state,
+)
+
+FINAL = ("done", "failed", "terminated", "max_duration_exceeded")
+
+
+@pytest.fixture
+def home(tmp_path: Path):
+    home = tmp_path / "runner-home"
+    yield home
+    (home / "agent.stop").touch() if home.is_dir() else None
+    kill_everything(home)
+
+
+def ensure_agent(home: Path, env: dict[str, str]) -> dict:
+    """ensure-agent as the server calls it: a process with the caller's (here: a worker's) environment."""
+    done = subprocess.run(
+        [RUNNER_PYTHON, str(RUNNER_PATH), "ensure-agent", "--home", str(home)],
+        env=env, capture_output=True, timeout=15, check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+@pytest.fixture
+def worker_env():
+    """What a production worker has in its environment and no job may inherit."""
+    return {**os.environ, "SECRET_KEY": "worker-signing-key", "DATABASE_URL": "postgres://u:pw@db/muster"}
+
+
+def test_agent_job_runner_and_job_never_inherit_the_callers_environment(home, worker_env):
+    pid = ensure_agent(home, worker_env)["pid"]
+    submit(home, "j1", job_spec("j1", ["env > env.txt", "sleep 30"], env={"MY_VAR": "mine"}))
+    running = wait_state(home, "j1", ("running",))
+    env_file = home / "jobs" / "j1" / "workdir" / "env.txt"
+    wait_for(lambda: env_file.exists() and env_file.read_text().endswith("\n"), 5, "env.txt")
+
+    job_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    for process_env in (environ_of(pid), environ_of(running["runner_pid"]), job_env):
+        assert "SECRET_KEY" not in process_env and "DATABASE_URL" not in process_env, process_env
+    assert job_env["MY_VAR"] == "mine"
+    assert job_env["DSTACK_RUN_NAME"] == "test-run"
+    assert job_env["HOME"] and job_env["PATH"] and job_env["LANG"]
+    assert job_env["MUSTER_JOB_ID"] == "j1"
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_homes_job_directories_and_files_are_private_and_secret_values_leave_the_spec(home, worker_env):
+    home.mkdir(mode=0o755)  # as a server or an installer with umask 022 would make it
+    os.chmod(home, 0o755)
+    ensure_agent(home, worker_env)
+    spec = job_spec("j1", ['echo "token is $HF_TOKEN" > seen.txt', "echo out", "sleep 30"],
+                    env={"HF_TOKEN": "hf_secret_value", "PLAIN": "x"})
+    submit(home, "j1", spec)
+    wait_state(home, "j1", ("running",))
+    job_dir = home / "jobs" / "j1"
+    seen = job_dir / "workdir" / "seen.txt"
+    wait_for(lambda: seen.exists() and seen.read_text().endswith("\n"), 5, "seen.txt")
+
+    assert seen.read_text() == "token is hf_secret_value\n"  # the job itself still gets the value
+    on_disk = (job_dir / "spec.json").read_text()
+    assert "hf_secret_value" not in on_disk
+    assert json.loads(on_disk)["env"] == {"HF_TOKEN": None, "PLAIN": None}
+    for directory in (home, home / "jobs", job_dir, job_dir / "workdir", job_dir / "mpi"):
+        assert mode(directory) == 0o700, directory
+    for file in (job_dir / "spec.json", job_dir / "status.json", job_dir / "output.log",
+                 job_dir / "mpi" / "hostfile", seen, home / "agent.json", home / "agent.log"):
+        assert mode(file) & 0o077 == 0, (file, oct(mode(file)))
+    # The same spec again is still the same job, although the copy on disk lost its values.
+    assert submit(home, "j1", spec) == {"submitted": False}
+
+
+@pytest.fixture
+def escapes():
+    token = f"esc-{uuid.uuid4().hex[:12]}"
+    ports = (free_port(), free_port())
+    yield token, ports
+    kill_escapes(token, ports)
+
+
+@pytest.mark.parametrize("ending", ["done", "stop", "max_duration"])
+def test_no_process_of_a_job_outlives_it_whatever_group_or_session_it_left_for(home, worker_env, escapes, ending):
+    token, ports = escapes
+    ensure_agent(home, worker_env)
+    commands = escape_commands(token, ports) + ([] if ending == "done" else ["sleep 600"])
+    submit(home, "j1", job_spec("j1", commands, max_duration=3 if ending == "max_duration" else None))
+    wait_for(lambda: len(escaped_processes(token, ports)) >= 3, 30, "the escapes to be up")
+    if ending == "stop":
+        cli_json(home, "stop", "--job", "j1")
+
+    status = wait_state(home, "j1", FINAL, timeout=30)
+
+    assert status["state"] == {"done": "done", "stop": "terminated", "max_duration": "max_duration_exceeded"}[ending]
+    assert escaped_processes(token, ports) == []
+    assert nothing_of_the_job_left(token, ports)
+
+
+def test_cleanup_of_a_job_whose_runner_died_kills_what_escaped_its_group(home, worker_env, escapes):
+    token, ports = escapes
+    ensure_agent(home, worker_env)
+    submit(home, "j1", job_spec("j1", escape_commands(token, ports) + ["sleep 600"]))
+    running = wait_state(home, "j1", ("running",))
+    wait_for(lambda: len(escaped_processes(token, ports)) >= 3, 30, "the escapes to be up")
+    (home / "agent.stop").touch()
+    os.kill(running["runner_pid"], 9)
+    os.killpg(running["pgid"], 9)  # the job's own group dies with its runner; the escapes do not
+
+    assert cli_json(home, "cleanup", "--job", "j1") == {"removed": True}
+
+    assert escaped_processes(token, ports) == []
+    assert nothing_of_the_job_left(token, ports)
