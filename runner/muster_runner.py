@@ -409,11 +409,12 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
     return env
 
 
-def base_env() -> dict[str, str]:
+def base_env(runner_home: str) -> dict[str, str]:
     """The environment every runner process starts from: what a login would give, nothing inherited.
 
-    PATH is the one value taken over (hosts install python3 and CUDA tools in odd places and it
-    holds no secret); HOME and the user names come from the password database.
+    PATH, HOME and LANG are the values taken over (hosts install python3 and CUDA tools in odd
+    places, an SSH login sets HOME, and none of them is a secret); the user names come from the
+    password database, which also gives HOME when the caller had none.
     """
     try:
         user = pwd.getpwuid(os.getuid())
@@ -422,11 +423,13 @@ def base_env() -> dict[str, str]:
         home, name = "/", str(os.getuid())
     return {
         "PATH": os.environ.get("PATH") or DEFAULT_PATH,
-        "HOME": home,
+        "HOME": os.environ.get("HOME") or home,
         "USER": name,
         "LOGNAME": name,
         "SHELL": "/bin/sh",
         "LANG": os.environ.get("LANG") or "C.UTF-8",
+        # The runner home (ssh-fleets.md: a host may set it); it tells every runner process apart.
+        "MUSTER_HOME": runner_home,
     }
 
 
@@ -527,7 +530,7 @@ def watch_job(
 
 
 def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
-    env = build_env(spec, base_env(), job.hostfile)
+    env = build_env(spec, base_env(os.path.dirname(os.path.dirname(job.dir))), job.hostfile)
     # Set after the user's env so a job cannot drop or change it and escape its stop.
     env[JOB_MARKER] = job.job_id
     with open(job.output, "ab") as output:
@@ -682,7 +685,7 @@ class Agent:
         with open(job.runner_log, "ab") as runner_log:
             self.children[job.job_id] = subprocess.Popen(
                 [sys.executable, SCRIPT_PATH, "job", "--home", self.paths.home, "--job", job.job_id],
-                env=base_env(),
+                env=base_env(self.paths.home),
                 stdin=subprocess.DEVNULL,
                 stdout=runner_log,
                 stderr=subprocess.STDOUT,
@@ -779,7 +782,7 @@ def cmd_ensure_agent(paths: Paths) -> int:
     with open(paths.agent_log, "ab") as agent_log:
         proc = subprocess.Popen(
             [sys.executable, SCRIPT_PATH, "agent", "--home", paths.home],
-            env=base_env(),
+            env=base_env(paths.home),
             stdin=subprocess.DEVNULL,
             stdout=agent_log,
             stderr=subprocess.STDOUT,

@@ -24,6 +24,7 @@ from tests.runner.runner_helpers import (
     kill_escapes,
     nothing_of_the_job_left,
 )
+from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -194,3 +195,66 @@ def test_no_process_of_a_job_outlives_its_end(fast_limits, celery_worker, root, 
 
     wait_until(lambda: nothing_of_the_job_left(token, ports), 30,
                f"no process of the job left: {escaped_processes(token, ports)}")
+
+
+# ---- the same over SSH: two projects, each with a namespace host of its own, identical names ------
+
+SSH_CHATTY = """type: task
+name: r
+env:
+  - TOKEN
+commands:
+  - echo "{project} starts with $TOKEN"
+  - env | sort > env.txt
+  - sleep 600
+"""
+
+
+def with_marks(marks):
+    def apply(test):
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return apply
+
+
+@with_marks(needs_netns)
+def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, celery_worker, members, ssh_hosts):
+    hosts = {"p1": ssh_hosts(1, mode="netns")[0], "p2": ssh_hosts(1, mode="netns")[0]}
+    for project, client in members.items():
+        conf = fleet_configuration(hosts[project].pool, name="lf")
+        resp = client.post(url(project, "fleets/"), {"configuration": conf}, format="json")
+        assert resp.status_code == 201, resp.content
+        resp = client.post(url(project, "secrets/"), {"name": "TOKEN", "value": f"secret-of-{project}"}, format="json")
+        assert resp.status_code == 201, resp.content
+    for project, client in members.items():
+        submit(client, project, SSH_CHATTY.format(project=project))
+    for project, client in members.items():
+        wait_log(client, project, "r", f"{project} starts")
+    jobs = {j.run.project.name: j for j in Job.objects.select_related("run__project", "instance")}
+
+    for project, host in hosts.items():
+        assert log_text(members[project], project, "r") == f"{project} starts with secret-of-{project}\n"
+        job_dir = host.muster_home / "jobs" / jobs[project].runner_job_id
+        env_file = job_dir / "workdir" / "env.txt"
+        wait_until(lambda f=env_file: f.exists() and f.read_text().endswith("\n"), 30, "env.txt")
+        job_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+        # The sshd session's variables are not the job's: it starts from the runner's minimal set.
+        assert not {"SSH_CONNECTION", "SSH_CLIENT", "SSH_AUTH_SOCK"} & set(job_env), sorted(job_env)
+        assert job_env["TOKEN"] == f"secret-of-{project}"
+        assert f"secret-of-{project}" not in (job_dir / "spec.json").read_text()
+        # The home is closed to others; the runner's own code under bin/ is installed by the server.
+        for path in [host.muster_home, *(host.muster_home / "jobs").rglob("*")]:
+            if not path.is_symlink():
+                assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (project, path, oct(path.stat().st_mode))
+
+    assert members["p2"].post(url("p2", "runs/r/stop"), {}, format="json").status_code == 200
+    assert wait_for_run("r", ("terminated",), project="p2", timeout=60).status == "terminated"
+    assert members["p2"].delete(url("p2", "fleets/lf/") + "?force=1").status_code in (200, 204)
+    assert run_status(members["p1"], "p1", "r") == "running"
+    p1_status = hosts["p1"].muster_home / "jobs" / jobs["p1"].runner_job_id / "status.json"
+    assert '"running"' in p1_status.read_text()
+    assert log_text(members["p1"], "p1", "r") == "p1 starts with secret-of-p1\n"
+    assert members["p1"].post(url("p1", "runs/r/stop"), {}, format="json").status_code == 200
+    assert wait_for_run("r", ("terminated",), project="p1", timeout=60).status == "terminated"

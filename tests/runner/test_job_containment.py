@@ -76,6 +76,7 @@ def test_agent_job_runner_and_job_never_inherit_the_callers_environment(home, wo
     assert job_env["DSTACK_RUN_NAME"] == "test-run"
     assert job_env["HOME"] and job_env["PATH"] and job_env["LANG"]
     assert job_env["MUSTER_JOB_ID"] == "j1"
+    assert job_env["MUSTER_HOME"] == os.path.abspath(home)
 
 
 def mode(path: Path) -> int:
