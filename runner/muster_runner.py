@@ -24,8 +24,9 @@ Every command runs under umask 077: the home, job directories and files are the 
 alone (a spec holds secret values until its job starts; the output may print them).  Agents, job
 runners and jobs start from a minimal environment (``base_env``), never the caller's: the caller
 is a server worker or an SSH session whose variables (SECRET_KEY, DATABASE_URL) are not the job's.
-Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` in its environment, so a stop finds
-the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
+Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` in its environment, and where the host
+has a writable cgroup hierarchy the job has a cgroup of its own (``muster-<job_id>``), so a stop
+finds the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
 """
 
 from __future__ import annotations
@@ -296,42 +297,132 @@ def kill_group(pgid: int, grace: float, proc: subprocess.Popen | None = None) ->
         wait_group_gone(pgid, 2.0, proc)
 
 
-def job_tree_alive(job_id: str, pgid: int) -> bool:
-    return (pgid > 0 and group_alive(pgid)) or bool(marked_pids(job_id))
+# ---------------------------------------------------------------------------------------------
+# Cgroups: where the host has a writable hierarchy, every job gets a cgroup of its own, which holds
+# all its processes whatever they do to their group, session or environment.
 
 
-def signal_job_tree(job_id: str, pgid: int, sig: int) -> None:
+def _own_cgroups() -> dict[str, str]:
+    """Controllers ("" for the v2 hierarchy) -> this process's cgroup path in that hierarchy."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3:
+                    found[parts[1]] = parts[2]
+    except OSError:
+        pass
+    return found
+
+
+def cgroup_parent() -> str | None:
+    """A directory this process may create job cgroups in (v2 first, then v1 pids), or None."""
+    own = _own_cgroups()
+    candidates = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mountpoint, fstype, options = fields[3], fields[4], tail[0], tail[2].split(",")
+        if fstype == "cgroup2" and "" in own:
+            candidates.insert(0, (mountpoint, root, own[""]))
+        elif fstype == "cgroup" and "pids" in options:
+            path = next((p for c, p in own.items() if "pids" in c.split(",")), None)
+            if path is not None:
+                candidates.append((mountpoint, root, path))
+    for mountpoint, root, path in candidates:
+        # /proc/self/cgroup is relative to the hierarchy's root, the mount may show a subtree of it.
+        if root != "/" and not (path + "/").startswith(root.rstrip("/") + "/"):
+            continue
+        relative = path[len(root):] if root != "/" else path
+        directory = os.path.join(mountpoint, relative.lstrip("/"))
+        if os.path.isfile(os.path.join(directory, "cgroup.procs")) and os.access(directory, os.W_OK):
+            return directory
+    return None
+
+
+def create_job_cgroup(job_id: str) -> str:
+    """The job's new cgroup directory, or "" where there is none to be had (the marker then serves)."""
+    parent = cgroup_parent()
+    if parent is None:
+        return ""
+    path = os.path.join(parent, f"muster-{job_id}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return ""
+    return path
+
+
+def cgroup_pids(cgroup: str) -> list[int]:
+    if not cgroup:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            pids = [int(line) for line in f if line.strip().isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in pids if pid != os.getpid() and pid_alive(pid)]
+
+
+def remove_cgroup(cgroup: str) -> None:
+    if cgroup and os.path.basename(cgroup).startswith("muster-"):
+        try:
+            os.rmdir(cgroup)
+        except OSError:
+            pass  # still populated (a zombie nobody reaps) or already gone
+
+
+def job_tree_pids(job_id: str, pgid: int, cgroup: str = "") -> list[int]:
+    pids = set(marked_pids(job_id)) | set(cgroup_pids(cgroup))
+    if pgid > 0 and group_alive(pgid):
+        pids.add(-pgid)
+    return sorted(pids)
+
+
+def signal_job_tree(job_id: str, pgid: int, sig: int, cgroup: str = "") -> None:
     if pgid > 0:
         signal_group(pgid, sig)
-    signal_pids(marked_pids(job_id), sig)
+    signal_pids(job_tree_pids(job_id, 0, cgroup), sig)
 
 
-def wait_job_tree_gone(job_id: str, pgid: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+def wait_job_tree_gone(
+    job_id: str, pgid: int, timeout: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None:
             proc.poll()
-        if not job_tree_alive(job_id, pgid):
+        if not job_tree_pids(job_id, pgid, cgroup):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
 
 
-def kill_job_tree(job_id: str, pgid: int, grace: float, proc: subprocess.Popen | None = None) -> None:
+def kill_job_tree(
+    job_id: str, pgid: int, grace: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+) -> None:
     """SIGTERM every process of the job, its group and the ones that left it; SIGKILL after ``grace``.
 
     The process group alone misses ``setsid``, GNU ``timeout`` and daemons, which then keep ports
-    and GPUs of a job that has ended; the environment marker follows them.
+    and GPUs of a job that has ended; the job's cgroup and its environment marker follow them.
     """
-    signal_job_tree(job_id, pgid, signal.SIGTERM)
-    if wait_job_tree_gone(job_id, pgid, grace, proc):
-        return
-    # A process may fork between our scan and our signal; a few rounds catch what a fork bred.
-    for _ in range(5):
-        signal_job_tree(job_id, pgid, signal.SIGKILL)
-        if wait_job_tree_gone(job_id, pgid, 1.0, proc):
-            return
+    signal_job_tree(job_id, pgid, signal.SIGTERM, cgroup)
+    if not wait_job_tree_gone(job_id, pgid, grace, proc, cgroup):
+        # A process may fork between our scan and our signal; a few rounds catch what a fork bred.
+        for _ in range(5):
+            signal_job_tree(job_id, pgid, signal.SIGKILL, cgroup)
+            if wait_job_tree_gone(job_id, pgid, 1.0, proc, cgroup):
+                break
+    remove_cgroup(cgroup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +602,7 @@ def prepare_job_dirs(job: JobPaths, spec: dict[str, Any]) -> None:
 
 
 def watch_job(
-    job: JobPaths, proc: subprocess.Popen, spec: dict[str, Any], started: float, flag: StopFlag
+    job: JobPaths, proc: subprocess.Popen, spec: dict[str, Any], started: float, flag: StopFlag, cgroup: str
 ) -> str | None:
     """Wait for the shell to exit; returns the reason when we had to kill it, None when it exited alone."""
     max_duration = spec.get("max_duration")
@@ -522,20 +613,30 @@ def watch_job(
         elif max_duration and time.monotonic() - started >= float(max_duration):
             reason = "max_duration_exceeded"
         if reason is not None:
-            kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc)
+            kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc, cgroup)
             proc.wait()
             return reason
         time.sleep(WATCH_INTERVAL)
     return None
 
 
-def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
+def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.Popen:
     env = build_env(spec, base_env(os.path.dirname(os.path.dirname(job.dir))), job.hostfile)
     # Set after the user's env so a job cannot drop or change it and escape its stop.
     env[JOB_MARKER] = job.job_id
+
+    def enter_cgroup() -> None:
+        # In the child before exec: the shell and everything it starts are in the cgroup from birth.
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass  # the marker still finds the job's processes
+
     with open(job.output, "ab") as output:
         return subprocess.Popen(
             ["/bin/sh", "-c", job_script(spec["commands"])],
+            preexec_fn=enter_cgroup if cgroup else None,
             cwd=job.workdir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -574,18 +675,21 @@ def run_job(home: str, job_id: str) -> int:
             )
             return 0
         prepare_job_dirs(job, spec)
-        proc = start_shell(job, spec)
+        # `"cgroup": false` in a spec keeps the job out of cgroups (the marker alone then stops it).
+        cgroup = create_job_cgroup(job_id) if spec.get("cgroup", True) is not False else ""
+        proc = start_shell(job, spec, cgroup)
     except (OSError, ValueError) as e:
+        remove_cgroup(locals().get("cgroup", ""))
         write_json_atomic(
             job.status, dict(base, state="failed", error=f"cannot start: {e}", end_time=time.time())
         )
         return 1
     started = time.monotonic()
-    running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, start_time=time.time())
+    running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, cgroup=cgroup, start_time=time.time())
     write_json_atomic(job.status, running)
-    reason = watch_job(job, proc, spec, started, flag)
+    reason = watch_job(job, proc, spec, started, flag, cgroup)
     # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
-    kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc)
+    kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc, cgroup)
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
     final.update(exit_fields(proc.returncode))
     write_json_atomic(job.status, final)
@@ -722,7 +826,7 @@ class Agent:
         status = read_json(job.status)
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
-        kill_job_tree(job.job_id, _int(status.get("pgid")), 0.5)
+        kill_job_tree(job.job_id, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
         failed = dict(status, state="failed", error=error, end_time=time.time())
         if os.path.isdir(job.dir):
             write_json_atomic(job.status, failed)
@@ -907,6 +1011,12 @@ def job_is_active(job: JobPaths, status: dict[str, Any] | None) -> bool:
     return is_runner_process(_int(status.get("runner_pid")), "job", job.job_id)
 
 
+def _job_cgroup(status: dict[str, Any]) -> str:
+    cgroup = status.get("cgroup")
+    # status.json is ours, but only a job cgroup we named is ever signalled or removed.
+    return cgroup if isinstance(cgroup, str) and os.path.basename(cgroup).startswith("muster-") else ""
+
+
 def cmd_cleanup(paths: Paths, job_id: str) -> int:
     job = paths.job(job_id)
     if not os.path.isdir(job.dir):
@@ -921,7 +1031,7 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     status = status or {}
     # A finished job's group id may belong to someone else by now; its marker cannot.
     pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
-    kill_job_tree(job.job_id, pgid, 0.5)
+    kill_job_tree(job.job_id, pgid, 0.5, cgroup=_job_cgroup(status))
     shutil.rmtree(job.dir, ignore_errors=True)
     emit({"removed": True})
     return 0

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from .runner_helpers import (
     job_spec,
     kill_escapes,
     kill_everything,
+    load_runner_module,
     nothing_of_the_job_left,
     submit,
     wait_for,
@@ -31,6 +33,7 @@ from .runner_helpers import (
 )
 
 FINAL = ("done", "failed", "terminated", "max_duration_exceeded")
+mr = load_runner_module()
 
 
 @pytest.fixture
@@ -116,12 +119,21 @@ def escapes():
     kill_escapes(token, ports)
 
 
+CGROUPS = mr.cgroup_parent() is not None
+
+
+@pytest.mark.parametrize("cgroup", [
+    pytest.param(True, marks=pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy here")),
+    pytest.param(False, id="marker-only"),
+])
 @pytest.mark.parametrize("ending", ["done", "stop", "max_duration"])
-def test_no_process_of_a_job_outlives_it_whatever_group_or_session_it_left_for(home, worker_env, escapes, ending):
+def test_no_process_of_a_job_outlives_it_whatever_group_or_session_it_left_for(
+        home, worker_env, escapes, ending, cgroup):
     token, ports = escapes
     ensure_agent(home, worker_env)
     commands = escape_commands(token, ports) + ([] if ending == "done" else ["sleep 600"])
-    submit(home, "j1", job_spec("j1", commands, max_duration=3 if ending == "max_duration" else None))
+    spec = job_spec("j1", commands, max_duration=3 if ending == "max_duration" else None, cgroup=cgroup)
+    submit(home, "j1", spec)
     wait_for(lambda: len(escaped_processes(token, ports)) >= 3, 30, "the escapes to be up")
     if ending == "stop":
         cli_json(home, "stop", "--job", "j1")
@@ -129,8 +141,27 @@ def test_no_process_of_a_job_outlives_it_whatever_group_or_session_it_left_for(h
     status = wait_state(home, "j1", FINAL, timeout=30)
 
     assert status["state"] == {"done": "done", "stop": "terminated", "max_duration": "max_duration_exceeded"}[ending]
+    assert bool(status["cgroup"]) is cgroup
     assert escaped_processes(token, ports) == []
     assert nothing_of_the_job_left(token, ports)
+    assert not status["cgroup"] or not os.path.exists(status["cgroup"]), "the job's cgroup is removed"
+
+
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy here")
+def test_with_a_cgroup_even_a_process_that_drops_the_marker_is_stopped(home, worker_env, escapes):
+    token, ports = escapes
+    ensure_agent(home, worker_env)
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(600)' {token}-unmarked"
+    submit(home, "j1", job_spec("j1", [f"env -u MUSTER_JOB_ID setsid {sleeper} > /dev/null 2>&1 &", "sleep 600"]))
+    running = wait_state(home, "j1", ("running",))
+    wait_for(lambda: escaped_processes(token, ports), 30, "the unmarked sleeper")
+    assert os.path.isdir(running["cgroup"])
+
+    cli_json(home, "stop", "--job", "j1")
+    wait_state(home, "j1", FINAL, timeout=30)
+
+    assert escaped_processes(token, ports) == []
+    assert not os.path.exists(running["cgroup"])
 
 
 def test_cleanup_of_a_job_whose_runner_died_kills_what_escaped_its_group(home, worker_env, escapes):
