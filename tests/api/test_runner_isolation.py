@@ -258,3 +258,20 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
     assert log_text(members["p1"], "p1", "r") == "p1 starts with secret-of-p1\n"
     assert members["p1"].post(url("p1", "runs/r/stop"), {}, format="json").status_code == 200
     assert wait_for_run("r", ("terminated",), project="p1", timeout=60).status == "terminated"
+
+
+def test_a_job_whose_log_cannot_be_kept_still_has_its_files_removed_from_the_host(
+        fast_limits, celery_worker, root, members, settings):
+    client = members["p1"]
+    local_fleet(root, "p1")
+    blocker = Path(settings.MUSTER["LOG_DIR"])
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("a file where the log directory should be\n")  # the server cannot write logs
+    assert client.post(url("p1", "secrets/"), {"name": "TOKEN", "value": "s3cr3t"}, format="json").status_code == 201
+    submit(client, "p1", 'type: task\nname: r\nenv:\n  - TOKEN\ncommands:\n  - echo "token $TOKEN"\n')
+
+    assert wait_for_run("r", project="p1", timeout=60).status == "done"
+
+    job = Job.objects.select_related("instance").get(run__project__name="p1", run__name="r")
+    job_dir = Path(job.instance.backend_data["home"]) / "jobs" / job.runner_job_id
+    assert not job_dir.exists(), sorted(p.name for p in job_dir.iterdir())
