@@ -24,8 +24,9 @@ Every command runs under umask 077: the home, job directories and files are the 
 alone (a spec holds secret values until its job starts; the output may print them).  Agents, job
 runners and jobs start from a minimal environment (``base_env``), never the caller's: the caller
 is a server worker or an SSH session whose variables (SECRET_KEY, DATABASE_URL) are not the job's.
-Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` in its environment, and where the host
-has a writable cgroup hierarchy the job has a cgroup of its own (``muster-<job_id>``), so a stop
+Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` and ``MUSTER_HOME=<home>`` in its
+environment, and where the host has a writable cgroup hierarchy the job has a cgroup of its own
+(``muster-<home hash>-<job_id>``), so a stop
 finds the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
 """
 
@@ -151,6 +152,9 @@ class JobPaths:
         self.hostfile = os.path.join(self.mpi_dir, "hostfile")
         self.workdir = os.path.join(self.dir, "workdir")
         self.stop = os.path.join(self.dir, "stop")
+        self.home = os.path.dirname(os.path.abspath(jobs_dir))
+        # In the environment of every process of the job (start_shell): how a stop finds them all.
+        self.marker = (f"{JOB_MARKER}={job_id}", f"MUSTER_HOME={self.home}")
 
 
 def check_job_id(job_id: str) -> None:
@@ -235,15 +239,17 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def marked_pids(job_id: str) -> list[int]:
+def marked_pids(marker: tuple[str, ...]) -> list[int]:
     """Live processes whose environment carries this job's marker, wherever their group or session.
 
+    The marker is the job id and the runner home (``JobPaths.marker``): ids are UUIDs when the
+    server submits, but two homes on one host may each hold a job ``j1`` of their own.
     Only processes of our own user can be read, which are the only ones a job can start (short of
     setuid programs, which a kill from us could not reach anyway).
     """
     if not os.path.isdir("/proc/self"):
         return []
-    needle = f"{JOB_MARKER}={job_id}".encode()
+    needles = [entry.encode() for entry in marker]
     own = os.getpid()
     pids = []
     for name in os.listdir("/proc"):
@@ -254,7 +260,8 @@ def marked_pids(job_id: str) -> list[int]:
                 environ = f.read()
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
+        entries = environ.split(b"\0")
+        if all(needle in entries for needle in needles):
             stat = proc_stat(int(name))
             if stat is not None and stat[0] not in ("Z", "X"):
                 pids.append(int(name))
@@ -348,12 +355,14 @@ def cgroup_parent() -> str | None:
     return None
 
 
-def create_job_cgroup(job_id: str) -> str:
+def create_job_cgroup(job: JobPaths) -> str:
     """The job's new cgroup directory, or "" where there is none to be had (the marker then serves)."""
     parent = cgroup_parent()
     if parent is None:
         return ""
-    path = os.path.join(parent, f"muster-{job_id}")
+    # Named by home and id: another home on this host may run a job of the same id.
+    home = hashlib.sha256(job.home.encode()).hexdigest()[:12]
+    path = os.path.join(parent, f"muster-{home}-{job.job_id}")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError:
@@ -372,35 +381,44 @@ def cgroup_pids(cgroup: str) -> list[int]:
     return [pid for pid in pids if pid != os.getpid() and pid_alive(pid)]
 
 
-def remove_cgroup(cgroup: str) -> None:
-    if cgroup and os.path.basename(cgroup).startswith("muster-"):
+def remove_cgroup(cgroup: str, wait: float = 2.0) -> None:
+    if not cgroup or not os.path.basename(cgroup).startswith("muster-"):
+        return
+    deadline = time.monotonic() + wait
+    while True:
         try:
             os.rmdir(cgroup)
+            return
+        except FileNotFoundError:
+            return
         except OSError:
-            pass  # still populated (a zombie nobody reaps) or already gone
+            # Busy while a killed orphan waits for init to reap it; cleanup tries once more.
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
 
-def job_tree_pids(job_id: str, pgid: int, cgroup: str = "") -> list[int]:
-    pids = set(marked_pids(job_id)) | set(cgroup_pids(cgroup))
+def job_tree_pids(marker: tuple[str, ...], pgid: int, cgroup: str = "") -> list[int]:
+    pids = set(marked_pids(marker)) | set(cgroup_pids(cgroup))
     if pgid > 0 and group_alive(pgid):
         pids.add(-pgid)
     return sorted(pids)
 
 
-def signal_job_tree(job_id: str, pgid: int, sig: int, cgroup: str = "") -> None:
+def signal_job_tree(marker: tuple[str, ...], pgid: int, sig: int, cgroup: str = "") -> None:
     if pgid > 0:
         signal_group(pgid, sig)
-    signal_pids(job_tree_pids(job_id, 0, cgroup), sig)
+    signal_pids(job_tree_pids(marker, 0, cgroup), sig)
 
 
 def wait_job_tree_gone(
-    job_id: str, pgid: int, timeout: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+    marker: tuple[str, ...], pgid: int, timeout: float, proc: subprocess.Popen | None = None, cgroup: str = ""
 ) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None:
             proc.poll()
-        if not job_tree_pids(job_id, pgid, cgroup):
+        if not job_tree_pids(marker, pgid, cgroup):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -408,19 +426,19 @@ def wait_job_tree_gone(
 
 
 def kill_job_tree(
-    job_id: str, pgid: int, grace: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+    marker: tuple[str, ...], pgid: int, grace: float, proc: subprocess.Popen | None = None, cgroup: str = ""
 ) -> None:
     """SIGTERM every process of the job, its group and the ones that left it; SIGKILL after ``grace``.
 
     The process group alone misses ``setsid``, GNU ``timeout`` and daemons, which then keep ports
     and GPUs of a job that has ended; the job's cgroup and its environment marker follow them.
     """
-    signal_job_tree(job_id, pgid, signal.SIGTERM, cgroup)
-    if not wait_job_tree_gone(job_id, pgid, grace, proc, cgroup):
+    signal_job_tree(marker, pgid, signal.SIGTERM, cgroup)
+    if not wait_job_tree_gone(marker, pgid, grace, proc, cgroup):
         # A process may fork between our scan and our signal; a few rounds catch what a fork bred.
         for _ in range(5):
-            signal_job_tree(job_id, pgid, signal.SIGKILL, cgroup)
-            if wait_job_tree_gone(job_id, pgid, 1.0, proc, cgroup):
+            signal_job_tree(marker, pgid, signal.SIGKILL, cgroup)
+            if wait_job_tree_gone(marker, pgid, 1.0, proc, cgroup):
                 break
     remove_cgroup(cgroup)
 
@@ -613,7 +631,7 @@ def watch_job(
         elif max_duration and time.monotonic() - started >= float(max_duration):
             reason = "max_duration_exceeded"
         if reason is not None:
-            kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc, cgroup)
+            kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
             proc.wait()
             return reason
         time.sleep(WATCH_INTERVAL)
@@ -621,9 +639,9 @@ def watch_job(
 
 
 def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.Popen:
-    env = build_env(spec, base_env(os.path.dirname(os.path.dirname(job.dir))), job.hostfile)
-    # Set after the user's env so a job cannot drop or change it and escape its stop.
-    env[JOB_MARKER] = job.job_id
+    env = build_env(spec, base_env(job.home), job.hostfile)
+    # Set after the user's env so a job cannot drop or change them and escape its stop.
+    env.update(entry.split("=", 1) for entry in job.marker)
 
     def enter_cgroup() -> None:
         # In the child before exec: the shell and everything it starts are in the cgroup from birth.
@@ -676,7 +694,7 @@ def run_job(home: str, job_id: str) -> int:
             return 0
         prepare_job_dirs(job, spec)
         # `"cgroup": false` in a spec keeps the job out of cgroups (the marker alone then stops it).
-        cgroup = create_job_cgroup(job_id) if spec.get("cgroup", True) is not False else ""
+        cgroup = create_job_cgroup(job) if spec.get("cgroup", True) is not False else ""
         proc = start_shell(job, spec, cgroup)
     except (OSError, ValueError) as e:
         remove_cgroup(locals().get("cgroup", ""))
@@ -689,7 +707,7 @@ def run_job(home: str, job_id: str) -> int:
     write_json_atomic(job.status, running)
     reason = watch_job(job, proc, spec, started, flag, cgroup)
     # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
-    kill_job_tree(job.job_id, proc.pid, stop_grace(spec), proc, cgroup)
+    kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
     final.update(exit_fields(proc.returncode))
     write_json_atomic(job.status, final)
@@ -826,7 +844,7 @@ class Agent:
         status = read_json(job.status)
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
-        kill_job_tree(job.job_id, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
+        kill_job_tree(job.marker, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
         failed = dict(status, state="failed", error=error, end_time=time.time())
         if os.path.isdir(job.dir):
             write_json_atomic(job.status, failed)
@@ -1031,7 +1049,7 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     status = status or {}
     # A finished job's group id may belong to someone else by now; its marker cannot.
     pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
-    kill_job_tree(job.job_id, pgid, 0.5, cgroup=_job_cgroup(status))
+    kill_job_tree(job.marker, pgid, 0.5, cgroup=_job_cgroup(status))
     shutil.rmtree(job.dir, ignore_errors=True)
     emit({"removed": True})
     return 0

@@ -136,6 +136,27 @@ def kill_everything(home: Path) -> None:
         if isinstance(status.get("pgid"), int):
             for member in group_members(status["pgid"]):
                 os.kill(member, signal.SIGKILL)
+        remove_cgroup(status.get("cgroup"))
+
+
+def remove_cgroup(path: Any) -> None:
+    """A job's cgroup stays busy until init reaps its killed orphans, which may be after the job ended."""
+    if not isinstance(path, str) or not os.path.basename(path).startswith("muster-"):
+        return
+
+    def removed() -> bool:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_until(removed, 30, f"{path} to be removable", interval=0.2)
+    except AssertionError:
+        pass  # left empty; never worth failing a test over
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:

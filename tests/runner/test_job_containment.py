@@ -18,6 +18,7 @@ import pytest
 from .runner_helpers import (
     RUNNER_PATH,
     RUNNER_PYTHON,
+    cli,
     cli_json,
     escape_commands,
     escaped_processes,
@@ -178,3 +179,30 @@ def test_cleanup_of_a_job_whose_runner_died_kills_what_escaped_its_group(home, w
 
     assert escaped_processes(token, ports) == []
     assert nothing_of_the_job_left(token, ports)
+
+
+@pytest.mark.parametrize("cgroup", [
+    pytest.param(True, marks=pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy here")),
+    pytest.param(False, id="marker-only"),
+])
+def test_stopping_a_job_leaves_the_same_job_id_in_another_home_alone(tmp_path, worker_env, cgroup):
+    homes = [tmp_path / "a", tmp_path / "b"]
+    try:
+        for home in homes:
+            ensure_agent(home, worker_env)
+            submit(home, "j1", job_spec("j1", ["setsid sleep 600 &", "sleep 600"], cgroup=cgroup))
+        other = wait_state(homes[1], "j1", ("running",))
+        wait_state(homes[0], "j1", ("running",))
+
+        cli_json(homes[0], "stop", "--job", "j1")
+
+        assert wait_state(homes[0], "j1", FINAL)["state"] == "terminated"
+        assert (mr.job_status(mr.Paths(str(homes[1])).job("j1")) or {}).get("state") == "running"
+        assert mr.is_runner_process(other["runner_pid"], "job", "j1")
+        assert len(mr.marked_pids(mr.Paths(str(homes[1])).job("j1").marker)) == 3  # shell and both sleeps
+    finally:
+        for home in homes:
+            (home / "agent.stop").touch()
+            cli(home, "stop", "--job", "j1")
+            wait_state(home, "j1", FINAL)
+            kill_everything(home)
