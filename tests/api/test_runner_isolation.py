@@ -219,13 +219,23 @@ def with_marks(marks):
     return apply
 
 
+def job_dir_on(host, job) -> Path:
+    """The job's directory under the runner home its instance got at registration (one per instance)."""
+    found = wait_until(lambda: list(host.muster_home.glob(f"**/jobs/{job.runner_job_id}")), 30, "the job's directory")
+    assert len(found) == 1, found
+    return found[0]
+
+
 @with_marks(needs_netns)
 def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, celery_worker, members, ssh_hosts):
     hosts = {"p1": ssh_hosts(1, mode="netns")[0], "p2": ssh_hosts(1, mode="netns")[0]}
     for project, client in members.items():
         conf = fleet_configuration(hosts[project].pool, name="lf")
         resp = client.post(url(project, "fleets/"), {"configuration": conf}, format="json")
-        assert resp.status_code == 201, resp.content
+        assert resp.status_code == 202, resp.content  # registered by the worker
+        fleet = wait_until(lambda c=client, p=project: (f := c.get(url(p, "fleets/lf/")).json())["status"] != "pending"
+                           and f, timeout=90, what=f"fleet lf of {project} registered")
+        assert fleet["status"] == "active", fleet
         resp = client.post(url(project, "secrets/"), {"name": "TOKEN", "value": f"secret-of-{project}"}, format="json")
         assert resp.status_code == 201, resp.content
     for project, client in members.items():
@@ -236,7 +246,8 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
 
     for project, host in hosts.items():
         assert log_text(members[project], project, "r") == f"{project} starts with secret-of-{project}\n"
-        job_dir = host.muster_home / "jobs" / jobs[project].runner_job_id
+        job_dir = job_dir_on(host, jobs[project])
+        runner_home = job_dir.parent.parent
         env_file = job_dir / "workdir" / "env.txt"
         wait_until(lambda f=env_file: f.exists() and f.read_text().endswith("\n"), 30, "env.txt")
         job_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
@@ -245,7 +256,7 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
         assert job_env["TOKEN"] == f"secret-of-{project}"
         assert f"secret-of-{project}" not in (job_dir / "spec.json").read_text()
         # The home is closed to others; the runner's own code under bin/ is installed by the server.
-        for path in [host.muster_home, *(host.muster_home / "jobs").rglob("*")]:
+        for path in [runner_home, *(runner_home / "jobs").rglob("*")]:
             if not path.is_symlink():
                 assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (project, path, oct(path.stat().st_mode))
 
@@ -253,7 +264,7 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
     assert wait_for_run("r", ("terminated",), project="p2", timeout=60).status == "terminated"
     assert members["p2"].delete(url("p2", "fleets/lf/") + "?force=1").status_code in (200, 204)
     assert run_status(members["p1"], "p1", "r") == "running"
-    p1_status = hosts["p1"].muster_home / "jobs" / jobs["p1"].runner_job_id / "status.json"
+    p1_status = job_dir_on(hosts["p1"], jobs["p1"]) / "status.json"
     assert '"running"' in p1_status.read_text()
     assert log_text(members["p1"], "p1", "r") == "p1 starts with secret-of-p1\n"
     assert members["p1"].post(url("p1", "runs/r/stop"), {}, format="json").status_code == 200
