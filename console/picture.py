@@ -1,6 +1,6 @@
 """The run's picture: an SVG drawn on the server from the jobs and their hosts.
 
-Groups are stacked top to bottom in rank order; each group's nodes sit in rows inside it. Nodes
+Groups are boxes in rank order; each group's nodes sit in rows of up to PER_ROW inside it. Nodes
 on the hosts of one TPU pod slice are drawn inside one pod box, so the slice reads as one machine.
 """
 
@@ -17,7 +17,7 @@ STATUS_COLOURS = {
     "terminating": "#8a4b00", "terminated": "#4a4a4a", "aborted": "#8b1a1a", "failed": "#b00020",
     "done": "#1d6b2f",
 }
-NODE_W, NODE_H, GAP, PAD, HEAD = 220, 104, 12, 14, 30
+NODE_W, NODE_H, GAP, PAD, HEAD = 220, 104, 12, 14, 50
 PER_ROW = 4
 
 
@@ -84,46 +84,60 @@ def _boxes(jobs) -> list[_Box]:
     return list(boxes.values())
 
 
+def _group(index: int, members: list, order: str, left: int, top: int) -> tuple[list[str], int, int]:
+    """One group's box at (left, top): its parts, width and height."""
+    cols = min(PER_ROW, max(len(box.jobs) for box in _boxes(members)))
+    inner_w = cols * NODE_W + (cols - 1) * GAP
+    name = members[0].node_group_name
+    steps = sorted({start_step(order, j.job_num) for j in members})
+    y = top + HEAD
+    body: list[str] = []
+    for box in _boxes(members):
+        rows = (len(box.jobs) + cols - 1) // cols
+        box_top = y
+        if box.label:
+            y += 22
+        for i, job in enumerate(box.jobs):
+            body += _node(job, left + PAD + (i % cols) * (NODE_W + GAP), y + (i // cols) * (NODE_H + GAP))
+        y += rows * (NODE_H + GAP)
+        if box.label:
+            body.insert(0, f'<rect x="{left + PAD - 6}" y="{box_top}" width="{inner_w + 12}" '
+                           f'height="{y - box_top}" rx="6" fill="#eef3fb" stroke="#3b5b8c" stroke-dasharray="4 3"/>'
+                           f'<text x="{left + PAD}" y="{box_top + 16}" class="pod">{escape(box.label)}</text>')
+    height = y + PAD - GAP - top
+    width = inner_w + 2 * PAD
+    nodes = f"{len(members)} node{'s' if len(members) != 1 else ''}"
+    parts = [f'<g class="group" data-group="{escape(name)}">',
+             f'<rect x="{left}" y="{top}" width="{width}" height="{height}" rx="8" fill="#f6f7f9" stroke="#8792a2"/>',
+             f'<text x="{left + 10}" y="{top + 18}" class="group-name">group {index}: {escape(name)} · {nodes}</text>',
+             f'<text x="{left + 10}" y="{top + HEAD - 14}" class="order">{escape("; ".join(steps))}</text>',
+             *body, "</g>"]
+    return parts, width, height
+
+
+MAX_W = PER_ROW * (NODE_W + GAP) + 2 * PAD + GAP
+
+
 def render(run, jobs) -> str:
+    """Groups flow left to right in rank order (a 3-group PD run reads router | prefill | decode)
+    and wrap onto a new row when the next would pass MAX_W."""
     order = (run.configuration or {}).get("startup_order") or "any"
     groups: dict[int, list] = {}
     for job in jobs:
         groups.setdefault(job.node_group_index, []).append(job)
-    inner_w = PER_ROW * NODE_W + (PER_ROW - 1) * GAP
-    width = inner_w + 4 * PAD
     parts: list[str] = []
-    y = PAD
+    x, y, row_h, width = PAD, PAD, 0, 0
     for index in sorted(groups):
-        members = groups[index]
-        name = members[0].node_group_name
-        steps = sorted({start_step(order, j.job_num) for j in members})
-        top = y
-        y += HEAD
-        body: list[str] = []
-        for box in _boxes(members):
-            rows = (len(box.jobs) + PER_ROW - 1) // PER_ROW
-            box_top = y
-            if box.label:
-                y += 22
-            for i, job in enumerate(box.jobs):
-                body += _node(job, 2 * PAD + (i % PER_ROW) * (NODE_W + GAP), y + (i // PER_ROW) * (NODE_H + GAP))
-            y += rows * (NODE_H + GAP)
-            if box.label:
-                body.insert(0, f'<rect x="{2 * PAD - 6}" y="{box_top}" width="{inner_w + 12}" '
-                               f'height="{y - box_top}" rx="6" fill="#eef3fb" stroke="#3b5b8c" '
-                               f'stroke-dasharray="4 3"/>'
-                               f'<text x="{2 * PAD}" y="{box_top + 16}" class="pod">{escape(box.label)}</text>')
-        y += PAD - GAP
-        label = f"group {index}: {name} · {len(members)} node{'s' if len(members) != 1 else ''} · {'; '.join(steps)}"
-        parts.append(f'<g class="group" data-group="{escape(name)}">')
-        parts.append(f'<rect x="{PAD}" y="{top}" width="{width - 2 * PAD}" height="{y - top}" rx="8" '
-                     f'fill="#f6f7f9" stroke="#8792a2"/>')
-        parts.append(f'<text x="{PAD + 10}" y="{top + 20}" class="group-name">{escape(label)}</text>')
-        parts += body
-        parts.append("</g>")
-        y += GAP
-    height = y + PAD - GAP
+        drawn, w, h = _group(index, groups[index], order, x, y)
+        if x > PAD and x + w > MAX_W:
+            x, y, row_h = PAD, y + row_h + GAP, 0
+            drawn, w, h = _group(index, groups[index], order, x, y)
+        parts += drawn
+        x += w + GAP
+        row_h = max(row_h, h)
+        width = max(width, x - GAP + PAD)
+    height = y + row_h + PAD
     title = f"run {run.name}: {len(groups)} groups, {len(jobs)} nodes, startup order {order}"
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-labelledby="pic-title" class="picture" preserveAspectRatio="xMinYMin meet">'
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+            f'role="img" aria-labelledby="pic-title" class="picture" preserveAspectRatio="xMinYMin meet">'
             f'<title id="pic-title">{escape(title)}</title>' + "".join(parts) + "</svg>")

@@ -6,6 +6,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.metrics import metrics_view
 
+admin.site.site_header = "Muster administration"
+admin.site.site_title = "Muster admin"
+admin.site.index_title = "Operators' view (runs are submitted and changed through the API, the CLI or the console)"
+admin.site.site_url = "/"
+
 
 def healthz(request):
     with connection.cursor() as cursor:
