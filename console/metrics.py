@@ -14,7 +14,10 @@ from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# the classic text format, which every Prometheus version reads (generate_latest writes it; newer
+# clients label it 1.0.0, a version older servers refuse)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _DatabaseCollector:
@@ -91,4 +94,4 @@ def metrics_view(request):
                             content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_DatabaseCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE)
