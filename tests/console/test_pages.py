@@ -74,6 +74,11 @@ def test_the_run_page_draws_groups_ranks_and_start_order_and_masks_secrets(make_
     assert "rank 1 · global 2" in body  # prefill's second node
     assert "starts 2nd (after the workers)" in body and "starts 1st" in body
     assert "s3cr3t-value" not in body
+    from runs.models import Run
+
+    stored = Run.objects.get(name="three").configuration
+    assert stored["secret_env"] and stored["secret_env"] not in body and "secret_env" not in body
+    assert "TOKEN" in body  # the env entry itself is shown, as the API shows it
     assert 'id="stop"' in body
 
 
