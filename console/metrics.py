@@ -57,15 +57,21 @@ class _DatabaseCollector:
         recoveries = CounterMetricFamily("muster_sweep_recoveries",
                                          "Rows the sweep found waiting too long and sent again, by kind",
                                          labels=["kind"])
+        conflicts = CounterMetricFamily("muster_claim_conflicts",
+                                        "Claims refused because another worker held the row, by table",
+                                        labels=["table"])
         for c in Counter.objects.all():
             if c.name == "task":
                 tasks.add_metric([c.label, c.outcome], c.count)
                 seconds.add_metric([c.label, c.outcome], c.seconds)
             elif c.name == "sweep_recovery":
                 recoveries.add_metric([c.label], c.count)
+            elif c.name == "claim_conflict":
+                conflicts.add_metric([c.label], c.count)
         yield tasks
         yield seconds
         yield recoveries
+        yield conflicts
 
         depth = queued_messages()
         if depth is not None:

@@ -109,3 +109,27 @@ def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(cli
 
     for fleet in Fleet.objects.all():
         terminate_fleet_instances(fleet)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_claim_refused_because_a_killed_worker_still_holds_the_row_is_counted(client, token, api, fast_limits,
+                                                                              celery_worker):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs import tasks
+    from runs.models import Run
+
+    conf = "type: task\nname: held\ncommands: [echo hi]\n"
+    assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    run = Run.objects.get(name="held")
+    # what a worker killed with -9 in the middle of process_run leaves: its lease, until it runs out
+    Run.objects.filter(pk=run.pk).update(lease_until=timezone.now() + timedelta(minutes=5), lease_token="x" * 32)
+
+    def counted():
+        tasks.process_run.delay(run.pk)
+        return value(scrape(client), "muster_claim_conflicts_total", table="run") >= 1
+
+    wait_until(counted, 60, "the refused claim counted", interval=0.5)
