@@ -109,9 +109,19 @@ def claim(model: type[models.Model], pk, seconds: float | None = None, **conditi
             qs = model.objects.filter(pk__in=qs.select_for_update(skip_locked=True).values("pk"))
         touched = qs.update(lease_until=until, lease_token=token)
     if touched != 1:
+        _count_conflict(model, pk, now, conditions)
         return None
     _renewer.hold(model, token, [pk])
     return token
+
+
+def _count_conflict(model, pk, now, conditions) -> None:
+    """For /metrics: the row is there and in the state asked for, but another holder has it. A row
+    that moved on (the usual duplicate nudge) is not a conflict. One query, on the failure path only."""
+    if model.objects.filter(pk=pk, **conditions).exclude(unleased(now)).exists():
+        from console import taskstats
+
+        taskstats.add("claim_conflict", model._meta.model_name)
 
 
 def release(model: type[models.Model], pk, token: str, where: dict | None = None, **updates) -> bool:

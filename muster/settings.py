@@ -97,7 +97,10 @@ INSTALLED_APPS = [
     "instances",
     "runs",
     "events",
+    "console",
 ]
+LOGIN_URL = "console:login"
+LOGIN_REDIRECT_URL = "console:index"
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -285,6 +288,10 @@ MUSTER = {
     "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
                              "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
+    # /metrics: scrapers send `Authorization: Bearer <token>`; with no token it answers 403 unless
+    # the operator opens it (on a network only the scraper reaches) with MUSTER_METRICS_OPEN=1
+    "METRICS_TOKEN": env_str("MUSTER_METRICS_TOKEN"),
+    "METRICS_OPEN": env_bool("MUSTER_METRICS_OPEN", False),
 }
 
 LOGGING = {

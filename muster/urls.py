@@ -4,6 +4,13 @@ from django.http import JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from console.metrics import metrics_view
+
+admin.site.site_header = "Muster administration"
+admin.site.site_title = "Muster admin"
+admin.site.index_title = "Operators' view (runs are submitted and changed through the API, the CLI or the console)"
+admin.site.site_url = "/"
+
 
 def healthz(request):
     with connection.cursor() as cursor:
@@ -17,4 +24,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/", include("projects.api.urls")),
+    path("metrics", metrics_view, name="metrics"),
+    path("", include("console.urls")),
 ]

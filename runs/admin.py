@@ -1,22 +1,40 @@
 from __future__ import annotations
 
+import yaml
 from django.contrib import admin, messages
+from django.urls import reverse
 from django.utils.html import format_html
 
 from runs import logs, stopping
+from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
+
+
+def _all_fields(model) -> list[str]:
+    return [f.name for f in model._meta.concrete_fields]
 
 
 class JobInline(admin.TabularInline):
     model = Job
     extra = 0
     can_delete = False
-    fields = ["job_num", "submission_num", "node_group_name", "node_group_rank", "status", "termination_reason",
-              "instance", "exit_status", "log_tail"]
+    fields = ["node_group_name", "node_group_rank", "job_num", "submission_num", "status", "termination_reason",
+              "instance", "instance_ip", "exit_status", "log_tail"]
     readonly_fields = fields
+    ordering = ["-submission_num", "job_num"]
 
     def has_add_permission(self, request, obj=None):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("instance", "run")
+
+    @admin.display(description="IP")
+    def instance_ip(self, job: Job):
+        return job.instance.internal_ip if job.instance else "-"
 
     @admin.display(description="log (tail)")
     def log_tail(self, job: Job):
@@ -26,15 +44,45 @@ class JobInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ["name", "project", "status", "termination_reason", "fleet", "submission_num", "submitted_at"]
+    """For operators: what a run is and its jobs, Stop and Abort, Delete only once it has ended.
+    Nothing here edits a row the engine owns (status, leases, derived_at): the engine would act on a
+    state no step produced."""
+
+    list_display = ["name", "project", "status", "termination_reason", "fleet", "submission_num", "submitted_at",
+                    "console_link"]
     list_filter = ["status", "fleet", "project"]
     search_fields = ["name"]
-    readonly_fields = ["project", "user", "name", "status", "termination_reason", "termination_message", "fleet",
-                       "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-                       "stop_requested"]
     exclude = ["configuration", "lease_until", "lease_token"]
     inlines = [JobInline]
-    actions = ["stop_runs", "abort_runs"]
+    actions = ["stop_runs", "abort_runs", "delete_finished_runs"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for f in _all_fields(Run) if f not in self.exclude] + ["configuration_as_submitted",
+                                                                        "console_link"]
+
+    def has_add_permission(self, request):
+        return False  # runs are submitted through the API or the CLI, where they are validated
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and not obj.finished:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        # Django's bulk delete would take running runs with it: delete_finished_runs replaces it
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.display(description="configuration (as the API shows it)")
+    def configuration_as_submitted(self, run: Run):
+        text = yaml.safe_dump(RunSerializer().get_configuration(run), sort_keys=False)
+        return format_html("<pre>{}</pre>", text)
+
+    @admin.display(description="console")
+    def console_link(self, run: Run):
+        url = reverse("console:run", args=[run.project.name, run.name])
+        return format_html('<a href="{}">picture, logs, events</a>', url)
 
     @admin.action(description="Stop selected runs")
     def stop_runs(self, request, queryset):
@@ -47,3 +95,13 @@ class RunAdmin(admin.ModelAdmin):
         for run in queryset:
             stopping.request_stop(run, abort=True, actor=request.user.username)
         messages.info(request, f"abort requested for {queryset.count()} runs")
+
+    @admin.action(description="Delete selected runs that have ended", permissions=["delete"])
+    def delete_finished_runs(self, request, queryset):
+        active = [run.name for run in queryset if not run.finished]
+        finished = [run.pk for run in queryset if run.finished]
+        if active:
+            messages.error(request, f"not deleted (still active; stop them first): {', '.join(sorted(active))}")
+        if finished:
+            Run.objects.filter(pk__in=finished).delete()
+            messages.info(request, f"deleted {len(finished)} runs")

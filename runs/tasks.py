@@ -39,5 +39,6 @@ def watch_running() -> None:
 
 
 @shared_task
-def sweep() -> None:
-    sweeps.sweep()
+def sweep() -> dict[str, int]:
+    # what it found is returned so /metrics can count recoveries (console/taskstats.py)
+    return sweeps.sweep()

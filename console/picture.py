@@ -1,0 +1,143 @@
+"""The run's picture: an SVG drawn on the server from the jobs and their hosts.
+
+Groups are boxes in rank order; each group's nodes sit in rows of up to PER_ROW inside it. Nodes
+on the hosts of one TPU pod slice are drawn inside one pod box, so the slice reads as one machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.utils.html import escape
+
+# colour per status, chosen for contrast against white text (WCAG AA at 12px bold); the word is
+# always printed beside the colour so nobody needs to tell colours apart
+STATUS_COLOURS = {
+    "submitted": "#5a6270", "provisioning": "#7a5b00", "pulling": "#7a5b00", "running": "#0b5cad",
+    "terminating": "#8a4b00", "terminated": "#4a4a4a", "aborted": "#8b1a1a", "failed": "#b00020",
+    "done": "#1d6b2f",
+}
+NODE_W, NODE_H, GAP, PAD, HEAD = 220, 104, 12, 14, 50
+PER_ROW = 4
+
+
+def start_step(order: str, job_num: int) -> str:
+    """When a node starts, as the engine enforces it (runs.progress._order_allows)."""
+    if order == "workers-first":
+        return "starts 2nd (after the workers)" if job_num == 0 else "starts 1st"
+    if order == "master-first":
+        return "starts 1st (master)" if job_num == 0 else "starts 2nd (after the master)"
+    return "starts with the others"
+
+
+@dataclass
+class _Box:
+    label: str
+    jobs: list = field(default_factory=list)
+
+
+def _gpu_text(job) -> str:
+    inst = job.instance
+    if inst is not None:
+        gpus = (inst.resources or {}).get("gpus") or []
+        if gpus:
+            names = sorted({g.get("name", "?") for g in gpus})
+            return f"GPU {len(gpus)}x {'/'.join(names)}"
+        if inst.tpu:
+            return f"TPU {inst.tpu}"
+    wanted = ((job.spec or {}).get("resources") or {}).get("gpu")
+    return f"GPU wanted: {wanted}" if wanted else "no GPU"
+
+
+def _node(job, x: int, y: int) -> list[str]:
+    colour = STATUS_COLOURS.get(job.status, "#5a6270")
+    inst = job.instance
+    host = inst.name if inst else "no host yet"
+    ip = (inst.internal_ip or inst.hostname) if inst else "-"
+    rank = f"rank {job.node_group_rank} · global {job.job_num}{' · master' if job.job_num == 0 else ''}"
+    status = job.status + (f" ({job.termination_reason})" if job.termination_reason else "")
+    return [
+        f'<g class="node" data-job="{job.job_num}" data-status="{escape(job.status)}">',
+        f'<title>job {job.job_num}: {escape(status)}</title>',
+        f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6" fill="#ffffff" stroke="{colour}" '
+        f'stroke-width="2"/>',
+        f'<text x="{x + 8}" y="{y + 18}" class="rank">{escape(rank)}</text>',
+        f'<text x="{x + 8}" y="{y + 36}">host {escape(host)}</text>',
+        f'<text x="{x + 8}" y="{y + 52}" class="ip">IP {escape(ip)}</text>',
+        f'<text x="{x + 8}" y="{y + 68}">{escape(_gpu_text(job))}</text>',
+        f'<rect x="{x + 8}" y="{y + 76}" width="{NODE_W - 16}" height="20" rx="3" fill="{colour}"/>',
+        f'<text x="{x + 14}" y="{y + 90}" class="status" fill="#ffffff">{escape(status[:34])}</text>',
+        "</g>",
+    ]
+
+
+def _boxes(jobs) -> list[_Box]:
+    """A group's nodes split by TPU pod (one box per slice); nodes on other hosts in one plain box."""
+    boxes: dict[str, _Box] = {}
+    for job in jobs:
+        group = job.instance.group if job.instance is not None else None
+        if group is not None and group.kind == "tpu_pod":
+            key = f"pod:{group.pk}"
+            boxes.setdefault(key, _Box(f"TPU pod {group.name} ({group.shape or 'slice'})")).jobs.append(job)
+        else:
+            boxes.setdefault("plain", _Box("")).jobs.append(job)
+    return list(boxes.values())
+
+
+def _group(index: int, members: list, order: str, left: int, top: int) -> tuple[list[str], int, int]:
+    """One group's box at (left, top): its parts, width and height."""
+    cols = min(PER_ROW, max(len(box.jobs) for box in _boxes(members)))
+    inner_w = cols * NODE_W + (cols - 1) * GAP
+    name = members[0].node_group_name
+    steps = sorted({start_step(order, j.job_num) for j in members})
+    y = top + HEAD
+    body: list[str] = []
+    for box in _boxes(members):
+        rows = (len(box.jobs) + cols - 1) // cols
+        box_top = y
+        if box.label:
+            y += 22
+        for i, job in enumerate(box.jobs):
+            body += _node(job, left + PAD + (i % cols) * (NODE_W + GAP), y + (i // cols) * (NODE_H + GAP))
+        y += rows * (NODE_H + GAP)
+        if box.label:
+            body.insert(0, f'<rect x="{left + PAD - 6}" y="{box_top}" width="{inner_w + 12}" '
+                           f'height="{y - box_top}" rx="6" fill="#eef3fb" stroke="#3b5b8c" stroke-dasharray="4 3"/>'
+                           f'<text x="{left + PAD}" y="{box_top + 16}" class="pod">{escape(box.label)}</text>')
+    height = y + PAD - GAP - top
+    width = inner_w + 2 * PAD
+    nodes = f"{len(members)} node{'s' if len(members) != 1 else ''}"
+    parts = [f'<g class="group" data-group="{escape(name)}">',
+             f'<rect x="{left}" y="{top}" width="{width}" height="{height}" rx="8" fill="#f6f7f9" stroke="#8792a2"/>',
+             f'<text x="{left + 10}" y="{top + 18}" class="group-name">group {index}: {escape(name)} · {nodes}</text>',
+             f'<text x="{left + 10}" y="{top + HEAD - 14}" class="order">{escape("; ".join(steps))}</text>',
+             *body, "</g>"]
+    return parts, width, height
+
+
+MAX_W = PER_ROW * (NODE_W + GAP) + 2 * PAD + GAP
+
+
+def render(run, jobs) -> str:
+    """Groups flow left to right in rank order (a 3-group PD run reads router | prefill | decode)
+    and wrap onto a new row when the next would pass MAX_W."""
+    order = (run.configuration or {}).get("startup_order") or "any"
+    groups: dict[int, list] = {}
+    for job in jobs:
+        groups.setdefault(job.node_group_index, []).append(job)
+    parts: list[str] = []
+    x, y, row_h, width = PAD, PAD, 0, 0
+    for index in sorted(groups):
+        drawn, w, h = _group(index, groups[index], order, x, y)
+        if x > PAD and x + w > MAX_W:
+            x, y, row_h = PAD, y + row_h + GAP, 0
+            drawn, w, h = _group(index, groups[index], order, x, y)
+        parts += drawn
+        x += w + GAP
+        row_h = max(row_h, h)
+        width = max(width, x - GAP + PAD)
+    height = y + row_h + PAD
+    title = f"run {run.name}: {len(groups)} groups, {len(jobs)} nodes, startup order {order}"
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+            f'role="img" aria-labelledby="pic-title" class="picture" preserveAspectRatio="xMinYMin meet">'
+            f'<title id="pic-title">{escape(title)}</title>' + "".join(parts) + "</svg>")

@@ -1,0 +1,146 @@
+"""The console: server-rendered pages over the same functions the REST API uses."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
+from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from console import picture
+from events.models import Event
+from instances.models import Fleet, Instance
+from projects.access import WRITE_ROLES
+from projects.models import Membership, Project
+from runs import logs, stopping
+from runs.api.serializers import RunSerializer
+from runs.choices import JOB_ACTIVE
+from runs.models import Job, Run
+
+LOG_OFFSET_MAX = 2**62
+
+
+def _member_project(request, name: str) -> tuple[Project, str | None]:
+    """The project if the user may see it (404 otherwise, as the API does) and the user's role."""
+    project = Project.objects.filter(name=name).first()
+    if project is None:
+        raise Http404("project not found")
+    role = Membership.objects.filter(project=project, user=request.user).values_list("role", flat=True).first()
+    if role is None and not request.user.is_superuser:
+        raise Http404("project not found")
+    return project, role
+
+
+def _can_stop(request, role: str | None) -> bool:
+    return request.user.is_superuser or role in WRITE_ROLES
+
+
+def _run(project: Project, name: str) -> Run:
+    return get_object_or_404(Run.objects.select_related("project", "fleet"), project=project, name=name)
+
+
+def _jobs(run: Run) -> list[Job]:
+    return list(run.current_jobs().select_related("instance", "instance__group"))
+
+
+@login_required
+@require_GET
+def index(request):
+    projects = Project.objects.order_by("name")
+    if not request.user.is_superuser:
+        projects = projects.filter(memberships__user=request.user)
+    runs = (Run.objects.filter(project__in=projects).select_related("project", "fleet")
+            .order_by("-submitted_at")[:200])
+    return render(request, "console/index.html", {"runs": runs, "projects": projects, "now": timezone.now()})
+
+
+def _status_context(request, project: Project, run: Run, role: str | None) -> dict:
+    jobs = _jobs(run)
+    return {
+        "project": project, "run": run, "jobs": jobs, "svg": picture.render(run, jobs),
+        "events": Event.objects.filter(run=run).order_by("created", "id")[:500],
+        "can_stop": _can_stop(request, role) and not run.finished,
+    }
+
+
+@login_required
+@require_GET
+def run_page(request, project, name):
+    project, role = _member_project(request, project)
+    run = _run(project, name)
+    context = _status_context(request, project, run, role)
+    # the configuration exactly as the API shows it (runs.api.serializers masks the secret env)
+    configuration = RunSerializer().get_configuration(run)
+    context["configuration"] = yaml.safe_dump(configuration, sort_keys=False, allow_unicode=True)
+    return render(request, "console/run.html", context)
+
+
+@login_required
+@require_GET
+def run_status(request, project, name):
+    project, role = _member_project(request, project)
+    run = _run(project, name)
+    return render(request, "console/_run_status.html", _status_context(request, project, run, role))
+
+
+def _whole_number(raw: str | None, most: int) -> int | None:
+    if raw is None or not re.fullmatch(r"[0-9]{1,20}", raw) or int(raw) > most:
+        return None
+    return int(raw)
+
+
+@login_required
+@require_GET
+def run_log(request, project, name):
+    project, _ = _member_project(request, project)
+    run = _run(project, name)
+    job_num = _whole_number(request.GET.get("job", "0"), 1 << 30)
+    start = _whole_number(request.GET.get("start", "0"), LOG_OFFSET_MAX)
+    if job_num is None or start is None:
+        return HttpResponseBadRequest("job and start must be whole numbers")
+    job = run.current_jobs().select_related("instance", "run").filter(job_num=job_num).first()
+    if job is None:
+        raise Http404("no such job")
+    data = logs.read(job, start)
+    return JsonResponse({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
+                         "finished": job.finished, "text": data.decode("utf-8", errors="replace")})
+
+
+@login_required
+@require_POST
+def run_stop(request, project, name):
+    project, role = _member_project(request, project)
+    if not _can_stop(request, role):
+        raise PermissionDenied(f"your role in project {project.name} is {role}: it cannot stop runs")
+    run = _run(project, name)
+    stopping.request_stop(run, abort=request.POST.get("abort") == "1", actor=request.user.username)
+    return redirect("console:run", project=project.name, name=run.name)
+
+
+@login_required
+@require_GET
+def fleets_page(request, project):
+    project, _ = _member_project(request, project)
+    busy = Prefetch("jobs", queryset=Job.objects.filter(status__in=JOB_ACTIVE).select_related("run"),
+                    to_attr="busy_jobs")
+    instances = (Instance.objects.filter(project=project).exclude(status="terminated")
+                 .select_related("group", "fleet").prefetch_related(busy).order_by("fleet__name", "group__name",
+                                                                                   "index", "name"))
+    fleets: dict[int | None, dict] = {}
+    for fleet in Fleet.objects.filter(project=project).order_by("name"):
+        fleets[fleet.pk] = {"fleet": fleet, "pods": {}, "hosts": []}
+    for inst in instances:
+        entry = fleets.setdefault(inst.fleet_id, {"fleet": None, "pods": {}, "hosts": []})
+        if inst.group is not None and inst.group.kind == "tpu_pod":
+            entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": []})["hosts"].append(inst)
+        else:
+            entry["hosts"].append(inst)
+    for entry in fleets.values():
+        entry["pods"] = list(entry["pods"].values())
+    return render(request, "console/fleets.html", {"project": project, "fleets": list(fleets.values())})

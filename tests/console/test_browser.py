@@ -1,0 +1,157 @@
+"""The console in a real browser: log in, watch a three-group run on the local backend live, read a
+worker's log, open the fleets page. Screenshots are written as artifacts (the path is printed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import client_for
+from tests.console.browser import hosts_requested, needs_chromium, screenshot_dir, start, stop
+from tests.waiting import wait_until
+
+pytestmark = [needs_chromium, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+PASSWORD = "console-test-password-1"
+
+
+def three_groups(go: Path) -> str:
+    # every node waits for the test's go file, so the test sees it running and then done
+    wait = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    return f"""type: task
+name: pd-console
+startup_order: workers-first
+groups:
+  - name: router
+    nodes: 1
+    commands:
+      - echo "router up"
+      - {wait}
+  - name: prefill
+    nodes: 1
+    commands:
+      - echo "prefill worker $DSTACK_NODE_RANK of $DSTACK_NODES_NUM"
+      - {wait}
+  - name: decode
+    nodes: 1
+    commands:
+      - echo "decode worker $DSTACK_NODE_RANK of $DSTACK_NODES_NUM"
+      - {wait}
+"""
+
+
+@pytest.fixture
+def operator(db, django_user_model, fast_limits):
+    """A superuser (only they may make local fleets) who logs in with a password."""
+    from projects.models import Membership, Project
+
+    user = django_user_model.objects.create_superuser(username="operator", password=PASSWORD)
+    project, _ = Project.objects.get_or_create(name="main")
+    Membership.objects.get_or_create(project=project, user=user, defaults={"role": "admin"})
+    api = client_for(user)
+    resp = api.post("/api/projects/main/fleets/", {"configuration": "type: fleet\nname: local4\nbackends: [local]\n"
+                                                   "placement: cluster\nnodes: 4\n"}, format="json")
+    assert resp.status_code == 201, resp.content
+    yield user, api
+    from instances.lifecycle import terminate_fleet_instances
+    from instances.models import Fleet
+
+    for fleet in Fleet.objects.all():
+        terminate_fleet_instances(fleet)
+
+
+@pytest.fixture
+def browser():
+    driver = start()
+    yield driver
+    stop(driver)
+
+
+def _node_status(driver, job_num: int) -> str | None:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return driver.find_element("css selector", f'svg.picture g.node[data-job="{job_num}"]').get_attribute(
+            "data-status")
+    except (NoSuchElementException, StaleElementReferenceException):
+        return None
+
+
+def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(operator, celery_worker, live_server,
+                                                                           browser, tmp_path):
+    from selenium.webdriver.support.ui import Select
+
+    user, api = operator
+    shots = screenshot_dir()
+    go = tmp_path / "go"
+    resp = api.post("/api/projects/main/runs/", {"configuration": three_groups(go)}, format="json")
+    assert resp.status_code == 201, resp.content
+
+    browser.get(live_server.url + "/")
+    assert "/login/" in browser.current_url
+    browser.find_element("id", "id_username").send_keys(user.username)
+    browser.find_element("id", "id_password").send_keys(PASSWORD)
+    browser.find_element("css selector", "form.login button").click()
+    wait_until(lambda: "pd-console" in browser.page_source, 30, "the runs list after log in")
+    browser.find_element("link text", "pd-console").click()
+    wait_until(lambda: browser.find_elements("css selector", "svg.picture"), 30, "the run's picture")
+    # a mark on this page: it survives only if nothing reloads the page
+    browser.execute_script("window.museumPiece = 'not reloaded';")
+
+    wait_until(lambda: all(_node_status(browser, n) == "running" for n in range(3)), 90,
+               "all three nodes shown running (polled, no reload)")
+    from runs.models import Run
+
+    run = Run.objects.get(name="pd-console")
+    jobs = list(run.current_jobs().select_related("instance"))
+    svg = browser.find_element("css selector", "svg.picture")
+    groups = [g.get_attribute("data-group") for g in svg.find_elements("css selector", "g.group")]
+    assert groups == ["router", "prefill", "decode"]
+    text = svg.get_attribute("innerHTML")
+    for job in jobs:
+        assert f"global {job.job_num}" in text
+        assert f"IP {job.instance.internal_ip}" in text and job.instance.internal_ip
+    assert "starts 2nd (after the workers)" in text
+
+    select = Select(browser.find_element("id", "log-job"))
+    select.select_by_value("1")
+    wait_until(lambda: "prefill worker 1 of 3" in browser.find_element("id", "log-text").text, 30,
+               "the prefill worker's log")
+    browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(str(shots / "console-run.png"))
+
+    # the fleets page in a second tab, while the jobs hold their hosts
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(f"{live_server.url}/projects/main/fleets/")
+    rows = browser.find_elements("css selector", "table.hosts tbody tr")
+    assert len(rows) == 4
+    page = browser.find_element("tag name", "main").text
+    assert "pd-console/prefill/0" in page and "pd-console/router/0" in page
+    assert "reachable" in page
+    browser.save_screenshot(str(shots / "console-fleets.png"))
+    browser.close()
+    browser.switch_to.window(first)
+
+    go.touch()
+    wait_until(lambda: all(_node_status(browser, n) == "done" for n in range(3)), 90,
+               "all three nodes shown done without a reload")
+    wait_until(lambda: browser.find_element("id", "run-state").text == "done", 30, "the run shown done")
+    assert browser.execute_script("return window.museumPiece") == "not reloaded"
+    events = browser.find_element("id", "events").text
+    assert "run pd-console" in events
+
+    # a phone's width: nothing wider than the screen but the scrollable picture and tables
+    browser.set_window_size(390, 844)
+    browser.refresh()
+    wait_until(lambda: browser.find_elements("css selector", "svg.picture"), 30, "the run page on a phone")
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(str(shots / "console-run-phone.png"))
+
+    server = urlparse(live_server.url).netloc
+    hosts = hosts_requested(browser)
+    assert server in hosts, "the network log is read (it saw the test server)"
+    assert hosts == {server}, f"the console loaded something from another host: {hosts}"

@@ -1,0 +1,107 @@
+"""The console's pages through HTTP as a browser sends them: log in at /login/, then read."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+CONF = "type: task\nname: {name}\nnodes: 2\ncommands: [echo hi]\n"
+THREE = """type: task
+name: three
+startup_order: workers-first
+groups:
+  - {name: router, nodes: 1, commands: [echo r]}
+  - {name: prefill, nodes: 2, commands: [echo p]}
+  - {name: decode, nodes: 1, commands: [echo d]}
+"""
+
+
+def _user(make_user, name, project="main", role="admin"):
+    user = make_user(name, project, role)
+    user.set_password("pw-" + name + "-long-enough")
+    user.save()
+    return user
+
+
+def _browser(user) -> Client:
+    browser = Client(enforce_csrf_checks=False)
+    response = browser.post("/login/", {"username": user.username, "password": "pw-" + user.username + "-long-enough"})
+    assert response.status_code == 302, response.content[:500]
+    return browser
+
+
+def _submit(user, text, project="main"):
+    response = client_for(user).post(f"/api/projects/{project}/runs/", {"configuration": text}, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_the_root_url_asks_for_a_login_and_then_lists_the_users_runs(make_user):
+    alice = _user(make_user, "alice")
+    _submit(alice, CONF.format(name="first"))
+    anonymous = Client().get("/")
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/login/")
+    page = _browser(alice).get("/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "/projects/main/runs/first/" in body and "submitted" in body
+
+
+def test_a_run_of_another_project_is_404_to_a_non_member_and_missing_from_their_list(make_user):
+    alice = _user(make_user, "alice")
+    bob = _user(make_user, "bob", project="other")
+    _submit(alice, CONF.format(name="secret-run"))
+    browser = _browser(bob)
+    assert "secret-run" not in browser.get("/").content.decode()
+    for path in ("/projects/main/runs/secret-run/", "/projects/main/runs/secret-run/status",
+                 "/projects/main/runs/secret-run/log?job=0", "/projects/main/fleets/"):
+        assert browser.get(path).status_code == 404, path
+    assert browser.post("/projects/main/runs/secret-run/stop").status_code == 404
+    assert _browser(alice).get("/projects/main/runs/secret-run/").status_code == 200
+
+
+def test_the_run_page_draws_groups_ranks_and_start_order_and_masks_secrets(make_user):
+    alice = _user(make_user, "alice")
+    client_for(alice).post("/api/projects/main/secrets/", {"name": "TOKEN", "value": "s3cr3t-value"}, format="json")
+    _submit(alice, THREE.replace("startup_order", "env:\n  - TOKEN=${{ secrets.TOKEN }}\nstartup_order"))
+    body = _browser(alice).get("/projects/main/runs/three/").content.decode()
+    assert body.count('class="group"') == 3
+    for name in ("router", "prefill", "decode"):
+        assert f'data-group="{name}"' in body
+    assert "rank 1 · global 2" in body  # prefill's second node
+    assert "starts 2nd (after the workers)" in body and "starts 1st" in body
+    assert "s3cr3t-value" not in body
+    from runs.models import Run
+
+    stored = Run.objects.get(name="three").configuration
+    assert stored["secret_env"] and stored["secret_env"] not in body and "secret_env" not in body
+    assert "TOKEN" in body  # the env entry itself is shown, as the API shows it
+    assert 'id="stop"' in body
+
+
+def test_stop_is_offered_and_allowed_only_to_roles_that_may_stop(make_user):
+    alice = _user(make_user, "alice")
+    reader = _user(make_user, "reader", role="read-only")
+    _submit(alice, CONF.format(name="r1"))
+    browser = _browser(reader)
+    page = browser.get("/projects/main/runs/r1/").content.decode()
+    assert 'id="stop"' not in page
+    assert browser.post("/projects/main/runs/r1/stop").status_code == 403
+    assert client_for(alice).get("/api/projects/main/runs/r1/").json()["status"] != "terminating"
+    assert _browser(alice).post("/projects/main/runs/r1/stop").status_code == 302
+    from runs.models import Run
+
+    assert Run.objects.get(name="r1").stop_requested == "stop"
+
+
+def test_the_log_endpoint_refuses_bad_numbers(make_user):
+    alice = _user(make_user, "alice")
+    _submit(alice, CONF.format(name="r2"))
+    browser = _browser(alice)
+    assert browser.get("/projects/main/runs/r2/log?job=x").status_code == 400
+    assert browser.get("/projects/main/runs/r2/log?job=0&start=-1").status_code == 400
+    assert browser.get("/projects/main/runs/r2/log?job=9").status_code == 404
+    assert browser.get("/projects/main/runs/r2/log?job=1").json()["text"] == ""
