@@ -418,8 +418,9 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     seen = {}
 
-    def fake_serve(bind, concurrency):
-        seen.update(bind=bind, concurrency=concurrency, settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
+    def fake_serve(bind, concurrency, verbose):
+        seen.update(bind=bind, concurrency=concurrency, verbose=verbose,
+                    settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
         return 0
 
     monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
@@ -427,4 +428,4 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--concurrency", "3"]) == 0
 
-    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "settings": "muster.settings"}
+    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "settings": "muster.settings"}
