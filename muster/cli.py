@@ -208,6 +208,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return follow.follow_logs(_client(args), args.run, args.job, args.group, follow=not args.no_follow)
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from muster.cli_attach import attach, parse_port_maps
+
+    return attach(_client(args), args.run, args.job, parse_port_maps(args.port))
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     client = _client(args)
     follow.get_run(client, args.run)  # a 404 for a run that does not exist, not an empty table
@@ -297,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{config,apply,plan,ps,logs,events,stop,delete,fleet,instances,serve}")
+                                metavar="{config,apply,plan,ps,logs,attach,events,stop,delete,fleet,instances,serve}")
 
     config = _command(sub, "config", cmd_config, help="save the server URL and token to ~/.muster/config")
     config.add_argument("--url", required=True)
@@ -330,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--no-follow", action="store_true", help="print what is there now and exit")
     # the default since logs follow; still accepted so `muster logs RUN -f` keeps working
     logs.add_argument("-f", "--follow", action="store_true", help=argparse.SUPPRESS)
+
+    attach = _command(sub, "attach", cmd_attach,
+                      help="forward a job's ports to localhost and follow the logs until Ctrl-C")
+    attach.add_argument("run")
+    attach.add_argument("--job", type=int, default=0, help="job number (default 0, the master)")
+    attach.add_argument("-p", "--port", action="append", metavar="LOCAL:JOB_PORT",
+                        help="local port for a job port (default: the same number, or a free one)")
 
     events = _command(sub, "events", cmd_events, help="a run's events, oldest first")
     events.add_argument("run")
