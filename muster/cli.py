@@ -224,7 +224,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     client = _client(args)
-    if not confirm(f"Delete run {args.run} and its logs?", args.yes):
+    if not confirm(f"Delete run {args.run}?", args.yes):
         print("Not deleted.")
         return 0
     client.delete(f"runs/{segment(args.run)}/")
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("run")
     events.add_argument("--limit", type=int, default=500, help="at most this many, the latest (default 500)")
 
-    delete = _command(sub, "delete", cmd_delete, help="delete a finished run and its logs")
+    delete = _command(sub, "delete", cmd_delete, help="delete a finished run")
     delete.add_argument("run")
     _add_yes(delete)
 

@@ -285,6 +285,9 @@ MUSTER = {
     "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
                              "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
+    # where `muster attach` puts a user's key on an SSH host: the file the host's sshd reads for the
+    # fleet user (its AuthorizedKeysFile); `~/` is that user's home
+    "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS", "~/.ssh/authorized_keys"),
 }
 
 LOGGING = {

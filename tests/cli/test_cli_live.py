@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,7 @@ def muster(live_server, make_user, tmp_path):
         return subprocess.run([*MUSTER, *args], env=env, capture_output=True, text=True, timeout=180,
                               cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL)
 
+    run.env = env
     return run
 
 
@@ -184,3 +186,42 @@ def test_version_is_the_installed_packages():
     result = subprocess.run([*MUSTER, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert result.stdout.strip() == f"muster {version('muster')}"
+
+
+def test_attach_to_a_local_job_prints_its_addresses_and_follows_the_logs(muster, local_fleet, celery_worker, tmp_path):
+    import re
+
+    from tests.waiting import wait_until
+
+    served = ("type: task\nname: served\nports: [8000]\ncommands:\n  - echo local hi > hi.txt\n"
+              "  - python3 -m http.server 8000 --bind $DSTACK_NODE_IP\n")
+    assert muster("apply", "-f", write(tmp_path, served), "-y", "-d").returncode == 0
+    attached = subprocess.Popen([*MUSTER, "attach", "served"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL, env=muster.env,
+                                cwd=Path(__file__).resolve().parents[2])
+    try:
+        err = ""
+        while "listens on" not in err:
+            line = attached.stderr.readline()
+            assert line, f"attach ended: {err}"
+            err += line
+        url = re.search(r"listens on (http://[\d.]+:8000)", err).group(1)
+        ip = Run.objects.get(name="served").current_jobs().get().instance.internal_ip
+        assert url == f"http://{ip}:8000"
+        assert "forwarding" not in err  # the port is already on this machine
+
+        def fetched():
+            try:
+                with urllib.request.urlopen(f"{url}/hi.txt", timeout=5) as r:
+                    return r.read().decode()
+            except OSError:
+                return None
+        assert wait_until(fetched, timeout=60, what="the job's server") == "local hi\n"
+        assert muster("stop", "served", "-y").returncode == 0
+        out, rest = attached.communicate(timeout=120)
+        assert attached.returncode == 0, err + rest
+        assert "[default/0] " in out and "GET /hi.txt" in out
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait(10)
