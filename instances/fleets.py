@@ -17,24 +17,33 @@ from projects.models import Project
 from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
 
 
-def _configuration(payload: Any) -> dict:
+def _configuration(payload: Any) -> tuple[dict, list[dict]]:
+    """The validated configuration, and its warnings (keys accepted that take no effect here)."""
     data = payload.get("configuration", payload) if isinstance(payload, dict) else payload
     if data in (None, ""):
         raise ConfigurationError([{"loc": ["configuration"], "msg": "required: the fleet configuration"}])
     doc = load_document(data)
     if doc.get("type") != "fleet":
         raise ConfigurationError([{"loc": ["type"], "msg": "a fleet needs `type: fleet`"}])
-    conf = parse_fleet_configuration(doc).model_dump(mode="json")
+    parsed = parse_fleet_configuration(doc)
+    conf = parsed.model_dump(mode="json")
     if doc.get("nodes") is None:
         conf["nodes"] = None  # unset: each backend has its own default (local: MUSTER_LOCAL_FLEET_SIZE)
-    return conf
+    return conf, parsed.warnings
 
 
 def apply_fleet(project: Project, payload: Any, actor: str = "api", user=None, wait: bool = True) -> Fleet:
     """Create a fleet. An SSH fleet's hosts are registered in this call when `wait` (then a failure
     is an InvalidInput and nothing is kept), else by a Celery task: the fleet is returned `pending`
-    and ends `active` or `failed` (with `errors`)."""
-    conf = _configuration(payload)
+    and ends `active` or `failed` (with `errors`). `fleet.warnings` lists the keys that take no
+    effect on this fleet (not stored: they are said once, in the answer to the apply)."""
+    conf, warnings = _configuration(payload)
+    fleet = _apply(project, conf, actor, user, wait)
+    fleet.warnings = warnings
+    return fleet
+
+
+def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
     name = conf["name"]
     # A failed registration stays visible until it is applied again (or deleted).
     Fleet.objects.filter(project=project, name=name, status=FleetStatus.FAILED).delete()

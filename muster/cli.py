@@ -70,6 +70,8 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
     if inline_identity_files(doc, Path(path).resolve().parent):
         configuration = doc  # the API takes a parsed document as well as YAML text
     fleet = client.post("fleets/", {"configuration": configuration})
+    if fleet.get("warnings"):
+        print(render.plan_warnings(fleet["warnings"]))
     if fleet.get("status") == "pending":
         fleet = wait_for_fleet(client, fleet)
     print(render.fleet_summary(fleet))

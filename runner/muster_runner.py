@@ -7,7 +7,9 @@ local subprocess).  It must therefore stay standard-library only and run on Pyth
 Layout under the runner home directory HOME::
 
     HOME/agent.json, agent.pid, agent.lock, agent.log, agent.stop
-    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``)
+    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``); the job runner
+                                      rewrites it without env values once it has read them
+    HOME/jobs/<job_id>/spec.sha256    digest of the spec as submitted (tells a resubmit from a clash)
     HOME/jobs/<job_id>/status.json    written by the runner, always atomically
     HOME/jobs/<job_id>/output.log     the commands' stdout + stderr, appended as produced
     HOME/jobs/<job_id>/runner.log     the job runner's own diagnostics
@@ -17,14 +19,25 @@ Layout under the runner home directory HOME::
 
 Commands: agent, ensure-agent, submit, status, stop, log, cleanup, job (internal).
 Every command except ``log`` prints one JSON document on stdout.
+
+Every command runs under umask 077: the home, job directories and files are the runner user's
+alone (a spec holds secret values until its job starts; the output may print them).  Agents, job
+runners and jobs start from a minimal environment (``base_env``), never the caller's: the caller
+is a server worker or an SSH session whose variables (SECRET_KEY, DATABASE_URL) are not the job's.
+Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` and ``MUSTER_HOME=<home>`` in its
+environment, and where the host has a writable cgroup hierarchy the job has a cgroup of its own
+(``muster-<home hash>-<job_id>``), so a stop
+finds the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -46,6 +59,8 @@ SPEC_SETTLE_SECONDS = 2.0
 STARTING_ABANDONED_AFTER = 60.0
 WATCH_INTERVAL = 0.1
 FINAL_STATES = ("done", "failed", "terminated", "max_duration_exceeded")
+JOB_MARKER = "MUSTER_JOB_ID"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SCRIPT_PATH = os.path.abspath(__file__)
 
 
@@ -128,6 +143,7 @@ class JobPaths:
         self.job_id = job_id
         self.dir = os.path.join(jobs_dir, job_id)
         self.spec = os.path.join(self.dir, "spec.json")
+        self.spec_digest = os.path.join(self.dir, "spec.sha256")
         self.status = os.path.join(self.dir, "status.json")
         self.output = os.path.join(self.dir, "output.log")
         self.runner_log = os.path.join(self.dir, "runner.log")
@@ -136,6 +152,9 @@ class JobPaths:
         self.hostfile = os.path.join(self.mpi_dir, "hostfile")
         self.workdir = os.path.join(self.dir, "workdir")
         self.stop = os.path.join(self.dir, "stop")
+        self.home = os.path.dirname(os.path.abspath(jobs_dir))
+        # In the environment of every process of the job (start_shell): how a stop finds them all.
+        self.marker = (f"{JOB_MARKER}={job_id}", f"MUSTER_HOME={self.home}")
 
 
 def check_job_id(job_id: str) -> None:
@@ -220,6 +239,43 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def marked_pids(marker: tuple[str, ...]) -> list[int]:
+    """Live processes whose environment carries this job's marker, wherever their group or session.
+
+    The marker is the job id and the runner home (``JobPaths.marker``): ids are UUIDs when the
+    server submits, but two homes on one host may each hold a job ``j1`` of their own.
+    Only processes of our own user can be read, which are the only ones a job can start (short of
+    setuid programs, which a kill from us could not reach anyway).
+    """
+    if not os.path.isdir("/proc/self"):
+        return []
+    needles = [entry.encode() for entry in marker]
+    own = os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        entries = environ.split(b"\0")
+        if all(needle in entries for needle in needles):
+            stat = proc_stat(int(name))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                pids.append(int(name))
+    return pids
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -246,6 +302,145 @@ def kill_group(pgid: int, grace: float, proc: subprocess.Popen | None = None) ->
     if not wait_group_gone(pgid, grace, proc):
         signal_group(pgid, signal.SIGKILL)
         wait_group_gone(pgid, 2.0, proc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cgroups: where the host has a writable hierarchy, every job gets a cgroup of its own, which holds
+# all its processes whatever they do to their group, session or environment.
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Controllers ("" for the v2 hierarchy) -> this process's cgroup path in that hierarchy."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3:
+                    found[parts[1]] = parts[2]
+    except OSError:
+        pass
+    return found
+
+
+def cgroup_parent() -> str | None:
+    """A directory this process may create job cgroups in (v2 first, then v1 pids), or None."""
+    own = _own_cgroups()
+    candidates = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mountpoint, fstype, options = fields[3], fields[4], tail[0], tail[2].split(",")
+        if fstype == "cgroup2" and "" in own:
+            candidates.insert(0, (mountpoint, root, own[""]))
+        elif fstype == "cgroup" and "pids" in options:
+            path = next((p for c, p in own.items() if "pids" in c.split(",")), None)
+            if path is not None:
+                candidates.append((mountpoint, root, path))
+    for mountpoint, root, path in candidates:
+        # /proc/self/cgroup is relative to the hierarchy's root, the mount may show a subtree of it.
+        if root != "/" and not (path + "/").startswith(root.rstrip("/") + "/"):
+            continue
+        relative = path[len(root):] if root != "/" else path
+        directory = os.path.join(mountpoint, relative.lstrip("/"))
+        if os.path.isfile(os.path.join(directory, "cgroup.procs")) and os.access(directory, os.W_OK):
+            return directory
+    return None
+
+
+def create_job_cgroup(job: JobPaths) -> str:
+    """The job's new cgroup directory, or "" where there is none to be had (the marker then serves)."""
+    parent = cgroup_parent()
+    if parent is None:
+        return ""
+    # Named by home and id: another home on this host may run a job of the same id.
+    home = hashlib.sha256(job.home.encode()).hexdigest()[:12]
+    path = os.path.join(parent, f"muster-{home}-{job.job_id}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return ""
+    return path
+
+
+def cgroup_pids(cgroup: str) -> list[int]:
+    if not cgroup:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            pids = [int(line) for line in f if line.strip().isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in pids if pid != os.getpid() and pid_alive(pid)]
+
+
+def remove_cgroup(cgroup: str, wait: float = 2.0) -> None:
+    if not cgroup or not os.path.basename(cgroup).startswith("muster-"):
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.rmdir(cgroup)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            # Busy while a killed orphan waits for init to reap it; cleanup tries once more.
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+
+def job_tree_pids(marker: tuple[str, ...], pgid: int, cgroup: str = "") -> list[int]:
+    pids = set(marked_pids(marker)) | set(cgroup_pids(cgroup))
+    if pgid > 0 and group_alive(pgid):
+        pids.add(-pgid)
+    return sorted(pids)
+
+
+def signal_job_tree(marker: tuple[str, ...], pgid: int, sig: int, cgroup: str = "") -> None:
+    if pgid > 0:
+        signal_group(pgid, sig)
+    signal_pids(job_tree_pids(marker, 0, cgroup), sig)
+
+
+def wait_job_tree_gone(
+    marker: tuple[str, ...], pgid: int, timeout: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.poll()
+        if not job_tree_pids(marker, pgid, cgroup):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_job_tree(
+    marker: tuple[str, ...], pgid: int, grace: float, proc: subprocess.Popen | None = None, cgroup: str = ""
+) -> None:
+    """SIGTERM every process of the job, its group and the ones that left it; SIGKILL after ``grace``.
+
+    The process group alone misses ``setsid``, GNU ``timeout`` and daemons, which then keep ports
+    and GPUs of a job that has ended; the job's cgroup and its environment marker follow them.
+    """
+    signal_job_tree(marker, pgid, signal.SIGTERM, cgroup)
+    if not wait_job_tree_gone(marker, pgid, grace, proc, cgroup):
+        # A process may fork between our scan and our signal; a few rounds catch what a fork bred.
+        for _ in range(5):
+            signal_job_tree(marker, pgid, signal.SIGKILL, cgroup)
+            if wait_job_tree_gone(marker, pgid, 1.0, proc, cgroup):
+                break
+    remove_cgroup(cgroup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +516,30 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
         env["TPU_WORKER_HOSTNAMES"] = _text(hostnames)
         env["PJRT_DEVICE"] = "TPU"
     return env
+
+
+def base_env(runner_home: str) -> dict[str, str]:
+    """The environment every runner process starts from: what a login would give, nothing inherited.
+
+    PATH, HOME and LANG are the values taken over (hosts install python3 and CUDA tools in odd
+    places, an SSH login sets HOME, and none of them is a secret); the user names come from the
+    password database, which also gives HOME when the caller had none.
+    """
+    try:
+        user = pwd.getpwuid(os.getuid())
+        home, name = user.pw_dir, user.pw_name
+    except KeyError:
+        home, name = "/", str(os.getuid())
+    return {
+        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+        "HOME": os.environ.get("HOME") or home,
+        "USER": name,
+        "LOGNAME": name,
+        "SHELL": "/bin/sh",
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+        # The runner home (ssh-fleets.md: a host may set it); it tells every runner process apart.
+        "MUSTER_HOME": runner_home,
+    }
 
 
 def build_env(spec: dict[str, Any], base: dict[str, str], hostfile_path: str) -> dict[str, str]:
@@ -401,7 +620,7 @@ def prepare_job_dirs(job: JobPaths, spec: dict[str, Any]) -> None:
 
 
 def watch_job(
-    job: JobPaths, proc: subprocess.Popen, spec: dict[str, Any], started: float, flag: StopFlag
+    job: JobPaths, proc: subprocess.Popen, spec: dict[str, Any], started: float, flag: StopFlag, cgroup: str
 ) -> str | None:
     """Wait for the shell to exit; returns the reason when we had to kill it, None when it exited alone."""
     max_duration = spec.get("max_duration")
@@ -412,18 +631,30 @@ def watch_job(
         elif max_duration and time.monotonic() - started >= float(max_duration):
             reason = "max_duration_exceeded"
         if reason is not None:
-            kill_group(proc.pid, stop_grace(spec), proc)
+            kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
             proc.wait()
             return reason
         time.sleep(WATCH_INTERVAL)
     return None
 
 
-def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
-    env = build_env(spec, dict(os.environ), job.hostfile)
+def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.Popen:
+    env = build_env(spec, base_env(job.home), job.hostfile)
+    # Set after the user's env so a job cannot drop or change them and escape its stop.
+    env.update(entry.split("=", 1) for entry in job.marker)
+
+    def enter_cgroup() -> None:
+        # In the child before exec: the shell and everything it starts are in the cgroup from birth.
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass  # the marker still finds the job's processes
+
     with open(job.output, "ab") as output:
         return subprocess.Popen(
             ["/bin/sh", "-c", job_script(spec["commands"])],
+            preexec_fn=enter_cgroup if cgroup else None,
             cwd=job.workdir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -432,6 +663,13 @@ def start_shell(job: JobPaths, spec: dict[str, Any]) -> subprocess.Popen:
             start_new_session=True,  # own process group: a stop kills everything the job spawned
             close_fds=True,
         )
+
+
+def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:
+    """Keep the env names only: secret values leave the disk once the runner holds them in memory."""
+    env = spec.get("env") or {}
+    if any(value is not None for value in env.values()):
+        write_json_atomic(job.spec, dict(spec, env={str(key): None for key in env}))
 
 
 def run_job(home: str, job_id: str) -> int:
@@ -448,24 +686,28 @@ def run_job(home: str, job_id: str) -> int:
     base = {"runner_pid": os.getpid()}
     try:
         spec = validate_spec(read_json(job.spec))
+        forget_env_values(job, spec)
         if os.path.exists(job.stop) or flag.set:
             write_json_atomic(
                 job.status, dict(base, state="terminated", exit_status=None, end_time=time.time())
             )
             return 0
         prepare_job_dirs(job, spec)
-        proc = start_shell(job, spec)
+        # `"cgroup": false` in a spec keeps the job out of cgroups (the marker alone then stops it).
+        cgroup = create_job_cgroup(job) if spec.get("cgroup", True) is not False else ""
+        proc = start_shell(job, spec, cgroup)
     except (OSError, ValueError) as e:
+        remove_cgroup(locals().get("cgroup", ""))
         write_json_atomic(
             job.status, dict(base, state="failed", error=f"cannot start: {e}", end_time=time.time())
         )
         return 1
     started = time.monotonic()
-    running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, start_time=time.time())
+    running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, cgroup=cgroup, start_time=time.time())
     write_json_atomic(job.status, running)
-    reason = watch_job(job, proc, spec, started, flag)
-    # Background children (`server &`) outlive the shell in its group; a finished job must not leak them.
-    kill_group(proc.pid, stop_grace(spec), proc)
+    reason = watch_job(job, proc, spec, started, flag, cgroup)
+    # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
+    kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
     final.update(exit_fields(proc.returncode))
     write_json_atomic(job.status, final)
@@ -492,7 +734,7 @@ class Agent:
         self.last_heartbeat = 0.0
 
     def run(self) -> int:
-        os.makedirs(self.paths.jobs, exist_ok=True)
+        private_home(self.paths)
         lock = open(self.paths.agent_lock, "a")
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -565,6 +807,7 @@ class Agent:
         with open(job.runner_log, "ab") as runner_log:
             self.children[job.job_id] = subprocess.Popen(
                 [sys.executable, SCRIPT_PATH, "job", "--home", self.paths.home, "--job", job.job_id],
+                env=base_env(self.paths.home),
                 stdin=subprocess.DEVNULL,
                 stdout=runner_log,
                 stderr=subprocess.STDOUT,
@@ -601,9 +844,7 @@ class Agent:
         status = read_json(job.status)
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
-        pgid = _int(status.get("pgid"))
-        if pgid > 0:
-            kill_group(pgid, 0.5)
+        kill_job_tree(job.marker, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
         failed = dict(status, state="failed", error=error, end_time=time.time())
         if os.path.isdir(job.dir):
             write_json_atomic(job.status, failed)
@@ -645,8 +886,15 @@ def live_agent_pid(paths: Paths) -> int | None:
     return pid if pid_alive(pid) and heartbeat_fresh(read_json(paths.agent_json), time.time()) else None
 
 
-def cmd_ensure_agent(paths: Paths) -> int:
+def private_home(paths: Paths) -> None:
     os.makedirs(paths.jobs, exist_ok=True)
+    # A home made before umask 077 (or by the server with its own umask) is closed here.
+    for path in (paths.home, paths.jobs):
+        os.chmod(path, 0o700)
+
+
+def cmd_ensure_agent(paths: Paths) -> int:
+    private_home(paths)
     pid = live_agent_pid(paths)
     if pid is not None:
         emit({"started": False, "pid": pid})
@@ -656,6 +904,7 @@ def cmd_ensure_agent(paths: Paths) -> int:
     with open(paths.agent_log, "ab") as agent_log:
         proc = subprocess.Popen(
             [sys.executable, SCRIPT_PATH, "agent", "--home", paths.home],
+            env=base_env(paths.home),
             stdin=subprocess.DEVNULL,
             stdout=agent_log,
             stderr=subprocess.STDOUT,
@@ -677,15 +926,35 @@ def cmd_ensure_agent(paths: Paths) -> int:
     return 1
 
 
+def spec_digest(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
 def cmd_submit(paths: Paths, job_id: str) -> int:
     job = paths.job(job_id)
     raw = sys.stdin.buffer.read()
     try:
-        validate_spec(json.loads(raw.decode("utf-8")))
+        spec = validate_spec(json.loads(raw.decode("utf-8")))
     except ValueError as e:
         emit({"submitted": False, "error": f"bad spec: {e}"})
         return 1
     os.makedirs(job.dir, exist_ok=True)
+    digest = spec_digest(spec)
+    # The digest is published first and alone decides: the spec itself loses its env values once
+    # the job starts, and two concurrent submits must agree on one winner.
+    if not create_exclusively(job.spec_digest, digest.encode()):
+        try:
+            with open(job.spec_digest) as f:
+                existing = f.read().strip()
+        except OSError:
+            existing = ""
+        if existing != digest:
+            # Someone else's job under this id (or a changed spec): accepting it would show that
+            # job's output and status as this one's.
+            emit({"submitted": False, "error": f"job {job_id} already exists with a different spec"})
+            return 1
+        emit({"submitted": False})
+        return 0
     emit({"submitted": create_exclusively(job.spec, raw)})
     return 0
 
@@ -760,6 +1029,12 @@ def job_is_active(job: JobPaths, status: dict[str, Any] | None) -> bool:
     return is_runner_process(_int(status.get("runner_pid")), "job", job.job_id)
 
 
+def _job_cgroup(status: dict[str, Any]) -> str:
+    cgroup = status.get("cgroup")
+    # status.json is ours, but only a job cgroup we named is ever signalled or removed.
+    return cgroup if isinstance(cgroup, str) and os.path.basename(cgroup).startswith("muster-") else ""
+
+
 def cmd_cleanup(paths: Paths, job_id: str) -> int:
     job = paths.job(job_id)
     if not os.path.isdir(job.dir):
@@ -769,8 +1044,12 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     if job_is_active(job, status):
         emit({"removed": False, "reason": "job is " + str(status["state"])})
         return 0
-    if status is not None and _int(status.get("pgid")) > 0 and status.get("state") not in FINAL_STATES:
-        kill_group(_int(status.get("pgid")), 0.5)  # its runner died: do not leave its processes behind
+    # A runner that died, or one that finished while a daemon of its job still lingers: nothing of
+    # the job may outlive its directory.
+    status = status or {}
+    # A finished job's group id may belong to someone else by now; its marker cannot.
+    pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
+    kill_job_tree(job.marker, pgid, 0.5, cgroup=_job_cgroup(status))
     shutil.rmtree(job.dir, ignore_errors=True)
     emit({"removed": True})
     return 0
@@ -818,6 +1097,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     paths = Paths(args.home)
     try:

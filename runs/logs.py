@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -15,7 +16,9 @@ CHUNK = 1 << 20
 
 
 def stored_path(job: Job) -> Path:
-    return Path(settings.MUSTER["LOG_DIR"]) / str(job.run.project_id) / job.run.name / f"{job.runner_job_id}.log"
+    # Keyed by the job's own UUID: a run name is reused by the next run of that name, whose
+    # jobs must never be shown the previous run's output.
+    return Path(settings.MUSTER["LOG_DIR"]) / str(job.run.project_id) / f"{job.uuid}.log"
 
 
 def read(job: Job, start: int = 0, limit: int = CHUNK) -> bytes:
@@ -51,9 +54,11 @@ def keep_copy(job: Job, host) -> None:
     """
     limit = int(settings.MUSTER["LOG_COPY_LIMIT"])
     path = stored_path(job)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Output may print secrets: the copy is as private as the runner's original (0700 / 0600).
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
     offset = 0
-    with path.open("wb") as out:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
         while offset < limit:
             chunk = host.read_log(job.runner_job_id, offset, min(CHUNK, limit - offset))
             if not chunk:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -45,6 +47,9 @@ class Run(Claimable):
 class Job(Claimable):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="jobs")
     job_num = models.IntegerField()  # the node's global rank
+    # The job's identity on its host (runner job directory) and in log storage: names (run, fleet,
+    # instance) are unique only within a project and are reused by a new run of the same name.
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     submission_num = models.IntegerField(default=0)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.SUBMITTED)
     termination_reason = models.CharField(max_length=48, blank=True, default="")
@@ -84,7 +89,7 @@ class Job(Claimable):
 
     @property
     def runner_job_id(self) -> str:
-        return f"{self.run.name}-{self.submission_num}-{self.job_num}"
+        return str(self.uuid)
 
 
 class SubmissionKey(models.Model):

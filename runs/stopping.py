@@ -81,8 +81,15 @@ def _runner_finished(job: Job) -> bool:
             host.stop(job.runner_job_id)
             return False
         attach.revoke(job, host)  # before the log copy: the key must not outlive the job
-        logs.keep_copy(job, host)
-        host.cleanup(job.runner_job_id)
+        try:
+            logs.keep_copy(job, host)
+        except OSError as exc:
+            # The server's disk (full, unwritable) must not hold the job and its host forever.
+            log.warning("job %s: its log could not be kept: %s", job, exc)
+        finally:
+            # The job directory holds its output (which may print secrets): it goes even when
+            # the copy failed, rather than stay on the host for good.
+            host.cleanup(job.runner_job_id)
         return True
     finally:
         host.close()

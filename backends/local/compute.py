@@ -7,6 +7,7 @@ remote hosts, started as a local process.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ class LocalCompute(Compute):
 
     def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
         start = int(self.config.get("first_index", 0))
+        # Instance names are unique only within a project; a home shared by two projects' instances
+        # would let one project read and stop the other's jobs. A fresh UUID per home never collides.
         return [
             ProvisioningData(
                 hostname=loopback_address(start + i), internal_ip=loopback_address(start + i),
                 worker_index=i, region="local", resources=offer.resources,
-                backend_data={"home": str(Path(settings.MUSTER["LOCAL_DIR"]) / name / "muster")},
+                backend_data={"home": str(Path(settings.MUSTER["LOCAL_DIR"]) / f"{name}-{uuid.uuid4().hex}" / "muster")},
             )
             for i, name in enumerate(names[:count])
         ]

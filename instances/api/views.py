@@ -35,7 +35,7 @@ class FleetListView(ProjectScopedMixin, APIView):
         fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user,
                                    wait=False)
         code = status.HTTP_202_ACCEPTED if fleet.status == "pending" else status.HTTP_201_CREATED
-        return Response(FleetSerializer(fleet).data, status=code)
+        return Response({**FleetSerializer(fleet).data, "warnings": fleet.warnings}, status=code)
 
 
 class FleetDetailView(ProjectScopedMixin, APIView):

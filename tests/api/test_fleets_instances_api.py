@@ -44,6 +44,16 @@ def test_the_local_fleet_example_creates_four_idle_loopback_instances(api, super
     assert sorted(r["name"] for r in rows) == [f"local2-{i}" for i in range(4)]
 
 
+def test_a_fleet_key_that_takes_no_effect_is_said_in_the_answer_to_the_apply(superuser_api):
+    resp = apply_fleet(superuser_api, "type: fleet\nname: warned\nbackends: [local]\nnodes: 1\nspot_policy: spot\n"
+                                      "env: [A=1]\n")
+    assert resp.status_code == 201, resp.json()
+    fields = {w["field"]: w["message"] for w in resp.json()["warnings"]}
+    assert set(fields) == {"spot_policy", "env"}, fields
+    assert "ignored" in fields["spot_policy"] and "not passed to jobs" in fields["env"]
+    assert "warnings" not in superuser_api.get(f"{BASE}/fleets/warned/").json()  # said once, not stored
+
+
 def test_a_second_local_fleet_gets_addresses_the_first_does_not_use(api, superuser_api):
     assert apply_fleet(superuser_api, example("local-fleet.yml")).status_code == 201
     other = "type: fleet\nname: other\nbackends: [local]\nnodes: 2\n"

@@ -112,7 +112,7 @@ def test_a_user_can_stop_or_abort_a_running_run(abort, fast_limits, celery_worke
         run = submit_run(fleet.project, None, {"configuration": "type: task\nname: stoppable\nnodes: 2\n"
                                                                 "commands: [sleep 331]\n"})
         wait_for_run(run.name, statuses=("running",), timeout=30)
-        wait_until(lambda: len(runner_processes("sleep 331")) == 2, timeout=20, what="both nodes' commands running")
+        wait_until(lambda: len(runner_processes("sleep 331")) == 2, timeout=60, what="both nodes' commands running")
         request_stop(run, abort=abort, actor="tester")
         run = wait_for_run(run.name, timeout=30)
     assert run.status == "terminated"

@@ -218,10 +218,21 @@ def test_a_second_agent_on_the_same_home_exits_at_once(home, agent):
 def test_submit_is_idempotent_and_keeps_the_first_spec(home):
     first = job_spec("j1", ["echo first"])
     assert submit(home, "j1", first) == {"submitted": True}
-    assert submit(home, "j1", job_spec("j1", ["echo second"])) == {"submitted": False}
+    assert submit(home, "j1", first) == {"submitted": False}
 
     assert json.loads((home / "jobs" / "j1" / "spec.json").read_text()) == first
     assert cli_json(home, "status")["jobs"] == {"j1": {"state": "submitted"}}
+
+
+def test_submit_of_an_existing_job_id_with_another_spec_is_an_error(home):
+    first = job_spec("j1", ["echo first"])
+    assert submit(home, "j1", first) == {"submitted": True}
+
+    clash = cli(home, "submit", "--job", "j1", stdin=json.dumps(job_spec("j1", ["echo second"])).encode())
+
+    assert clash.returncode != 0
+    assert "different spec" in json.loads(clash.stdout)["error"]
+    assert json.loads((home / "jobs" / "j1" / "spec.json").read_text()) == first
 
 
 def test_submit_refuses_a_spec_that_is_not_json(home):
