@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import logging
 import re
 
@@ -66,6 +67,8 @@ def authorized_keys_path() -> str:
 
 
 def key_line(job: Job, public_key: str, ip: str, ports: list[int]) -> str:
+    # the address comes from the host's own probe: only a plain IP goes into the options
+    ipaddress.ip_address(ip)
     opens = ",".join(f'permitopen="{ip}:{port}"' for port in ports)
     return f'restrict,port-forwarding,{opens},command="/bin/false" {public_key} {marker(job)}'
 
@@ -92,6 +95,10 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server") ->
         raise InvalidInput(["job"], f"attach reaches jobs on ssh and local fleets; this job is on {inst.backend}")
     if not ports:
         raise InvalidInput(["job"], f"job {job_num} has no ports to forward: list them under `ports`")
+    try:
+        ipaddress.ip_address(inst.internal_ip or "")
+    except ValueError:
+        raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
     from backends.registry import compute_for_instance
     from backends.ssh import attach_keys
     from events.services import record
