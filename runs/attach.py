@@ -68,8 +68,8 @@ def authorized_keys_path() -> str:
 
 def key_line(job: Job, public_key: str, ip: str, ports: list[int]) -> str:
     # the address comes from the host's own probe: only a plain IP goes into the options
-    ipaddress.ip_address(ip)
-    opens = ",".join(f'permitopen="{ip}:{port}"' for port in ports)
+    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip  # sshd's form for IPv6
+    opens = ",".join(f'permitopen="{host}:{port}"' for port in ports)
     return f'restrict,port-forwarding,{opens},command="/bin/false" {public_key} {marker(job)}'
 
 
