@@ -48,7 +48,8 @@ def free_port() -> int:
 class ServeProcess:
     """A real `muster serve` on the embedded default, its output in a file, its REST API at hand."""
 
-    def __init__(self, data_dir: Path, concurrency: int = 2, env: dict | None = None):
+    def __init__(self, data_dir: Path, concurrency: int = 2, env: dict | None = None, args: tuple[str, ...] = ()):
+        self.args = args
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,7 +66,7 @@ class ServeProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "muster.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
-             "--concurrency", str(self.concurrency)],
+             "--concurrency", str(self.concurrency), *self.args],
             cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,13 +12,11 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import yaml
-
+from muster import cli_follow as follow
 from muster import cli_render as render
 from muster.cli_client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
@@ -30,106 +28,16 @@ from muster.cli_client import (  # noqa: F401  (load_settings and Settings are p
     load_settings,
     write_config,
 )
+from muster.cli_files import (  # noqa: F401  (the tests and scripts use them from here)
+    bare_env_keys,
+    env_values,
+    inline_identity_files,
+    parse_env_args,
+    read_document,
+)
+from muster.cli_follow import RUN_FINISHED, say, segment
 
-# How often `apply` and `logs -f` ask the server for news.
-POLL_SECONDS = 1.0
-# A follow loop reads at most this many log chunks per tick, so a chatty job cannot starve the
-# status updates.
-MAX_LOG_CHUNKS_PER_TICK = 16
-RUN_FINISHED = frozenset({"done", "failed", "terminated"})
-JOB_FINISHED = frozenset({"done", "failed", "terminated", "aborted"})
-
-
-def segment(name: str) -> str:
-    return quote(name, safe="")
-
-
-# ---- reading configuration files ----------------------------------------------------------------
-
-
-def read_document(path: str) -> tuple[str, dict[str, Any]]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CliError(f"{path}: invalid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise CliError(f"{path}: the configuration must be a mapping (type: task or type: fleet)")
-    return text, doc
-
-
-def parse_env_args(items: list[str] | None) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
-        values[key] = value
-    return values
-
-
-def _bare_keys(env: object) -> list[str]:
-    if isinstance(env, list):
-        return [item.strip() for item in env if isinstance(item, str) and "=" not in item]
-    if isinstance(env, dict):
-        return [str(k) for k, v in env.items() if v is None]
-    return []
-
-
-def bare_env_keys(doc: Mapping[str, Any]) -> list[str]:
-    """Keys written without a value, at the top level and in every group."""
-    keys = _bare_keys(doc.get("env"))
-    for group in doc.get("groups") or []:
-        if isinstance(group, dict):
-            keys += _bare_keys(group.get("env"))
-    return list(dict.fromkeys(keys))
-
-
-def env_values(doc: Mapping[str, Any], given: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """--env values, plus each bare key found in the local environment (--env wins).
-
-    Only bare keys are taken from the environment: the rest of it is none of the server's business.
-    """
-    local = {key: environ[key] for key in bare_env_keys(doc) if key in environ}
-    return {**local, **given}
-
-
-def _read_key(path: str, base: Path, loc: str) -> str:
-    key_path = Path(path).expanduser()
-    if not key_path.is_absolute():
-        # Like docker compose: a relative path means relative to the file that wrote it, so a
-        # fleet file works from any working directory.
-        key_path = base / key_path
-    try:
-        return key_path.read_text()
-    except OSError as exc:
-        raise CliError(f"{loc}: cannot read {key_path}: {exc.strerror or exc}") from None
-
-
-def _inline_key(section: dict[str, Any], base: Path, loc: str) -> bool:
-    if "identity_file" not in section:
-        return False
-    section["private_key"] = _read_key(str(section.pop("identity_file")), base, f"{loc} -> identity_file")
-    return True
-
-
-def inline_identity_files(doc: dict[str, Any], base: Path) -> bool:
-    """Replace every ssh_config identity_file with the key's content (the server never sees client
-    paths). Changes `doc` in place; True when something was replaced."""
-    ssh = doc.get("ssh_config")
-    if not isinstance(ssh, dict):
-        return False
-    changed = _inline_key(ssh, base, "ssh_config")
-    for i, host in enumerate(ssh.get("hosts") or []):
-        if isinstance(host, dict):
-            changed = _inline_key(host, base, f"ssh_config -> hosts -> {i}") or changed
-    return changed
-
-
-# ---- prompts and output ---------------------------------------------------------------------------
+# ---- prompts --------------------------------------------------------------------------------------
 
 
 def confirm(question: str, assume_yes: bool) -> bool:
@@ -142,124 +50,6 @@ def confirm(question: str, assume_yes: bool) -> bool:
     except EOFError:
         return False
     return answer.strip().lower() in ("y", "yes")
-
-
-def say(message: str) -> None:
-    """Status lines go to stderr so stdout carries only the job's log (and tables)."""
-    print(message, file=sys.stderr, flush=True)
-
-
-def write_log(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-# ---- following a run --------------------------------------------------------------------------------
-
-
-def read_log(client: Client, run: str, job: int, start: int) -> tuple[int, str | None]:
-    """Print the log of one job from byte offset `start`; return the next offset and the job status."""
-    status = None
-    for _ in range(MAX_LOG_CHUNKS_PER_TICK):
-        data = client.get(f"runs/{segment(run)}/logs", job=job, start=start)
-        status = data.get("status")
-        if data.get("text"):
-            write_log(data["text"])
-        # `next` is a byte offset: counting characters of the decoded text would drift on UTF-8.
-        if data["next"] <= start:
-            break
-        start = data["next"]
-    return start, status
-
-
-def _job_line(job: Mapping[str, Any]) -> str:
-    line = f"job {job.get('job_num')} ({job.get('node_group_name')}/{job.get('node_group_rank')}): {job.get('status')}"
-    if job.get("instance"):
-        ip = f" ({job['instance_ip']})" if job.get("instance_ip") else ""
-        line += f" on {job['instance']}{ip}"
-    if job.get("termination_reason"):
-        line += f" [{job['termination_reason']}]"
-    return line
-
-
-class RunFollower:
-    """What `apply` has already shown of one run: each job's status, the progress line, job 0's log."""
-
-    def __init__(self, client: Client, name: str):
-        self.client = client
-        self.name = name
-        self.job_status: dict[int, str] = {}
-        self.progress = ""
-        self.submission: int | None = None
-        self.log_offset = 0
-        self.lost_contact = False
-
-    def poll(self) -> dict[str, Any] | None:
-        try:
-            run = self.client.get(f"runs/{segment(self.name)}/")
-            self.show(run)
-            self.read_master_log()
-        except Unreachable as exc:
-            if not self.lost_contact:
-                say(f"{exc}; still trying (Ctrl-C detaches)")
-            self.lost_contact = True
-            return None
-        self.lost_contact = False
-        return run
-
-    def show(self, run: Mapping[str, Any]) -> None:
-        submission = run.get("submission_num")
-        if self.submission is not None and submission != self.submission:
-            # A retry makes new job rows with their own logs: start both over.
-            say(f"run {self.name}: resubmitted (submission {submission})")
-            self.job_status, self.log_offset = {}, 0
-        self.submission = submission
-        jobs = run.get("jobs") or []
-        for job in jobs:
-            if self.job_status.get(job["job_num"]) != job.get("status"):
-                self.job_status[job["job_num"]] = job.get("status")
-                say(_job_line(job))
-        progress = f"run {self.name}: {run.get('status')}  jobs: {render.status_counts(jobs)}"
-        if progress != self.progress:
-            self.progress = progress
-            say(progress)
-
-    def read_master_log(self) -> None:
-        try:
-            self.log_offset, _ = read_log(self.client, self.name, 0, self.log_offset)
-        except Unreachable:
-            raise
-        except CliError:
-            pass  # e.g. job 0 replaced mid-retry; the next tick reads it
-
-
-def report_end(run: Mapping[str, Any]) -> int:
-    name, status = run.get("name"), run.get("status")
-    if status == "done":
-        say(f"run {name}: done")
-        return 0
-    reason = run.get("termination_reason") or "no reason given"
-    message = f": {run['termination_message']}" if run.get("termination_message") else ""
-    say(f"run {name}: {status} ({reason}){message}")
-    for job in run.get("jobs") or []:
-        if job.get("status") in ("failed", "aborted") or job.get("termination_message"):
-            detail = f": {job['termination_message']}" if job.get("termination_message") else ""
-            say(f"  job {job.get('job_num')}: {job.get('status')} ({job.get('termination_reason')}){detail}")
-    return 1
-
-
-def follow_run(client: Client, name: str) -> int:
-    follower = RunFollower(client, name)
-    try:
-        while True:
-            run = follower.poll()
-            if run is not None and run.get("status") in RUN_FINISHED:
-                follower.read_master_log()  # whatever was written between the last read and the end
-                return report_end(run)
-            time.sleep(POLL_SECONDS)
-    except KeyboardInterrupt:
-        say(f"\nDetached; run {name} keeps going. Re-attach with: muster logs {name} -f")
-        return 0
 
 
 # ---- commands ----------------------------------------------------------------------------------------
@@ -293,6 +83,7 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
 
 
 FLEET_WAIT_SECONDS = 900.0
+POLL_SECONDS = 1.0
 
 
 def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SECONDS,
@@ -317,10 +108,14 @@ def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SEC
         fleet = client.get(f"fleets/{segment(name)}/")
 
 
-def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:
+def task_body(args: argparse.Namespace, text: str, doc: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"configuration": text, "env": env_values(doc, parse_env_args(args.env), os.environ)}
     if args.run_args:
         body["args"] = shlex.join(args.run_args)  # fills ${{ run.args }}, as with dstack apply
+    return body
+
+
+def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
     print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
@@ -328,8 +123,16 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     capacity = plan.get("capacity") or {}
     if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
         print(render.no_capacity(capacity.get("reasons") or []))
+    elif capacity.get("fits"):
+        print(render.plan_placement(capacity))
     if plan.get("warnings"):
         print(render.plan_warnings(plan["warnings"]))
+    return plan
+
+
+def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:
+    body = task_body(args, text, doc)
+    show_plan(client, body)
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")
         return 0
@@ -337,9 +140,17 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     name = run["name"]
     say(f"Submitted run {name}.")
     if args.detach:
-        say(f"Follow it with: muster logs {name} -f")
+        say(f"Follow it with: muster logs {name}")
         return 0
-    return follow_run(client, name)
+    return follow.follow_run(client, name)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    text, doc = read_document(args.file)
+    if doc.get("type") != "task":
+        raise CliError(f"{args.file}: type {doc.get('type')!r}: only a task has a plan (type: task)")
+    show_plan(_client(args), task_body(args, text, doc))
+    return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -388,24 +199,39 @@ def select_runs(runs: list[dict[str, Any]], show_all: bool, finished_shown: int 
 
 def cmd_ps(args: argparse.Namespace) -> int:
     runs = select_runs(_client(args).get("runs/"), args.all)
-    print(render.runs_table(runs) if runs else "No runs.")
+    if not runs:
+        print("No runs.")
+    else:
+        print(render.jobs_table(runs) if args.verbose else render.runs_table(runs))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    return follow.follow_logs(_client(args), args.run, args.job, args.group, follow=not args.no_follow)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from muster.cli_attach import attach, parse_port_maps
+
+    return attach(_client(args), args.run, args.job, parse_port_maps(args.port))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
     client = _client(args)
-    offset = 0
-    try:
-        while True:
-            offset, status = read_log(client, args.run, args.job, offset)
-            if not args.follow:
-                return 0
-            if status in JOB_FINISHED:
-                read_log(client, args.run, args.job, offset)  # the tail stored as the job ended
-                return 0
-            time.sleep(POLL_SECONDS)
-    except KeyboardInterrupt:
+    follow.get_run(client, args.run)  # a 404 for a run that does not exist, not an empty table
+    events = client.get("events/", run=args.run, limit=args.limit)
+    print(render.events_table(events) if events else f"No events for run {args.run}.")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if not confirm(f"Delete run {args.run}?", args.yes):
+        print("Not deleted.")
         return 0
+    client.delete(f"runs/{segment(args.run)}/")
+    print(f"run {args.run}: deleted")
+    return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -435,7 +261,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here: the client commands must work where the server's dependencies are absent.
     from muster.serve import serve
 
-    return serve(args.bind, args.concurrency)
+    return serve(args.bind, args.concurrency, verbose=args.verbose)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("muster")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 # ---- argument parsing ----------------------------------------------------------------------------------
@@ -467,8 +303,9 @@ def _add_fleet_commands(subparsers: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muster", description="Client of a Muster control plane.")
+    parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{config,apply,ps,logs,stop,fleet,instances,serve}")
+                                metavar="{config,apply,plan,ps,logs,attach,events,stop,delete,fleet,instances,serve}")
 
     config = _command(sub, "config", cmd_config, help="save the server URL and token to ~/.muster/config")
     config.add_argument("--url", required=True)
@@ -483,13 +320,39 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("run_args", nargs="*", metavar="-- ARGS",
                        help="after --: the arguments that fill ${{ run.args }} in the commands")
 
+    plan = _command(sub, "plan", cmd_plan, help="show a task's jobs and where they would run, submitting nothing")
+    plan.add_argument("-f", "--file", required=True)
+    plan.add_argument("-e", "--env", action="append", metavar="KEY=VALUE",
+                      help="value for a bare KEY in the configuration's env (repeatable)")
+    plan.add_argument("run_args", nargs="*", metavar="-- ARGS", help="after --: fills ${{ run.args }}")
+
     ps = _command(sub, "ps", cmd_ps, help="list runs")
     ps.add_argument("-a", "--all", action="store_true", help="include every finished run")
+    ps.add_argument("-v", "--verbose", action="store_true",
+                    help="one row per job: group, rank, host, IP, status, reason")
 
-    logs = _command(sub, "logs", cmd_logs, help="print a job's log")
+    logs = _command(sub, "logs", cmd_logs, help="print the jobs' logs, following them until they finish")
     logs.add_argument("run")
-    logs.add_argument("--job", type=int, default=0, help="job number (default 0, the master)")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job finishes")
+    logs.add_argument("--job", type=int, help="only this job (its log as written, without prefixes)")
+    logs.add_argument("--group", help="only the jobs of this group")
+    logs.add_argument("-n", "--no-follow", action="store_true", help="print what is there now and exit")
+    # the default since logs follow; still accepted so `muster logs RUN -f` keeps working
+    logs.add_argument("-f", "--follow", action="store_true", help=argparse.SUPPRESS)
+
+    attach = _command(sub, "attach", cmd_attach,
+                      help="forward a job's ports to localhost and follow the logs until Ctrl-C")
+    attach.add_argument("run")
+    attach.add_argument("--job", type=int, default=0, help="job number (default 0, the master)")
+    attach.add_argument("-p", "--port", action="append", metavar="LOCAL:JOB_PORT",
+                        help="local port for a job port (default: the same number, or a free one)")
+
+    events = _command(sub, "events", cmd_events, help="a run's events, oldest first")
+    events.add_argument("run")
+    events.add_argument("--limit", type=int, default=500, help="at most this many, the latest (default 500)")
+
+    delete = _command(sub, "delete", cmd_delete, help="delete a finished run")
+    delete.add_argument("run")
+    _add_yes(delete)
 
     stop = _command(sub, "stop", cmd_stop, help="stop a run")
     stop.add_argument("run")
@@ -505,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = _command(sub, "serve", cmd_serve, help="run the server: web, Celery worker and beat")
     serve.add_argument("--bind", default="127.0.0.1:8000")
     serve.add_argument("--concurrency", type=int, default=2)
+    serve.add_argument("-v", "--verbose", action="store_true",
+                       help="show the web, worker and beat output here instead of in files under the data directory")
     return parser
 
 

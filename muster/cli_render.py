@@ -262,3 +262,36 @@ def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[st
         rows = [_host_row(i)[1:] for i in members]
         blocks.append(f"fleet {fleet}\n" + table(_HOST_HEADERS[1:], rows, indent="  "))
     return "\n\n".join(blocks)
+
+
+# ---- jobs, events, plan placement -----------------------------------------------------------
+
+
+def jobs_summary(jobs: Sequence[dict[str, Any]]) -> str:
+    """The per-job table `apply` ends with."""
+    rows = [(j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"), j.get("status"),
+             j.get("termination_reason"), j.get("exit_status"), j.get("instance")) for j in jobs]
+    return table(["job", "group", "rank", "status", "reason", "exit", "host"], rows)
+
+
+def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
+    """`ps -v`: one row per job of each run."""
+    rows = [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
+             j.get("instance"), j.get("instance_ip"), j.get("status"), j.get("termination_reason"))
+            for r in runs for j in (r.get("jobs") or [])]
+    return table(["run", "job", "group", "rank", "host", "ip", "status", "reason"], rows)
+
+
+def events_table(events: Sequence[dict[str, Any]]) -> str:
+    # to the second, in the server's UTC: the order and the gaps are what a reader looks for
+    rows = [((e.get("created") or "")[:19].replace("T", " "), e.get("subject"), e.get("status"), e.get("actor"), e.get("message"))
+            for e in events]
+    return table(["time", "subject", "status", "actor", "message"], rows)
+
+
+def plan_placement(capacity: dict[str, Any]) -> str:
+    """Where a run would go now: the fleet, and the idle hosts that fit each group."""
+    lines = [f"Fits fleet {capacity.get('fleet')} now."]
+    for group, hosts in (capacity.get("hosts") or {}).items():
+        lines.append(f"  {group}: {', '.join(hosts) if hosts else 'new hosts (the fleet creates them)'}")
+    return "\n".join(lines)

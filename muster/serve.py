@@ -3,6 +3,11 @@
 Ctrl-C (or SIGTERM) stops all three; a child that dies on its own is restarted. The worker and
 beat are the same ones production runs separately (docker-compose.yml); here they share the
 embedded SQLite + filesystem broker (muster/broker.py).
+
+Quiet by default: the children's output goes to files under the data directory (serve-logs/) and
+the terminal shows the banner, the supervisor's own lines, warnings and errors from those files,
+and run state changes (muster/serve_console.py). `--verbose` sends the children's output to the
+terminal as it comes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 WORKER_NICE = 10
 
@@ -76,15 +82,21 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 class Child:
     """One of web, worker, beat: started, watched, restarted with backoff when it dies."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict | None):
-        self.name, self.cmd, self.env = name, cmd, env
+    def __init__(self, name: str, cmd: list[str], env: dict | None, output: Path | None = None):
+        self.name, self.cmd, self.env, self.output = name, cmd, env, output
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
         self.failures = 0  # deaths in a row without a steady spell between them
         self.restart_at: float | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
+        if self.output is None:
+            self.proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
+        else:
+            # appended across restarts, so the lines before a death stay next to those after it
+            with self.output.open("ab") as out:
+                self.proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env, stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
         self.restart_at = None
 
@@ -119,7 +131,7 @@ class Child:
         _kill_group(self.proc, signal.SIGKILL)  # whatever of its group is left
 
 
-def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True) -> int:
+def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False) -> int:
     """Start web, worker and beat and keep them running until SIGINT or SIGTERM.
 
     A child that dies is restarted after a backoff (1 s doubling to 30 s, back to 1 s once it has
@@ -128,11 +140,25 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
     prepare(bootstrap)
+    from django.conf import settings
+
     print(f"Muster: API http://{bind}/api/  docs http://{bind}/api/docs/  admin http://{bind}/admin/", flush=True)
+    logs: dict[str, Path] = {}
+    if not verbose:
+        log_dir = Path(settings.DATA_DIR) / "serve-logs"
+        log_dir.mkdir(mode=0o700, exist_ok=True)
+        logs = {name: log_dir / f"{name}.log" for name in ("web", "worker", "beat")}
+        print(f"logs: web, worker and beat write to {log_dir}/; here: warnings and run state changes "
+              "(--verbose shows everything)", flush=True)
     # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)
     worker_env = {**os.environ, "MUSTER_WORKER_NICE": os.environ.get("MUSTER_WORKER_NICE", str(WORKER_NICE))}
-    children = [Child(name, cmd, worker_env if name == "worker" else None)
+    children = [Child(name, cmd, worker_env if name == "worker" else None, logs.get(name))
                 for name, cmd in commands(bind, concurrency).items()]
+    console = None
+    if logs:
+        from muster.serve_console import Console
+
+        console = Console(logs)
     stopping = False
 
     def stop(*_):
@@ -147,6 +173,8 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
         now = time.monotonic()
         for child in children:
             child.check(now)
+        if console is not None:
+            console.tick()
         time.sleep(0.5)
     for child in children:
         child.stop()

@@ -11,7 +11,7 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances.models import Instance, InstanceStatus
 from muster import claims
-from runs import logs
+from runs import attach, logs
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, nudge_run, terminate_job
@@ -76,9 +76,11 @@ def _runner_finished(job: Job) -> bool:
         if state in ("running", "starting", "submitted"):
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
+                attach.revoke(job, host)
                 return True  # the host does not stop it; the instance is released regardless
             host.stop(job.runner_job_id)
             return False
+        attach.revoke(job, host)  # before the log copy: the key must not outlive the job
         try:
             logs.keep_copy(job, host)
         except OSError as exc:

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from muster.api_errors import InvalidInput
 from projects.access import ProjectScopedMixin
-from runs import logs, stopping
+from runs import attach, logs, stopping
 from runs.api.serializers import RunListSerializer, RunRequestSerializer, RunSerializer, StopRequestSerializer
 from runs.choices import RunStatus
 from runs.models import Run
@@ -108,3 +108,16 @@ class RunLogsView(ProjectScopedMixin, APIView):
         data = logs.read(job, start)
         return Response({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
                          "text": data.decode("utf-8", errors="replace")})
+
+
+class RunAttachView(ProjectScopedMixin, APIView):
+    """A POST, so read-only members get a 403: reaching a job's ports is more than reading."""
+
+    @extend_schema(request=dict, responses={200: dict})
+    def post(self, request, project, name):
+        body = request.data if isinstance(request.data, dict) else {}
+        job = body.get("job", 0)
+        if not isinstance(job, int) or isinstance(job, bool) or not 0 <= job <= settings.MUSTER["MAX_NODES"]:
+            raise InvalidInput(["job"], f"a job number from 0 to {settings.MUSTER['MAX_NODES']}")
+        info = attach.attach(_run(self.project, name), job, body.get("public_key"), actor=request.user.username)
+        return Response(info)

@@ -156,8 +156,25 @@ def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dic
     fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
                                           [(req, n) for _, req, n in groups])
     if fleet is not None:
-        return {"fits": True, "fleet": fleet.name, "reasons": []}
+        return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
     return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
+
+
+# `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
+PLAN_HOSTS_PER_GROUP = 32
+
+
+def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
+    """Each group's idle hosts that fit it now (a host may fit several groups); empty lists for a
+    fleet that makes its hosts for the run."""
+    from itertools import islice
+
+    from runs import placement
+
+    if not placement.is_static(fleet):
+        return {name: [] for name, _, _ in groups}
+    return {name: [i.name for i in islice(placement.candidates(fleet, req), min(max(n, 8), PLAN_HOSTS_PER_GROUP))]
+            for name, req, n in groups}
 
 
 def _generated_name() -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from muster import cli
+from muster import cli, cli_follow
 from tests.cli.fake_api import FakeApi, start
 
 
@@ -24,6 +24,7 @@ def api(home, monkeypatch):
     monkeypatch.setenv("MUSTER_URL", fake.url)
     monkeypatch.setenv("MUSTER_TOKEN", "test-token")
     monkeypatch.setattr(cli, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(cli_follow, "POLL_SECONDS", 0.01)
     yield fake
     server.shutdown()
     server.server_close()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from muster import cli
+from muster import cli, cli_follow
 
 TASK = """\
 type: task
@@ -145,7 +145,7 @@ def test_apply_detached_posts_plan_then_run_with_file_text_and_filled_env(api, t
     out = capsys.readouterr()
     assert "smg launch --prefill" in out.out and "(+1 more)" in out.out
     assert "gpu L40S:1" in out.out
-    assert "muster logs r1 -f" in out.err
+    assert "muster logs r1" in out.err
 
 
 def test_apply_without_yes_refuses_when_stdin_is_not_a_terminal(api, tmp_path, monkeypatch, capsys):
@@ -158,7 +158,7 @@ def test_apply_without_yes_refuses_when_stdin_is_not_a_terminal(api, tmp_path, m
     assert "-y" in capsys.readouterr().err
 
 
-def test_apply_follows_the_run_until_done_and_prints_the_master_log_once(api, tmp_path, capsys):
+def test_apply_follows_the_run_until_done_and_prints_each_jobs_log_once_prefixed(api, tmp_path, capsys):
     log = "loading model\nserving on :8000\nbye\n"
     api.on("POST", "runs/plan", (200, PLAN))
     api.on("POST", "runs/", (201, run("submitted", [job(0, "submitted"), job(1, "submitted")])))
@@ -174,11 +174,14 @@ def test_apply_follows_the_run_until_done_and_prints_the_master_log_once(api, tm
     assert cli.main(["apply", "-f", task_file(tmp_path), "-y"]) == 0
 
     out = capsys.readouterr()
-    assert out.out.endswith(log) and out.out.count("loading model") == 1
+    for rank in (0, 1):
+        assert out.out.count(f"[workers/{rank}] loading model\n[workers/{rank}] serving on :8000\n"
+                             f"[workers/{rank}] bye\n") == 1
+    assert out.out.count("loading model") == 2
     assert "job 0 (workers/0): running on h0 (10.0.0.1)" in out.err
     assert "run r1: running  jobs: 1 running, 1 provisioning" in out.err
     assert "run r1: done" in out.err
-    assert {r.query["job"] for r in api.calls("GET", "runs/r1/logs")} == {"0"}
+    assert {r.query["job"] for r in api.calls("GET", "runs/r1/logs")} == {"0", "1"}
 
 
 def test_apply_exits_1_when_the_run_fails_and_prints_the_reason(api, tmp_path, capsys):
@@ -194,14 +197,15 @@ def test_apply_exits_1_when_the_run_fails_and_prints_the_reason(api, tmp_path, c
 
     err = capsys.readouterr().err
     assert "run r1: failed (job_failed): job 0 failed" in err
-    assert "job 0: failed (container_exited_with_error): exit status 3" in err
+    assert "job 0 (workers/0): exit status 3" in err
+    assert "last lines of job 0 (workers/0):\n  | Traceback" in err
 
 
 def test_ctrl_c_while_following_detaches_and_says_how_to_reattach(api, tmp_path, monkeypatch, capsys):
     def interrupted(_seconds):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "time", SimpleNamespace(sleep=interrupted))
+    monkeypatch.setattr(cli_follow, "time", SimpleNamespace(sleep=interrupted))
     api.on("POST", "runs/plan", (200, PLAN))
     api.on("POST", "runs/", (201, run("submitted", [job(0, "submitted")])))
     api.on("GET", "runs/r1/", (200, run("running", [job(0, "running")])))
@@ -209,7 +213,7 @@ def test_ctrl_c_while_following_detaches_and_says_how_to_reattach(api, tmp_path,
 
     assert cli.main(["apply", "-f", task_file(tmp_path), "-y"]) == 0
 
-    assert "muster logs r1 -f" in capsys.readouterr().err
+    assert "muster logs r1" in capsys.readouterr().err
     assert api.calls("POST", "runs/r1/stop") == []
 
 
@@ -378,9 +382,10 @@ def test_ps_hides_old_finished_runs_unless_all():
 
 def test_logs_follow_prints_until_the_job_finishes(api, capsys):
     log = "epoch 1\nepoch 2\ndone\n"
+    api.on("GET", "runs/r1/", (200, run("running", [job(0, "running"), job(2, "running")])))
     api.on("GET", "runs/r1/logs", serve_log(log, statuses=["running", "running", "running", "done"]))
 
-    assert cli.main(["logs", "r1", "--job", "2", "-f"]) == 0
+    assert cli.main(["logs", "r1", "--job", "2"]) == 0
 
     assert capsys.readouterr().out == log
     assert {r.query["job"] for r in api.calls("GET", "runs/r1/logs")} == {"2"}
@@ -413,8 +418,9 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     seen = {}
 
-    def fake_serve(bind, concurrency):
-        seen.update(bind=bind, concurrency=concurrency, settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
+    def fake_serve(bind, concurrency, verbose):
+        seen.update(bind=bind, concurrency=concurrency, verbose=verbose,
+                    settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
         return 0
 
     monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
@@ -422,4 +428,4 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--concurrency", "3"]) == 0
 
-    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "settings": "muster.settings"}
+    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "settings": "muster.settings"}

@@ -179,7 +179,8 @@ def test_the_plan_says_which_requirement_of_which_group_no_host_meets(pd_fleet, 
 
     fitting = PD_TOO_BIG.replace("cpu: 4", "cpu: 2")
     plan = api.post("/api/projects/main/runs/plan", {"configuration": fitting}, format="json")
-    assert plan.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": []}
+    capacity = plan.json()["capacity"]
+    assert {k: capacity[k] for k in ("fits", "fleet", "reasons")} == {"fits": True, "fleet": "pd", "reasons": []}
 
     two_decoders = fitting.replace("nodes: 1\n    resources", "nodes: 3\n    resources")
     plan = api.post("/api/projects/main/runs/plan", {"configuration": two_decoders}, format="json")

@@ -1,0 +1,47 @@
+"""A user's attach key on a job's host: one line in the fleet user's authorized_keys that lets the
+key forward to the job's ports and do nothing else, added for an attach and removed when the job
+ends (runs/attach.py says when).
+
+Each line ends with a marker naming the job, so removal takes exactly that job's lines whatever
+else the file holds, and both operations can be repeated safely.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from backends.ssh.runner_host import RunnerError, SSHRunnerHost
+
+# Lines of authorized_keys are short; this bounds what one install may append.
+MAX_LINE = 16 << 10
+
+
+def _path_expr(path: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + shlex.quote(path[1:]) if path != "~" else '"$HOME"'
+    return shlex.quote(path)
+
+
+def install(host: SSHRunnerHost, path: str, line: str) -> None:
+    """Append `line` unless it is there already; the file and its directory are made private."""
+    if "\n" in line or len(line) > MAX_LINE:
+        raise ValueError("an authorized_keys entry is one line")
+    # the line comes on stdin: no quoting of key material into a shell command
+    script = (f'umask 077; P={_path_expr(path)}; mkdir -p "$(dirname "$P")" && touch "$P" && '
+              'IFS= read -r L && { grep -qxF -- "$L" "$P" || printf "%s\\n" "$L" >> "$P"; }')
+    status, out, err = host._exec(f"sh -c {shlex.quote(script)}", stdin=line.encode() + b"\n")
+    if status != 0:
+        raise RunnerError(f"{host.target.where}: cannot add the attach key to {path}: "
+                          f"{(err or out).decode(errors='replace').strip()[:300]}")
+
+
+def remove(host: SSHRunnerHost, path: str, marker: str) -> None:
+    """Drop every line ending with ` marker`, keeping the file itself (its owner and mode)."""
+    if not marker.replace("-", "").isalnum():
+        raise ValueError(f"bad marker {marker!r}")
+    script = (f'P={_path_expr(path)}; [ -f "$P" ] || exit 0; T="$P.muster-$$"; '
+              f'grep -v -- " {marker}$" "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"')
+    status, out, err = host._exec(f"sh -c {shlex.quote(script)}")
+    if status != 0:
+        raise RunnerError(f"{host.target.where}: cannot remove the attach key from {path}: "
+                          f"{(err or out).decode(errors='replace').strip()[:300]}")

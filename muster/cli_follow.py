@@ -1,0 +1,262 @@
+"""Following a run from the CLI: every job's log (lines prefixed `[group/rank]`), job status
+changes, and the summary `apply` ends with.
+
+Only the REST API is used: GET runs/<name>/ for the jobs and their statuses, GET runs/<name>/logs
+for each job's bytes from an offset.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from muster import cli_render as render
+from muster.cli_client import Client, CliError, Unreachable
+
+# How often the follow loops ask the server for news.
+POLL_SECONDS = 1.0
+# A follow loop reads at most this many log chunks of one job per tick, so a chatty job cannot
+# starve the others or the status updates.
+MAX_LOG_CHUNKS_PER_TICK = 16
+# Lines of a failed job's log repeated in the summary `apply` ends with.
+TAIL_LINES = 10
+# A line longer than this without a newline is printed as it is rather than buffered without end.
+MAX_PARTIAL_LINE = 64 * 1024
+RUN_FINISHED = frozenset({"done", "failed", "terminated"})
+JOB_FINISHED = frozenset({"done", "failed", "terminated", "aborted"})
+# A job in one of these has no process yet, so it has no log to ask for.
+JOB_NOT_STARTED = frozenset({"submitted", "provisioning", "pulling"})
+
+
+def segment(name: str) -> str:
+    return quote(name, safe="")
+
+
+def say(message: str) -> None:
+    """Status lines go to stderr so stdout carries only the jobs' logs (and tables)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def label(job: Mapping[str, Any]) -> str:
+    return f"{job.get('node_group_name')}/{job.get('node_group_rank')}"
+
+
+class JobLog:
+    """What has been read of one job's log: the byte offset, an unfinished last line, the tail."""
+
+    def __init__(self, job: Mapping[str, Any]):
+        self.num = job["job_num"]
+        self.label = label(job)
+        self.offset = 0
+        self.partial = ""
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.drained = False
+
+
+class LogFollower:
+    """Reads the logs of the selected jobs of one run and prints them, line by line.
+
+    With `prefix`, each line starts with `[group/rank] ` so the logs of many jobs can share one
+    terminal; a job's bytes are cut into lines here, so a line is never split between jobs.
+    """
+
+    def __init__(self, client: Client, run: str, job: int | None = None, group: str | None = None,
+                 prefix: bool = True):
+        self.client, self.run = client, run
+        self.job, self.group, self.prefix = job, group, prefix
+        self.logs: dict[int, JobLog] = {}
+        self.submission: int | None = None
+
+    def selected(self, jobs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return [j for j in jobs if (self.job is None or j.get("job_num") == self.job)
+                and (self.group is None or j.get("node_group_name") == self.group)]
+
+    def check_selection(self, run: Mapping[str, Any]) -> None:
+        jobs = run.get("jobs") or []
+        if self.selected(jobs):
+            return
+        if self.job is not None:
+            raise CliError(f"run {self.run} has no job {self.job} (jobs 0..{len(jobs) - 1})")
+        groups = sorted({str(j.get("node_group_name")) for j in jobs})
+        raise CliError(f"run {self.run} has no group {self.group!r} (groups: {', '.join(groups) or 'none'})")
+
+    def tick(self, run: Mapping[str, Any], final: bool = False) -> None:
+        """Print what is new in each selected job's log; `final`: the run has ended, read to the end."""
+        if run.get("submission_num") != self.submission:
+            # a retry makes new job rows with logs of their own: start over
+            self.logs, self.submission = {}, run.get("submission_num")
+        for job in self.selected(run.get("jobs") or []):
+            state = self.logs.get(job["job_num"])
+            if state is None:
+                state = self.logs[job["job_num"]] = JobLog(job)
+            if state.drained or (job.get("status") in JOB_NOT_STARTED and not final):
+                continue
+            # the logs answer carries the job's status too, newer than the run's by a request
+            status = self.read(state)
+            if job.get("status") in JOB_FINISHED or status in JOB_FINISHED or final:
+                self.read(state)  # what was stored as the job ended
+                self.flush(state)
+                state.drained = True
+
+    def read(self, state: JobLog) -> str | None:
+        status = None
+        for _ in range(MAX_LOG_CHUNKS_PER_TICK):
+            try:
+                data = self.client.get(f"runs/{segment(self.run)}/logs", job=state.num, start=state.offset)
+            except Unreachable:
+                raise
+            except CliError:
+                return status  # e.g. the job was replaced by a retry; the next tick sees the new rows
+            status = data.get("status")
+            if data.get("text"):
+                self.emit(state, data["text"])
+            # `next` is a byte offset: counting characters of the decoded text would drift on UTF-8
+            if data["next"] <= state.offset:
+                return status
+            state.offset = data["next"]
+        return status
+
+    def emit(self, state: JobLog, text: str) -> None:
+        text = state.partial + text
+        lines = text.split("\n")
+        state.partial = lines.pop()
+        if len(state.partial) > MAX_PARTIAL_LINE:
+            lines.append(state.partial)
+            state.partial = ""
+        self.print_lines(state, lines)
+
+    def flush(self, state: JobLog) -> None:
+        if state.partial:
+            self.print_lines(state, [state.partial])
+            state.partial = ""
+
+    def print_lines(self, state: JobLog, lines: list[str]) -> None:
+        if not lines:
+            return
+        state.tail.extend(lines)
+        head = f"[{state.label}] " if self.prefix else ""
+        write_out("".join(f"{head}{line}\n" for line in lines))
+
+    def all_drained(self, run: Mapping[str, Any]) -> bool:
+        jobs = self.selected(run.get("jobs") or [])
+        return all(self.logs.get(j["job_num"]) and self.logs[j["job_num"]].drained for j in jobs)
+
+
+def get_run(client: Client, name: str) -> dict[str, Any]:
+    return client.get(f"runs/{segment(name)}/")
+
+
+def follow_logs(client: Client, name: str, job: int | None, group: str | None, follow: bool) -> int:
+    """`muster logs`: the selected jobs' logs; with `follow`, until each of them has finished."""
+    # one job asked for by number prints its log as written, so it can be piped like a file
+    follower = LogFollower(client, name, job, group, prefix=job is None)
+    try:
+        run = get_run(client, name)
+        follower.check_selection(run)
+        while True:
+            ended = run.get("status") in RUN_FINISHED
+            follower.tick(run, final=ended or not follow)
+            if ended or not follow or follower.all_drained(run):
+                return 0
+            time.sleep(POLL_SECONDS)
+            run = get_run(client, name)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _job_line(job: Mapping[str, Any]) -> str:
+    line = f"job {job.get('job_num')} ({label(job)}): {job.get('status')}"
+    if job.get("instance"):
+        ip = f" ({job['instance_ip']})" if job.get("instance_ip") else ""
+        line += f" on {job['instance']}{ip}"
+    if job.get("termination_reason"):
+        line += f" [{job['termination_reason']}]"
+    return line
+
+
+class RunFollower:
+    """What `apply` has already shown of one run: each job's status, the progress line, the logs."""
+
+    def __init__(self, client: Client, name: str):
+        self.client = client
+        self.name = name
+        self.job_status: dict[int, str] = {}
+        self.progress = ""
+        self.submission: int | None = None
+        self.logs = LogFollower(client, name)
+        self.lost_contact = False
+
+    def poll(self) -> dict[str, Any] | None:
+        try:
+            run = get_run(self.client, self.name)
+            self.show(run)
+            self.logs.tick(run, final=run.get("status") in RUN_FINISHED)
+        except Unreachable as exc:
+            if not self.lost_contact:
+                say(f"{exc}; still trying (Ctrl-C detaches)")
+            self.lost_contact = True
+            return None
+        self.lost_contact = False
+        return run
+
+    def show(self, run: Mapping[str, Any]) -> None:
+        submission = run.get("submission_num")
+        if self.submission is not None and submission != self.submission:
+            say(f"run {self.name}: resubmitted (submission {submission})")
+            self.job_status = {}
+        self.submission = submission
+        jobs = run.get("jobs") or []
+        for job in jobs:
+            if self.job_status.get(job["job_num"]) != job.get("status"):
+                self.job_status[job["job_num"]] = job.get("status")
+                say(_job_line(job))
+        progress = f"run {self.name}: {run.get('status')}  jobs: {render.status_counts(jobs)}"
+        if progress != self.progress:
+            self.progress = progress
+            say(progress)
+
+
+def report_end(run: Mapping[str, Any], logs: LogFollower | None = None) -> int:
+    """The per-job summary, with the last lines of each job that failed; the exit status."""
+    name, status = run.get("name"), run.get("status")
+    jobs = run.get("jobs") or []
+    if jobs:
+        say(render.jobs_summary(jobs))
+    for job in jobs:
+        if job.get("status") not in ("failed", "aborted"):
+            continue
+        tail = list(logs.logs[job["job_num"]].tail) if logs and job["job_num"] in logs.logs else []
+        if job.get("termination_message"):
+            say(f"job {job['job_num']} ({label(job)}): {job['termination_message']}")
+        if tail:
+            say(f"last lines of job {job['job_num']} ({label(job)}):")
+            say("\n".join(f"  | {line}" for line in tail))
+    if status == "done":
+        say(f"run {name}: done")
+        return 0
+    reason = run.get("termination_reason") or "no reason given"
+    message = f": {run['termination_message']}" if run.get("termination_message") else ""
+    say(f"run {name}: {status} ({reason}){message}")
+    return 1
+
+
+def follow_run(client: Client, name: str) -> int:
+    follower = RunFollower(client, name)
+    try:
+        while True:
+            run = follower.poll()
+            if run is not None and run.get("status") in RUN_FINISHED:
+                return report_end(run, follower.logs)
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        say(f"\nDetached; run {name} keeps going. Re-attach with: muster logs {name}")
+        return 0
