@@ -183,12 +183,13 @@ def test_force_deleting_a_fleet_under_a_run_stops_the_jobs_on_its_hosts(cluster,
     wait_until(lambda: all(j.status == "running" for j in run.current_jobs()), 60, "all three nodes running")
     delete_fleet(fleet, force=True, actor="test")
 
-    run = wait_for_run(run.name, timeout=30)
+    # a loaded 2-core machine stops three SSH hosts' jobs in well over 30 s at times
+    run = wait_for_run(run.name, timeout=90)
     assert run.status == "terminated", job_states(run)
     assert {j.termination_reason for j in run.current_jobs()} == {"terminated_by_server"}
     for host in pool:
         wait_until(lambda h=host: not runner_processes(h) and not any("sleep" in c for c in host_commands(h)),
-                   20, f"{host} to have no runner or job processes")
+                   60, f"{host} to have no runner or job processes")
     assert set(Instance.objects.filter(name__startswith="pd-").values_list("status", flat=True)) == {"terminated"}
 
 
