@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh_e2e.helpers import L40S
 from tests.sshhosts import SSHHostPool
 
 REGISTRY = "/usr/bin/docker-registry"
 BUSYBOX = "/bin/busybox"
+L40S = ("L40S", 46068)  # as tests/ssh_e2e/helpers.py (not imported: that module needs Django set up)
 
 
 def _missing() -> str:
