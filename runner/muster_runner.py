@@ -787,6 +787,8 @@ def pull_image(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: 
         proc.stdout.close()
     if proc.returncode != 0:
         return f"pulling {image} failed: {tail.strip() or f'docker pull exited with {proc.returncode}'}"
+    # Kept in the statuses that follow: a pull shorter than the server's poll is still reported.
+    base["pull_message"] = f"pulled {image}: {len(done)}/{len(layers)} layers"
     return None
 
 

@@ -14,8 +14,10 @@ from runs.models import Job
 
 
 def show_pull_progress(job: Job, state: dict) -> None:
-    """An event for each new pull message of the job (`layers done/seen`), none for a repeat."""
-    message = str(state.get("message") or "")[:500]
+    """An event for each new pull message of the job (`layers done/seen`), none for a repeat; the
+    runner keeps the last one (`pull_message`) once it has moved on, for a pull shorter than a poll."""
+    message = str((state.get("message") if state.get("state") == "pulling" else state.get("pull_message")) or "")
+    message = message[:500]
     if not message:
         return
     last = Event.objects.filter(job_id=job.pk).order_by("-created", "-pk").values_list("message", flat=True).first()

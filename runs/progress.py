@@ -200,12 +200,12 @@ def watch_observed(job: Job, status: dict | None) -> None:
         return
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
+    if job.status == JobStatus.PULLING:
+        containers.show_pull_progress(job, state)
     if (state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING
             and not containers.container_end(state)):
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
         _wake_waiting_peers(job)
-    if state.get("state") == "pulling":
-        containers.show_pull_progress(job, state)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
         text = text.format(exit_status=state.get("exit_status"))
