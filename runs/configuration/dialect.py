@@ -39,6 +39,12 @@ CONTAINER_KEYS = (
     "registry_auth", "docker", "home_dir",
 )  # fmt: skip
 WHY_CONTAINERS = "takes effect once jobs run in containers; until then the commands run on the host"
+# Container keys the runner applies (runner/muster_runner.py, container mode): no warning for them.
+CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell")
+WHY_NOT_YET = {
+    "registry_auth": "is accepted but not used yet: hosts pull only public images (or ones they were "
+                     "logged in to); the password is never stored or shown",
+}
 
 
 class _RegistryAuth(WrittenModel):
@@ -266,12 +272,11 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
     for key in CONTAINER_KEYS:
         if key == "python" or key not in written or getattr(task, key) in (None, False):
             continue
+        if key in CONTAINER_KEYS_IN_EFFECT:
+            continue
         value = getattr(task, key)
         shown = "(set)" if key == "registry_auth" else str(value).lower() if isinstance(value, bool) else value
-        _warn(warnings, key, f"{shown} is accepted but {WHY_CONTAINERS}")
-    if task.volumes:
-        _warn(warnings, "volumes", f"instance volumes are accepted but {WHY_CONTAINERS}: "
-              "use the host paths directly")
+        _warn(warnings, key, f"{shown} {WHY_NOT_YET.get(key) or 'is accepted but ' + WHY_CONTAINERS}")
     if "single_branch" in written:
         _warn(warnings, "single_branch", "has no effect: Muster clones no repos")
     if task.setup:

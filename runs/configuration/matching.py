@@ -18,6 +18,8 @@ from .gpus import name_key
 
 
 def fits(requirements: dict[str, Any], resources: dict[str, Any]) -> bool:
+    if requirements.get("docker") and not resources.get("docker"):
+        return False
     cpu = requirements.get("cpu") or {}
     if cpu.get("arch") and cpu["arch"] != (resources.get("cpu_arch") or "x86"):
         return False

@@ -85,7 +85,7 @@ class Resources(_Frozen):
     memory: SizeRange
     disk: SizeRange
     gpu: GpuRequirement | None
-    shm_size: float | None = None  # GB; applies once jobs run in containers
+    shm_size: float | None = None  # GB; the container's /dev/shm (jobs with `image`)
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -159,10 +159,6 @@ def parse_resources(
         arch = "arm"
     errors.raise_if_any()
     if warnings is not None:
-        if shm_size is not None:
-            warnings.append({"field": ["shm_size"], "message": (
-                f"shm_size: {raw['shm_size']} is kept but takes effect only once jobs run in containers; "
-                "until then a job uses the host's /dev/shm")})
         if gpu is not None and gpu.compute_capability is not None:
             warnings.append({"field": ["gpu", "compute_capability"], "message": (
                 f"compute_capability: {gpu.compute_capability} is not checked: hosts do not report it; "

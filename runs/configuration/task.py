@@ -326,10 +326,6 @@ def _warn_part(part: _Part, warnings: Warnings) -> None:
         warnings.append({"field": [*part.loc, "ports"], "message": (
             f"ports: {', '.join(str(p) for p in part.ports)} are kept with each job but not forwarded: "
             "reach them on the node's own address (DSTACK_NODE_IP)")})
-    if part.loc and part.image is not None:
-        warnings.append({"field": [*part.loc, "image"], "message": (
-            f"image: {part.image} is accepted but takes effect once jobs run in containers; "
-            "until then the commands run on the host")})
 
 
 def _read_group(

@@ -265,3 +265,42 @@ commands:
     assert pull_events(job2) == []
     assert "pulled-once" in logs.read(job2).decode()
     docker_cluster.forget(ref)
+
+
+def test_an_image_job_goes_only_to_hosts_with_docker_and_otherwise_says_so(ssh_hosts, docker_cluster, api,
+                                                                           fast_limits):
+    from instances.models import Instance
+
+    plain = ssh_hosts(2, mode="netns")  # hosts without Docker
+    fleet = apply_fleet(main_project(), {"configuration": fleet_configuration(plain, name="pd-disagg")},
+                        actor="test")
+    assert all(i.resources["docker"] is None for i in Instance.objects.filter(fleet=fleet))
+    text = """
+type: task
+name: needs-docker
+fleets: [pd-disagg]
+image: __IMAGE__
+commands: [echo hi]
+""".replace("__IMAGE__", docker_cluster.image("worker"))
+    resp = api.post(f"{RUNS}plan", {"configuration": text}, format="json")
+    assert resp.status_code == 200, resp.content
+    body = resp.json()["capacity"]
+    assert body["fits"] is False
+    assert "fleet pd-disagg: no host has Docker; install docker or remove image" in " ".join(body["reasons"]), body
+    # The same job without an image runs on those hosts as before.
+    resp = api.post(f"{RUNS}plan", {"configuration": text.replace("image: ", "# image: ")}, format="json")
+    assert resp.json()["capacity"]["fits"] is True, resp.json()
+
+    with_docker = apply_fleet(main_project(), {"configuration": fleet_configuration(docker_cluster.pool)},
+                              actor="test")
+    docker = [i.resources["docker"] for i in Instance.objects.filter(fleet=with_docker)]
+    assert all(d and d["version"] and "runc" in d["runtimes"] for d in docker), docker
+    resp = api.post(f"{RUNS}plan", {"configuration": text.replace("[pd-disagg]", "[pd-disagg, pd]")},
+                    format="json")
+    assert resp.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": []}, resp.json()
+
+
+def main_project():
+    from projects.models import Project
+
+    return Project.objects.get(name="main")
