@@ -43,7 +43,7 @@ def parts_of(req: dict) -> list[Part]:
     """The separate requirements of a group, each with the test one host's resources must pass."""
     parts: list[Part] = []
     if req.get("docker"):
-        parts.append((DOCKER, lambda r: bool(r.get("docker"))))
+        parts.append((DOCKER, lambda r: bool(r.get("docker") or r.get("tpu"))))
     gpu = req.get("gpu")
     if gpu is not None:
         parts.append((_gpu_label(gpu), lambda r: fits({"gpu": gpu}, r)))
