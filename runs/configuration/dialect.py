@@ -41,6 +41,7 @@ CONTAINER_KEYS = (
 WHY_CONTAINERS = "takes effect once jobs run in containers; until then the commands run on the host"
 # Container keys the runner applies (runner/muster_runner.py, container mode): no warning for them.
 CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell")
+WITHOUT_IMAGE = "takes effect only for jobs with `image`: this task has none, so its commands run on the host"
 WHY_NOT_YET = {
     "registry_auth": "is accepted but not used yet: hosts pull only public images (or ones they were "
                      "logged in to); the password is never stored or shown",
@@ -246,6 +247,11 @@ def check_backends(value: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(value))
 
 
+def has_image(task: Any) -> bool:
+    """Whether any job of the task runs in a container (the top-level image, or a group's)."""
+    return bool(task.image) or any(isinstance(g, dict) and g.get("image") for g in task.groups or [])
+
+
 def _warn(warnings: list, field: str, message: str) -> None:
     warnings.append({"field": [field], "message": f"{field}: {message}"})
 
@@ -272,11 +278,15 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
     for key in CONTAINER_KEYS:
         if key == "python" or key not in written or getattr(task, key) in (None, False):
             continue
-        if key in CONTAINER_KEYS_IN_EFFECT:
-            continue
         value = getattr(task, key)
         shown = "(set)" if key == "registry_auth" else str(value).lower() if isinstance(value, bool) else value
+        if key in CONTAINER_KEYS_IN_EFFECT:
+            if not has_image(task):
+                _warn(warnings, key, f"{shown} {WITHOUT_IMAGE}")
+            continue
         _warn(warnings, key, f"{shown} {WHY_NOT_YET.get(key) or 'is accepted but ' + WHY_CONTAINERS}")
+    if task.volumes and not has_image(task):
+        _warn(warnings, "volumes", f"instance volumes {WITHOUT_IMAGE}: use the host paths directly")
     if "single_branch" in written:
         _warn(warnings, "single_branch", "has no effect: Muster clones no repos")
     if task.setup:

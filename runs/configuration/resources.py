@@ -28,6 +28,9 @@ DEFAULT_CPU_ARCH = "x86"
 DEFAULT_GPU_COUNT = 1
 
 RESOURCE_KEYS = ("cpu", "memory", "shm_size", "disk", "gpu")
+# dropped by the task parser when the task has an image (runs/configuration/task.py)
+SHM_WITHOUT_IMAGE = ("sizes the container's /dev/shm, for jobs with `image`: this task has none, so a job "
+                     "uses the host's /dev/shm")
 # fmt: off
 _CPU_ARCH_ALIASES = {
     "x86": "x86", "x86_64": "x86", "amd64": "x86",
@@ -159,6 +162,9 @@ def parse_resources(
         arch = "arm"
     errors.raise_if_any()
     if warnings is not None:
+        if shm_size is not None:
+            warnings.append({"field": ["shm_size"], "message": (
+                f"shm_size: {raw['shm_size']} {SHM_WITHOUT_IMAGE}")})
         if gpu is not None and gpu.compute_capability is not None:
             warnings.append({"field": ["gpu", "compute_capability"], "message": (
                 f"compute_capability: {gpu.compute_capability} is not checked: hosts do not report it; "

@@ -19,7 +19,7 @@ from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList, format_loc
 from .fields import Port, WrittenModel, check_group_name, check_slug, read_model_partially
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
-from .resources import ProbedNames, Resources, Warnings, parse_resources
+from .resources import SHM_WITHOUT_IMAGE, ProbedNames, Resources, Warnings, parse_resources
 
 DEFAULT_MAX_NODES = 4096
 IMPLICIT_GROUP_NAME = "default"
@@ -219,6 +219,8 @@ def parse_run_configuration(
     written_env = parse_env(task.env, errors, ["env"])
     dialect.check_task_keys(task, errors, warnings)
     parts = _read_parts(task, document, bad, errors, warnings, probed_gpu_names)
+    if dialect.has_image(task):  # shm_size takes effect: the jobs run in containers
+        warnings[:] = [w for w in warnings if SHM_WITHOUT_IMAGE not in w["message"]]
 
     if parts is not None and task.groups is not None:
         _check_group_layout(task, parts, errors)

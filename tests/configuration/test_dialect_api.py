@@ -120,9 +120,8 @@ def test_dstacks_torchrun_example_plans_with_a_warning_for_each_key_without_effe
     warned = fields(resp)
     assert warned["python"].startswith("python: 3.12 — this server has no default image for Python 3.12")
     assert "host's Python" in warned["python"]
-    assert "spot_policy" in warned
-    for key in ("resources.shm_size", "privileged", "entrypoint", "shell"):
-        assert key not in warned, f"{key} takes effect: jobs with image run in containers"
+    for key in ("resources.shm_size", "privileged", "entrypoint", "shell", "spot_policy"):
+        assert key in warned, (key, warned)
     assert len(resp.json()["jobs"]) == 2
     conf = resp.json()["configuration"]
     assert conf["container"]["python"] == "3.12"
@@ -151,10 +150,8 @@ def test_the_profile_keys_of_dstack_are_all_accepted(api):
     warned = fields(resp)
     for key in ("backends", "regions", "availability_zones", "instance_types", "reservation", "spot_policy",
                 "max_price", "creation_policy", "idle_duration", "stop_duration", "utilization_policy",
-                "tags", "priority", "setup", "registry_auth", "nvcc"):
+                "tags", "priority", "setup", "registry_auth", "nvcc", "user", "working_dir", "volumes"):
         assert key in warned, (key, warned)
-    for key in ("user", "working_dir", "volumes"):
-        assert key not in warned, f"{key} takes effect: jobs with image run in containers"
     body = resp.json()
     assert body["configuration"]["retry"] == {"on_events": ["no-capacity", "error"], "duration": 86400}
     assert body["configuration"]["groups"][0]["commands"] == ["echo setup", "x"]
@@ -263,3 +260,17 @@ def test_a_missing_secret_or_one_in_commands_is_a_400_at_its_place(api):
     errors = {tuple(e["loc"]): e["msg"] for e in resp.json()["errors"]}
     assert "secret `nope` does not exist" in errors[("env", "A")]
     assert "can only be used in env values" in errors[("commands", 0)]
+
+
+def test_container_keys_take_effect_with_an_image_and_warn_without_one(api):
+    keys = ("privileged: true\nuser: 1000:1000\nentrypoint: /bin/bash\nworking_dir: /w\nshell: bash\n"
+            "volumes: [/mnt/data:/data]\nresources: {shm_size: 8GB}\ncommands: [echo]\n")
+    with_image = plan(api, "type: task\nimage: busybox\n" + keys)
+    assert with_image.status_code == 200, with_image.json()
+    assert not set(fields(with_image)) & {"privileged", "user", "entrypoint", "working_dir", "shell", "volumes",
+                                          "resources.shm_size", "image"}, fields(with_image)
+    groups = plan(api, "type: task\ngroups:\n  - name: a\n    image: busybox\n    commands: [echo]\n")
+    assert "groups.0.image" not in fields(groups)
+    without = fields(plan(api, "type: task\n" + keys))
+    for key in ("privileged", "user", "entrypoint", "working_dir", "shell", "volumes", "resources.shm_size"):
+        assert "only for jobs with `image`" in without[key] or "for jobs with `image`" in without[key], without
