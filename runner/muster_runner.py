@@ -921,8 +921,13 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     except subprocess.TimeoutExpired:
         attached.kill()
         attached.wait()
-    code, out = docker(["inspect", "--format", "{{.State.ExitCode}}", name])
-    exit_status = int(out) if code == 0 and out.lstrip("-").isdigit() else attached.returncode
+    code, out = docker(["inspect", "--format", "{{.State.ExitCode}}|{{.State.Error}}", name])
+    status_text, _, error = out.partition("|")
+    if code == 0 and error.strip() and reason is None:
+        # The runtime could not start the process (caps, devices, a missing shell): not the commands' exit.
+        return finish("failed", {"reason": "creating_container_error",
+                                 "error": f"starting the container failed: {error.strip()}"})
+    exit_status = int(status_text) if code == 0 and status_text.lstrip("-").isdigit() else attached.returncode
     return finish(final_state(exit_status, reason), dict(running, **exit_fields(exit_status)))
 
 

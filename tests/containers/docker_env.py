@@ -97,6 +97,12 @@ class DockerCluster:
         builder.docker("rmi", ref)
         return ref
 
+    def privileged_refused(self, ref: str) -> str:
+        """Docker's error when this machine cannot run privileged containers (a sandbox that withholds
+        capabilities from its root), else ""."""
+        out = self.pool[0].docker("run", "--rm", "--privileged", "--network", "host", ref, "true", check=False)
+        return "" if out.returncode == 0 else (out.stderr.strip() or out.stdout.strip())[-300:]
+
     def forget(self, ref: str) -> None:
         """Remove the image from every host, so that the next job there has to pull it."""
         for host in self.pool:

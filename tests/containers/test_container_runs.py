@@ -304,3 +304,20 @@ def main_project():
     from projects.models import Project
 
     return Project.objects.get(name="main")
+
+
+def test_a_container_the_runtime_cannot_start_fails_with_creating_container_error(docker_cluster, images, fleet,
+                                                                                 project, beat):
+    text = """
+type: task
+name: no-user
+fleets: [pd]
+image: __IMAGE__
+user: nosuchuser
+commands: [echo never]
+""".replace("__IMAGE__", images["worker"])
+    run = wait_for_run(submit_run(project, None, {"configuration": text}).name, timeout=60)
+    job = run.current_jobs().get()
+    assert (run.status, job.termination_reason) == ("failed", "creating_container_error"), job_states(run)
+    assert "nosuchuser" in job.termination_message, job.termination_message
+    assert docker_cluster.leftover_containers() == {}
