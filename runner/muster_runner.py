@@ -40,6 +40,7 @@ the same path), then started attached so its output lands in output.log.  Stops 
 from __future__ import annotations
 
 import argparse
+import base64
 import fcntl
 import hashlib
 import json
@@ -52,6 +53,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -691,10 +693,16 @@ def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.
 
 
 def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:
-    """Keep the env names only: secret values leave the disk once the runner holds them in memory."""
+    """Keep the env names only: secret values (and a registry password) leave the disk once the
+    runner holds them in memory."""
     env = spec.get("env") or {}
-    if any(value is not None for value in env.values()):
-        write_json_atomic(job.spec, dict(spec, env={str(key): None for key in env}))
+    container = spec.get("container") if isinstance(spec.get("container"), dict) else None
+    auth = container.get("registry_auth") if container else None
+    if any(value is not None for value in env.values()) or (isinstance(auth, dict) and auth.get("password")):
+        kept = dict(spec, env={str(key): None for key in env})
+        if container is not None and isinstance(auth, dict):
+            kept["container"] = dict(container, registry_auth={"username": auth.get("username")})
+        write_json_atomic(job.spec, kept)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,16 +745,51 @@ def container_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
     return env
 
 
-def pull_image(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any]) -> str | None:
+def registry_of(image: str) -> str:
+    """The registry an image reference names (its first component when that is a host), else Docker Hub."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "https://index.docker.io/v1/"
+
+
+def pull_config(image: str, auth: Any) -> str:
+    """A throw-away client configuration holding only this pull's credentials (dir 0700, file 0600).
+
+    Never `docker login`: that writes ~/.docker/config.json, which would keep the password on the
+    host and hand it to every other job of this user."""
+    directory = tempfile.mkdtemp(prefix="muster-pull-")
+    token = base64.b64encode(f"{auth.get('username') or ''}:{auth.get('password') or ''}".encode()).decode()
+    fd = os.open(os.path.join(directory, "config.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"auths": {registry_of(image): {"auth": token}}}, f)
+    return directory
+
+
+def pull_image(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any],
+               auth: Any = None) -> str | None:
     """Pull unless the host has the image; None when it is there, else why not ("terminated" on a stop)."""
     if docker(["image", "inspect", "--format", "{{.Id}}", image])[0] == 0:
         return None
     status = dict(base, state="pulling", image=image, message=f"pulling {image}", time=time.time())
     write_json_atomic(job.status, status)
+    env = base_env(job.home)
+    config = pull_config(image, auth) if isinstance(auth, dict) and auth.get("password") else ""
+    if config:
+        env["DOCKER_CONFIG"] = config
+    try:
+        return _pull(job, image, timeout, flag, base, status, env)
+    finally:
+        if config:
+            shutil.rmtree(config, ignore_errors=True)
+
+
+def _pull(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any], status: dict[str, Any],
+          env: dict[str, str]) -> str | None:
     try:
         proc = subprocess.Popen(
             ["docker", "pull", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=base_env(job.home), close_fds=True,
+            stderr=subprocess.STDOUT, env=env, close_fds=True,
         )
     except FileNotFoundError:
         return "docker is not installed on this host"
@@ -867,7 +910,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     # A container of this name is a leftover of an earlier runner of this job: never two of it.
     remove_container(name)
     timeout = float(c.get("pull_timeout") or DEFAULT_PULL_TIMEOUT)
-    problem = pull_image(job, image, timeout, flag, base)
+    problem = pull_image(job, image, timeout, flag, base, c.get("registry_auth"))
     if problem == "terminated":
         return finish("terminated", {"exit_status": None})
     if problem is not None:

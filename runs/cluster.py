@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from muster import crypto
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.models import Job
 from runs.services.submission import secret_env
@@ -109,7 +110,19 @@ def container_spec(job: Job, tpu: bool = False) -> dict | None:
         "shm_size": shm,
         "gpus": "nvidia" if "nvidia" in vendors else "amd" if "amd" in vendors else None,
         "pull_timeout": float(settings.MUSTER["IMAGE_PULL_TIMEOUT"]),
+        "registry_auth": registry_auth(job),
     }
+
+
+def registry_auth(job: Job) -> dict | None:
+    """registry_auth with its password, for the runner's pull (it keeps it in memory only)."""
+    conf = job.run.configuration
+    auth = (conf.get("container") or {}).get("registry_auth")
+    if not auth or not conf.get("secret_registry_password"):
+        return None
+    password = crypto.decrypt(conf["secret_registry_password"], loc=["runs", job.run.name, "registry_auth"],
+                              what=f"the registry password of run {job.run.name}", fix="submit the run again")
+    return {"username": auth.get("username"), "password": password}
 
 
 def _volume(volume) -> str:

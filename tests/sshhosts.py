@@ -554,8 +554,8 @@ class SSHHostPool:
             for host, gpus in zip(self.hosts, self._gpus_per_host(), strict=True):
                 host.set_gpus(gpus)
                 if self.docker:
-                    # the bridge address with every port: the tests' registries listen there
-                    host.start_dockerd([*self.insecure_registries, f"{self.bridge_address}/32"])
+                    # the tests' open registry listens there over plain HTTP (one with auth uses TLS)
+                    host.start_dockerd([*self.insecure_registries, f"{self.bridge_address}:5000"])
                 host.start_sshd()
         except BaseException:
             self.close()

@@ -40,12 +40,9 @@ CONTAINER_KEYS = (
 )  # fmt: skip
 WHY_CONTAINERS = "takes effect once jobs run in containers; until then the commands run on the host"
 # Container keys the runner applies (runner/muster_runner.py, container mode): no warning for them.
-CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell")
+CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell", "registry_auth")
 WITHOUT_IMAGE = "takes effect only for jobs with `image`: this task has none, so its commands run on the host"
-WHY_NOT_YET = {
-    "registry_auth": "is accepted but not used yet: hosts pull only public images (or ones they were "
-                     "logged in to); the password is never stored or shown",
-}
+
 
 
 class _RegistryAuth(WrittenModel):
@@ -284,7 +281,7 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
             if not has_image(task):
                 _warn(warnings, key, f"{shown} {WITHOUT_IMAGE}")
             continue
-        _warn(warnings, key, f"{shown} {WHY_NOT_YET.get(key) or 'is accepted but ' + WHY_CONTAINERS}")
+        _warn(warnings, key, f"{shown} is accepted but {WHY_CONTAINERS}")
     if task.volumes and not has_image(task):
         _warn(warnings, "volumes", f"instance volumes {WITHOUT_IMAGE}: use the host paths directly")
     if "single_branch" in written:

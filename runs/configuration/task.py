@@ -176,6 +176,8 @@ class TaskConfiguration(_Checked):
     # What the written configuration asks for that does not take effect here: shown with the
     # plan, not stored with the run.
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
+    # registry_auth's password: never shown nor stored as written (the submission keeps it encrypted)
+    registry_password: str | None = Field(default=None, exclude=True, repr=False)
 
 
 # ---- parsing ----------------------------------------------------------------------------------
@@ -262,6 +264,7 @@ def parse_run_configuration(
         groups=[g for g in groups if g is not None],
         uses_groups=task.groups is not None,
         container=dialect.container_values(task),
+        registry_password=task.registry_auth.password if task.registry_auth is not None else None,
         profile=dialect.profile_values(task),
         warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )

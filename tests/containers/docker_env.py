@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import tarfile
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,6 +85,7 @@ def _numeric_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
 class DockerCluster:
     pool: SSHHostPool
     registry: str  # host:port of the open registry
+    registries: list[Registry]
 
     def image(self, name: str) -> str:
         return f"{self.registry}/test/{name}"
@@ -103,6 +106,23 @@ class DockerCluster:
         out = self.pool[0].docker("run", "--rm", "--privileged", "--network", "host", ref, "true", check=False)
         return "" if out.returncode == 0 else (out.stderr.strip() or out.stdout.strip())[-300:]
 
+    def push_private(self, registry: Registry, name: str, marker: str) -> str:
+        """Build an image and push it to the registry with basic auth (a throw-away client config)."""
+        ref = f"{registry.addr}/test/{name}"
+        builder = self.pool[0]
+        subprocess.run(["docker", "-H", f"unix://{builder.docker_sock}", "import", "-", ref],
+                       input=rootfs_tar(marker), capture_output=True, check=True, timeout=60)
+        config = tempfile.mkdtemp()
+        try:
+            client = ["docker", "--config", config, "-H", f"unix://{builder.docker_sock}"]
+            subprocess.run([*client, "login", "-u", "tester", "--password-stdin", registry.addr],
+                           input=registry.password, capture_output=True, text=True, check=True, timeout=60)
+            subprocess.run([*client, "push", ref], capture_output=True, check=True, timeout=120)
+        finally:
+            shutil.rmtree(config, ignore_errors=True)
+        builder.docker("rmi", ref)
+        return ref
+
     def forget(self, ref: str) -> None:
         """Remove the image from every host, so that the next job there has to pull it."""
         for host in self.pool:
@@ -113,33 +133,61 @@ class DockerCluster:
 
 
 class Registry:
-    """docker-registry serving from a directory of its own on the bridge address."""
+    """docker-registry serving from a directory of its own on the bridge address; with `password`,
+    TLS (self-signed: the daemons trust the bridge address as an insecure registry) and basic auth
+    for the user `tester`."""
 
-    def __init__(self, root: Path, address: str, port: int) -> None:
+    def __init__(self, root: Path, address: str, port: int, password: str = "") -> None:
         self.addr = f"{address}:{port}"
         self.root = root
+        self.password = password
         storage = root / f"registry-{port}"
         config = root / f"registry-{port}.yml"
+        http = f"http: {{addr: '{self.addr}'}}\n"
+        auth = ""
+        if password:
+            cert, key, users = root / f"cert-{port}.pem", root / f"key-{port}.pem", root / f"htpasswd-{port}"
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", f"/CN={address}", "-addext", f"subjectAltName=IP:{address}",
+                            "-keyout", str(key), "-out", str(cert)], capture_output=True, check=True, timeout=60)
+            users.write_text(subprocess.run(["htpasswd", "-Bbn", "tester", password], capture_output=True,
+                                            text=True, check=True, timeout=60).stdout)
+            http = f"http: {{addr: '{self.addr}', tls: {{certificate: {cert}, key: {key}}}}}\n"
+            # every dockerd reads this directory at each pull: the daemons trust the certificate
+            self.certs_d = Path("/etc/docker/certs.d") / self.addr
+            self.certs_d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(cert, self.certs_d / "ca.crt")
+            auth = f"auth: {{htpasswd: {{realm: test, path: {users}}}}}\n"
         config.write_text(
             "version: 0.1\n"
             "log: {level: warn, accesslog: {disabled: true}}\n"
             f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}\n"
-            f"http: {{addr: '{self.addr}'}}\n"
+            + http + auth
         )
         with open(root / f"registry-{port}.log", "ab") as log:
             self.proc = subprocess.Popen([REGISTRY, "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=log, start_new_session=True)
         deadline = time.monotonic() + 30
+        context = ssl._create_unverified_context() if password else None
         while True:
             try:
-                urllib.request.urlopen(f"http://{self.addr}/v2/", timeout=2).read()
+                urllib.request.urlopen(f"{'https' if password else 'http'}://{self.addr}/v2/", timeout=2,
+                                       context=context).read()
                 return
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:  # up, and asking for credentials
+                    return
+                raise
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"registry on {self.addr} did not come up") from None
                 time.sleep(0.1)
 
+    certs_d: Path | None = None
+
     def close(self) -> None:
+        if self.certs_d is not None:
+            shutil.rmtree(self.certs_d, ignore_errors=True)
         self.proc.terminate()
         try:
             self.proc.wait(10)
@@ -154,12 +202,22 @@ def docker_cluster() -> Iterator[DockerCluster]:
     if MISSING:
         pytest.skip(MISSING)
     pool = SSHHostPool(3, gpus=[[], [L40S, L40S], [L40S, L40S]], mode="netns", docker=True)
-    registry = None
+    registries: list[Registry] = []
     try:
         pool.start()
-        registry = Registry(pool.root, pool.bridge_address, 5000)
-        yield DockerCluster(pool, registry.addr)
+        registries.append(Registry(pool.root, pool.bridge_address, 5000))
+        yield DockerCluster(pool, registries[0].addr, registries)
     finally:
-        if registry is not None:
+        for registry in registries:
             registry.close()
         pool.close()
+
+
+def private_registry(cluster: DockerCluster, password: str) -> Registry:
+    """The registry with basic auth, started once (its storage and password live as long as the cluster)."""
+    for registry in cluster.registries:
+        if registry.password:
+            return registry
+    registry = Registry(cluster.pool.root, cluster.pool.bridge_address, 5001, password=password)
+    cluster.registries.append(registry)
+    return registry

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from events.models import Event
 from instances.fleets import apply_fleet
 from runs import logs
 from runs.services.submission import submit_run
-from tests.containers.docker_env import needs_docker
+from tests.containers.docker_env import needs_docker, private_registry
 from tests.engine.helpers import Beat, wait_for_run
 from tests.ssh_e2e.helpers import fleet_configuration
 from tests.waiting import job_states, wait_until
@@ -321,3 +322,47 @@ commands: [echo never]
     assert (run.status, job.termination_reason) == ("failed", "creating_container_error"), job_states(run)
     assert "nosuchuser" in job.termination_message, job.termination_message
     assert docker_cluster.leftover_containers() == {}
+
+
+PRIVATE = """
+type: task
+name: __NAME__
+fleets: [pd]
+image: __IMAGE__
+resources: {cpu: 1}
+commands:
+  - cat /etc/test-image-marker
+"""
+
+
+def test_a_private_image_fails_clearly_without_registry_auth_and_pulls_with_it(docker_cluster, fleet, api, beat):
+    password = "pw-of-the-private-registry"
+    registry = private_registry(docker_cluster, password)
+    ref = docker_cluster.push_private(registry, "private:1", "private-image")
+    text = PRIVATE.replace("__IMAGE__", ref)
+
+    post_run(api, text.replace("__NAME__", "no-auth"))
+    run = wait_for_run("no-auth", timeout=60)
+    job = run.current_jobs().get()
+    assert (run.status, job.termination_reason) == ("failed", "creating_container_error"), job_states(run)
+    assert "no basic auth credentials" in job.termination_message or "unauthorized" in job.termination_message, \
+        job.termination_message
+
+    with_auth = text.replace("commands:", f"registry_auth:\n  username: tester\n  password: {password}\ncommands:")
+    plan = api.post(f"{RUNS}plan", {"configuration": with_auth.replace("__NAME__", "with-auth")}, format="json")
+    assert "registry_auth" not in {w["field"] for w in plan.json()["warnings"]}, plan.json()["warnings"]
+    shown = post_run(api, with_auth.replace("__NAME__", "with-auth"))
+    assert password not in str(shown), "the password is never shown"
+    run = wait_for_run("with-auth", timeout=60)
+    job = run.current_jobs().select_related("instance").get()
+    assert run.status == "done", job_states(run)
+    assert "private-image" in logs.read(job).decode()
+    host = host_of(docker_cluster, job)
+    # Used for the pull only: nothing of it stays on the host (the hosts share the machine's disk).
+    for path in host.muster_home.rglob("*"):
+        if path.is_file():
+            assert password.encode() not in path.read_bytes(), path
+    for config in [Path.home() / ".docker" / "config.json", host.home / ".docker" / "config.json"]:
+        assert not config.exists() or password.encode() not in config.read_bytes()
+    assert not list(Path(tempfile.gettempdir()).glob("muster-pull-*"))
+    docker_cluster.forget(ref)

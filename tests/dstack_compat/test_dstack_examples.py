@@ -69,7 +69,8 @@ IMPLEMENTED = {"type", "name", "nodes", "env", "commands", "resources", "startup
                "retry", "max_duration", "fleets"}
 IMPLEMENTED_RESOURCES = {"cpu", "memory", "disk", "gpu"}
 # With `image` the jobs run in containers, where these take effect too.
-IMPLEMENTED_WITH_IMAGE = {"image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes"}
+IMPLEMENTED_WITH_IMAGE = {"image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes",
+                          "registry_auth"}
 # dstack accepts these; Muster refuses them on purpose, naming why (it has no code upload).
 REFUSED = {"refused-docs-files.dstack.yml": "files", "refused-docs-repos.dstack.yml": "repos"}
 
