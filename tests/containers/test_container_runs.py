@@ -366,3 +366,23 @@ def test_a_private_image_fails_clearly_without_registry_auth_and_pulls_with_it(d
         assert not config.exists() or password.encode() not in config.read_bytes()
     assert not list(Path(tempfile.gettempdir()).glob("muster-pull-*"))
     docker_cluster.forget(ref)
+
+
+def test_max_duration_and_a_fleet_delete_stop_the_containers_and_remove_them(docker_cluster, images, fleet, api,
+                                                                             project, beat):
+    from instances.fleets import delete_fleet
+
+    timed = SLEEPER.replace("__NAME__", "timed").replace("__IMAGE__", images["worker"]).replace(
+        "env:\n  - TOKEN\n", "max_duration: 3s\n")
+    run = wait_for_run(submit_run(project, None, {"configuration": timed}).name, timeout=60)
+    job = run.current_jobs().get()
+    assert job.termination_reason == "max_duration_exceeded", job_states(run)
+    wait_until(lambda: docker_cluster.leftover_containers() == {}, 30, "no container left after max_duration")
+
+    forever = SLEEPER.replace("__NAME__", "forever").replace("__IMAGE__", images["worker"]).replace(
+        "env:\n  - TOKEN\n", "nodes: 3\n")
+    run = submit_run(project, None, {"configuration": forever})
+    wait_until(lambda: sum(len(h.containers()) for h in docker_cluster.pool) == 3, 60, "three containers running")
+    delete_fleet(fleet, force=True, actor="test")
+    assert wait_for_run(run.name, timeout=60).status == "terminated"
+    wait_until(lambda: docker_cluster.leftover_containers() == {}, 30, "no container left after the fleet delete")
