@@ -40,6 +40,9 @@ def _missing() -> str:
         return "needs OpenSSH sshd"
     if not os.path.exists(REGISTRY):
         return "needs docker-registry (apt-get install docker-registry)"
+    if os.path.exists("/run/containerd/containerd.sock"):
+        # every test dockerd would use it, and its containers would start outside the host's namespace
+        return "a system containerd runs (/run/containerd/containerd.sock): stop it (systemctl stop containerd)"
     if not os.path.exists(BUSYBOX) or b"ld-linux" in Path(BUSYBOX).read_bytes()[:4096]:
         return "needs a static /bin/busybox (apt-get install busybox-static)"
     return ""
