@@ -346,13 +346,15 @@ def _resources(probe: dict[str, Any]) -> dict[str, Any]:
         "cpu_arch": probe["cpu_arch"],
         "gpus": [{"name": g["name"], "memory_gb": g["memory_gb"], "vendor": g["vendor"]} for g in probe["gpus"]],
         "tpu": None,
+        "docker": probe.get("docker"),  # jobs with `image` run only where a daemon answered
     }
 
 
 def _describe(resources: dict[str, Any]) -> str:
     gpus = resources["gpus"]
     gpu_text = f", {len(gpus)}x {gpus[0]['name'] or gpus[0]['vendor']}" if gpus else ""
-    return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}"
+    docker = f", Docker {resources['docker']['version']}" if resources.get("docker") else ", no Docker"
+    return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}{docker}"
 
 
 def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],

@@ -222,9 +222,21 @@ def health(inst: dict[str, Any]) -> str | None:
     return "unreachable" if inst["unreachable"] else "ok"
 
 
-def _host_row(inst: dict[str, Any]) -> tuple:
-    return (inst.get("index"), inst.get("name"), inst.get("status"), health(inst), inst.get("backend"),
-            inst.get("internal_ip"), instance_resources(inst.get("resources")), inst.get("job"))
+def _host_row(inst: dict[str, Any], docker: bool = False) -> tuple:
+    row = (inst.get("index"), inst.get("name"), inst.get("status"), health(inst), inst.get("backend"),
+           inst.get("internal_ip"), instance_resources(inst.get("resources")), inst.get("job"))
+    return row + (docker_text(inst),) if docker else row
+
+
+def docker_text(inst: dict[str, Any]) -> str:
+    # whether the host can run jobs with `image`: the daemon's version, or "no"
+    found = (inst.get("resources") or {}).get("docker")
+    return f"{found.get('version')}" if isinstance(found, dict) and found.get("version") else "no"
+
+
+def _knows_docker(instances: Sequence[dict[str, Any]]) -> bool:
+    # hosts registered before the Docker probe carry no such fact: no column rather than a wrong "no"
+    return any("docker" in (i.get("resources") or {}) for i in instances)
 
 
 def _by_index(inst: dict[str, Any]) -> tuple:
@@ -253,14 +265,16 @@ def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[st
         else:
             loose.setdefault(inst.get("fleet") or "(no fleet)", []).append(inst)
     blocks = []
+    docker = _knows_docker(instances)
+    headers = _HOST_HEADERS + ["docker"] if docker else _HOST_HEADERS
     for name in sorted(grouped):
         members = sorted(grouped[name], key=_by_index)
         blocks.append(_group_header(name, members, shapes) + "\n"
-                      + table(_HOST_HEADERS, [_host_row(i) for i in members], indent="  "))
+                      + table(headers, [_host_row(i, docker) for i in members], indent="  "))
     for fleet in sorted(loose):
         members = sorted(loose[fleet], key=lambda i: i.get("name") or "")
-        rows = [_host_row(i)[1:] for i in members]
-        blocks.append(f"fleet {fleet}\n" + table(_HOST_HEADERS[1:], rows, indent="  "))
+        rows = [_host_row(i, docker)[1:] for i in members]
+        blocks.append(f"fleet {fleet}\n" + table(headers[1:], rows, indent="  "))
     return "\n\n".join(blocks)
 
 

@@ -268,6 +268,8 @@ MUSTER = {
     "WAITING_PEERS_LIMIT": env_float("MUSTER_WAITING_PEERS_LIMIT", 600.0),
     "UNREACHABLE_GRACE": env_float("MUSTER_UNREACHABLE_GRACE", 30.0),
     "STOP_GRACE": env_float("MUSTER_STOP_GRACE", 5.0),
+    # seconds a job's image may take to pull before the job fails (creating_container_error)
+    "IMAGE_PULL_TIMEOUT": env_float("MUSTER_IMAGE_PULL_TIMEOUT", 600.0),
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     # local instances run jobs as the server's own user: off in production unless the operator opts in

@@ -16,6 +16,7 @@ Layout under the runner home directory HOME::
     HOME/jobs/<job_id>/mpi/hostfile
     HOME/jobs/<job_id>/workdir/       cwd of the commands
     HOME/jobs/<job_id>/stop           created by the server to request a stop
+    HOME/jobs/<job_id>/container.env  a container job's env while ``docker create`` reads it (0600)
 
 Commands: agent, ensure-agent, submit, status, stop, log, cleanup, job (internal).
 Every command except ``log`` prints one JSON document on stdout.
@@ -28,20 +29,31 @@ Every process of a job carries ``MUSTER_JOB_ID=<job_id>`` and ``MUSTER_HOME=<hom
 environment, and where the host has a writable cgroup hierarchy the job has a cgroup of its own
 (``muster-<home hash>-<job_id>``), so a stop
 finds the processes that left the job's process group (``setsid``, ``timeout``, daemons) too.
+
+A spec with ``container.image`` runs as one Docker container (``run_container_job``), named by the
+job id, through the host's ``docker`` CLI: the image is pulled unless present (state ``pulling``),
+the container is created with host networking, the job's env and the MPI hostfile (read-only, at
+the same path), then started attached so its output lands in output.log.  Stops use ``docker stop``
+(SIGTERM, SIGKILL after the grace period) and every end removes the container.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import fcntl
 import hashlib
 import json
 import os
 import pwd
+import re
+import select
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -62,6 +74,10 @@ FINAL_STATES = ("done", "failed", "terminated", "max_duration_exceeded")
 JOB_MARKER = "MUSTER_JOB_ID"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SCRIPT_PATH = os.path.abspath(__file__)
+DOCKER_CALL_TIMEOUT = 60.0  # one docker CLI call other than the pull and the job itself
+DEFAULT_PULL_TIMEOUT = 600.0
+DOCKER_MESSAGE_CAP = 2000  # characters of Docker's output kept for an error message
+CONTAINER_WORKDIR = "/workflow"  # dstack's default working directory inside the container
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,7 +546,7 @@ def base_env(runner_home: str) -> dict[str, str]:
         home, name = user.pw_dir, user.pw_name
     except KeyError:
         home, name = "/", str(os.getuid())
-    return {
+    env = {
         "PATH": os.environ.get("PATH") or DEFAULT_PATH,
         "HOME": os.environ.get("HOME") or home,
         "USER": name,
@@ -540,6 +556,10 @@ def base_env(runner_home: str) -> dict[str, str]:
         # The runner home (ssh-fleets.md: a host may set it); it tells every runner process apart.
         "MUSTER_HOME": runner_home,
     }
+    if os.environ.get("DOCKER_HOST"):
+        # Where the host's Docker daemon listens when not at the default socket; not a secret.
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return env
 
 
 def build_env(spec: dict[str, Any], base: dict[str, str], hostfile_path: str) -> dict[str, str]:
@@ -573,6 +593,13 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         value = spec.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"spec.{key} must be a number or null")
+    container = spec.get("container")
+    if container is not None:
+        if not isinstance(container, dict) or not isinstance(container.get("image"), str) or not container["image"]:
+            raise ValueError("spec.container must be an object with an image")
+        volumes = container.get("volumes") or []
+        if not isinstance(volumes, list) or not all(isinstance(v, str) for v in volumes):
+            raise ValueError("spec.container.volumes must be a list of strings")
     return spec
 
 
@@ -666,10 +693,285 @@ def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.
 
 
 def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:
-    """Keep the env names only: secret values leave the disk once the runner holds them in memory."""
+    """Keep the env names only: secret values (and a registry password) leave the disk once the
+    runner holds them in memory."""
     env = spec.get("env") or {}
-    if any(value is not None for value in env.values()):
-        write_json_atomic(job.spec, dict(spec, env={str(key): None for key in env}))
+    container = spec.get("container") if isinstance(spec.get("container"), dict) else None
+    auth = container.get("registry_auth") if container else None
+    if any(value is not None for value in env.values()) or (isinstance(auth, dict) and auth.get("password")):
+        kept = dict(spec, env={str(key): None for key in env})
+        if container is not None and isinstance(auth, dict):
+            kept["container"] = dict(container, registry_auth={"username": auth.get("username")})
+        write_json_atomic(job.spec, kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Container jobs
+
+
+def container_name(job_id: str) -> str:
+    # Job ids are UUIDs when the server submits; anything Docker would refuse is hashed instead.
+    if re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", job_id):
+        return job_id
+    return "muster-" + hashlib.sha256(job_id.encode()).hexdigest()[:24]
+
+
+def docker(args: list[str], timeout: float = DOCKER_CALL_TIMEOUT) -> tuple[int, str]:
+    """(exit code, output capped) of one docker CLI call; 127 when there is no docker at all."""
+    try:
+        proc = subprocess.run(
+            ["docker", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=base_env(os.environ.get("MUSTER_HOME") or "/"), timeout=timeout, close_fds=True,
+        )
+    except FileNotFoundError:
+        return 127, "docker is not installed on this host"
+    except subprocess.TimeoutExpired:
+        return 124, f"docker {args[0]} did not answer within {timeout:.0f}s"
+    out = proc.stdout.decode("utf-8", "replace").strip()
+    return proc.returncode, out[-DOCKER_MESSAGE_CAP:]
+
+
+def remove_container(name: str) -> None:
+    docker(["rm", "-f", name])
+
+
+def container_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
+    """What the container is told: the cluster contract and the user's env, nothing of the host's."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    env.update(cluster_env(spec, hostfile_path))
+    for key, value in (spec.get("env") or {}).items():
+        if value is not None:
+            env[str(key)] = str(value)
+    return env
+
+
+def registry_of(image: str) -> str:
+    """The registry an image reference names (its first component when that is a host), else Docker Hub."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "https://index.docker.io/v1/"
+
+
+def pull_config(image: str, auth: Any) -> str:
+    """A throw-away client configuration holding only this pull's credentials (dir 0700, file 0600).
+
+    Never `docker login`: that writes ~/.docker/config.json, which would keep the password on the
+    host and hand it to every other job of this user."""
+    directory = tempfile.mkdtemp(prefix="muster-pull-")
+    token = base64.b64encode(f"{auth.get('username') or ''}:{auth.get('password') or ''}".encode()).decode()
+    fd = os.open(os.path.join(directory, "config.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"auths": {registry_of(image): {"auth": token}}}, f)
+    return directory
+
+
+def pull_image(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any],
+               auth: Any = None) -> str | None:
+    """Pull unless the host has the image; None when it is there, else why not ("terminated" on a stop)."""
+    if docker(["image", "inspect", "--format", "{{.Id}}", image])[0] == 0:
+        return None
+    status = dict(base, state="pulling", image=image, message=f"pulling {image}", time=time.time())
+    write_json_atomic(job.status, status)
+    env = base_env(job.home)
+    config = pull_config(image, auth) if isinstance(auth, dict) and auth.get("password") else ""
+    if config:
+        env["DOCKER_CONFIG"] = config
+    try:
+        return _pull(job, image, timeout, flag, base, status, env)
+    finally:
+        if config:
+            shutil.rmtree(config, ignore_errors=True)
+
+
+def _pull(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any], status: dict[str, Any],
+          env: dict[str, str]) -> str | None:
+    try:
+        proc = subprocess.Popen(
+            ["docker", "pull", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, env=env, close_fds=True,
+        )
+    except FileNotFoundError:
+        return "docker is not installed on this host"
+    deadline = time.monotonic() + timeout
+    tail, buffer, layers, done = "", b"", set(), set()
+    try:
+        while True:
+            if flag.set or os.path.exists(job.stop):
+                return "terminated"
+            if time.monotonic() >= deadline:
+                return f"pulling {image} did not finish within {timeout:.0f}s"
+            ready, _, _ = select.select([proc.stdout], [], [], WATCH_INTERVAL)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace").strip()
+                    tail = (tail + "\n" + line)[-DOCKER_MESSAGE_CAP:]
+                    layer, _, what = line.partition(": ")
+                    if what in ("Pulling fs layer", "Waiting", "Downloading", "Verifying Checksum"):
+                        layers.add(layer)
+                    elif what in ("Pull complete", "Already exists", "Download complete"):
+                        layers.add(layer)
+                        done.add(layer)
+                if lines and layers:
+                    message = f"pulling {image}: {len(done)}/{len(layers)} layers"
+                    if message != status["message"]:
+                        status = dict(status, message=message, time=time.time())
+                        write_json_atomic(job.status, status)
+        proc.wait(DOCKER_CALL_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if proc.returncode != 0:
+        return f"pulling {image} failed: {tail.strip() or f'docker pull exited with {proc.returncode}'}"
+    # Kept in the statuses that follow: a pull shorter than the server's poll is still reported.
+    base["pull_message"] = f"pulled {image}: {len(done)}/{len(layers)} layers"
+    return None
+
+
+def write_env_file(job: JobPaths, env: dict[str, str]) -> tuple[str, list[str]]:
+    """An env file (0600) of the single-line values; the names of multi-line ones (an env file cannot
+    hold a newline), which ``docker create -e NAME`` takes from its own environment instead."""
+    path = os.path.join(job.dir, "container.env")
+    inherited = [key for key, value in env.items() if "\n" in value or "\r" in value]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        for key, value in env.items():
+            if key not in inherited:
+                f.write(f"{key}={value}\n")
+    return path, inherited
+
+
+def nvidia_runtime() -> bool:
+    """Whether this host's Docker can pass NVIDIA GPUs (nvidia-container-toolkit installed)."""
+    if shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-runtime"):
+        return True
+    code, out = docker(["info", "--format", "{{json .Runtimes}}"])
+    return code == 0 and '"nvidia"' in out
+
+
+def create_args(job: JobPaths, spec: dict[str, Any], name: str, env_file: str, inherited: list[str]) -> list[str]:
+    c = spec["container"]
+    args = [
+        "create", "--name", name, "--label", f"muster.job={job.job_id}",
+        # the job's host is its network: peers reach each other on the host addresses
+        "--network", "host",
+        # a PID 1 that forwards signals: `docker stop` then ends a shell that has no TERM handler
+        "--init",
+        "--env-file", env_file,
+        "-v", f"{job.hostfile}:{job.hostfile}:ro",
+        "-w", str(c.get("working_dir") or CONTAINER_WORKDIR),
+    ]
+    for key in inherited:
+        args += ["-e", key]
+    if c.get("privileged"):
+        args.append("--privileged")
+    if c.get("user"):
+        args += ["--user", str(c["user"])]
+    if c.get("shm_size"):
+        args += ["--shm-size", f"{int(float(c['shm_size']) * 1024 ** 3)}b"]
+    for volume in c.get("volumes") or []:
+        args += ["-v", volume]
+    gpus = c.get("gpus")
+    if gpus == "nvidia" and nvidia_runtime():
+        args += ["--gpus", "all"]  # a multi-node job has its host to itself
+    elif gpus == "amd":
+        args += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"]
+    script = job_script(spec["commands"])
+    entrypoint = shlex.split(str(c["entrypoint"])) if c.get("entrypoint") else []
+    if entrypoint:
+        args += ["--entrypoint", entrypoint[0], c["image"], *entrypoint[1:]]
+        if spec["commands"]:
+            args += ["-c", script]
+    else:
+        args += ["--entrypoint", str(c.get("shell") or "/bin/sh"), c["image"], "-c", script]
+    return args
+
+
+def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base: dict[str, Any]) -> int:
+    c = spec["container"]
+    image, name = str(c["image"]), container_name(job.job_id)
+    base = dict(base, container=name)
+
+    def finish(state: str, fields: dict[str, Any]) -> int:
+        remove_container(name)
+        final = dict(base)
+        final.update(fields)
+        final.update(state=state, end_time=time.time())
+        write_json_atomic(job.status, final)
+        return 0
+
+    # A container of this name is a leftover of an earlier runner of this job: never two of it.
+    remove_container(name)
+    timeout = float(c.get("pull_timeout") or DEFAULT_PULL_TIMEOUT)
+    problem = pull_image(job, image, timeout, flag, base, c.get("registry_auth"))
+    if problem == "terminated":
+        return finish("terminated", {"exit_status": None})
+    if problem is not None:
+        return finish("failed", {"reason": "creating_container_error", "error": problem})
+    env = container_env(spec, job.hostfile)
+    env_file, inherited = write_env_file(job, env)
+    try:
+        caller_env = dict(base_env(job.home), **{k: env[k] for k in inherited})
+        create_args_used = create_args(job, spec, name, env_file, inherited)
+        try:
+            proc = subprocess.run(
+                ["docker", *create_args_used], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=caller_env, timeout=DOCKER_CALL_TIMEOUT,
+                close_fds=True,
+            )
+            code, out = proc.returncode, proc.stdout.decode("utf-8", "replace").strip()[-DOCKER_MESSAGE_CAP:]
+        except subprocess.TimeoutExpired:
+            code, out = 124, f"docker create did not answer within {DOCKER_CALL_TIMEOUT:.0f}s"
+    finally:
+        # The daemon holds the env from here on; the values do not stay on the host's disk.
+        os.unlink(env_file)
+    if code != 0:
+        return finish("failed", {"reason": "creating_container_error", "error": f"creating the container failed: {out}"})
+    with open(job.output, "ab") as output:
+        if c.get("gpus") == "nvidia" and "--gpus" not in create_args_used:
+            # Said in the job's own log: commands that expect GPUs would otherwise fail far from the cause.
+            output.write(b"muster: this host's Docker has no NVIDIA runtime (install nvidia-container-toolkit); "
+                         b"the container runs without GPUs\n")
+            output.flush()
+        attached = subprocess.Popen(
+            ["docker", "start", "--attach", name], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            env=base_env(job.home), start_new_session=True, close_fds=True,
+        )
+    started = time.monotonic()
+    running = dict(base, state="running", pid=attached.pid, start_time=time.time())
+    write_json_atomic(job.status, running)
+    reason = None
+    max_duration = spec.get("max_duration")
+    while attached.poll() is None:
+        if flag.set or os.path.exists(job.stop):
+            reason = "terminated"
+        elif max_duration and time.monotonic() - started >= float(max_duration):
+            reason = "max_duration_exceeded"
+        if reason is not None:
+            grace = stop_grace(spec)
+            docker(["stop", "-t", str(max(0, int(round(grace)))), name], timeout=grace + DOCKER_CALL_TIMEOUT)
+            break
+        time.sleep(WATCH_INTERVAL)
+    try:
+        attached.wait(DOCKER_CALL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        attached.kill()
+        attached.wait()
+    code, out = docker(["inspect", "--format", "{{.State.ExitCode}}|{{.State.Error}}", name])
+    status_text, _, error = out.partition("|")
+    if code == 0 and error.strip() and reason is None:
+        # The runtime could not start the process (caps, devices, a missing shell): not the commands' exit.
+        return finish("failed", {"reason": "creating_container_error",
+                                 "error": f"starting the container failed: {error.strip()}"})
+    exit_status = int(status_text) if code == 0 and status_text.lstrip("-").isdigit() else attached.returncode
+    return finish(final_state(exit_status, reason), dict(running, **exit_fields(exit_status)))
 
 
 def run_job(home: str, job_id: str) -> int:
@@ -693,6 +995,8 @@ def run_job(home: str, job_id: str) -> int:
             )
             return 0
         prepare_job_dirs(job, spec)
+        if spec.get("container") is not None:
+            return run_container_job(job, spec, flag, base)
         # `"cgroup": false` in a spec keeps the job out of cgroups (the marker alone then stops it).
         cgroup = create_job_cgroup(job) if spec.get("cgroup", True) is not False else ""
         proc = start_shell(job, spec, cgroup)
@@ -832,7 +1136,7 @@ class Agent:
             status = read_json(job.status)
             if not isinstance(status, dict):
                 continue
-            if status.get("state") == "running" and not is_runner_process(
+            if status.get("state") in ("running", "pulling") and not is_runner_process(
                 _int(status.get("runner_pid")), "job", job_id
             ):
                 self.fail_if_unfinished(job, "job runner died")
@@ -845,6 +1149,8 @@ class Agent:
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
         kill_job_tree(job.marker, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
+        if isinstance(status.get("container"), str):
+            remove_container(status["container"])
         failed = dict(status, state="failed", error=error, end_time=time.time())
         if os.path.isdir(job.dir):
             write_json_atomic(job.status, failed)
@@ -1050,6 +1356,8 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     # A finished job's group id may belong to someone else by now; its marker cannot.
     pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
     kill_job_tree(job.marker, pgid, 0.5, cgroup=_job_cgroup(status))
+    if isinstance(status.get("container"), str):
+        remove_container(status["container"])
     shutil.rmtree(job.dir, ignore_errors=True)
     emit({"removed": True})
     return 0

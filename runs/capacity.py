@@ -18,6 +18,7 @@ from runs.configuration import fits
 Group = tuple[str, dict, int]  # (group name, normalized resources requirement, node count)
 Part = tuple[str, Callable[[dict], bool]]
 MESSAGE_LIMIT = 4000
+DOCKER = "Docker"
 
 
 def _number(value: float) -> str:
@@ -41,6 +42,8 @@ def _gpu_label(gpu: dict) -> str:
 def parts_of(req: dict) -> list[Part]:
     """The separate requirements of a group, each with the test one host's resources must pass."""
     parts: list[Part] = []
+    if req.get("docker"):
+        parts.append((DOCKER, lambda r: bool(r.get("docker") or r.get("tpu"))))
     gpu = req.get("gpu")
     if gpu is not None:
         parts.append((_gpu_label(gpu), lambda r: fits({"gpu": gpu}, r)))
@@ -75,6 +78,8 @@ def _static_reason(fleet: Fleet, hosts: list[tuple[dict, bool]], parts: list[Par
     left = hosts
     for i, (label, test) in enumerate(parts):
         kept = [h for h in left if test(h[0])]
+        if label == DOCKER and not kept:
+            return f"fleet {fleet.name}: no host has Docker; install docker or remove image"
         if len(kept) == len(left) and (i > 0 or label == "no TPU"):
             continue  # a part every host left meets says nothing
         of_those = " of those" if i and len(left) != len(hosts) else ""

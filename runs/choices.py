@@ -47,6 +47,7 @@ class JobReason(models.TextChoices):
     TERMINATED_BY_SERVER = "terminated_by_server"
     DONE_BY_RUNNER = "done_by_runner"
     CONTAINER_EXITED_WITH_ERROR = "container_exited_with_error"
+    CREATING_CONTAINER_ERROR = "creating_container_error"
     EXECUTOR_ERROR = "executor_error"
     MAX_DURATION_EXCEEDED = "max_duration_exceeded"
 
@@ -66,6 +67,7 @@ FAILING_REASONS = frozenset({
     JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
     JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR, JobReason.MAX_DURATION_EXCEEDED,
+    JobReason.CREATING_CONTAINER_ERROR,
 })
 
 # Which retry event (if any) a job termination reason counts as.
@@ -77,6 +79,7 @@ RETRY_EVENT = {
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: "error",
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: "error",
     JobReason.CONTAINER_EXITED_WITH_ERROR: "error",
+    JobReason.CREATING_CONTAINER_ERROR: "error",
     JobReason.EXECUTOR_ERROR: "error",
     JobReason.MAX_DURATION_EXCEEDED: None,
     JobReason.TERMINATED_BY_USER: None,
@@ -94,6 +97,7 @@ FINAL_STATUS = {
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.CONTAINER_EXITED_WITH_ERROR: JobStatus.FAILED,
+    JobReason.CREATING_CONTAINER_ERROR: JobStatus.FAILED,
     JobReason.EXECUTOR_ERROR: JobStatus.FAILED,
     JobReason.MAX_DURATION_EXCEEDED: JobStatus.TERMINATED,
     JobReason.TERMINATED_BY_USER: JobStatus.TERMINATED,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
+from muster import crypto
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.models import Job
 from runs.services.submission import secret_env
@@ -69,8 +72,60 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
             "gpus_per_node": [gpus_on_host(j, len(jobs) > 1) for j in jobs],
         },
         "tpu": None,
+        "container": None,
     }
     if instance.group_id and instance.group.kind == "tpu_pod":
         hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)
         spec["tpu"] = {"worker_id": instance.index, "worker_hostnames": ",".join(hosts)}
+    spec["container"] = container_spec(job, tpu=spec["tpu"] is not None)
     return spec
+
+
+def group_image(job: Job) -> str | None:
+    if "commands" in job.spec:
+        return job.spec.get("image")
+    return job.run.configuration["groups"][job.node_group_index].get("image")
+
+
+def container_spec(job: Job, tpu: bool = False) -> dict | None:
+    """How the runner starts the job's container (runner/muster_runner.py), or None: no image, so
+    the commands run on the host."""
+    image = group_image(job)
+    if not image:
+        return None
+    conf = job.run.configuration
+    keys = conf.get("container") or {}
+    vendors = {g.get("vendor") for g in (job.instance.resources or {}).get("gpus") or []}
+    shm = ((job.spec.get("resources") or {}).get("shm_size")
+           or (conf["groups"][job.node_group_index].get("resources") or {}).get("shm_size"))
+    return {
+        "image": image,
+        # a TPU VM's chips are devices the TPU runtime opens directly, as dstack runs them
+        "privileged": bool(keys.get("privileged")) or tpu,
+        "user": keys.get("user"),
+        "entrypoint": keys.get("entrypoint"),
+        "working_dir": keys.get("working_dir"),
+        "shell": keys.get("shell"),
+        "volumes": [_volume(v) for v in keys.get("volumes") or []],
+        "shm_size": shm,
+        "gpus": "nvidia" if "nvidia" in vendors else "amd" if "amd" in vendors else None,
+        "pull_timeout": float(settings.MUSTER["IMAGE_PULL_TIMEOUT"]),
+        "registry_auth": registry_auth(job),
+    }
+
+
+def registry_auth(job: Job) -> dict | None:
+    """registry_auth with its password, for the runner's pull (it keeps it in memory only)."""
+    conf = job.run.configuration
+    auth = (conf.get("container") or {}).get("registry_auth")
+    if not auth or not conf.get("secret_registry_password"):
+        return None
+    password = crypto.decrypt(conf["secret_registry_password"], loc=["runs", job.run.name, "registry_auth"],
+                              what=f"the registry password of run {job.run.name}", fix="submit the run again")
+    return {"username": auth.get("username"), "password": password}
+
+
+def _volume(volume) -> str:
+    if isinstance(volume, dict):
+        return f"{volume.get('instance_path') or volume.get('path')}:{volume['path']}"
+    return str(volume)

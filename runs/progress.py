@@ -18,7 +18,7 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
 from muster import claims, crypto
-from runs import cluster
+from runs import cluster, containers
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
 from runs.transitions import move_job, nudge_job, release_job, terminate_job
@@ -200,13 +200,17 @@ def watch_observed(job: Job, status: dict | None) -> None:
         return
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
-    if state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING:
+    if job.status == JobStatus.PULLING:
+        containers.show_pull_progress(job, state)
+    if (state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING
+            and not containers.container_end(state)):
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
         _wake_waiting_peers(job)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
-        end_held(job, reason, text.format(exit_status=state.get("exit_status")),
-             **{k: v for k, v in times.items() if v is not None})
+        text = text.format(exit_status=state.get("exit_status"))
+        reason, text = containers.container_end(state) or (reason, text)
+        end_held(job, reason, text, **{k: v for k, v in times.items() if v is not None})
 
 
 def _wake_waiting_peers(job: Job) -> None:

@@ -24,6 +24,13 @@ host's own (absent) dotfiles. The session's working directory is still the user'
 Caveat: where br_netfilter is loaded and iptables' FORWARD policy is DROP (a Docker host),
 host-to-host traffic over the bridge is dropped; host-to-server traffic is not affected.
 
+Docker (`SSHHostPool(n, docker=True)`, netns mode only): each host runs its own dockerd, started
+with `nsenter --net` into the host's namespace (`ip netns exec` would remount /sys and hide the
+cgroups from it), without iptables or a bridge (containers use `--network host`), with its own data
+root, exec root and socket under the host's directory; sshd hands the socket to every session as
+DOCKER_HOST. Teardown removes the containers while the daemon answers, then the daemon, then what
+it left (shims by command line, overlay mounts). See shared/reference/docker-in-netns.md.
+
 Use in tests: the `ssh_hosts` fixture yields `make(n, gpus=None)`; or `with SSHHostPool(3) as pool:`.
 """
 
@@ -193,6 +200,8 @@ class SSHHost:
         self.muster_home = self.home / "muster"
         self._ssh_dir = self.home / "ssh"
         self._sshd: subprocess.Popen[bytes] | None = None
+        self.docker_dir = self.home / "docker"
+        self.docker_sock: Path | None = None  # set while the host runs its own dockerd
         for d in (self.bin_dir, self._ssh_dir):
             d.mkdir(parents=True, exist_ok=True)
         host_private, self.host_public_key = _ed25519_keypair()
@@ -221,11 +230,14 @@ class SSHHost:
     def session_env(self) -> dict[str, str]:
         # HOME too: bash, as the login shell of an sshd session, sources ~/.bashrc, and root's
         # commonly rewrites PATH (pyenv, cargo); a per-host HOME keeps the machine's dotfiles out.
-        return {
+        env = {
             "HOME": str(self.home),
             "MUSTER_HOME": str(self.muster_home),
             "PATH": f"{self.bin_dir}:{BASE_PATH}",
         }
+        if self.docker_sock is not None:
+            env["DOCKER_HOST"] = f"unix://{self.docker_sock}"
+        return env
 
     def __repr__(self) -> str:
         return f"<SSHHost {self.name} {self.user}@{self.address}:{self.port} ({self.pool.mode})>"
@@ -334,6 +346,83 @@ class SSHHost:
             rows.append(f"{i}|{full}|{int(mib)}|{uuid}")
         _write(script, _NVIDIA_SMI.replace("@GPUS@", "\n".join(rows)), 0o755)
 
+    # --- Docker -----------------------------------------------------------------------------------
+
+    def start_dockerd(self, insecure_registries: Sequence[str] = (), timeout: float = 60) -> None:
+        """Run a dockerd of the host's own in its network namespace; sessions get it as DOCKER_HOST."""
+        if not self.netns:
+            raise RuntimeError("a per-host dockerd needs netns mode")
+        d = self.docker_dir
+        d.mkdir(parents=True, exist_ok=True)
+        sock = d / "docker.sock"
+        cmd = [
+            "nsenter", f"--net=/run/netns/{self.netns}", "dockerd",
+            "--iptables=false", "--ip6tables=false", "--bridge=none",
+            *[f"--insecure-registry={r}" for r in insecure_registries],
+            "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
+            "-H", f"unix://{sock}", "--pidfile", str(d / "dockerd.pid"),
+        ]
+        with open(d / "dockerd.log", "ab") as log:
+            self._dockerd = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._dockerd.poll() is not None:
+                raise RuntimeError(f"dockerd of {self.name} exited: {(d / 'dockerd.log').read_text()[-2000:]}")
+            ok = subprocess.run(["docker", "-H", f"unix://{sock}", "info"], capture_output=True, timeout=20)
+            if ok.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dockerd of {self.name} did not answer within {timeout} s")
+            time.sleep(0.2)
+        self.docker_sock = sock
+        self._write_config()
+
+    def docker(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The docker CLI against this host's daemon."""
+        if self.docker_sock is None:
+            raise RuntimeError(f"{self.name} runs no dockerd")
+        return _run(["docker", "-H", f"unix://{self.docker_sock}", *args], check=check, timeout=timeout)
+
+    def containers(self) -> list[str]:
+        """Names of every container on the host's daemon, running or not."""
+        out = self.docker("ps", "-a", "--format", "{{.Names}}").stdout
+        return [name for name in out.split() if name]
+
+    def stop_dockerd(self) -> None:
+        proc = getattr(self, "_dockerd", None)
+        if proc is None:
+            return
+        if proc.poll() is None and self.docker_sock is not None:
+            # Containers first, while the daemon answers: a daemon stopped with containers running
+            # stops each itself (10 s per PID 1 that ignores SIGTERM) and may leave shims behind.
+            ids = self.docker("ps", "-aq", check=False).stdout.split()
+            if ids:
+                self.docker("rm", "-f", *ids, check=False, timeout=60)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self._dockerd = None
+        self.docker_sock = None
+        marker = str(self.docker_dir).encode()
+        for entry in Path("/proc").iterdir():  # containerd and shims started by this daemon
+            if entry.name.isdigit():
+                try:
+                    if marker in (entry / "cmdline").read_bytes():
+                        os.kill(int(entry.name), signal.SIGKILL)
+                except OSError:
+                    pass
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(str(self.docker_dir))]
+        for mount in sorted(mounts, key=len, reverse=True):
+            if _run(["umount", mount], check=False).returncode != 0:
+                _run(["umount", "-l", mount], check=False)
+
     # --- processes in the host --------------------------------------------------------------------
 
     def _wrap(self, cmd: str | Sequence[str]) -> list[str]:
@@ -397,9 +486,12 @@ class SSHHostPool:
     """N test hosts (see the module docstring); a context manager that removes everything on exit."""
 
     def __init__(
-        self, n: int = 1, gpus: Sequence[GPU] | Sequence[Sequence[GPU]] | None = None, mode: str | None = None
+        self, n: int = 1, gpus: Sequence[GPU] | Sequence[Sequence[GPU]] | None = None, mode: str | None = None,
+        docker: bool = False, insecure_registries: Sequence[str] = (),
     ):
         self.n = n
+        self.docker = docker
+        self.insecure_registries = list(insecure_registries)
         self.number = next(_pool_numbers)
         self.tag = f"mu{os.getpid():x}s{self.number}"  # also names the bridge and veths (15-char limit)
         self.mode = mode or os.environ.get("MUSTER_SSH_HOSTS_MODE") or ""
@@ -457,8 +549,13 @@ class SSHHostPool:
                     self.mode = "loopback"
             if self.mode == "loopback":
                 self._start_loopback()
+            if self.docker and self.mode != "netns":
+                raise RuntimeError("Docker on test hosts needs netns mode")
             for host, gpus in zip(self.hosts, self._gpus_per_host(), strict=True):
                 host.set_gpus(gpus)
+                if self.docker:
+                    # the tests' open registry listens there over plain HTTP (one with auth uses TLS)
+                    host.start_dockerd([*self.insecure_registries, f"{self.bridge_address}:5000"])
                 host.start_sshd()
         except BaseException:
             self.close()
@@ -535,6 +632,10 @@ class SSHHostPool:
         self._closed = True
         atexit.unregister(self.close)
         for host in self.hosts:
+            try:
+                host.stop_dockerd()
+            except Exception as exc:  # keep tearing down the rest
+                print(f"[sshhosts] could not stop dockerd of {host}: {exc}", file=sys.stderr)
             try:
                 host.kill_processes()
             except Exception as exc:  # keep tearing down the rest

@@ -15,6 +15,9 @@ GPU sources:
   passthrough devices create /dev/vfio groups. A device whose vendor cannot be read counts only when
   no NVIDIA GPU was found. The TPU type (v5e-8, ...) is not visible from inside the VM; the TPU API is
   the source of truth for it, so `tpu` stays None here.
+
+Docker: `docker info` (10 s timeout) gives the daemon's version and runtimes; `docker` is None when
+there is no CLI or the daemon does not answer. Jobs with `image` are placed only where it is set.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ if command -v ip >/dev/null 2>&1; then
 fi
 for a in $(hostname -I 2>/dev/null); do echo "hostname_ip=$a"; done
 echo "python3=$(command -v python3 2>/dev/null)"
+if command -v docker >/dev/null 2>&1; then
+  # the daemon's version and runtimes (nvidia once nvidia-container-toolkit is set up); empty when
+  # the daemon does not answer or this user may not use it
+  echo "docker=$(timeout 10 docker info --format '{{.ServerVersion}}|{{range $k, $v := .Runtimes}}{{$k}},{{end}}' 2>/dev/null | head -c 2000 | head -n 1)"
+fi
 """
 
 
@@ -103,7 +111,16 @@ def parse_probe_output(text: str) -> dict[str, Any]:
         "internal_ip": internal_ip,
         "network": network,
         "python3": first("python3"),
+        "docker": _docker(first("docker")),
     }
+
+
+def _docker(line: str) -> dict[str, Any] | None:
+    """{version, runtimes} of a Docker daemon that answered the probe, else None (no Docker)."""
+    version, _, runtimes = line.partition("|")
+    if not version.strip():
+        return None
+    return {"version": version.strip()[:64], "runtimes": sorted({r for r in runtimes.split(",") if r})[:16]}
 
 
 def _int(text: str) -> int:

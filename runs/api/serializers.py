@@ -46,7 +46,8 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
     def get_configuration(self, run: Run) -> dict:
-        return {k: v for k, v in run.configuration.items() if k not in ("secret_env", "hidden_env")}
+        return {k: v for k, v in run.configuration.items()
+                if k not in ("secret_env", "hidden_env", "secret_registry_password")}
 
     def get_jobs(self, run: Run) -> list[dict]:
         # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back

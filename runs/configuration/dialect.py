@@ -39,6 +39,10 @@ CONTAINER_KEYS = (
     "registry_auth", "docker", "home_dir",
 )  # fmt: skip
 WHY_CONTAINERS = "takes effect once jobs run in containers; until then the commands run on the host"
+# Container keys the runner applies (runner/muster_runner.py, container mode): no warning for them.
+CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell", "registry_auth")
+WITHOUT_IMAGE = "takes effect only for jobs with `image`: this task has none, so its commands run on the host"
+
 
 
 class _RegistryAuth(WrittenModel):
@@ -240,6 +244,11 @@ def check_backends(value: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(value))
 
 
+def has_image(task: Any) -> bool:
+    """Whether any job of the task runs in a container (the top-level image, or a group's)."""
+    return bool(task.image) or any(isinstance(g, dict) and g.get("image") for g in task.groups or [])
+
+
 def _warn(warnings: list, field: str, message: str) -> None:
     warnings.append({"field": [field], "message": f"{field}: {message}"})
 
@@ -268,10 +277,13 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
             continue
         value = getattr(task, key)
         shown = "(set)" if key == "registry_auth" else str(value).lower() if isinstance(value, bool) else value
+        if key in CONTAINER_KEYS_IN_EFFECT:
+            if not has_image(task):
+                _warn(warnings, key, f"{shown} {WITHOUT_IMAGE}")
+            continue
         _warn(warnings, key, f"{shown} is accepted but {WHY_CONTAINERS}")
-    if task.volumes:
-        _warn(warnings, "volumes", f"instance volumes are accepted but {WHY_CONTAINERS}: "
-              "use the host paths directly")
+    if task.volumes and not has_image(task):
+        _warn(warnings, "volumes", f"instance volumes {WITHOUT_IMAGE}: use the host paths directly")
     if "single_branch" in written:
         _warn(warnings, "single_branch", "has no effect: Muster clones no repos")
     if task.setup:

@@ -63,6 +63,8 @@ def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:
     jobs: list[JobSpec] = []
     for group in conf.groups:
         resources = group.resources.as_dict()
+        if group.image:
+            resources["docker"] = True  # the job runs in a container: only on hosts with Docker
         for rank in range(group.nodes):
             jobs.append(
                 JobSpec(

@@ -18,6 +18,10 @@ from .gpus import name_key
 
 
 def fits(requirements: dict[str, Any], resources: dict[str, Any]) -> bool:
+    # A job with `image` needs a host whose Docker answered the probe. TPU VMs are not probed: their
+    # runtime images ship Docker, which is what dstack relies on there too.
+    if requirements.get("docker") and not resources.get("docker") and not resources.get("tpu"):
+        return False
     cpu = requirements.get("cpu") or {}
     if cpu.get("arch") and cpu["arch"] != (resources.get("cpu_arch") or "x86"):
         return False

@@ -28,6 +28,9 @@ DEFAULT_CPU_ARCH = "x86"
 DEFAULT_GPU_COUNT = 1
 
 RESOURCE_KEYS = ("cpu", "memory", "shm_size", "disk", "gpu")
+# dropped by the task parser when the task has an image (runs/configuration/task.py)
+SHM_WITHOUT_IMAGE = ("sizes the container's /dev/shm, for jobs with `image`: this task has none, so a job "
+                     "uses the host's /dev/shm")
 # fmt: off
 _CPU_ARCH_ALIASES = {
     "x86": "x86", "x86_64": "x86", "amd64": "x86",
@@ -85,7 +88,7 @@ class Resources(_Frozen):
     memory: SizeRange
     disk: SizeRange
     gpu: GpuRequirement | None
-    shm_size: float | None = None  # GB; applies once jobs run in containers
+    shm_size: float | None = None  # GB; the container's /dev/shm (jobs with `image`)
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -161,8 +164,7 @@ def parse_resources(
     if warnings is not None:
         if shm_size is not None:
             warnings.append({"field": ["shm_size"], "message": (
-                f"shm_size: {raw['shm_size']} is kept but takes effect only once jobs run in containers; "
-                "until then a job uses the host's /dev/shm")})
+                f"shm_size: {raw['shm_size']} {SHM_WITHOUT_IMAGE}")})
         if gpu is not None and gpu.compute_capability is not None:
             warnings.append({"field": ["gpu", "compute_capability"], "message": (
                 f"compute_capability: {gpu.compute_capability} is not checked: hosts do not report it; "

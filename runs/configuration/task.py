@@ -19,7 +19,7 @@ from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList, format_loc
 from .fields import Port, WrittenModel, check_group_name, check_slug, read_model_partially
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
-from .resources import ProbedNames, Resources, Warnings, parse_resources
+from .resources import SHM_WITHOUT_IMAGE, ProbedNames, Resources, Warnings, parse_resources
 
 DEFAULT_MAX_NODES = 4096
 IMPLICIT_GROUP_NAME = "default"
@@ -176,6 +176,8 @@ class TaskConfiguration(_Checked):
     # What the written configuration asks for that does not take effect here: shown with the
     # plan, not stored with the run.
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
+    # registry_auth's password: never shown nor stored as written (the submission keeps it encrypted)
+    registry_password: str | None = Field(default=None, exclude=True, repr=False)
 
 
 # ---- parsing ----------------------------------------------------------------------------------
@@ -219,6 +221,8 @@ def parse_run_configuration(
     written_env = parse_env(task.env, errors, ["env"])
     dialect.check_task_keys(task, errors, warnings)
     parts = _read_parts(task, document, bad, errors, warnings, probed_gpu_names)
+    if dialect.has_image(task):  # shm_size takes effect: the jobs run in containers
+        warnings[:] = [w for w in warnings if SHM_WITHOUT_IMAGE not in w["message"]]
 
     if parts is not None and task.groups is not None:
         _check_group_layout(task, parts, errors)
@@ -260,6 +264,7 @@ def parse_run_configuration(
         groups=[g for g in groups if g is not None],
         uses_groups=task.groups is not None,
         container=dialect.container_values(task),
+        registry_password=task.registry_auth.password if task.registry_auth is not None else None,
         profile=dialect.profile_values(task),
         warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )
@@ -326,10 +331,6 @@ def _warn_part(part: _Part, warnings: Warnings) -> None:
         warnings.append({"field": [*part.loc, "ports"], "message": (
             f"ports: {', '.join(str(p) for p in part.ports)} are kept with each job but not forwarded: "
             "reach them on the node's own address (DSTACK_NODE_IP)")})
-    if part.loc and part.image is not None:
-        warnings.append({"field": [*part.loc, "image"], "message": (
-            f"image: {part.image} is accepted but takes effect once jobs run in containers; "
-            "until then the commands run on the host")})
 
 
 def _read_group(

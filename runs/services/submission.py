@@ -238,6 +238,8 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
     # the masked keys, filled from the encrypted store when a job starts
     stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values)),
               "hidden_env": sorted(hidden_values)}
+    if conf.registry_password:  # used for the image pull only (runs/cluster.py), encrypted at rest
+        stored["secret_registry_password"] = crypto.encrypt(conf.registry_password)
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
     clashes = 0

@@ -260,3 +260,17 @@ def test_a_missing_secret_or_one_in_commands_is_a_400_at_its_place(api):
     errors = {tuple(e["loc"]): e["msg"] for e in resp.json()["errors"]}
     assert "secret `nope` does not exist" in errors[("env", "A")]
     assert "can only be used in env values" in errors[("commands", 0)]
+
+
+def test_container_keys_take_effect_with_an_image_and_warn_without_one(api):
+    keys = ("privileged: true\nuser: 1000:1000\nentrypoint: /bin/bash\nworking_dir: /w\nshell: bash\n"
+            "volumes: [/mnt/data:/data]\nresources: {shm_size: 8GB}\ncommands: [echo]\n")
+    with_image = plan(api, "type: task\nimage: busybox\n" + keys)
+    assert with_image.status_code == 200, with_image.json()
+    assert not set(fields(with_image)) & {"privileged", "user", "entrypoint", "working_dir", "shell", "volumes",
+                                          "resources.shm_size", "image"}, fields(with_image)
+    groups = plan(api, "type: task\ngroups:\n  - name: a\n    image: busybox\n    commands: [echo]\n")
+    assert "groups.0.image" not in fields(groups)
+    without = fields(plan(api, "type: task\n" + keys))
+    for key in ("privileged", "user", "entrypoint", "working_dir", "shell", "volumes", "resources.shm_size"):
+        assert "only for jobs with `image`" in without[key] or "for jobs with `image`" in without[key], without

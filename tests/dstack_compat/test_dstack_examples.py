@@ -68,6 +68,9 @@ TASKS = {
 IMPLEMENTED = {"type", "name", "nodes", "env", "commands", "resources", "startup_order", "stop_criteria",
                "retry", "max_duration", "fleets"}
 IMPLEMENTED_RESOURCES = {"cpu", "memory", "disk", "gpu"}
+# With `image` the jobs run in containers, where these take effect too.
+IMPLEMENTED_WITH_IMAGE = {"image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes",
+                          "registry_auth"}
 # dstack accepts these; Muster refuses them on purpose, naming why (it has no code upload).
 REFUSED = {"refused-docs-files.dstack.yml": "files", "refused-docs-repos.dstack.yml": "repos"}
 
@@ -104,11 +107,12 @@ def test_a_dstack_example_plans_with_dstacks_job_layout(api, name):
     assert layout == [(i, "default", 0, i) for i in range(nodes)]
 
     warned = {w["field"] for w in body["warnings"]}
+    image = bool(doc.get("image"))
     for key in doc:
-        if key not in IMPLEMENTED:
+        if key not in IMPLEMENTED | (IMPLEMENTED_WITH_IMAGE if image else set()):
             assert key in warned, f"{key} is written, not implemented, and has no warning: {warned}"
     for key in (doc.get("resources") or {}):
-        if key not in IMPLEMENTED_RESOURCES:
+        if key not in IMPLEMENTED_RESOURCES | ({"shm_size"} if image else set()):
             assert f"resources.{key}" in warned, (key, warned)
 
 

@@ -30,7 +30,14 @@ def test_cpu_host_has_no_gpus_and_reports_size_and_network():
         "internal_ip": "10.0.3.17",
         "network": "10.0.0.0/20",
         "python3": "/usr/bin/python3",
+        "docker": None,
     }
+
+
+def test_docker_is_recorded_with_its_version_and_runtimes_and_none_when_the_daemon_did_not_answer():
+    answered = parse_probe_output(BASE + "docker=20.10.24+dfsg1|io.containerd.runc.v2,nvidia,runc,\n")
+    assert answered["docker"] == {"version": "20.10.24+dfsg1", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"]}
+    assert parse_probe_output(BASE + "docker=\n")["docker"] is None
 
 
 def test_nvidia_lines_with_units_strip_the_vendor_prefix_and_convert_mib():

@@ -1,0 +1,1 @@
+from tests.containers.docker_env import docker_cluster  # noqa: F401

@@ -1,0 +1,63 @@
+"""A TPU slice (the real google-cloud-tpu client against tests/fake_tpu.py) whose hosts run Docker:
+a task with `image` runs privileged containers, host k runs rank k with TPU_WORKER_ID = k."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from runs import logs
+from tests.conftest import example
+from tests.containers.docker_env import needs_docker
+from tests.engine.helpers import wait_for_run
+from tests.waiting import wait_until
+
+pytestmark = [*needs_docker, pytest.mark.django_db(transaction=True)]
+
+CAP_SYS_ADMIN = 21  # not among Docker's default capabilities; every capability with --privileged
+
+
+@pytest.fixture
+def gcp(settings, fast_limits, fake_tpu, docker_cluster):
+    hosts = list(docker_cluster.pool)[:2]  # a v4-16 slice has two hosts
+    fake_tpu.host_addresses = [h.address for h in hosts]
+    settings.MUSTER = {
+        **settings.MUSTER,
+        "GCP": {"project_id": "test-project", "api_endpoint": fake_tpu.endpoint, "zones": ["settings-zone-only"],
+                "ssh_user": docker_cluster.pool.user, "ssh_private_key": docker_cluster.pool.private_key,
+                "timeout": 5},
+        "POD_POLL_INTERVAL": 0.3,
+    }
+    return hosts
+
+
+def test_a_tpu_slice_runs_privileged_containers_one_per_host_in_worker_order(
+        docker_cluster, gcp, api, celery_worker):
+    resp = api.post("/api/projects/main/fleets/", {"configuration": yaml.safe_load(example("tpu-fleet.yml"))},
+                    format="json")
+    assert resp.status_code == 201, resp.content
+    image = docker_cluster.push("tpu", "tpu-image")
+    refused = docker_cluster.privileged_refused(image)
+    if refused:
+        docker_cluster.forget(image)
+        pytest.skip(f"this machine cannot run privileged containers: {refused}")
+    run = {"type": "task", "name": "tpu-containers", "fleets": ["tpu"], "image": image,
+           "resources": {"gpu": "tpu-v4-16"},
+           "commands": ['echo "rank=$DSTACK_NODE_RANK worker=$TPU_WORKER_ID ip=$DSTACK_NODE_IP '
+                        'marker=$(cat /etc/test-image-marker) caps=$(sed -n s/^CapEff:.//p /proc/self/status)"']}
+    resp = api.post("/api/projects/main/runs/", {"configuration": run}, format="json")
+    assert resp.status_code == 201, resp.content
+    done = wait_for_run("tpu-containers", timeout=120)
+    jobs = list(done.current_jobs().select_related("instance"))
+    assert done.status == "done", [(j.job_num, j.status, j.termination_reason, logs.read(j)[-500:]) for j in jobs]
+    assert len(jobs) == 2
+    for k, job in enumerate(jobs):
+        [line] = [ln for ln in logs.read(job).decode().splitlines() if ln.startswith("rank=")]
+        seen = dict(re.findall(r"(\w+)=(\S*)", line))
+        assert (seen["rank"], seen["worker"], seen["ip"]) == (str(k), str(k), gcp[k].address), line
+        assert seen["marker"] == "tpu-image", "the commands ran in the image"
+        assert int(seen["caps"], 16) >> CAP_SYS_ADMIN & 1, f"the container is privileged: {line}"
+    wait_until(lambda: docker_cluster.leftover_containers() == {}, 30, "no container left on the TPU hosts")
+    docker_cluster.forget(image)
