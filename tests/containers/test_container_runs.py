@@ -298,7 +298,8 @@ commands: [echo hi]
     assert all(d and d["version"] and "runc" in d["runtimes"] for d in docker), docker
     resp = api.post(f"{RUNS}plan", {"configuration": text.replace("[pd-disagg]", "[pd-disagg, pd]")},
                     format="json")
-    assert resp.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": []}, resp.json()
+    assert resp.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": [],
+                                       "hosts": {"default": ["pd-0", "pd-1", "pd-2"]}}, resp.json()
 
 
 def main_project():
