@@ -51,7 +51,7 @@ def stop_orphans(instance: Instance) -> bool:
     """
     from backends.base import BackendError
     from backends.registry import compute_for_instance
-    from runs import logs
+    from runs import logs, runner_status
     from runs.choices import JOB_FINISHED
     from runs.models import Job
 
@@ -65,7 +65,7 @@ def stop_orphans(instance: Instance) -> bool:
     host = compute_for_instance(instance).runner_host(instance)
     stopping, cleaned = [], []
     try:
-        known = host.status().get("jobs") or {}
+        known = runner_status.read(host)["jobs"]
         for job in ended:
             state = (known.get(job.runner_job_id) or {}).get("state")
             if state is None:

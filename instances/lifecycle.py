@@ -66,30 +66,30 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
 
 def terminate_group_now(group_id: int) -> bool:
     """Task body: one backend call for the whole group, then every instance is terminated."""
-    token = claims.claim(InstanceGroup, group_id, status=GroupStatus.TERMINATING)
-    if token is None:
-        return False
-    group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-    try:
-        if group.kind == GroupKind.TPU_POD:
-            backend = group.backend_data.get("backend", "gcp")
-            compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
-            compute.terminate_group(group.name, group.backend_data)
-        else:
-            stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
-    except BackendError as exc:
-        log.warning("deleting group %s failed, will retry: %s", group.name, exc)
-        claims.release(InstanceGroup, group_id, token)
-        return False
-    now = timezone.now()
-    with transaction.atomic():
-        for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
-            Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, updated=now)
-            record(group.project_id, f"instance {inst.name}", "terminated with its group", status="terminated",
-                   instance_id=inst.id)
-        claims.release(InstanceGroup, group_id, token, status=GroupStatus.TERMINATED)
-        record(group.project_id, f"instance group {group.name}", "deleted", status="terminated")
-    return True
+    with claims.claimed(InstanceGroup, group_id, "terminate_group", status=GroupStatus.TERMINATING) as held:
+        if held is None:
+            return False
+        group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
+        try:
+            if group.kind == GroupKind.TPU_POD:
+                backend = group.backend_data.get("backend", "gcp")
+                compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
+                compute.terminate_group(group.name, group.backend_data)
+            else:
+                stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
+        except BackendError as exc:
+            log.warning("deleting group %s failed, will retry: %s", group.name, exc)
+            claims.release(InstanceGroup, group_id, held.token)
+            return False
+        now = timezone.now()
+        with transaction.atomic():
+            for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
+                Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, updated=now)
+                record(group.project_id, f"instance {inst.name}", "terminated with its group", status="terminated",
+                       instance_id=inst.id)
+            claims.release(InstanceGroup, group_id, held.token, status=GroupStatus.TERMINATED)
+            record(group.project_id, f"instance group {group.name}", "deleted", status="terminated")
+    return not held.failed
 
 
 STOP_THREADS = 16

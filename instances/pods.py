@@ -206,17 +206,15 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
 
 def poll_pod(group_id: int) -> bool:
     """Task body: look at a slice being created; READY fills the hosts, stuck or failed deletes it."""
-    token = claims.claim(InstanceGroup, group_id, status=GroupStatus.PROVISIONING)
-    if token is None:
-        return False
-    again = False
-    try:
+    with claims.claimed(InstanceGroup, group_id, "poll_pod", status=GroupStatus.PROVISIONING) as held:
+        if held is None:
+            return False
+        again = False
         group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
         again = _look(group)
-    finally:
         # `updated` marks the last look, so the sweep only re-enqueues polls that got lost.
-        claims.release(InstanceGroup, group_id, token, updated=timezone.now())
-    if again:
+        claims.release(InstanceGroup, group_id, held.token, updated=timezone.now())
+    if again and not held.failed:
         schedule_poll(group_id)
     return True
 

@@ -18,7 +18,7 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
 from muster import claims, crypto
-from runs import cluster
+from runs import cluster, runner_status
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
 from runs.transitions import move_job, nudge_job, release_job, terminate_job
@@ -46,17 +46,16 @@ def waited(job: Job) -> float:
 
 
 def advance_job(job_id: int) -> bool:
-    token = claims.claim(Job, job_id, status__in=WATCHED)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
-    seen_before = job.agent_seen_at
-    try:
-        _step(job)
-    except BackendError as exc:
-        log.warning("job %s: backend error: %s", job, exc)
-        terminate_job(job, exc.reason, str(exc), held=True)
-    finally:
+    with claims.claimed(Job, job_id, "advance_job", status__in=WATCHED) as held:
+        if held is None:
+            return False
+        job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
+        seen_before = job.agent_seen_at
+        try:
+            _step(job)
+        except BackendError as exc:
+            log.warning("job %s: backend error: %s", job, exc)
+            terminate_job(job, exc.reason, str(exc), held=True)
         now = timezone.now()
         # A job that just started is due at the watcher's next tick: a short job (a router that
         # exits after one request) then ends within a tick instead of after one more interval.
@@ -65,7 +64,9 @@ def advance_job(job_id: int) -> bool:
         updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
         if job.agent_seen_at != seen_before:
             updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
-        status = release_job(job, token, WATCHED, **updates)
+        status = release_job(job, held.token, WATCHED, **updates)
+    if held.failed:
+        return True  # due again after the backoff (the sweep sends it)
     if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
         nudge_job(job_id, countdown=again)  # outside a transaction: sent at once
     # a started job is looked at by the batch watcher from now on (runs/watching.py)
@@ -98,23 +99,28 @@ def _step(job: Job) -> None:
         _watch(job)
 
 
-def look(host) -> tuple[dict | None, BackendError | None]:
+def look(host) -> tuple[dict | None, Exception | None]:
     """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
-    database, so the batch watcher can run many of these in threads."""
+    database, so the batch watcher can run many of these in threads.
+
+    Never raises: what went wrong comes back, for take_look to act on with the job it belongs to.
+    """
     try:
-        status = host.status()  # one round trip in the common case: the agent is already up
+        status = runner_status.read(host)  # one round trip in the common case: the agent is already up
         if not status.get("agent_alive"):
             host.ensure_agent()
-            status = host.status()
+            status = runner_status.read(host)
         return status, None
-    except BackendError as exc:
+    except Exception as exc:  # noqa: BLE001 - raised again by take_look, on the job's own step
         return None, exc
     finally:
         host.close()
 
 
-def take_look(job: Job, status: dict | None, error: BackendError | None) -> dict | None:
+def take_look(job: Job, status: dict | None, error: Exception | None) -> dict | None:
     """Record what a look at the job's host found (reachability, agent seen); the status or None."""
+    if error is not None and not isinstance(error, BackendError):
+        raise error
     if error is not None:
         health.mark_unreachable(job.instance, str(error))
         return None

@@ -23,30 +23,24 @@ ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, Ru
 
 
 def process_run(run_id: int) -> bool:
-    token = claims.claim(Run, run_id, status__in=[*ACTIVE_RUN, RunStatus.PENDING])
-    if token is None:
-        return False
-    derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
-    succeeded = False
-    run = None
-    try:
+    with claims.claimed(Run, run_id, "process_run", status__in=[*ACTIVE_RUN, RunStatus.PENDING]) as held:
+        if held is None:
+            return False
+        derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
         run = Run.objects.select_related("project").get(pk=run_id)
-        if run.status == RunStatus.PENDING:
-            _resubmit_when_due(run)
-        else:
-            _derive(run)
-        succeeded = True
-    except Exception as exc:
-        if run is not None:
+        try:
+            if run.status == RunStatus.PENDING:
+                _resubmit_when_due(run)
+            else:
+                _derive(run)
+        except Exception as exc:
             _note_failed_derive(run, exc)
-        raise
-    finally:
+            raise  # the claimed step gives the run back with a backoff
         # Only a derive that finished is recorded: one that failed half-way and still wrote
         # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
-        if succeeded:
-            claims.release(Run, run_id, token, derived_at=derived_at)
-        else:
-            claims.release(Run, run_id, token)
+        claims.release(Run, run_id, held.token, derived_at=derived_at)
+    if held.failed:
+        return True
     if run.status in ACTIVE_RUN and Job.objects.filter(
             run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
         # a job moved while we held the run: its nudge found the run leased and was dropped

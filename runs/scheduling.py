@@ -26,14 +26,14 @@ def on_run_submitted(run: Run, master: Job) -> None:
 
 def provision_job(job_id: int) -> bool:
     """Task body. Returns True when this call did the provisioning attempt."""
-    token = claims.claim(Job, job_id, status=JobStatus.SUBMITTED, waiting_master_job=False)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
-    try:
+    with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
+        if held is None:
+            return False
+        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
         _attempt(job)
-    finally:
-        status = release_job(job, token, AFTER_ATTEMPT)
+        status = release_job(job, held.token, AFTER_ATTEMPT)
+    if held.failed:
+        return True  # due again after the backoff (the sweep sends it)
     if status == JobStatus.PROVISIONING:
         # Sent only now that the lease is given back: sent from inside the attempt, the message
         # could reach an idle worker while this task still held the job, bounce off the claim and

@@ -11,7 +11,7 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances.models import Instance, InstanceStatus
 from muster import claims
-from runs import logs
+from runs import logs, runner_status
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, nudge_run, terminate_job
@@ -42,27 +42,35 @@ def release_instance(instance_id: int) -> None:
 
 def finish_job(job_id: int) -> bool:
     """Task body for a terminating job: stop the runner's process, keep the log, free the host."""
-    token = claims.claim(Job, job_id, status=JobStatus.TERMINATING)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=job_id)
+    with claims.claimed(Job, job_id, "finish_job", status=JobStatus.TERMINATING) as held:
+        if held is None:
+            return False
+        if not _finish(held):
+            claims.release(Job, job_id, held.token)
+            from runs import tasks
+
+            transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=STOP_RECHECK))
+            return False
+    return True
+
+
+def _finish(held) -> bool:
+    """False while the runner's job still runs (the caller looks again soon)."""
+    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     try:
-        if job.runner_submitted and job.instance is not None:
-            if not _runner_finished(job):
-                claims.release(Job, job_id, token)
-                from runs import tasks
-
-                transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=STOP_RECHECK))
-                return False
+        if job.runner_submitted and job.instance is not None and not _runner_finished(job):
+            return False
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)
     with transaction.atomic():
         if job.instance_id:
             release_instance(job.instance_id)
         # the lease goes with the final move (we hold it, so nobody else changed the status)
-        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
-            claims.release(Job, job_id, token)
+        if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
+            claims.forget(Job, held.token, [job.pk])
+        else:
+            claims.release(Job, job.pk, held.token)
     return True
 
 
@@ -72,7 +80,7 @@ def _runner_finished(job: Job) -> bool:
     try:
         if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
             return True
-        state = (host.status().get("jobs") or {}).get(job.runner_job_id, {}).get("state")
+        state = (runner_status.read(host)["jobs"].get(job.runner_job_id) or {}).get("state")
         if state in ("running", "starting", "submitted"):
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
