@@ -21,7 +21,7 @@ from instances.models import (
     InstanceGroup,
     InstanceStatus,
 )
-from muster import claims
+from muster import claims, messages
 from muster.api_errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,7 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
             return
         group.instances.filter(status__in=LIVE_INSTANCE_STATUSES).update(status=InstanceStatus.TERMINATING)
         record(group.project_id, f"instance group {group.name}", "deletion requested", status="terminating", actor=actor)
-        from instances import tasks
-
-        transaction.on_commit(lambda: tasks.terminate_group.delay(group.pk))
+        messages.delete_group(group.pk)
 
 
 def terminate_group_now(group_id: int) -> bool:

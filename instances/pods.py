@@ -26,7 +26,7 @@ from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
 from events.services import record
 from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
-from muster import claims, crypto
+from muster import claims, crypto, messages
 from muster.claims import unleased
 
 log = logging.getLogger(__name__)
@@ -84,10 +84,7 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
 
 
 def schedule_poll(group_id: int, countdown: float | None = None) -> None:
-    from instances import tasks
-
-    delay = poll_interval() if countdown is None else countdown
-    transaction.on_commit(lambda: tasks.poll_pod.apply_async((group_id,), countdown=delay))
+    messages.poll_pod(group_id, poll_interval() if countdown is None else countdown)
 
 
 def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | None:
@@ -263,9 +260,7 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
         group.instances.exclude(status=InstanceStatus.TERMINATED).update(
             status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
         record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status="terminating")
-        from instances import tasks
-
-        transaction.on_commit(lambda: tasks.terminate_group.delay(group.pk))
+        messages.delete_group(group.pk)
 
 
 def pods_to_poll(now):

@@ -17,11 +17,11 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
-from muster import claims, crypto
+from muster import claims, crypto, messages
 from runs import cluster, runner_status
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
-from runs.transitions import move_job, nudge_job, release_job, terminate_job
+from runs.transitions import move_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
@@ -68,7 +68,7 @@ def advance_job(job_id: int) -> bool:
     if held.failed:
         return True  # due again after the backoff (the sweep sends it)
     if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
-        nudge_job(job_id, countdown=again)  # outside a transaction: sent at once
+        messages.start_job(job_id, countdown=again)  # outside a transaction: sent at once
     # a started job is looked at by the batch watcher from now on (runs/watching.py)
     return True
 
@@ -220,7 +220,7 @@ def _wake_waiting_peers(job: Job) -> None:
         return  # peers wait for addresses only, and those were known before this job started
     with transaction.atomic():
         for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
-            nudge_job(peer_id)
+            messages.start_job(peer_id)
 
 
 def _maybe_unreachable(job: Job) -> None:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from muster import claims
+from muster import claims, messages
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus
 from runs.models import Job, Run
 from runs.services.submission import create_jobs
@@ -44,9 +44,7 @@ def process_run(run_id: int) -> bool:
     if run.status in ACTIVE_RUN and Job.objects.filter(
             run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
         # a job moved while we held the run: its nudge found the run leased and was dropped
-        from runs import tasks
-
-        tasks.process_run.delay(run_id)
+        messages.derive_run(run_id)
     return True
 
 
@@ -130,9 +128,7 @@ def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: boo
                      retry_attempts=run.retry_attempts + 1, fleet=None,
                      message=f"will retry in {_backoff(run).total_seconds():.0f}s "
                              f"(after {cause.termination_reason} of job {cause.job_num})")
-            from runs.transitions import nudge_run  # the sweep resubmits when the backoff is over
-
-            nudge_run(run.pk)
+            messages.derive_run(run.pk)  # the sweep resubmits when the backoff is over
         else:
             message = f"job {cause.job_num} ended with {cause.termination_reason}" if cause else ""
             move_run(run, final, frm=[RunStatus.TERMINATING], termination_reason=run_reason,
@@ -152,7 +148,4 @@ def _resubmit_when_due(run: Run) -> None:
                         next_retry_at=None, message=f"resubmitted (submission {new_num})"):
             return
         create_jobs(run, [j.spec for j in previous], submission_num=new_num)
-        from runs import tasks
-
-        master = Job.objects.get(run=run, submission_num=new_num, job_num=0)
-        transaction.on_commit(lambda: tasks.provision_job.delay(master.pk))
+        messages.place_job(Job.objects.get(run=run, submission_num=new_num, job_num=0).pk)

@@ -8,20 +8,18 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from muster import claims
+from muster import claims, messages
 from runs import fanout, placement
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, nudge_job, release_job, terminate_job
+from runs.transitions import move_job, move_run, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 
 
 def on_run_submitted(run: Run, master: Job) -> None:
     """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
-    from runs import tasks
-
-    transaction.on_commit(lambda: tasks.provision_job.delay(master.pk))
+    messages.place_job(master.pk)
 
 
 def provision_job(job_id: int) -> bool:
@@ -38,7 +36,7 @@ def provision_job(job_id: int) -> bool:
         # Sent only now that the lease is given back: sent from inside the attempt, the message
         # could reach an idle worker while this task still held the job, bounce off the claim and
         # leave the job to the sweep (three sweep intervals later).
-        nudge_job(job_id)
+        messages.start_job(job_id)
     return True
 
 

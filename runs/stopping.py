@@ -10,11 +10,11 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances.models import Instance, InstanceStatus
-from muster import claims
+from muster import claims, messages
 from runs import logs, runner_status
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, nudge_run, terminate_job
+from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
 # A runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most jobs
@@ -32,7 +32,7 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
         if run.status == RunStatus.PENDING:
             move_run(run, RunStatus.TERMINATED, termination_reason="aborted_by_user" if abort else "stopped_by_user",
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
-        nudge_run(run.pk)
+        messages.derive_run(run.pk)
 
 
 def release_instance(instance_id: int) -> None:
@@ -47,9 +47,7 @@ def finish_job(job_id: int) -> bool:
             return False
         if not _finish(held):
             claims.release(Job, job_id, held.token)
-            from runs import tasks
-
-            transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=STOP_RECHECK))
+            messages.finish_job(job_id, countdown=STOP_RECHECK)
             return False
     return True
 
