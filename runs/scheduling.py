@@ -8,6 +8,7 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
+from instances.transitions import give_back, record_taken
 from muster import claims, messages
 from runs import fanout, placement
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
@@ -96,17 +97,17 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
                       f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
                       held=True)
         return
-    from runs.stopping import release_instance
-
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
                         message=f"provisioning on {mine.name} ({mine.internal_ip})"):
-            for instance in instances:  # the job moved on under us (stopped): give the hosts back
-                release_instance(instance.pk)
+            # the job moved on under us (stopped): give the hosts back
+            give_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return
-        for instance in fanout.place_members(job, members, theirs):
-            release_instance(instance.pk)
+        unused = fanout.place_members(job, members, theirs)
+        give_back(unused, job, "not used: its job ended before it was placed")
+        record_taken([i for i in instances if i not in unused], job,
+                     f"taken by job {job.run.name}/{job.job_num} for its group {job.node_group_name}")
         fanout.release_after_attempt(job, siblings)
 
 

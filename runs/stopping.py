@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from instances.models import Instance, InstanceStatus
+from instances.transitions import give_back
 from muster import claims, messages
 from runs import logs, runner_status
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
@@ -35,11 +35,6 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
         messages.derive_run(run.pk)
 
 
-def release_instance(instance_id: int) -> None:
-    Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
-        status=InstanceStatus.IDLE, idle_since=timezone.now())
-
-
 def finish_job(job_id: int) -> bool:
     """Task body for a terminating job: stop the runner's process, keep the log, free the host."""
     with claims.claimed(Job, job_id, "finish_job", status=JobStatus.TERMINATING) as held:
@@ -63,7 +58,7 @@ def _finish(held) -> bool:
         log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)
     with transaction.atomic():
         if job.instance_id:
-            release_instance(job.instance_id)
+            give_back([job.instance], job)
         # the lease goes with the final move (we hold it, so nobody else changed the status)
         if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
             claims.forget(Job, held.token, [job.pk])
@@ -102,7 +97,7 @@ def _runner_finished(job: Job) -> bool:
 def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
     """Terminate every active job of the run's current submission; return how many are still active."""
     active = 0
-    for job in run.current_jobs().select_related("run").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
+    for job in run.current_jobs().select_related("run", "instance").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
         if job.status == JobStatus.TERMINATING:
             active += 1
             continue
@@ -110,7 +105,7 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
             # never started anywhere: nothing to stop, but a host a group batch reserved goes back
             if move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
                         actor=actor) and job.instance_id:
-                release_instance(job.instance_id)
+                give_back([job.instance], job)
         else:
             terminate_job(job, reason, actor=actor)
             active += 1
