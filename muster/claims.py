@@ -185,10 +185,12 @@ class Held:
         """Give rows back so that they are due again only after a backoff: the lease runs on
         with nobody's token, so no claim takes them (nor renews them) until it is over."""
         pks = set(pks)
+        self.failed |= pks
+        # renewals stop first: should the UPDATE fail too (the database is gone), the lease
+        # simply runs out one lease from now, which is the backoff as well
+        _renewer.drop(self.model, self.token, pks)
         until = timezone.now() + timedelta(seconds=backoff_seconds())
         self.model.objects.filter(pk__in=pks, lease_token=self.token).update(lease_until=until, lease_token="")
-        _renewer.drop(self.model, self.token, pks)
-        self.failed |= pks
 
     @contextmanager
     def row(self, pk) -> Iterator[None]:
@@ -205,8 +207,8 @@ class Held:
         # none at all in the common case: the step's own release already dropped them).
         left = _renewer.holding(self.model, self.token)
         if left:
+            _renewer.drop(self.model, self.token, left)  # first, as in back_off
             self.model.objects.filter(pk__in=left, lease_token=self.token).update(lease_until=None, lease_token="")
-            _renewer.drop(self.model, self.token, left)
 
 
 @contextmanager
