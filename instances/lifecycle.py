@@ -39,10 +39,10 @@ def find_group(project, name: str) -> InstanceGroup | None:
 
 
 def group_in_use(group: InstanceGroup) -> bool:
-    from runs.choices import JOB_ACTIVE
+    from runs.choices import JOB_ACTIVE, JobStatus
     from runs.models import Job
 
-    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, "terminating"]).exists()
+    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]).exists()
 
 
 def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:
@@ -60,7 +60,7 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
             return
         move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
                        frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
-        record(group.project_id, f"instance group {group.name}", "deletion requested", status="terminating", actor=actor)
+        record(group.project_id, f"instance group {group.name}", "deletion requested", status=GroupStatus.TERMINATING, actor=actor)
         messages.delete_group(group.pk)
 
 
@@ -85,7 +85,7 @@ def terminate_group_now(group_id: int) -> bool:
             move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
                            frm=NOT_TERMINATED, message="terminated with its group")
             claims.release(InstanceGroup, group_id, held.token, status=GroupStatus.TERMINATED)
-            record(group.project_id, f"instance group {group.name}", "deleted", status="terminated")
+            record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
     return not held.failed
 
 

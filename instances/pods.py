@@ -28,11 +28,12 @@ from events.services import record
 from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
 from muster import claims, crypto, messages
 from muster.claims import unleased
+from runs.choices import JobStatus
 
 log = logging.getLogger(__name__)
 
 # Job statuses that still wait for their host to come up.
-_WAITING = ("submitted", "provisioning")
+_WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
 
 
 def _slice_of(job) -> str | None:
@@ -97,7 +98,7 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | No
                                               status=InstanceStatus.IDLE).update(
                 status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
             if touched == hosts:
-                record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status="busy")
+                record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status=InstanceStatus.BUSY)
                 return list(group.instances.order_by("index"))
             transaction.set_rollback(True)  # a partly busy pod is not ours to take
     return None
@@ -149,7 +150,7 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGrou
         for job, inst in zip(jobs, instances, strict=True):
             Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
         record(fleet.project_id, f"instance group {name}", f"creating a {shape.name} slice ({shape.hosts} hosts)",
-               status="provisioning")
+               status=GroupStatus.PROVISIONING)
     return group, instances
 
 
@@ -162,10 +163,10 @@ def _forget(group: InstanceGroup, why: str) -> None:
     from runs.models import Job
 
     with transaction.atomic():
-        Job.objects.filter(instance__group=group, status="submitted").update(instance=None)
+        Job.objects.filter(instance__group=group, status=JobStatus.SUBMITTED).update(instance=None)
         group.instances.update(status=InstanceStatus.TERMINATED, termination_reason=why[:64])
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATED)
-        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status="terminated")
+        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status=GroupStatus.TERMINATED)
 
 
 def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
@@ -198,7 +199,7 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
         InstanceGroup.objects.filter(pk=group.pk, status=GroupStatus.PROVISIONING).update(
             status=GroupStatus.ACTIVE, backend_data={**group.backend_data, **records[0].backend_data})
         record(group.project_id, f"instance group {group.name}",
-               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status="active")
+               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status=GroupStatus.ACTIVE)
 
 
 def poll_pod(group_id: int) -> bool:
@@ -259,7 +260,7 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATING)
         group.instances.exclude(status=InstanceStatus.TERMINATED).update(
             status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
-        record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status="terminating")
+        record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status=GroupStatus.TERMINATING)
         messages.delete_group(group.pk)
 
 

@@ -17,19 +17,20 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
+from instances.models import InstanceStatus
 from muster import claims, crypto, messages
 from runs import cluster, runner_status
-from runs.choices import JobReason, JobStatus
+from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
 from runs.transitions import move_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
 RUNNER_END_STATES = {
-    "done": (JobReason.DONE_BY_RUNNER, ""),
-    "failed": (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
-    "max_duration_exceeded": (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
-    "terminated": (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
+    RunnerState.DONE: (JobReason.DONE_BY_RUNNER, ""),
+    RunnerState.FAILED: (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
+    RunnerState.MAX_DURATION_EXCEEDED: (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
+    RunnerState.TERMINATED: (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
 }
 
 
@@ -137,7 +138,7 @@ def _observe(job: Job) -> dict | None:
 
 def _wait_for_runner(job: Job) -> None:
     instance = job.instance
-    if instance is None or instance.status != "busy" or not instance.internal_ip:
+    if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
         if waited(job) > limit("WAITING_INSTANCE_LIMIT"):
             end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
@@ -206,7 +207,7 @@ def watch_observed(job: Job, status: dict | None) -> None:
         return
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
-    if state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING:
+    if state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.PULLING:
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
         _wake_waiting_peers(job)
     if state.get("state") in RUNNER_END_STATES:

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from muster import claims, messages
-from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.models import Job, Run
 from runs.services.submission import create_jobs
 from runs.stopping import end_active_jobs
@@ -63,8 +63,8 @@ def _note_failed_derive(run: Run, exc: Exception) -> None:
 def _derive(run: Run) -> None:
     jobs = list(run.current_jobs())
     if run.stop_requested:
-        reason = JobReason.ABORTED_BY_USER if run.stop_requested == "abort" else JobReason.TERMINATED_BY_USER
-        run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == "abort" else RunReason.STOPPED_BY_USER
+        reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
+        run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
         _teardown(run, reason, RunStatus.TERMINATED, run_reason)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]

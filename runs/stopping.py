@@ -12,7 +12,7 @@ from backends.registry import compute_for_instance
 from instances.transitions import give_back
 from muster import claims, messages
 from runs import logs, runner_status
-from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
+from runs.choices import FINAL_STATUS, JOB_ACTIVE, RUNNER_LIVE, JobReason, JobStatus, RunStatus, StopRequest
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, terminate_job
 
@@ -26,9 +26,9 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
     """User stop/abort: works at any stage; the run processor does the rest."""
     if run.finished:
         return
-    kind = "abort" if abort else "stop"
+    kind = StopRequest.ABORT if abort else StopRequest.STOP
     with transaction.atomic():
-        Run.objects.filter(pk=run.pk).exclude(stop_requested="abort").update(stop_requested=kind)
+        Run.objects.filter(pk=run.pk).exclude(stop_requested=StopRequest.ABORT).update(stop_requested=kind)
         if run.status == RunStatus.PENDING:
             move_run(run, RunStatus.TERMINATED, termination_reason="aborted_by_user" if abort else "stopped_by_user",
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
@@ -74,7 +74,7 @@ def _runner_finished(job: Job) -> bool:
         if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
             return True
         state = (runner_status.read(host)["jobs"].get(job.runner_job_id) or {}).get("state")
-        if state in ("running", "starting", "submitted"):
+        if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
                 return True  # the host does not stop it; the instance is released regardless

@@ -63,9 +63,9 @@ def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server
 
     if job.instance_id is None and not job.runner_submitted:
         # nothing runs anywhere and no host is held: end it now instead of via finish_job
-        return move_job(job, FINAL_STATUS.get(reason, "terminated"), frm=JOB_ACTIVE, termination_reason=reason,
+        return move_job(job, FINAL_STATUS.get(reason, JobStatus.TERMINATED), frm=JOB_ACTIVE, termination_reason=reason,
                         termination_message=message, message=message, actor=actor, **fields)
-    moved = move_job(job, "terminating", frm=JOB_ACTIVE, termination_reason=reason,
+    moved = move_job(job, JobStatus.TERMINATING, frm=JOB_ACTIVE, termination_reason=reason,
                      termination_message=message, message=message or f"terminating ({reason})", actor=actor,
                      **fields)
     if moved and not held:

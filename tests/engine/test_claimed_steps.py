@@ -120,3 +120,11 @@ def test_an_unexpected_exception_in_a_step_gives_its_claim_back_and_the_row_is_d
     assert fault.calls >= 2, "the step failed once and was done again"
     assert done.status == "done", job_summary(done)
     assert not Job.objects.exclude(lease_token="").exists(), "no lease outlives its step"
+
+
+def test_the_server_knows_every_state_the_runner_ends_a_job_in():
+    from backends.local.runner_host import runner_module
+    from runs.choices import RUNNER_FINAL
+    from runs.progress import RUNNER_END_STATES
+
+    assert set(runner_module().FINAL_STATES) == set(RUNNER_FINAL) == set(RUNNER_END_STATES)
