@@ -10,33 +10,34 @@ from __future__ import annotations
 
 from django.db import transaction
 
-
-def _after_commit(task, *args, countdown: float = 0) -> None:
-    if countdown:
-        transaction.on_commit(lambda: task.apply_async(args, countdown=countdown))
-    else:
-        transaction.on_commit(lambda: task.delay(*args))
+# Each message is its own lambda (tasks.X.delay), so a callback captured in a test says which task it sends.
 
 
 def place_job(job_id: int) -> None:
     """A submitted job may look for its hosts (provision_job)."""
     from runs import tasks
 
-    _after_commit(tasks.provision_job, job_id)
+    transaction.on_commit(lambda: tasks.provision_job.delay(job_id))
 
 
 def start_job(job_id: int, countdown: float = 0) -> None:
     """A placed job's next start stage is due (advance_job): runner up, peers, start order."""
     from runs import tasks
 
-    _after_commit(tasks.advance_job, job_id, countdown=countdown)
+    if countdown:
+        transaction.on_commit(lambda: tasks.advance_job.apply_async((job_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.advance_job.delay(job_id))
 
 
 def finish_job(job_id: int, countdown: float = 0) -> None:
     """A terminating job may be stopped on its host and its host given back (finish_job)."""
     from runs import tasks
 
-    _after_commit(tasks.finish_job, job_id, countdown=countdown)
+    if countdown:
+        transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.finish_job.delay(job_id))
 
 
 def derive_run(run_id: int) -> None:
@@ -60,11 +61,14 @@ def delete_group(group_id: int) -> None:
     """An instance group marked terminating may be deleted with its backend (terminate_group)."""
     from instances import tasks
 
-    _after_commit(tasks.terminate_group, group_id)
+    transaction.on_commit(lambda: tasks.terminate_group.delay(group_id))
 
 
 def poll_pod(group_id: int, countdown: float) -> None:
     """A slice being created is due another look at the cloud's side (poll_pod)."""
     from instances import tasks
 
-    _after_commit(tasks.poll_pod, group_id, countdown=countdown)
+    if countdown:
+        transaction.on_commit(lambda: tasks.poll_pod.apply_async((group_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.poll_pod.delay(group_id))
