@@ -11,8 +11,6 @@ from events.services import record
 from instances.models import Instance
 
 log = logging.getLogger(__name__)
-# runner states of a job whose processes may still be alive
-RUNNER_LIVE_STATES = ("running", "starting", "submitted")
 
 
 def mark_unreachable(instance: Instance, why: str) -> None:
@@ -51,8 +49,8 @@ def stop_orphans(instance: Instance) -> bool:
     """
     from backends.base import BackendError
     from backends.registry import compute_for_instance
-    from runs import logs
-    from runs.choices import JOB_FINISHED
+    from runs import logs, runner_status
+    from runs.choices import JOB_FINISHED, RUNNER_LIVE
     from runs.models import Job
 
     since = instance.unreachable_since
@@ -65,12 +63,12 @@ def stop_orphans(instance: Instance) -> bool:
     host = compute_for_instance(instance).runner_host(instance)
     stopping, cleaned = [], []
     try:
-        known = host.status().get("jobs") or {}
+        known = runner_status.read(host)["jobs"]
         for job in ended:
             state = (known.get(job.runner_job_id) or {}).get("state")
             if state is None:
                 continue  # already cleaned up (or never reached the runner)
-            if state in RUNNER_LIVE_STATES:
+            if state in RUNNER_LIVE:
                 host.stop(job.runner_job_id)
                 stopping.append(job)
                 continue

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance, fleet_backend_config, get_compute
@@ -21,10 +20,12 @@ from instances.models import (
     InstanceGroup,
     InstanceStatus,
 )
-from muster import claims
+from instances.transitions import move_instances
+from muster import claims, messages
 from muster.api_errors import InvalidInput
 
 log = logging.getLogger(__name__)
+NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 
 
 def find_group(project, name: str) -> InstanceGroup | None:
@@ -38,10 +39,10 @@ def find_group(project, name: str) -> InstanceGroup | None:
 
 
 def group_in_use(group: InstanceGroup) -> bool:
-    from runs.choices import JOB_ACTIVE
+    from runs.choices import JOB_ACTIVE, JobStatus
     from runs.models import Job
 
-    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, "terminating"]).exists()
+    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]).exists()
 
 
 def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:
@@ -57,39 +58,35 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
             status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]).update(status=GroupStatus.TERMINATING)
         if not touched:
             return
-        group.instances.filter(status__in=LIVE_INSTANCE_STATUSES).update(status=InstanceStatus.TERMINATING)
-        record(group.project_id, f"instance group {group.name}", "deletion requested", status="terminating", actor=actor)
-        from instances import tasks
-
-        transaction.on_commit(lambda: tasks.terminate_group.delay(group.pk))
+        move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
+                       frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
+        record(group.project_id, f"instance group {group.name}", "deletion requested", status=GroupStatus.TERMINATING, actor=actor)
+        messages.delete_group(group.pk)
 
 
 def terminate_group_now(group_id: int) -> bool:
     """Task body: one backend call for the whole group, then every instance is terminated."""
-    token = claims.claim(InstanceGroup, group_id, status=GroupStatus.TERMINATING)
-    if token is None:
-        return False
-    group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-    try:
-        if group.kind == GroupKind.TPU_POD:
-            backend = group.backend_data.get("backend", "gcp")
-            compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
-            compute.terminate_group(group.name, group.backend_data)
-        else:
-            stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
-    except BackendError as exc:
-        log.warning("deleting group %s failed, will retry: %s", group.name, exc)
-        claims.release(InstanceGroup, group_id, token)
-        return False
-    now = timezone.now()
-    with transaction.atomic():
-        for inst in group.instances.exclude(status=InstanceStatus.TERMINATED):
-            Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, updated=now)
-            record(group.project_id, f"instance {inst.name}", "terminated with its group", status="terminated",
-                   instance_id=inst.id)
-        claims.release(InstanceGroup, group_id, token, status=GroupStatus.TERMINATED)
-        record(group.project_id, f"instance group {group.name}", "deleted", status="terminated")
-    return True
+    with claims.claimed(InstanceGroup, group_id, "terminate_group", status=GroupStatus.TERMINATING) as held:
+        if held is None:
+            return False
+        group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
+        try:
+            if group.kind == GroupKind.TPU_POD:
+                backend = group.backend_data.get("backend", "gcp")
+                compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
+                compute.terminate_group(group.name, group.backend_data)
+            else:
+                stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
+        except BackendError as exc:
+            log.warning("deleting group %s failed, will retry: %s", group.name, exc)
+            claims.release(InstanceGroup, group_id, held.token)
+            return False
+        with transaction.atomic():
+            move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
+                           frm=NOT_TERMINATED, message="terminated with its group")
+            claims.release(InstanceGroup, group_id, held.token, status=GroupStatus.TERMINATED)
+            record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
+    return not held.failed
 
 
 STOP_THREADS = 16
@@ -132,8 +129,6 @@ def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
     loose = list(fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
         status=InstanceStatus.TERMINATED))
     stop_agents(loose)
-    for inst in loose:
-        Instance.objects.filter(pk=inst.pk).update(status=InstanceStatus.TERMINATED, fleet=None)
-        record(fleet.project_id, f"instance {inst.name}", "terminated with its fleet", status="terminated",
-               actor=actor, instance_id=inst.id)
+    move_instances(loose, InstanceStatus.TERMINATED, frm=NOT_TERMINATED, message="terminated with its fleet",
+                   actor=actor, fleet=None)
     fleet.groups.filter(kind=GroupKind.CLUSTER).update(status=GroupStatus.TERMINATED)

@@ -26,13 +26,14 @@ from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
 from events.services import record
 from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
-from muster import claims, crypto
+from muster import claims, crypto, messages
 from muster.claims import unleased
+from runs.choices import JobStatus
 
 log = logging.getLogger(__name__)
 
 # Job statuses that still wait for their host to come up.
-_WAITING = ("submitted", "provisioning")
+_WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
 
 
 def _slice_of(job) -> str | None:
@@ -84,10 +85,7 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
 
 
 def schedule_poll(group_id: int, countdown: float | None = None) -> None:
-    from instances import tasks
-
-    delay = poll_interval() if countdown is None else countdown
-    transaction.on_commit(lambda: tasks.poll_pod.apply_async((group_id,), countdown=delay))
+    messages.poll_pod(group_id, poll_interval() if countdown is None else countdown)
 
 
 def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | None:
@@ -100,7 +98,7 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | No
                                               status=InstanceStatus.IDLE).update(
                 status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
             if touched == hosts:
-                record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status="busy")
+                record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status=InstanceStatus.BUSY)
                 return list(group.instances.order_by("index"))
             transaction.set_rollback(True)  # a partly busy pod is not ours to take
     return None
@@ -152,7 +150,7 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGrou
         for job, inst in zip(jobs, instances, strict=True):
             Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
         record(fleet.project_id, f"instance group {name}", f"creating a {shape.name} slice ({shape.hosts} hosts)",
-               status="provisioning")
+               status=GroupStatus.PROVISIONING)
     return group, instances
 
 
@@ -165,10 +163,10 @@ def _forget(group: InstanceGroup, why: str) -> None:
     from runs.models import Job
 
     with transaction.atomic():
-        Job.objects.filter(instance__group=group, status="submitted").update(instance=None)
+        Job.objects.filter(instance__group=group, status=JobStatus.SUBMITTED).update(instance=None)
         group.instances.update(status=InstanceStatus.TERMINATED, termination_reason=why[:64])
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATED)
-        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status="terminated")
+        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status=GroupStatus.TERMINATED)
 
 
 def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
@@ -201,22 +199,20 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
         InstanceGroup.objects.filter(pk=group.pk, status=GroupStatus.PROVISIONING).update(
             status=GroupStatus.ACTIVE, backend_data={**group.backend_data, **records[0].backend_data})
         record(group.project_id, f"instance group {group.name}",
-               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status="active")
+               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status=GroupStatus.ACTIVE)
 
 
 def poll_pod(group_id: int) -> bool:
     """Task body: look at a slice being created; READY fills the hosts, stuck or failed deletes it."""
-    token = claims.claim(InstanceGroup, group_id, status=GroupStatus.PROVISIONING)
-    if token is None:
-        return False
-    again = False
-    try:
+    with claims.claimed(InstanceGroup, group_id, "poll_pod", status=GroupStatus.PROVISIONING) as held:
+        if held is None:
+            return False
+        again = False
         group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
         again = _look(group)
-    finally:
         # `updated` marks the last look, so the sweep only re-enqueues polls that got lost.
-        claims.release(InstanceGroup, group_id, token, updated=timezone.now())
-    if again:
+        claims.release(InstanceGroup, group_id, held.token, updated=timezone.now())
+    if again and not held.failed:
         schedule_poll(group_id)
     return True
 
@@ -264,10 +260,8 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATING)
         group.instances.exclude(status=InstanceStatus.TERMINATED).update(
             status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
-        record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status="terminating")
-        from instances import tasks
-
-        transaction.on_commit(lambda: tasks.terminate_group.delay(group.pk))
+        record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status=GroupStatus.TERMINATING)
+        messages.delete_group(group.pk)
 
 
 def pods_to_poll(now):

@@ -15,15 +15,20 @@ takes its renewer with it, so its rows come free one lease later however long a 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
+
+log = logging.getLogger(__name__)
 
 
 class Claimable(models.Model):
@@ -92,6 +97,10 @@ class _Renewer:
     def clear(self) -> None:
         with self.lock:
             self.held.clear()
+
+    def holding(self, model, token: str) -> set:
+        with self.lock:
+            return set(self.held.get((model, token), ()))
 
 
 _renewer = _Renewer()
@@ -164,3 +173,87 @@ def claim_batch(queryset, limit: int, seconds: float | None = None, renew: bool 
     if held and renew:
         _renewer.hold(queryset.model, token, held)
     return token, held
+
+
+def backoff_seconds() -> float:
+    """How long a row whose step failed waits before anyone may claim it again (one lease)."""
+    return lease_seconds()
+
+
+class Held:
+    """The rows one step holds: given back by the step as it goes, or by `claimed` when it ends."""
+
+    def __init__(self, model: type[models.Model], step: str, token: str, pks: list) -> None:
+        self.model, self.step, self.token, self.pks = model, step, token, list(pks)
+        self.failed: set = set()  # rows backed off after an exception
+
+    @property
+    def pk(self):
+        return self.pks[0]
+
+    def back_off(self, pks) -> None:
+        """Give rows back so that they are due again only after a backoff: the lease runs on
+        with nobody's token, so no claim takes them (nor renews them) until it is over."""
+        pks = set(pks)
+        self.failed |= pks
+        # renewals stop first: should the UPDATE fail too (the database is gone), the lease
+        # simply runs out one lease from now, which is the backoff as well
+        _renewer.drop(self.model, self.token, pks)
+        until = timezone.now() + timedelta(seconds=backoff_seconds())
+        self.model.objects.filter(pk__in=pks, lease_token=self.token).update(lease_until=until, lease_token="")
+
+    @contextmanager
+    def row(self, pk) -> Iterator[None]:
+        """One row of a batch: its exception is logged and backs off that row only."""
+        try:
+            yield
+        except Exception:
+            log.exception("step %s failed on %s %s; due again in %.0fs", self.step, self.model.__name__, pk,
+                          backoff_seconds())
+            self.back_off([pk])
+
+    def close(self) -> None:
+        # Rows the step neither gave back nor backed off go back as they are (one UPDATE, and
+        # none at all in the common case: the step's own release already dropped them).
+        left = _renewer.holding(self.model, self.token)
+        if left:
+            _renewer.drop(self.model, self.token, left)  # first, as in back_off
+            self.model.objects.filter(pk__in=left, lease_token=self.token).update(lease_until=None, lease_token="")
+
+
+@contextmanager
+def _owning(held: Held) -> Iterator[Held]:
+    try:
+        yield held
+    except Exception:
+        log.exception("step %s failed on %s %s; due again in %.0fs", held.step, held.model.__name__,
+                      held.pks if len(held.pks) > 1 else held.pk, backoff_seconds())
+        held.back_off(_renewer.holding(held.model, held.token))
+    finally:
+        held.close()
+
+
+@contextmanager
+def claimed(model: type[models.Model], pk, step: str, **conditions) -> Iterator[Held | None]:
+    """The one claimed step: claim row `pk` (None when it is not claimable), renew its lease while
+    the block runs, and give it back when the block ends, whatever happens in it.
+
+    An exception is logged with the row and the step and is not raised further: the row goes back
+    with a backoff (`Held.back_off`), so the sweep sends its step again once that is over. What the
+    step sends next it sends after the block, once the row is given back (a message sent while the
+    row is held would bounce off the claim).
+    """
+    token = claim(model, pk, **conditions)
+    if token is None:
+        yield None
+        return
+    with _owning(Held(model, step, token, [pk])) as held:
+        yield held
+
+
+@contextmanager
+def claimed_batch(queryset, limit: int, step: str) -> Iterator[Held]:
+    """`claimed` for up to `limit` rows at once; `Held.row` guards each row's work on its own."""
+    token, pks = claim_batch(queryset, limit)
+    with _owning(Held(queryset.model, step, token, pks)) as held:
+        yield held

@@ -31,6 +31,31 @@ class JobStatus(models.TextChoices):
     DONE = "done"
 
 
+class RunnerState(models.TextChoices):
+    """A job's state as its runner reports it (runner/muster_runner.py writes these into each job's
+    status.json; tests/engine/test_claimed_steps.py checks that its FINAL_STATES are the same)."""
+
+    SUBMITTED = "submitted"
+    STARTING = "starting"
+    PULLING = "pulling"  # a job with an image: its runner is pulling the image (runs/containers.py)
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+    MAX_DURATION_EXCEEDED = "max_duration_exceeded"
+
+
+RUNNER_LIVE = (RunnerState.RUNNING, RunnerState.PULLING, RunnerState.STARTING, RunnerState.SUBMITTED)  # its processes may be alive
+RUNNER_FINAL = (RunnerState.DONE, RunnerState.FAILED, RunnerState.TERMINATED, RunnerState.MAX_DURATION_EXCEEDED)
+
+
+class StopRequest(models.TextChoices):
+    """Run.stop_requested: empty until a user asks."""
+
+    STOP = "stop"
+    ABORT = "abort"
+
+
 JOB_FINISHED = (JobStatus.TERMINATED, JobStatus.ABORTED, JobStatus.FAILED, JobStatus.DONE)
 JOB_ACTIVE = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
 

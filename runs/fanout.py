@@ -11,11 +11,11 @@ only the other groups' masters get a provisioning task.
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
 from events.services import record_many
+from muster import messages
 from runs.choices import JobStatus
 from runs.models import Job
 
@@ -37,8 +37,6 @@ def release_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[i
 
     `siblings`: the run's current jobs as the caller read them (at least the fields used here).
     """
-    from runs import tasks
-
     if siblings is None:
         siblings = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num)
                         .only("id", "job_num", "node_group_index", "node_group_rank", "waiting_master_job"))
@@ -50,7 +48,7 @@ def release_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[i
     if ids:
         Job.objects.filter(id__in=ids, waiting_master_job=True).update(waiting_master_job=False)
     for job_id in ids:
-        transaction.on_commit(lambda job_id=job_id: tasks.provision_job.delay(job_id))
+        messages.place_job(job_id)
     return nums
 
 
@@ -81,8 +79,6 @@ def place_members(master: Job, members: list[Job], instances: list) -> list:
              "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
                         f"placed by job {master.job_num} with its group"}
             for member in members if member.pk in placed])
-        from runs.transitions import nudge_job
-
         for pk in placed:
-            nudge_job(pk)
+            messages.start_job(pk)
     return [instance for pk, instance in pairs.items() if pk not in placed]

@@ -17,19 +17,20 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances import health
-from muster import claims, crypto
-from runs import cluster, containers
-from runs.choices import JobReason, JobStatus
+from instances.models import InstanceStatus
+from muster import claims, crypto, messages
+from runs import cluster, containers, runner_status
+from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
-from runs.transitions import move_job, nudge_job, release_job, terminate_job
+from runs.transitions import move_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
 RUNNER_END_STATES = {
-    "done": (JobReason.DONE_BY_RUNNER, ""),
-    "failed": (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
-    "max_duration_exceeded": (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
-    "terminated": (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
+    RunnerState.DONE: (JobReason.DONE_BY_RUNNER, ""),
+    RunnerState.FAILED: (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
+    RunnerState.MAX_DURATION_EXCEEDED: (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
+    RunnerState.TERMINATED: (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
 }
 
 
@@ -46,17 +47,16 @@ def waited(job: Job) -> float:
 
 
 def advance_job(job_id: int) -> bool:
-    token = claims.claim(Job, job_id, status__in=WATCHED)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
-    seen_before = job.agent_seen_at
-    try:
-        _step(job)
-    except BackendError as exc:
-        log.warning("job %s: backend error: %s", job, exc)
-        terminate_job(job, exc.reason, str(exc), held=True)
-    finally:
+    with claims.claimed(Job, job_id, "advance_job", status__in=WATCHED) as held:
+        if held is None:
+            return False
+        job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
+        seen_before = job.agent_seen_at
+        try:
+            _step(job)
+        except BackendError as exc:
+            log.warning("job %s: backend error: %s", job, exc)
+            terminate_job(job, exc.reason, str(exc), held=True)
         now = timezone.now()
         # A job that just started is due at the watcher's next tick: a short job (a router that
         # exits after one request) then ends within a tick instead of after one more interval.
@@ -65,9 +65,11 @@ def advance_job(job_id: int) -> bool:
         updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
         if job.agent_seen_at != seen_before:
             updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
-        status = release_job(job, token, WATCHED, **updates)
+        status = release_job(job, held.token, WATCHED, **updates)
+    if held.failed:
+        return True  # due again after the backoff (the sweep sends it)
     if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
-        nudge_job(job_id, countdown=again)  # outside a transaction: sent at once
+        messages.start_job(job_id, countdown=again)  # outside a transaction: sent at once
     # a started job is looked at by the batch watcher from now on (runs/watching.py)
     return True
 
@@ -98,23 +100,28 @@ def _step(job: Job) -> None:
         _watch(job)
 
 
-def look(host) -> tuple[dict | None, BackendError | None]:
+def look(host) -> tuple[dict | None, Exception | None]:
     """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
-    database, so the batch watcher can run many of these in threads."""
+    database, so the batch watcher can run many of these in threads.
+
+    Never raises: what went wrong comes back, for take_look to act on with the job it belongs to.
+    """
     try:
-        status = host.status()  # one round trip in the common case: the agent is already up
+        status = runner_status.read(host)  # one round trip in the common case: the agent is already up
         if not status.get("agent_alive"):
             host.ensure_agent()
-            status = host.status()
+            status = runner_status.read(host)
         return status, None
-    except BackendError as exc:
+    except Exception as exc:  # noqa: BLE001 - raised again by take_look, on the job's own step
         return None, exc
     finally:
         host.close()
 
 
-def take_look(job: Job, status: dict | None, error: BackendError | None) -> dict | None:
+def take_look(job: Job, status: dict | None, error: Exception | None) -> dict | None:
     """Record what a look at the job's host found (reachability, agent seen); the status or None."""
+    if error is not None and not isinstance(error, BackendError):
+        raise error
     if error is not None:
         health.mark_unreachable(job.instance, str(error))
         return None
@@ -131,7 +138,7 @@ def _observe(job: Job) -> dict | None:
 
 def _wait_for_runner(job: Job) -> None:
     instance = job.instance
-    if instance is None or instance.status != "busy" or not instance.internal_ip:
+    if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
         if waited(job) > limit("WAITING_INSTANCE_LIMIT"):
             end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
@@ -202,7 +209,7 @@ def watch_observed(job: Job, status: dict | None) -> None:
              "exit_status": state.get("exit_status")}
     if job.status == JobStatus.PULLING:
         containers.show_pull_progress(job, state)
-    if (state.get("state") in ("running", *RUNNER_END_STATES) and job.status == JobStatus.PULLING
+    if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.PULLING
             and not containers.container_end(state)):
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
         _wake_waiting_peers(job)
@@ -218,7 +225,7 @@ def _wake_waiting_peers(job: Job) -> None:
         return  # peers wait for addresses only, and those were known before this job started
     with transaction.atomic():
         for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
-            nudge_job(peer_id)
+            messages.start_job(peer_id)
 
 
 def _maybe_unreachable(job: Job) -> None:

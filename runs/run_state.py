@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from muster import claims
-from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus
+from muster import claims, messages
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.models import Job, Run
 from runs.services.submission import create_jobs
 from runs.stopping import end_active_jobs
@@ -23,36 +23,28 @@ ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, Ru
 
 
 def process_run(run_id: int) -> bool:
-    token = claims.claim(Run, run_id, status__in=[*ACTIVE_RUN, RunStatus.PENDING])
-    if token is None:
-        return False
-    derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
-    succeeded = False
-    run = None
-    try:
+    with claims.claimed(Run, run_id, "process_run", status__in=[*ACTIVE_RUN, RunStatus.PENDING]) as held:
+        if held is None:
+            return False
+        derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
         run = Run.objects.select_related("project").get(pk=run_id)
-        if run.status == RunStatus.PENDING:
-            _resubmit_when_due(run)
-        else:
-            _derive(run)
-        succeeded = True
-    except Exception as exc:
-        if run is not None:
+        try:
+            if run.status == RunStatus.PENDING:
+                _resubmit_when_due(run)
+            else:
+                _derive(run)
+        except Exception as exc:
             _note_failed_derive(run, exc)
-        raise
-    finally:
+            raise  # the claimed step gives the run back with a backoff
         # Only a derive that finished is recorded: one that failed half-way and still wrote
         # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
-        if succeeded:
-            claims.release(Run, run_id, token, derived_at=derived_at)
-        else:
-            claims.release(Run, run_id, token)
+        claims.release(Run, run_id, held.token, derived_at=derived_at)
+    if held.failed:
+        return True
     if run.status in ACTIVE_RUN and Job.objects.filter(
             run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
         # a job moved while we held the run: its nudge found the run leased and was dropped
-        from runs import tasks
-
-        tasks.process_run.delay(run_id)
+        messages.derive_run(run_id)
     return True
 
 
@@ -71,8 +63,8 @@ def _note_failed_derive(run: Run, exc: Exception) -> None:
 def _derive(run: Run) -> None:
     jobs = list(run.current_jobs())
     if run.stop_requested:
-        reason = JobReason.ABORTED_BY_USER if run.stop_requested == "abort" else JobReason.TERMINATED_BY_USER
-        run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == "abort" else RunReason.STOPPED_BY_USER
+        reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
+        run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
         _teardown(run, reason, RunStatus.TERMINATED, run_reason)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
@@ -136,9 +128,7 @@ def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: boo
                      retry_attempts=run.retry_attempts + 1, fleet=None,
                      message=f"will retry in {_backoff(run).total_seconds():.0f}s "
                              f"(after {cause.termination_reason} of job {cause.job_num})")
-            from runs.transitions import nudge_run  # the sweep resubmits when the backoff is over
-
-            nudge_run(run.pk)
+            messages.derive_run(run.pk)  # the sweep resubmits when the backoff is over
         else:
             message = f"job {cause.job_num} ended with {cause.termination_reason}" if cause else ""
             move_run(run, final, frm=[RunStatus.TERMINATING], termination_reason=run_reason,
@@ -158,7 +148,4 @@ def _resubmit_when_due(run: Run) -> None:
                         next_retry_at=None, message=f"resubmitted (submission {new_num})"):
             return
         create_jobs(run, [j.spec for j in previous], submission_num=new_num)
-        from runs import tasks
-
-        master = Job.objects.get(run=run, submission_num=new_num, job_num=0)
-        transaction.on_commit(lambda: tasks.provision_job.delay(master.pk))
+        messages.place_job(Job.objects.get(run=run, submission_num=new_num, job_num=0).pk)

@@ -8,37 +8,36 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from muster import claims
+from instances.transitions import give_back, record_taken
+from muster import claims, messages
 from runs import fanout, placement
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, nudge_job, release_job, terminate_job
+from runs.transitions import move_job, move_run, release_job, terminate_job
 
 log = logging.getLogger(__name__)
 
 
 def on_run_submitted(run: Run, master: Job) -> None:
     """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
-    from runs import tasks
-
-    transaction.on_commit(lambda: tasks.provision_job.delay(master.pk))
+    messages.place_job(master.pk)
 
 
 def provision_job(job_id: int) -> bool:
     """Task body. Returns True when this call did the provisioning attempt."""
-    token = claims.claim(Job, job_id, status=JobStatus.SUBMITTED, waiting_master_job=False)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
-    try:
+    with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
+        if held is None:
+            return False
+        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
         _attempt(job)
-    finally:
-        status = release_job(job, token, AFTER_ATTEMPT)
+        status = release_job(job, held.token, AFTER_ATTEMPT)
+    if held.failed:
+        return True  # due again after the backoff (the sweep sends it)
     if status == JobStatus.PROVISIONING:
         # Sent only now that the lease is given back: sent from inside the attempt, the message
         # could reach an idle worker while this task still held the job, bounce off the claim and
         # leave the job to the sweep (three sweep intervals later).
-        nudge_job(job_id)
+        messages.start_job(job_id)
     return True
 
 
@@ -98,17 +97,17 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
                       f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
                       held=True)
         return
-    from runs.stopping import release_instance
-
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
                         message=f"provisioning on {mine.name} ({mine.internal_ip})"):
-            for instance in instances:  # the job moved on under us (stopped): give the hosts back
-                release_instance(instance.pk)
+            # the job moved on under us (stopped): give the hosts back
+            give_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return
-        for instance in fanout.place_members(job, members, theirs):
-            release_instance(instance.pk)
+        unused = fanout.place_members(job, members, theirs)
+        give_back(unused, job, "not used: its job ended before it was placed")
+        record_taken([i for i in instances if i not in unused], job,
+                     f"taken by job {job.run.name}/{job.job_num} for its group {job.node_group_name}")
         fanout.release_after_attempt(job, siblings)
 
 

@@ -9,12 +9,12 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from instances.models import Instance, InstanceStatus
-from muster import claims
-from runs import attach, logs
-from runs.choices import FINAL_STATUS, JOB_ACTIVE, JobReason, JobStatus, RunStatus
+from instances.transitions import give_back
+from muster import claims, messages
+from runs import attach, logs, runner_status
+from runs.choices import FINAL_STATUS, JOB_ACTIVE, RUNNER_LIVE, JobReason, JobStatus, RunStatus, StopRequest
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, nudge_run, terminate_job
+from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
 # A runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most jobs
@@ -26,43 +26,44 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
     """User stop/abort: works at any stage; the run processor does the rest."""
     if run.finished:
         return
-    kind = "abort" if abort else "stop"
+    kind = StopRequest.ABORT if abort else StopRequest.STOP
     with transaction.atomic():
-        Run.objects.filter(pk=run.pk).exclude(stop_requested="abort").update(stop_requested=kind)
+        Run.objects.filter(pk=run.pk).exclude(stop_requested=StopRequest.ABORT).update(stop_requested=kind)
         if run.status == RunStatus.PENDING:
             move_run(run, RunStatus.TERMINATED, termination_reason="aborted_by_user" if abort else "stopped_by_user",
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
-        nudge_run(run.pk)
-
-
-def release_instance(instance_id: int) -> None:
-    Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
-        status=InstanceStatus.IDLE, idle_since=timezone.now())
+        messages.derive_run(run.pk)
 
 
 def finish_job(job_id: int) -> bool:
     """Task body for a terminating job: stop the runner's process, keep the log, free the host."""
-    token = claims.claim(Job, job_id, status=JobStatus.TERMINATING)
-    if token is None:
-        return False
-    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=job_id)
+    with claims.claimed(Job, job_id, "finish_job", status=JobStatus.TERMINATING) as held:
+        if held is None:
+            return False
+        if not _finish(held):
+            claims.release(Job, job_id, held.token)
+            messages.finish_job(job_id, countdown=STOP_RECHECK)
+            return False
+    return True
+
+
+def _finish(held) -> bool:
+    """False while the runner's job still runs (the caller looks again soon)."""
+    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     try:
-        if job.runner_submitted and job.instance is not None:
-            if not _runner_finished(job):
-                claims.release(Job, job_id, token)
-                from runs import tasks
-
-                transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=STOP_RECHECK))
-                return False
+        if job.runner_submitted and job.instance is not None and not _runner_finished(job):
+            return False
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)
     with transaction.atomic():
         if job.instance_id:
-            release_instance(job.instance_id)
+            give_back([job.instance], job)
         # the lease goes with the final move (we hold it, so nobody else changed the status)
-        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
-            claims.release(Job, job_id, token)
+        if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
+            claims.forget(Job, held.token, [job.pk])
+        else:
+            claims.release(Job, job.pk, held.token)
     return True
 
 
@@ -72,8 +73,8 @@ def _runner_finished(job: Job) -> bool:
     try:
         if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
             return True
-        state = (host.status().get("jobs") or {}).get(job.runner_job_id, {}).get("state")
-        if state in ("running", "starting", "submitted"):
+        state = (runner_status.read(host)["jobs"].get(job.runner_job_id) or {}).get("state")
+        if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
                 attach.revoke(job, host)
@@ -98,7 +99,7 @@ def _runner_finished(job: Job) -> bool:
 def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
     """Terminate every active job of the run's current submission; return how many are still active."""
     active = 0
-    for job in run.current_jobs().select_related("run").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
+    for job in run.current_jobs().select_related("run", "instance").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
         if job.status == JobStatus.TERMINATING:
             active += 1
             continue
@@ -106,7 +107,7 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
             # never started anywhere: nothing to stop, but a host a group batch reserved goes back
             if move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
                         actor=actor) and job.instance_id:
-                release_instance(job.instance_id)
+                give_back([job.instance], job)
         else:
             terminate_job(job, reason, actor=actor)
             active += 1

@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from instances.models import GroupStatus, InstanceGroup
+from muster import messages
 from muster.claims import unleased
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
@@ -64,28 +65,26 @@ def sweep() -> dict[str, int]:
 def _re_enqueue(now, old) -> dict[str, int]:
     """Rows left without a lease in a non-final state for too long: their task is sent again."""
     from instances import pods
-    from instances import tasks as instance_tasks
-    from runs import tasks
 
     found = {}
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["provision"] = _enqueue(tasks.provision_job, submitted)
+    found["provision"] = _enqueue(messages.place_job, submitted)
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
     # the batch watcher's (runs/watching.py): it claims whatever is due, so no message of theirs
     # can be lost, and re-enqueueing them here would only add tasks to a backlog.
     watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING]).filter(
         Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)
     ).values_list("pk", flat=True)[:BATCH]
-    found["advance"] = _enqueue(tasks.advance_job, watched)
+    found["advance"] = _enqueue(messages.start_job, watched)
     ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
                                 status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["finish"] = _enqueue(tasks.finish_job, ending)
-    found["runs"] = _enqueue(tasks.process_run, runs_to_derive(now, old))
+    found["finish"] = _enqueue(messages.finish_job, ending)
+    found["runs"] = _enqueue(messages.derive_run, runs_to_derive(now, old))
     groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["groups"] = _enqueue(instance_tasks.terminate_group, groups)
-    found["pods"] = _enqueue(instance_tasks.poll_pod, pods.pods_to_poll(now))
+    found["groups"] = _enqueue(messages.delete_group, groups)
+    found["pods"] = _enqueue(lambda pk: messages.poll_pod(pk, 0), pods.pods_to_poll(now))
     return found
 
 
@@ -109,9 +108,9 @@ def runs_to_derive(now, old):
     ).values_list("pk", flat=True)[:BATCH]
 
 
-def _enqueue(task, pks) -> int:
+def _enqueue(send, pks) -> int:
     n = 0
     for pk in pks:
-        task.delay(pk)
+        send(pk)
         n += 1
     return n

@@ -6,33 +6,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from events.services import record
+from muster import claims, messages
 from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
-
-
-def nudge_run(run_id: int) -> None:
-    """Enqueue process_run after commit, once per transaction however many jobs of the run moved."""
-    from runs import tasks
-
-    connection = transaction.get_connection()
-    if connection.in_atomic_block and any(
-            getattr(callback, "nudges_run", None) == run_id for _, callback, _ in connection.run_on_commit):
-        return
-
-    def send() -> None:
-        tasks.process_run.delay(run_id)
-
-    send.nudges_run = run_id
-    transaction.on_commit(send)
-
-
-def nudge_job(job_id: int, countdown: float = 0) -> None:
-    from runs import tasks
-
-    if countdown:
-        transaction.on_commit(lambda: tasks.advance_job.apply_async((job_id,), countdown=countdown))
-    else:
-        transaction.on_commit(lambda: tasks.advance_job.delay(job_id))
 
 
 def may_change_run(job: Job, to: str, reason: str) -> bool:
@@ -68,7 +44,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
-            nudge_run(job.run_id)
+            messages.derive_run(job.run_id)
     job.status = to
     job.status_changed_at = now
     for key, value in fields.items():
@@ -83,18 +59,17 @@ def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server
     `held`: the caller holds the job's lease, so finish_job could not claim it yet; the caller hands
     the job over when it lets go (release_job) instead of a message being sent now for nothing.
     """
-    from runs import tasks
     from runs.choices import FINAL_STATUS
 
     if job.instance_id is None and not job.runner_submitted:
         # nothing runs anywhere and no host is held: end it now instead of via finish_job
-        return move_job(job, FINAL_STATUS.get(reason, "terminated"), frm=JOB_ACTIVE, termination_reason=reason,
+        return move_job(job, FINAL_STATUS.get(reason, JobStatus.TERMINATED), frm=JOB_ACTIVE, termination_reason=reason,
                         termination_message=message, message=message, actor=actor, **fields)
-    moved = move_job(job, "terminating", frm=JOB_ACTIVE, termination_reason=reason,
+    moved = move_job(job, JobStatus.TERMINATING, frm=JOB_ACTIVE, termination_reason=reason,
                      termination_message=message, message=message or f"terminating ({reason})", actor=actor,
                      **fields)
     if moved and not held:
-        transaction.on_commit(lambda: tasks.finish_job.delay(job.pk))
+        messages.finish_job(job.pk)
     return moved
 
 
@@ -121,11 +96,9 @@ def hand_over_if_terminating(job_id: int) -> str | None:
 
     Returns the job's status, so the caller decides its next step without reading the row again.
     """
-    from runs import tasks
-
     status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-    if status == "terminating":
-        tasks.finish_job.delay(job_id)
+    if status == JobStatus.TERMINATING:
+        messages.finish_job(job_id)
     return status
 
 
@@ -136,14 +109,11 @@ def release_job(job: Job, token: str, keep, **updates) -> str | None:
     A job that is terminating now (moved by the caller, or by another process while the lease was
     held) is handed to finish_job, whose own claim could not succeed until now.
     """
-    from muster import claims
-    from runs import tasks
-
     keep = tuple(keep)
     if job.status in keep and claims.release(Job, job.pk, token, where={"status__in": keep}, **updates):
         return job.status
     claims.release(Job, job.pk, token, **updates)
     if job.status == JobStatus.TERMINATING:  # the caller moved it (terminate_job(held=True))
-        tasks.finish_job.delay(job.pk)
+        messages.finish_job(job.pk)
         return job.status
     return hand_over_if_terminating(job.pk)

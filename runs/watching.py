@@ -54,27 +54,34 @@ def _watch_batch() -> int:
     # never looked at (NULL): a worker that moved the job to running died before giving it back
     due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
                              status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
-    token, pks = claims.claim_batch(due, BATCH)
-    if not pks:
-        return 0
-    jobs = list(Job.objects.filter(pk__in=pks, lease_token=token)
-                .select_related("run", "instance", "instance__fleet", "instance__group"))
-    looks = _look_at_all(jobs)
-    seen_before = {job.pk: job.agent_seen_at for job in jobs}
-    for job in jobs:
-        try:
-            progress.watch_observed(job, progress.take_look(job, *looks[job.pk]))
-        except BackendError as exc:
-            log.warning("job %s: backend error: %s", job, exc)
-            progress.end_held(job, exc.reason, str(exc))
-    _give_back(jobs, token, seen={job.pk for job in jobs if job.agent_seen_at != seen_before[job.pk]})
-    return len(pks)
+    with claims.claimed_batch(due, BATCH, "watch_running") as held:
+        if not held.pks:
+            return 0
+        jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
+                    .select_related("run", "instance", "instance__fleet", "instance__group"))
+        looks = _look_at_all(jobs, held)
+        seen_before = {job.pk: job.agent_seen_at for job in jobs}
+        for job in jobs:
+            if job.pk not in looks:
+                continue
+            with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
+                try:
+                    progress.watch_observed(job, progress.take_look(job, *looks[job.pk]))
+                except BackendError as exc:
+                    log.warning("job %s: backend error: %s", job, exc)
+                    progress.end_held(job, exc.reason, str(exc))
+        jobs = [job for job in jobs if job.pk not in held.failed]
+        _give_back(jobs, held.token, seen={job.pk for job in jobs if job.agent_seen_at != seen_before[job.pk]})
+    return len(held.pks)
 
 
-def _look_at_all(jobs: list[Job]) -> dict[int, tuple]:
+def _look_at_all(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
     # Hosts are made here, on this thread (they may read settings or decrypt keys); the threads
     # only talk to them. Every database write happens afterwards, on this task's connection.
-    hosts = {job.pk: compute_for_instance(job.instance).runner_host(job.instance) for job in jobs}
+    hosts = {}
+    for job in jobs:
+        with held.row(job.pk):
+            hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
         return {pk: progress.look(host) for pk, host in hosts.items()}
     with ThreadPoolExecutor(max_workers=min(THREADS, len(hosts)), thread_name_prefix="watch") as pool:

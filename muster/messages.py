@@ -1,0 +1,74 @@
+"""Every Celery message the engine sends, named for what it asks; each one leaves after commit.
+
+A message only says "look at row X now": the task claims the row and decides from what it finds,
+so a message sent twice does nothing the second time and a lost one is sent again by the sweep.
+Sending after commit (`transaction.on_commit`, at once outside a transaction) means no worker
+looks for a row that is not committed yet, nor for a row the sender still holds.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+# Each message is its own lambda (tasks.X.delay), so a callback captured in a test says which task it sends.
+
+
+def place_job(job_id: int) -> None:
+    """A submitted job may look for its hosts (provision_job)."""
+    from runs import tasks
+
+    transaction.on_commit(lambda: tasks.provision_job.delay(job_id))
+
+
+def start_job(job_id: int, countdown: float = 0) -> None:
+    """A placed job's next start stage is due (advance_job): runner up, peers, start order."""
+    from runs import tasks
+
+    if countdown:
+        transaction.on_commit(lambda: tasks.advance_job.apply_async((job_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.advance_job.delay(job_id))
+
+
+def finish_job(job_id: int, countdown: float = 0) -> None:
+    """A terminating job may be stopped on its host and its host given back (finish_job)."""
+    from runs import tasks
+
+    if countdown:
+        transaction.on_commit(lambda: tasks.finish_job.apply_async((job_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.finish_job.delay(job_id))
+
+
+def derive_run(run_id: int) -> None:
+    """A run's status may have changed with its jobs (process_run): once per transaction however
+    many of its jobs moved in it."""
+    from runs import tasks
+
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(
+            getattr(callback, "derives_run", None) == run_id for _, callback, _ in connection.run_on_commit):
+        return
+
+    def send() -> None:
+        tasks.process_run.delay(run_id)
+
+    send.derives_run = run_id
+    transaction.on_commit(send)
+
+
+def delete_group(group_id: int) -> None:
+    """An instance group marked terminating may be deleted with its backend (terminate_group)."""
+    from instances import tasks
+
+    transaction.on_commit(lambda: tasks.terminate_group.delay(group_id))
+
+
+def poll_pod(group_id: int, countdown: float) -> None:
+    """A slice being created is due another look at the cloud's side (poll_pod)."""
+    from instances import tasks
+
+    if countdown:
+        transaction.on_commit(lambda: tasks.poll_pod.apply_async((group_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: tasks.poll_pod.delay(group_id))
