@@ -211,9 +211,7 @@ class ProfileKeys(WrittenModel):
     @field_validator("max_price")
     @classmethod
     def _price(cls, value: float | None) -> float | None:
-        if value is not None and not value > 0:
-            raise ValueError("max_price must be more than 0 (dollars per hour)")
-        return value
+        return check_max_price(value)
 
     @field_validator("priority")
     @classmethod
@@ -231,6 +229,12 @@ class ProfileKeys(WrittenModel):
     @classmethod
     def _idle_time(cls, value: object) -> int | None:
         return None if value is None else parse_duration(value)
+
+
+def check_max_price(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise ValueError("max_price must be more than 0 (dollars per hour)")
+    return value
 
 
 def check_backends(value: list[str] | None) -> list[str] | None:

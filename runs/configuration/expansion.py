@@ -24,21 +24,6 @@ class JobSpec:
     image: str | None
     ports: list[int | str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "job_num": self.job_num,
-            "node_group_name": self.node_group_name,
-            "node_group_index": self.node_group_index,
-            "node_group_rank": self.node_group_rank,
-            "nodes_in_group": self.nodes_in_group,
-            "resources": self.resources,
-            "commands": list(self.commands),
-            "env": dict(self.env),
-            "image": self.image,
-            "ports": list(self.ports),
-        }
-
-
     def stored_dict(self) -> dict[str, Any]:
         """What a job row keeps: its place and resources. Commands, env, image and ports are the
         group's, stored once in the run's configuration (`groups[node_group_index]`), so a group of
@@ -51,6 +36,11 @@ class JobSpec:
             "nodes_in_group": self.nodes_in_group,
             "resources": self.resources,
         }
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything a node is handed, its group's commands, env, image and ports included."""
+        return {**self.stored_dict(), "commands": list(self.commands), "env": dict(self.env),
+                "image": self.image, "ports": list(self.ports)}
 
 
 def expanded_sizes(conf: TaskConfiguration) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .dialect import SpotPolicy, TerminationPolicy, check_backends
+from .dialect import SpotPolicy, TerminationPolicy, check_backends, check_max_price
 from .documents import load_document
 from .durations import parse_duration, parse_optional_duration
 from .envs import parse_env
@@ -144,9 +144,7 @@ class _FleetInput(WrittenModel):
     @field_validator("max_price")
     @classmethod
     def _price(cls, value: float | None) -> float | None:
-        if value is not None and not value > 0:
-            raise ValueError("max_price must be more than 0 (dollars per hour)")
-        return value
+        return check_max_price(value)
 
     @field_validator("stop_duration", "termination_idle_time")
     @classmethod
