@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli import follow
-from cli import render
+from cli import follow, render
 from cli.client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
     CliError,
