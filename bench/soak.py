@@ -65,7 +65,7 @@ class ServeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "muster.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
+            [sys.executable, "-m", "cli", "serve", "--bind", f"127.0.0.1:{self.port}",
              "--concurrency", str(self.concurrency), *self.args],
             cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

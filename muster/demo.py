@@ -38,16 +38,16 @@ def main() -> int:
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
     token = subprocess.run([*manage, "muster_token", "admin", "--project", "main"], env=env, check=True,
                            cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    server = subprocess.Popen([sys.executable, "-m", "muster.cli", "serve", "--bind", BIND], env=env, cwd=ROOT,
+    server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", BIND], env=env, cwd=ROOT,
                               start_new_session=True)
     url = f"http://{BIND}"
     try:
         _wait_until_up(url)
         print(f"demo: Muster is up at {url} (data in {data}); applying examples/pd-disagg-local.yml", flush=True)
         client_env = {**env, "MUSTER_URL": url, "MUSTER_TOKEN": token, "MUSTER_PROJECT": "main"}
-        code = subprocess.run([sys.executable, "-m", "muster.cli", "apply", "-f",
+        code = subprocess.run([sys.executable, "-m", "cli", "apply", "-f",
                                str(ROOT / "examples" / "pd-disagg-local.yml"), "-y"], env=client_env, cwd=ROOT).returncode
-        subprocess.run([sys.executable, "-m", "muster.cli", "ps", "-a"], env=client_env, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "cli", "ps", "-a"], env=client_env, cwd=ROOT)
         return code
     finally:
         os.killpg(server.pid, 15)

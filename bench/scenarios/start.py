@@ -138,7 +138,7 @@ def serve_once(session: harness.Session, name: str, data_dir: Path) -> dict[str,
     port = harness.free_port()
     logf = open(session.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed by session.stop
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "muster.cli", "serve", "--bind", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", f"127.0.0.1:{port}"],
                             cwd=harness.ROOT, env=serve_env(session, data_dir), stdout=logf,
                             stderr=subprocess.STDOUT, start_new_session=True)
     proc._bench_log = logf  # type: ignore[attr-defined]

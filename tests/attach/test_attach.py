@@ -27,7 +27,7 @@ from tests.waiting import wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-MUSTER = [sys.executable, "-c", "import sys; from muster.cli import main; sys.exit(main())"]
+MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
 ROUTER = """\
 type: task

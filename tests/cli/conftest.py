@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from muster import cli, cli_follow
+from cli import follow as cli_follow
+from cli import main as cli
 from tests.cli.fake_api import FakeApi, start
 
 

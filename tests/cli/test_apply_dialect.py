@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from muster import cli
+from cli import main as cli
 from runs.models import Run
 from tests.conftest import token_for
 

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import yaml
 
-from muster import cli, cli_follow
+from cli import follow as cli_follow
+from cli import main as cli
 
 TASK = """\
 type: task

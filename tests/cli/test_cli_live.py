@@ -18,7 +18,7 @@ from tests.engine.helpers import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-MUSTER = [sys.executable, "-c", "import sys; from muster.cli import main; sys.exit(main())"]
+MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
 # A worker that fails on stderr after some output: its last lines must reach the user.
 FAILING = """\

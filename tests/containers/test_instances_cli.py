@@ -31,7 +31,7 @@ def test_instances_shows_the_docker_version_of_each_host_and_no_where_there_is_n
 
     env = {**os.environ, "HOME": str(docker_cluster.pool.root), "MUSTER_URL": live_server.url,
            "MUSTER_TOKEN": token, "MUSTER_PROJECT": "main"}
-    out = subprocess.run([sys.executable, "-c", "import sys; from muster.cli import main; sys.exit(main())", "instances"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "instances"], env=env, capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     rows = {word: line.split() for line in out.stdout.splitlines() for word in line.split()

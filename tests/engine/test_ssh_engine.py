@@ -124,7 +124,7 @@ def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it
 
 def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, project, beat, live_server, tmp_path,
                                                                monkeypatch, capsys, make_user):
-    from muster import cli
+    from cli import main as cli
 
     pool = ssh_hosts(2, mode="netns")
     apply_fleet(project, {"configuration": fleet_configuration(pool, name="edge")}, actor="test")
@@ -203,7 +203,7 @@ def test_muster_apply_shows_why_a_run_fits_nowhere_before_asking(pd_fleet, make_
                                                                  monkeypatch, capsys):
     import io
 
-    from muster import cli
+    from cli import main as cli
     from runs.models import Run
 
     class Terminal(io.StringIO):

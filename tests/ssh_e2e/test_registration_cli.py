@@ -22,7 +22,7 @@ from tests.sshhosts import SSHHostPool
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
 
-MUSTER = [sys.executable, "-c", "import sys; from muster.cli import main; sys.exit(main())"]
+MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from muster import cli_follow as follow
-from muster import cli_render as render
-from muster.cli_client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
+from cli import follow, render
+from cli.client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
     CliError,
     Settings,
@@ -28,14 +27,14 @@ from muster.cli_client import (  # noqa: F401  (load_settings and Settings are p
     load_settings,
     write_config,
 )
-from muster.cli_files import (  # noqa: F401  (the tests and scripts use them from here)
+from cli.files import (  # noqa: F401  (the tests and scripts use them from here)
     bare_env_keys,
     env_values,
     inline_identity_files,
     parse_env_args,
     read_document,
 )
-from muster.cli_follow import RUN_FINISHED, say, segment
+from cli.follow import RUN_FINISHED, say, segment
 
 # ---- prompts --------------------------------------------------------------------------------------
 
@@ -211,7 +210,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from muster.cli_attach import attach, parse_port_maps
+    from cli.attach import attach, parse_port_maps
 
     return attach(_client(args), args.run, args.job, parse_port_maps(args.port))
 

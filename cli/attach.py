@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from muster import cli_follow as follow
-from muster.cli_client import Client, CliError, UsageError
-from muster.cli_follow import say, segment
+from cli import follow
+from cli.client import Client, CliError, UsageError
+from cli.follow import say, segment
 
 SSH_TIMEOUT = 15.0
 KEEPALIVE_SECONDS = 15

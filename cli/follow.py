@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from muster import cli_render as render
-from muster.cli_client import Client, CliError, Unreachable
+from cli import render
+from cli.client import Client, CliError, Unreachable
 
 # How often the follow loops ask the server for news.
 POLL_SECONDS = 1.0

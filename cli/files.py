@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from muster.cli_client import CliError, UsageError
+from cli.client import CliError, UsageError
 
 # ---- reading configuration files ----------------------------------------------------------------
 
