@@ -1,0 +1,171 @@
+"""No product module may import another that imports it back.
+
+Circles hide which module is the lower layer and are what kept the engine
+tangled (imports inside functions held the last one together), so every
+import counts here: top-level, inside functions, and ``from x import y``
+where ``y`` is a submodule. Tests, migrations and bench/ are not product
+code and stay out of the graph.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("backends", "console", "events", "instances", "muster", "projects", "runner", "runs")
+SKIPPED_PARTS = {"migrations", "tests", "bench", "__pycache__"}
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def product_modules():
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if SKIPPED_PARTS & set(path.relative_to(ROOT).parts):
+                continue
+            modules[_module_name(path)] = path
+    return modules
+
+
+def _resolve(name, modules):
+    # `import a.b.c` binds a, a.b and a.b.c; the deepest product module named
+    # is the one whose code runs last, and its parents run too.
+    found = []
+    parts = name.split(".")
+    for end in range(1, len(parts) + 1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            found.append(candidate)
+    return found
+
+
+def imports_of(module, path, modules):
+    """(target module, line number, source line) for every product import."""
+    is_package = path.name == "__init__.py"
+    source = path.read_text()
+    lines = source.splitlines()
+    edges = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                targets += _resolve(alias.name, modules)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            targets += _resolve(prefix, modules)
+            for alias in node.names:
+                sub = f"{prefix}.{alias.name}"
+                if sub in modules:
+                    targets.append(sub)
+        for target in targets:
+            # A package's own __init__ running first is not a dependency edge.
+            if target != module and not module.startswith(target + "."):
+                edges.append((target, node.lineno, lines[node.lineno - 1].strip()))
+    return edges
+
+
+def strongly_connected(graph):
+    """Tarjan's algorithm, iterative so deep chains cannot hit the recursion limit."""
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+    return components
+
+
+def import_graph():
+    modules = product_modules()
+    edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return modules, edges
+
+
+def describe(component, modules, edges):
+    inside = set(component)
+    out = [f"circle of {len(component)} modules: {', '.join(component)}"]
+    for name in component:
+        rel = modules[name].relative_to(ROOT)
+        for target, lineno, text in sorted(edges[name], key=lambda e: e[1]):
+            if target in inside:
+                out.append(f"  {rel}:{lineno} -> {target}: {text}")
+    return "\n".join(out)
+
+
+def test_the_graph_sees_every_kind_of_import():
+    # The checker itself must see the imports that hid the old circle, or a
+    # passing test below would prove nothing.
+    modules, edges = import_graph()
+    assert "runs.models" in modules and "muster.settings" in modules
+    assert not any(name.startswith(("tests", "bench")) or ".migrations" in name for name in modules)
+    targets = {name: {t for t, _, _ in found} for name, found in edges.items()}
+    assert "muster.celery" in targets["muster.messages"]  # a top-level `from x import y`
+    assert "runs.stopping" in targets["instances.lifecycle"]  # an import inside a function
+    assert "runs.scheduling" in targets["runs.tasks"]  # `from runs import scheduling`: a submodule
+    fake = {
+        "a": ["b"],
+        "b": ["c"],
+        "c": ["a"],
+        "d": ["a"],
+        "e": ["e"],
+    }
+    assert strongly_connected(fake) == [["a", "b", "c"]]
+
+
+def test_relative_and_function_level_imports_are_edges(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from . import high\n    return high\n")
+    (pkg / "high.py").write_text("from pkg.low import f\n")
+    modules = {"pkg": pkg / "__init__.py", "pkg.low": pkg / "low.py", "pkg.high": pkg / "high.py"}
+    graph = {name: [t for t, _, _ in imports_of(name, path, modules)] for name, path in modules.items()}
+    assert "pkg.high" in graph["pkg.low"] and "pkg.low" in graph["pkg.high"]
+    assert strongly_connected(graph) == [["pkg.high", "pkg.low"]]
+
+
+def test_no_import_circles():
+    modules, edges = import_graph()
+    graph = {name: sorted({t for t, _, _ in found}) for name, found in edges.items()}
+    circles = strongly_connected(graph)
+    assert not circles, "\n\n".join(describe(c, modules, edges) for c in circles)
