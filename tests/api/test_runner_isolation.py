@@ -111,9 +111,7 @@ def test_two_projects_with_the_same_fleet_run_and_secret_names_stay_apart(fast_l
 
     # No file of a job, nor the home above it, is open to another OS user.
     for project, home in homes.items():
-        for path in [home, *home.rglob("*")]:
-            if not path.is_symlink():
-                assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (project, path, oct(path.stat().st_mode))
+        assert open_to_others(home) == [], project
         job_dir = home / "jobs" / jobs[project].runner_job_id
         assert f"secret-of-{project}" not in (job_dir / "spec.json").read_text()
 
@@ -219,6 +217,21 @@ def with_marks(marks):
     return apply
 
 
+def open_to_others(root: Path, under: str = "") -> list[tuple[str, str]]:
+    """(path, mode) of what under `root` another OS user could read; the root itself included. A
+    file gone between listing and looking (the runner's atomic writes rename their temp files) is
+    skipped."""
+    found = []
+    for path in [root, *(root / under).rglob("*")]:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISLNK(mode) and stat.S_IMODE(mode) & 0o077:
+            found.append((str(path), oct(mode)))
+    return found
+
+
 def job_dir_on(host, job) -> Path:
     """The job's directory under the runner home its instance got at registration (one per instance)."""
     found = wait_until(lambda: list(host.muster_home.glob(f"**/jobs/{job.runner_job_id}")), 30, "the job's directory")
@@ -256,9 +269,7 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
         assert job_env["TOKEN"] == f"secret-of-{project}"
         assert f"secret-of-{project}" not in (job_dir / "spec.json").read_text()
         # The home is closed to others; the runner's own code under bin/ is installed by the server.
-        for path in [runner_home, *(runner_home / "jobs").rglob("*")]:
-            if not path.is_symlink():
-                assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (project, path, oct(path.stat().st_mode))
+        assert open_to_others(runner_home, under="jobs") == [], project
 
     assert members["p2"].post(url("p2", "runs/r/stop"), {}, format="json").status_code == 200
     assert wait_for_run("r", ("terminated",), project="p2", timeout=60).status == "terminated"
