@@ -1,38 +1,33 @@
-"""SSH transport for the ssh backend: connect with a key held as text, run commands, copy files.
+"""SSH transport for the ssh backend: log in to a host with a key held as text.
 
-Every failure a user can fix is raised as an `SSHError` subclass whose message names the host, the
-port and what to check, so the instances app can show it as-is.
+This module opens the connection (address policy, host key check or trust on first use, login)
+and says who is at the other end; running commands over it is in `commands`, key text in `keys`,
+the errors in `errors`. Every failure a user can fix is raised as an `SSHError` subclass whose
+message names the host, the port and what to check, so the instances app can show it as-is.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import io
-import ipaddress
 import logging
-import posixpath
-import select
-import shlex
 import socket
 import time
-import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import paramiko
 
-from backends.base import BackendError
+from backends.ssh.address_policy import address_allowed, host_policy
+from backends.ssh.errors import (
+    AuthenticationFailed,
+    HostKeyMismatch,
+    HostNotAllowed,
+    HostUnreachable,
+    SSHError,
+)
+from backends.ssh.keys import fingerprint, format_host_key, load_private_key, parse_host_key
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 15
-# Bytes of stdout + stderr one remote command may print before its channel is closed. A host whose
-# login shell (or ForceCommand, or ~/.bashrc) prints without end would otherwise grow the server's
-# memory until it dies. MUSTER["SSH_OUTPUT_LIMIT"] overrides it.
-DEFAULT_OUTPUT_LIMIT = 4 << 20
 
 
 @dataclass
@@ -49,84 +44,6 @@ class SSHTarget:
     def where(self) -> str:
         return f"{self.username}@{self.hostname}:{self.port}"
 
-
-class SSHError(BackendError):
-    """Any failure to talk to a host over SSH.
-
-    A BackendError, so the engine's handlers (which catch BackendError around every runner call)
-    see an unreachable host as a backend failure instead of letting the exception kill the task.
-    """
-
-
-class HostUnreachable(SSHError):
-    """Nothing answers SSH at the address: refused, timed out, no route, or the connection dropped."""
-
-    reason = "instance_unreachable"
-
-
-class AuthenticationFailed(SSHError):
-    """The host answered but did not accept the user with this key."""
-
-
-class HostKeyMismatch(SSHError):
-    """The host presented a different host key from the one recorded for it."""
-
-
-class InvalidPrivateKey(SSHError):
-    """The private key text cannot be read as an ed25519, ecdsa or rsa key."""
-
-
-class SSHCommandTimeout(SSHError):
-    """A remote command did not finish within its timeout."""
-
-
-class OutputTooLarge(SSHError):
-    """A remote command printed more than the output limit; its channel was closed."""
-
-
-class HostNotAllowed(SSHError):
-    """The operator's fleet host policy does not allow connecting to this address."""
-
-
-_KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
-
-
-def load_private_key(text: str) -> paramiko.PKey:
-    """Parse a private key from its text; encrypted keys are not supported (there is no one to ask)."""
-    for cls in _KEY_CLASSES:
-        try:
-            return cls.from_private_key(io.StringIO(text))
-        except paramiko.PasswordRequiredException as exc:
-            raise InvalidPrivateKey(
-                "the SSH private key is passphrase-protected; supply an unencrypted key"
-            ) from exc
-        except (paramiko.SSHException, ValueError, TypeError):
-            continue
-    raise InvalidPrivateKey(
-        "the SSH private key could not be read: expected an unencrypted ed25519, ecdsa or rsa key "
-        "in OpenSSH or PEM format"
-    )
-
-
-def parse_host_key(text: str) -> paramiko.PKey:
-    """A host key recorded as "<keytype> <base64>" (an extra comment field is ignored)."""
-    parts = text.split()
-    if len(parts) < 2:
-        raise SSHError(f"recorded host key {text!r} is not of the form '<keytype> <base64>'")
-    try:
-        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
-    except (ValueError, paramiko.SSHException, binascii.Error) as exc:
-        raise SSHError(f"recorded host key {text!r} cannot be parsed: {exc}") from exc
-
-
-def format_host_key(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} {key.get_base64()}"
-
-
-def fingerprint(key: paramiko.PKey | str) -> str:
-    """The OpenSSH SHA256 fingerprint (`ssh-keygen -lf`), which is what a user can compare."""
-    blob = key.asbytes() if isinstance(key, paramiko.PKey) else base64.b64decode(key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def _known_hosts_name(hostname: str, port: int) -> str:
@@ -220,29 +137,6 @@ def _unreachable(target: SSHTarget, exc: BaseException) -> HostUnreachable:
     )
 
 
-def _networks(cidrs: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(c.strip(), strict=False) for c in cidrs if c.strip()]
-
-
-def address_allowed(address: str, allow: Iterable[str], deny: Iterable[str]) -> bool:
-    """Deny wins over allow; an empty allow list allows every address not denied."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
-    allowed = _networks(allow)
-    if any(ip in net for net in _networks(deny) if net.version == ip.version):
-        return False
-    return not allowed or any(ip in net for net in allowed if net.version == ip.version)
-
-
-def host_policy() -> tuple[list[str], list[str]]:
-    """(allow, deny) CIDRs of MUSTER_SSH_HOSTS_ALLOW / _DENY; applied to every SSH connection, not only
-    at registration, so a name that later resolves elsewhere is held to the same rule."""
-    from django.conf import settings
-
-    return list(settings.MUSTER.get("SSH_HOSTS_ALLOW") or []), list(settings.MUSTER.get("SSH_HOSTS_DENY") or [])
-
-
 def _open_socket(target: SSHTarget, timeout: float) -> socket.socket:
     """A TCP connection to the first allowed address of the host that answers.
 
@@ -293,7 +187,8 @@ def remote_host_key(client: paramiko.SSHClient) -> str:
     return format_host_key(transport.get_remote_server_key())
 
 
-def _peer(client: paramiko.SSHClient) -> str:
+def peer(client: paramiko.SSHClient) -> str:
+    """The other end of a connection as "host:port", for messages."""
     transport = client.get_transport()
     try:
         host, port = transport.getpeername()[:2] if transport else ("?", "?")
@@ -301,113 +196,3 @@ def _peer(client: paramiko.SSHClient) -> str:
         return "the host"
     return f"{host}:{port}"
 
-
-def run(
-    client: paramiko.SSHClient,
-    command: str,
-    timeout: float = 30,
-    stdin: bytes | None = None,
-    max_output: int | None = None,
-) -> tuple[int, bytes, bytes]:
-    """Run `command` through the remote user's shell; return (exit status, stdout, stderr).
-
-    Output is drained while the command runs: waiting for the exit status first can deadlock once the
-    remote side fills the channel window. More than `max_output` bytes (stdout and stderr together;
-    default: the output limit setting) closes the channel and raises OutputTooLarge.
-    """
-    cap = output_limit() if max_output is None else max_output
-    deadline = time.monotonic() + timeout
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise HostUnreachable(f"the SSH connection to {_peer(client)} is closed")
-    try:
-        chan = transport.open_session(timeout=timeout)
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise HostUnreachable(f"lost the SSH connection to {_peer(client)}: {exc}") from exc
-    out, err = bytearray(), bytearray()
-    try:
-        chan.settimeout(max(0.1, deadline - time.monotonic()))
-        chan.exec_command(command)
-        if stdin:
-            chan.sendall(stdin)
-        chan.shutdown_write()
-        while True:
-            while chan.recv_ready():
-                out += chan.recv(65536)
-                _check_size(client, command, out, err, cap)
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-                _check_size(client, command, out, err, cap)
-            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
-                if not (chan.recv_ready() or chan.recv_stderr_ready()):
-                    break
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SSHCommandTimeout(
-                    f"command on {_peer(client)} did not finish within {timeout:g} s: {command[:80]!r}"
-                )
-            select.select([chan], [], [], min(remaining, 0.5))
-        return chan.recv_exit_status(), bytes(out), bytes(err)
-    except TimeoutError as exc:  # socket.timeout from sendall on a stalled channel
-        raise SSHCommandTimeout(
-            f"command on {_peer(client)} did not finish within {timeout:g} s: {command[:80]!r}"
-        ) from exc
-    except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise HostUnreachable(
-            f"lost the SSH connection to {_peer(client)} while running a command: {exc}"
-        ) from exc
-    finally:
-        chan.close()
-
-
-def output_limit() -> int:
-    from django.conf import settings
-
-    return int(settings.MUSTER.get("SSH_OUTPUT_LIMIT", DEFAULT_OUTPUT_LIMIT))
-
-
-def _check_size(client: paramiko.SSHClient, command: str, out: bytearray, err: bytearray, cap: int) -> None:
-    if len(out) + len(err) > cap:
-        raise OutputTooLarge(
-            f"a command on {_peer(client)} printed more than {cap} bytes, so it was stopped: {command[:60]!r}. "
-            "Check that the login shell, ~/.bashrc or a ForceCommand on the host prints nothing by itself "
-            "(MUSTER_SSH_OUTPUT_LIMIT sets the limit)"
-        )
-
-
-def put_file(
-    client: paramiko.SSHClient,
-    local: str | Path | bytes,
-    remote_path: str,
-    mode: int = 0o755,
-    timeout: float = 30,
-) -> None:
-    """Copy a file (a path or the bytes themselves) over an exec channel, replacing `remote_path` atomically.
-
-    No SFTP: many sshd setups leave out the sftp subsystem, and `cat` is everywhere. The data goes
-    to a temporary name (created under umask 077, so nobody else can read it while it is written),
-    its sha256 is checked on the host, and only then is it given `mode` and renamed into place, so a
-    process reading the old file (for instance a running agent) never sees a half-written one.
-    """
-    data = local if isinstance(local, bytes) else Path(local).read_bytes()
-    directory = posixpath.dirname(remote_path)
-    tmp_path = posixpath.join(directory, f".{posixpath.basename(remote_path)}.{uuid.uuid4().hex}")
-    digest = hashlib.sha256(data).hexdigest()
-    tmp, final = shlex.quote(tmp_path), shlex.quote(remote_path)
-    script = (
-        f"umask 077; [ -d {shlex.quote(directory or '.')} ] || exit 71; "
-        f"cat > {tmp} || {{ rm -f {tmp}; exit 72; }}; "
-        f'[ "$(sha256sum {tmp} | cut -d" " -f1)" = {digest} ] || {{ rm -f {tmp}; exit 73; }}; '
-        f"chmod {mode:o} {tmp} && mv -f {tmp} {final} || {{ rm -f {tmp}; exit 72; }}"
-    )
-    status, _out, err = run(client, script, timeout=timeout, stdin=data, max_output=64 << 10)
-    where = f"{remote_path} on {_peer(client)}"
-    if status == 71:
-        raise SSHError(f"cannot write {where}: its directory does not exist")
-    if status == 72:
-        raise SSHError(f"cannot write {where}: {err.decode(errors='replace').strip()[-300:] or 'permission denied'}")
-    if status == 73:
-        raise SSHError(f"copying {where} arrived damaged (sha256 differs); try again")
-    if status != 0:
-        raise SSHError(f"copying {where} failed with status {status}: {err.decode(errors='replace')[-300:]}")

@@ -29,7 +29,8 @@ from typing import Any
 
 import paramiko
 
-from backends.ssh.connection import SSHError, run
+from backends.ssh.commands import run
+from backends.ssh.errors import SSHError
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
 

@@ -17,8 +17,10 @@ from typing import Any
 import paramiko
 
 from backends.base import BackendError, RunnerHost
-from backends.ssh import connection
-from backends.ssh.connection import HostUnreachable, SSHTarget
+from backends.ssh import commands, connection
+from backends.ssh.connection import SSHTarget
+from backends.ssh.errors import HostUnreachable
+from backends.ssh.output_limit import output_limit
 from backends.ssh.probe import probe
 
 DEFAULT_RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
@@ -82,7 +84,7 @@ class SSHRunnerHost(RunnerHost):
         max_output: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         return self._with_client(
-            lambda c: connection.run(c, command, timeout=timeout or self.timeout, stdin=stdin, max_output=max_output)
+            lambda c: commands.run(c, command, timeout=timeout or self.timeout, stdin=stdin, max_output=max_output)
         )
 
     # --- shell snippets ---------------------------------------------------------------------------
@@ -146,7 +148,7 @@ class SSHRunnerHost(RunnerHost):
             home = out.decode()
             remote = f"{home}/bin/muster_runner.py"
             self._with_client(
-                lambda c: connection.put_file(c, data, remote, mode=0o755, timeout=self.timeout)
+                lambda c: commands.put_file(c, data, remote, mode=0o755, timeout=self.timeout)
             )
             status, out, err = self._exec(self._runner_command("ensure-agent"))
         if status == _NO_PYTHON:
@@ -178,7 +180,7 @@ class SSHRunnerHost(RunnerHost):
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         # A log chunk may be larger than the output limit for probes and status; never more than asked.
-        cap = max(connection.output_limit(), int(limit) + (64 << 10))
+        cap = max(output_limit(), int(limit) + (64 << 10))
         return self._runner(
             f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)}", max_output=cap
         )

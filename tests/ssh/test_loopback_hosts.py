@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from backends.ssh.connection import connect, run
+from backends.ssh.commands import run
+from backends.ssh.connection import connect
 from backends.ssh.probe import probe
 from tests.sshhosts import SSHHostPool
 from tests.waiting import wait_until

@@ -16,17 +16,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from backends.ssh.connection import (
+from backends.ssh.commands import put_file, run
+from backends.ssh.connection import connect, remote_host_key
+from backends.ssh.errors import (
     AuthenticationFailed,
     HostKeyMismatch,
     HostUnreachable,
     InvalidPrivateKey,
     OutputTooLarge,
     SSHCommandTimeout,
-    connect,
-    put_file,
-    remote_host_key,
-    run,
 )
 from backends.ssh.probe import probe
 from tests.sshhosts import SSHHostPool, ssh_hosts  # noqa: F401 - fixture

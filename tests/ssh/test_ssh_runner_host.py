@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backends.ssh.connection import HostUnreachable
+from backends.ssh.errors import HostUnreachable
 from backends.ssh.runner_host import DEFAULT_RUNNER_PATH, RunnerError, SSHRunnerHost
 from tests.sshhosts import SSHHostPool
 from tests.waiting import wait_until

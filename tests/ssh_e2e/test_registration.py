@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from backends.ssh.connection import HostKeyMismatch
+from backends.ssh.errors import HostKeyMismatch
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Fleet, Instance, InstanceGroup
 from muster import crypto

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.ssh.connection import HostNotAllowed
+from backends.ssh.errors import HostNotAllowed
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.fleets import apply_fleet
 from instances.models import Instance

@@ -9,7 +9,7 @@ import pytest
 from backends.base import BackendError
 from backends.registry import get_compute
 from backends.ssh.compute import SSHCompute
-from backends.ssh.connection import HostUnreachable
+from backends.ssh.errors import HostUnreachable
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.fleets import apply_fleet
 from instances.models import Instance

@@ -1,0 +1,33 @@
+"""How much output one remote command may print before it is stopped.
+
+A host whose login shell (or ForceCommand, or ~/.bashrc) prints without end would otherwise grow
+the server's memory until it dies, so every command run over SSH is capped; the cap and the check
+live here so the runner host (which raises it for large reads) and the command loop share them.
+"""
+
+from __future__ import annotations
+
+import paramiko
+
+from backends.ssh.connection import peer
+from backends.ssh.errors import OutputTooLarge
+
+# Bytes of stdout + stderr one remote command may print before its channel is closed.
+# MUSTER["SSH_OUTPUT_LIMIT"] overrides it.
+DEFAULT_OUTPUT_LIMIT = 4 << 20
+
+
+def output_limit() -> int:
+    from django.conf import settings
+
+    return int(settings.MUSTER.get("SSH_OUTPUT_LIMIT", DEFAULT_OUTPUT_LIMIT))
+
+
+def check_output_size(client: paramiko.SSHClient, command: str, out: bytearray, err: bytearray, cap: int) -> None:
+    if len(out) + len(err) > cap:
+        raise OutputTooLarge(
+            f"a command on {peer(client)} printed more than {cap} bytes, so it was stopped: {command[:60]!r}. "
+            "Check that the login shell, ~/.bashrc or a ForceCommand on the host prints nothing by itself "
+            "(MUSTER_SSH_OUTPUT_LIMIT sets the limit)"
+        )
+
