@@ -17,12 +17,13 @@ from typing import Any
 from google.cloud import tpu_v2
 
 from backends.base import BackendError, Compute, GroupProgress, InstanceOffer, ProvisioningData, RunnerHost
-from backends.gcp import tpu_api
-from backends.gcp.tpu_api import SliceStatus, TpuConfig
+from backends.gcp import tpu_client, tpu_create, tpu_nodes, tpu_offers
+from backends.gcp.tpu_client import TpuConfig
+from backends.gcp.tpu_nodes import SliceStatus
 from backends.tpu_shapes import parse_slice
 
 # States a slice passes through on its way to READY; anything else while provisioning is fatal.
-_PENDING_STATES = tpu_api.PENDING_STATES
+_PENDING_STATES = tpu_nodes.PENDING_STATES
 
 
 class GcpTpuCompute(Compute):
@@ -48,7 +49,7 @@ class GcpTpuCompute(Compute):
         # Built on first use: constructing it resolves credentials, which offers do not need.
         with self._client_lock:
             if self._client is None:
-                self._client = tpu_api.make_client(self.tpu)
+                self._client = tpu_client.make_client(self.tpu)
             return self._client
 
     def get_offers(self, requirements: dict[str, Any]) -> list[InstanceOffer]:
@@ -57,7 +58,7 @@ class GcpTpuCompute(Compute):
         shape = parse_slice(str(wanted)) if wanted else None
         if shape is None:
             return []
-        return [o for o in tpu_api.slice_offers(self.tpu) if o.instance_type == shape.name]
+        return [o for o in tpu_offers.slice_offers(self.tpu) if o.instance_type == shape.name]
 
     def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
         if not names:
@@ -72,7 +73,7 @@ class GcpTpuCompute(Compute):
             raise BackendError(f"a {shape.name} slice has {shape.hosts} hosts; asked for {count} instances")
         if not name:
             raise BackendError("gcp backend: no group name given")
-        created = tpu_api.create_slice(self.client, self.tpu, name, shape.name, _labels(name))
+        created = tpu_create.create_slice(self.client, self.tpu, name, shape.name, _labels(name))
         return self._progress(created)
 
     def poll_group(self, name: str, shape: str, backend_data: dict[str, Any]) -> GroupProgress:
@@ -83,7 +84,7 @@ class GcpTpuCompute(Compute):
             # look the node up by its id, and create it if it is nowhere.
             state = {}
         if state is not None:
-            created = tpu_api.advance_slice(self.client, self.tpu, name, shape, _labels(name), state)
+            created = tpu_create.advance_slice(self.client, self.tpu, name, shape, _labels(name), state)
             return self._progress(created)
         return GroupProgress(self.update_provisioning_data(name, backend_data), backend_data)
 
@@ -93,17 +94,17 @@ class GcpTpuCompute(Compute):
         """None while the slice is on its way; one record per host, in worker order, once READY."""
         node_name = (backend_data or {}).get("node_name")
         if node_name:
-            zone, status = tpu_api.zone_of(node_name), tpu_api.get_slice(self.client, self.tpu, node_name)
+            zone, status = tpu_client.zone_of(node_name), tpu_nodes.get_slice(self.client, self.tpu, node_name)
         else:
             # create_instances returned [] so the caller never learnt the zone: look in each one.
-            found = tpu_api.find_slice(self.client, self.tpu, group_name)
+            found = tpu_nodes.find_slice(self.client, self.tpu, group_name)
             zone, status = found if found else ("", None)
-            node_name = tpu_api.node_name(self.tpu, zone, group_name) if found else ""
+            node_name = tpu_client.node_name(self.tpu, zone, group_name) if found else ""
         if status is None:
             raise BackendError(f"TPU slice {group_name} no longer exists")
         return self._records(zone, node_name, status)
 
-    def _progress(self, created: tpu_api.CreatedSlice) -> GroupProgress:
+    def _progress(self, created: tpu_create.CreatedSlice) -> GroupProgress:
         data: dict[str, Any] = {"create": created.state}
         if created.zone:
             data.update(zone=created.zone, node_name=created.node_name)
@@ -113,11 +114,11 @@ class GcpTpuCompute(Compute):
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         node_name = (backend_data or {}).get("node_name")
         if not node_name:
-            found = tpu_api.find_slice(self.client, self.tpu, group_name)
+            found = tpu_nodes.find_slice(self.client, self.tpu, group_name)
             if found is None:
                 return
-            node_name = tpu_api.node_name(self.tpu, found[0], group_name)
-        tpu_api.delete_slice(self.client, self.tpu, node_name)
+            node_name = tpu_client.node_name(self.tpu, found[0], group_name)
+        tpu_nodes.delete_slice(self.client, self.tpu, node_name)
 
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
         """Deletes the whole slice the host belongs to.
@@ -143,7 +144,7 @@ class GcpTpuCompute(Compute):
             raise BackendError(f"TPU slice {node_name} has unknown type {status.accelerator_type!r}")
         if len(status.hosts) < shape.hosts:
             return None  # READY but endpoints not all published yet: poll again
-        resources = tpu_api.host_resources(shape)
+        resources = tpu_offers.host_resources(shape)
         return [
             ProvisioningData(
                 hostname=h.external_ip or h.internal_ip,

@@ -11,7 +11,7 @@ from http import HTTPStatus
 import pytest
 
 from backends.base import BackendError, NoCapacityError
-from backends.gcp import tpu_api
+from backends.gcp import tpu_client, tpu_create, tpu_errors, tpu_nodes, tpu_offers
 from backends.gcp.compute import GcpTpuCompute
 from backends.tpu_shapes import FAMILIES
 from tests.fake_tpu import fake_tpu  # noqa: F401
@@ -86,16 +86,16 @@ def test_every_zone_exhausted_raises_no_capacity_after_one_create_per_zone(fake_
 def test_unavailable_zone_is_asked_again_by_the_same_id_and_never_skipped(fake_tpu):
     # A 503 does not say the create was not taken: trying zone-b could make a second slice.
     fake_tpu.unavailable_zones = {"zone-a"}
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
-    client = tpu_api.make_client(cfg)
+    cfg = tpu_client.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
+    client = tpu_client.make_client(cfg)
 
-    created = tpu_api.create_slice(client, cfg, "pod-d", "v2-8", {})
+    created = tpu_create.create_slice(client, cfg, "pod-d", "v2-8", {})
     fake_tpu.unavailable_zones = set()
     assert created.zone == "zone-a" and created.status is None
 
     def advance():
         nonlocal created
-        created = tpu_api.advance_slice(client, cfg, "pod-d", "v2-8", {}, created.state)
+        created = tpu_create.advance_slice(client, cfg, "pod-d", "v2-8", {}, created.state)
         return created.status and created.status.state == "READY"
 
     wait_until(advance, 20, "the slice created in zone-a after the 503")
@@ -105,12 +105,12 @@ def test_unavailable_zone_is_asked_again_by_the_same_id_and_never_skipped(fake_t
 
 def test_creating_again_returns_the_existing_slice_even_when_an_earlier_zone_has_capacity_now(fake_tpu):
     fake_tpu.exhausted_zones = {"zone-a"}
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
-    client = tpu_api.make_client(cfg)
-    first = tpu_api.create_slice(client, cfg, "pod-e", "v2-32", {})
+    cfg = tpu_client.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_client.make_client(cfg)
+    first = tpu_create.create_slice(client, cfg, "pod-e", "v2-32", {})
     fake_tpu.exhausted_zones = set()
 
-    again = tpu_api.create_slice(client, cfg, "pod-e", "v2-32", {})
+    again = tpu_create.create_slice(client, cfg, "pod-e", "v2-32", {})
 
     assert again.zone == first.zone == "zone-b"
     assert again.node_name == first.node_name
@@ -119,12 +119,12 @@ def test_creating_again_returns_the_existing_slice_even_when_an_earlier_zone_has
 
 
 def test_already_exists_from_a_racing_create_counts_as_success_in_that_zone(fake_tpu, monkeypatch):
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=5)
-    client = tpu_api.make_client(cfg)
-    tpu_api.create_slice(client, cfg, "pod-f", "v2-8", {})
-    monkeypatch.setattr(tpu_api, "find_slice", lambda *a: None)  # the other attempt won after our look-up
+    cfg = tpu_client.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_client.make_client(cfg)
+    tpu_create.create_slice(client, cfg, "pod-f", "v2-8", {})
+    monkeypatch.setattr(tpu_create, "find_slice", lambda *a: None)  # the other attempt won after our look-up
 
-    created = tpu_api.create_slice(client, cfg, "pod-f", "v2-8", {})
+    created = tpu_create.create_slice(client, cfg, "pod-f", "v2-8", {})
 
     assert (created.zone, created.node_name) == ("zone-a", NODE.format(zone="zone-a", node="pod-f"))
     assert len(fake_tpu.create_calls) == 2 and len(fake_tpu.nodes) == 1
@@ -138,7 +138,7 @@ def test_terminating_a_group_deletes_the_slice_with_exactly_one_call(fake_tpu):
     compute.terminate_group("pod-g", {"zone": "us-central2-b", "node_name": name})
 
     assert fake_tpu.delete_calls == [name]
-    assert tpu_api.get_slice(compute.client, compute.tpu, name) is None
+    assert tpu_nodes.get_slice(compute.client, compute.tpu, name) is None
     with pytest.raises(BackendError, match="no longer exists"):
         compute.update_provisioning_data("pod-g", {"node_name": name})
 
@@ -219,20 +219,20 @@ def test_host_count_must_match_the_slice(fake_tpu):
 
 
 def test_list_slices_reports_the_nodes_of_a_zone(fake_tpu):
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
-    client = tpu_api.make_client(cfg)
-    tpu_api.create_slice(client, cfg, "pod-n", "v5litepod-16", {"team": "x"})
+    cfg = tpu_client.TpuConfig(PROJECT, ["zone-a", "zone-b"], api_endpoint=fake_tpu.endpoint, timeout=5)
+    client = tpu_client.make_client(cfg)
+    tpu_create.create_slice(client, cfg, "pod-n", "v5litepod-16", {"team": "x"})
 
-    [listed] = tpu_api.list_slices(client, cfg, "zone-a")
+    [listed] = tpu_nodes.list_slices(client, cfg, "zone-a")
 
     assert listed.name == NODE.format(zone="zone-a", node="pod-n")
     assert listed.accelerator_type == "v5litepod-16"
-    assert tpu_api.list_slices(client, cfg, "zone-b") == []
+    assert tpu_nodes.list_slices(client, cfg, "zone-b") == []
 
 
 def test_offers_cover_every_family_and_multi_host_slices():
-    cfg = tpu_api.TpuConfig(PROJECT, ["us-central2-b", "us-central1-a"], api_endpoint="http://127.0.0.1:1")
-    offers = tpu_api.slice_offers(cfg)
+    cfg = tpu_client.TpuConfig(PROJECT, ["us-central2-b", "us-central1-a"], api_endpoint="http://127.0.0.1:1")
+    offers = tpu_offers.slice_offers(cfg)
 
     assert {o.instance_type.rsplit("-", 1)[0] for o in offers} == set(FAMILIES)
     by_type = {o.instance_type: o for o in offers}
@@ -258,13 +258,13 @@ def test_a_server_that_never_answers_times_out_instead_of_hanging():
     silent.listen(8)
     held: list[socket.socket] = []
     threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
-    cfg = tpu_api.TpuConfig(
+    cfg = tpu_client.TpuConfig(
         PROJECT, ["zone-a"], api_endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1
     )
     try:
         started = time.monotonic()
-        with pytest.raises(tpu_api.TpuApiError, match="Timeout"):
-            tpu_api.get_slice(tpu_api.make_client(cfg), cfg, NODE.format(zone="zone-a", node="x"))
+        with pytest.raises(tpu_errors.TpuApiError, match="Timeout"):
+            tpu_nodes.get_slice(tpu_client.make_client(cfg), cfg, NODE.format(zone="zone-a", node="x"))
         assert time.monotonic() - started < 5
     finally:
         for conn in held:
@@ -335,7 +335,7 @@ def test_a_create_that_cannot_succeed_fails_at_once_without_trying_other_zones(f
     refuse(fake_tpu, "zone-a", shape, http, rpc_code, "the API says no")
     compute = make_compute(fake_tpu, zones=["zone-a", "zone-b"])
 
-    with pytest.raises(tpu_api.TpuRefusedError, match="the API says no") as caught:
+    with pytest.raises(tpu_errors.TpuRefusedError, match="the API says no") as caught:
         progress = compute.create_group(tpu_offer(compute, "v2-8"), 1, "pod-u")
         poll_until_ready(compute, "pod-u", "v2-8", progress)
 
@@ -383,22 +383,22 @@ def test_a_lost_create_the_api_never_took_is_sent_again_with_the_same_id_in_the_
 def test_every_tpu_api_call_gives_up_at_the_timeout(fake_tpu, kind):
     fake_tpu.slow_answers[kind] = 3.0
     fake_tpu.creation_polls = 5
-    cfg = tpu_api.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
-    client = tpu_api.make_client(cfg)
+    cfg = tpu_client.TpuConfig(PROJECT, ["zone-a"], api_endpoint=fake_tpu.endpoint, timeout=0.5)
+    client = tpu_client.make_client(cfg)
     name = NODE.format(zone="zone-a", node="pod-w")
     if kind != "create":
         fake_tpu.slow_answers.pop(kind)
-        created = tpu_api.create_slice(client, cfg, "pod-w", "v2-8", {})
+        created = tpu_create.create_slice(client, cfg, "pod-w", "v2-8", {})
         fake_tpu.slow_answers[kind] = 3.0
     calls = {
-        "create": lambda: tpu_api.create_slice(client, cfg, "pod-w", "v2-8", {}).state["lost_at"] or None,
-        "get": lambda: tpu_api.get_slice(client, cfg, name),
-        "list": lambda: tpu_api.list_slices(client, cfg, "zone-a"),
-        "delete": lambda: tpu_api.delete_slice(client, cfg, name),
-        "operation": lambda: tpu_api.advance_slice(client, cfg, "pod-w", "v2-8", {}, created.state),
+        "create": lambda: tpu_create.create_slice(client, cfg, "pod-w", "v2-8", {}).state["lost_at"] or None,
+        "get": lambda: tpu_nodes.get_slice(client, cfg, name),
+        "list": lambda: tpu_nodes.list_slices(client, cfg, "zone-a"),
+        "delete": lambda: tpu_nodes.delete_slice(client, cfg, name),
+        "operation": lambda: tpu_create.advance_slice(client, cfg, "pod-w", "v2-8", {}, created.state),
     }
     if kind == "create":
         assert calls["create"]() is not None, "a create that timed out is recorded as lost, not failed"
     else:
-        with pytest.raises(tpu_api.TpuApiError, match="Timeout"):
+        with pytest.raises(tpu_errors.TpuApiError, match="Timeout"):
             calls[kind]()

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.gcp.config import env_settings
-from backends.gcp.tpu_api import TpuConfig
+from backends.gcp.tpu_client import TpuConfig
 from backends.registry import fleet_backend_config, get_compute
 from instances import pods
 from instances.models import Fleet, InstanceGroup

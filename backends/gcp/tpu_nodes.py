@@ -1,0 +1,133 @@
+"""The TPU API's node calls: get, find, list and delete a node, and read one into a SliceStatus.
+
+Each is one bounded call that never waits: a node's `network_endpoints` list one address per
+host in worker order, read once the node is READY.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import tpu_v2
+
+from backends.gcp.tpu_client import TpuConfig, node_name
+from backends.gcp.tpu_errors import TpuApiError, api_errors
+from backends.tpu_shapes import SliceShape
+
+# States a node passes through on its way to READY.
+PENDING_STATES = frozenset(
+    {"STATE_UNSPECIFIED", "CREATING", "STARTING", "RESTARTING", "REIMAGING", "REPAIRING", "UNKNOWN"}
+)
+
+# What a refused create means (see the module docstring).
+@dataclass(frozen=True)
+class HostEndpoint:
+    worker_index: int
+    internal_ip: str
+    external_ip: str | None
+
+
+@dataclass(frozen=True)
+class SliceStatus:
+    state: str  # tpu_v2.Node.State name: CREATING, READY, PREEMPTED, ...
+    hosts: list[HostEndpoint]  # worker order; empty until READY
+    accelerator_type: str
+    health: str = ""  # tpu_v2.Node.Health name, "" when the API reports none
+    name: str = ""
+
+
+def find_slice(client: tpu_v2.TpuClient, cfg: TpuConfig, node_id: str) -> tuple[str, SliceStatus] | None:
+    """The zone and status of node `node_id` in the configured zones; None when it exists nowhere."""
+    unsure = []
+    for zone in cfg.zones:
+        try:
+            status = get_slice(client, cfg, node_name(cfg, zone, node_id))
+        except TpuApiError as exc:
+            if not isinstance(exc.__cause__, gexc.ServiceUnavailable):
+                raise
+            unsure.append(zone)
+            continue
+        if status is not None:
+            return zone, status
+    if unsure:
+        # "Not found" would be a guess; a caller acting on it could duplicate or orphan a slice.
+        raise TpuApiError(f"cannot tell whether TPU node {node_id} exists: zones {unsure} unavailable")
+    return None
+
+
+def get_slice(client: tpu_v2.TpuClient, cfg: TpuConfig, node_name: str) -> SliceStatus | None:
+    """The node's state and, once READY, its hosts in worker order; None when it does not exist."""
+    with api_errors(f"get TPU node {node_name}"):
+        try:
+            node = client.get_node(name=node_name, timeout=cfg.timeout)
+        except gexc.NotFound:
+            return None
+    return _status(node)
+
+
+def delete_slice(client: tpu_v2.TpuClient, cfg: TpuConfig, node_name: str) -> None:
+    """Submit the deletion (one call, no waiting); a node that is already gone is success."""
+    with api_errors(f"delete TPU node {node_name}"):
+        try:
+            client.delete_node(name=node_name, timeout=cfg.timeout)
+        except gexc.NotFound:
+            return
+
+
+def list_slices(client: tpu_v2.TpuClient, cfg: TpuConfig, zone: str) -> list[SliceStatus]:
+    with api_errors(f"list TPU nodes in {zone}"):
+        return [
+            _status(node)
+            for node in client.list_nodes(
+                parent=f"projects/{cfg.project_id}/locations/{zone}", timeout=cfg.timeout
+            )
+        ]
+
+
+def node_spec(
+    cfg: TpuConfig, shape: SliceShape, labels: dict[str, str], metadata: dict[str, str] | None
+) -> tpu_v2.Node:
+    network = (
+        cfg.network if "/" in cfg.network else f"projects/{cfg.project_id}/global/networks/{cfg.network}"
+    )
+    return tpu_v2.Node(
+        accelerator_type=shape.name,
+        runtime_version=cfg.runtime_versions[shape.family.name],
+        # External addresses: the server reaches each host over SSH from outside the VPC.
+        network_config=tpu_v2.NetworkConfig(network=network, enable_external_ips=True),
+        scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
+        labels=dict(labels),
+        metadata=dict(metadata or {}),
+    )
+
+
+def status_from_operation(op: Any) -> SliceStatus | None:
+    # The raw message, not Operation.done(): done() would poll the API again.
+    if not op.done or not op.HasField("response"):
+        return None
+    pb = tpu_v2.Node.pb(tpu_v2.Node())
+    if not op.response.Unpack(pb):
+        return None
+    return _status(tpu_v2.Node.wrap(pb))
+
+
+def _status(node: tpu_v2.Node) -> SliceStatus:
+    state = tpu_v2.Node.State(node.state).name
+    hosts = []
+    if state == "READY":
+        hosts = [
+            HostEndpoint(k, ep.ip_address, ep.access_config.external_ip or None)
+            for k, ep in enumerate(node.network_endpoints)
+        ]
+    health = tpu_v2.Node.Health(node.health).name
+    return SliceStatus(
+        state=state,
+        hosts=hosts,
+        accelerator_type=node.accelerator_type,
+        health="" if health == "HEALTH_UNSPECIFIED" else health,
+        name=node.name,
+    )
+
+
