@@ -14,8 +14,10 @@ from .expansion import JobSpec, expand_jobs
 from .fleet import FleetConfiguration, parse_fleet_configuration
 from .interpolation import ip_references, substitute_ips
 from .matching import fits, gpu_count_for
-from .resources import Resources, parse_resources
-from .task import NodeGroup, RetryPolicy, TaskConfiguration, parse_run_configuration
+from .requirements import Resources
+from .resources import parse_resources
+from .task import parse_run_configuration
+from .task_checked import NodeGroup, RetryPolicy, TaskConfiguration
 
 CONFIGURATION_TYPES = ("task", "fleet")
 

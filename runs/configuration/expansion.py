@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .task import TaskConfiguration
+from .task_checked import TaskConfiguration
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Checks shared by task and fleet configurations: names, ports, and the strict input base model."""
+"""Checks shared by task and fleet configurations: names, ports, and the input and checked base models."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ class WrittenModel(BaseModel):
     """The configuration as written: no coercion (`"4"` is not 4, `1` is not `true`), no unknown keys."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CheckedModel(BaseModel):
+    """The configuration as checked and normalized: frozen, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def read_model(model: type[M], raw: object, loc: list[str | int], errors: ErrorList) -> M | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from runs.configuration import ConfigurationError, parse_resources
+from runs.configuration.gpu_spec import parse_gpu
 from runs.configuration.resources import (
     DEFAULT_CPU_MIN,
     DEFAULT_DISK_MIN_GB,
     DEFAULT_MEMORY_MIN_GB,
     parse_cpu,
-    parse_gpu,
 )
 
 
