@@ -202,6 +202,7 @@ class SSHHost:
         self._sshd: subprocess.Popen[bytes] | None = None
         self.docker_dir = self.home / "docker"
         self.docker_sock: Path | None = None  # set while the host runs its own dockerd
+        self._docker_announced = False  # sessions get DOCKER_HOST even before the dockerd runs
         for d in (self.bin_dir, self._ssh_dir):
             d.mkdir(parents=True, exist_ok=True)
         host_private, self.host_public_key = _ed25519_keypair()
@@ -235,8 +236,8 @@ class SSHHost:
             "MUSTER_HOME": str(self.muster_home),
             "PATH": f"{self.bin_dir}:{BASE_PATH}",
         }
-        if self.docker_sock is not None:
-            env["DOCKER_HOST"] = f"unix://{self.docker_sock}"
+        if self.docker_sock is not None or self._docker_announced:
+            env["DOCKER_HOST"] = f"unix://{self.docker_dir / 'docker.sock'}"
         return env
 
     def __repr__(self) -> str:
@@ -378,6 +379,16 @@ class SSHHost:
             time.sleep(0.2)
         self.docker_sock = sock
         self._write_config()
+
+    def announce_docker(self) -> None:
+        """Give sessions DOCKER_HOST for the dockerd `start_dockerd` runs later, before it runs (sshd
+        restarted). Like a machine's default socket, it exists once Docker is there: a runner agent
+        started before then reaches the daemon without restarting, and docker fails until then."""
+        self._docker_announced = True
+        self._write_config()
+        if self.sshd_running:
+            self.stop_sshd()
+            self.start_sshd()
 
     def docker(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
         """The docker CLI against this host's daemon."""

@@ -19,7 +19,7 @@ import paramiko
 from backends.base import BackendError, RunnerHost
 from backends.ssh import connection
 from backends.ssh.connection import HostUnreachable, SSHTarget
-from backends.ssh.probe import probe
+from backends.ssh.probe import probe, probe_docker
 
 DEFAULT_RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
 
@@ -216,6 +216,10 @@ class SSHRunnerHost(RunnerHost):
     def probe(self) -> dict[str, Any]:
         """The host's resources (see backends.ssh.probe) over this object's connection."""
         return self._with_client(lambda c: probe(c, timeout=self.timeout))
+
+    def probe_docker(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """{version, runtimes} of the host's Docker daemon, or None (backends.ssh.probe.DOCKER_SCRIPT)."""
+        return self._with_client(lambda c: probe_docker(c, timeout=timeout or self.timeout))
 
     def remote_host_key(self) -> str:
         """The host key the server presented, as "<keytype> <base64>", to record on first contact."""
