@@ -8,6 +8,8 @@ seconds and asks its runner for status: one short round trip each, in parallel t
 Each checked instance is leased for CHECK_EVERY seconds, so concurrent sweeps never check a host
 twice, and a host that stays unreachable (its `last_seen` never moves) is retried at that pace,
 not on every sweep.
+
+A host that answers also has its Docker facts refreshed, at a slower pace (instances/docker_facts.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.ssh.runner_host import SSHRunnerHost
-from instances import health
+from instances import docker_facts, health
 from instances.models import FleetBackend, Instance, InstanceStatus
 from muster import claims
 
@@ -55,24 +57,26 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(instances)), thread_name_prefix="ssh-health") as pool:
         # Threads only talk SSH; every database write happens here, on the caller's connection.
         outcomes = list(pool.map(lambda inst: _look(inst, timeout), instances))
-    for inst, error in zip(instances, outcomes, strict=True):
+    for inst, (error, docker) in zip(instances, outcomes, strict=True):
         if error is None:
             health.mark_reachable(inst)
+            docker_facts.store(inst, docker)
         else:
             health.mark_unreachable(inst, error)
     return len(instances)
 
 
-def _look(instance: Instance, timeout: float) -> str | None:
-    """None when the host answered over SSH, else why not. A missing agent is not an outage."""
+def _look(instance: Instance, timeout: float) -> tuple[str | None, object]:
+    """(None when the host answered over SSH, else why not; its Docker facts when probed, else
+    docker_facts.UNCHANGED). A missing agent is not an outage."""
     host = SSHRunnerHost(instance.ssh_target(), timeout=timeout)
     try:
         host.status()
-        return None
+        return None, docker_facts.look(instance, host)
     except BackendError as exc:
-        return str(exc)
+        return str(exc), docker_facts.UNCHANGED
     except Exception as exc:  # never let one odd host stop the sweep
         log.exception("health check of %s failed", instance.name)
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {exc}", docker_facts.UNCHANGED
     finally:
         host.close()

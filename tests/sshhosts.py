@@ -60,6 +60,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests import bounded_runc
+
 SSHD = "/usr/sbin/sshd"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU = tuple[str, int]  # (name as a user writes it, e.g. "L40S"; memory in MiB)
@@ -202,6 +204,7 @@ class SSHHost:
         self._sshd: subprocess.Popen[bytes] | None = None
         self.docker_dir = self.home / "docker"
         self.docker_sock: Path | None = None  # set while the host runs its own dockerd
+        self._docker_announced = False  # sessions get DOCKER_HOST even before the dockerd runs
         for d in (self.bin_dir, self._ssh_dir):
             d.mkdir(parents=True, exist_ok=True)
         host_private, self.host_public_key = _ed25519_keypair()
@@ -235,8 +238,8 @@ class SSHHost:
             "MUSTER_HOME": str(self.muster_home),
             "PATH": f"{self.bin_dir}:{BASE_PATH}",
         }
-        if self.docker_sock is not None:
-            env["DOCKER_HOST"] = f"unix://{self.docker_sock}"
+        if self.docker_sock is not None or self._docker_announced:
+            env["DOCKER_HOST"] = f"unix://{self.docker_dir / 'docker.sock'}"
         return env
 
     def __repr__(self) -> str:
@@ -362,6 +365,10 @@ class SSHHost:
             "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
             "-H", f"unix://{sock}", "--pidfile", str(d / "dockerd.pid"),
         ]
+        if bounded_runc.missing():
+            # this machine's bounding set lacks capabilities that --privileged asks for: a runc wrapper
+            # that leaves them out (tests/bounded_runc.py), so privileged containers start here too
+            cmd += ["--add-runtime", f"bounded-runc={bounded_runc.install(d)}", "--default-runtime", "bounded-runc"]
         with open(d / "dockerd.log", "ab") as log:
             self._dockerd = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
@@ -378,6 +385,16 @@ class SSHHost:
             time.sleep(0.2)
         self.docker_sock = sock
         self._write_config()
+
+    def announce_docker(self) -> None:
+        """Give sessions DOCKER_HOST for the dockerd `start_dockerd` runs later, before it runs (sshd
+        restarted). Like a machine's default socket, it exists once Docker is there: a runner agent
+        started before then reaches the daemon without restarting, and docker fails until then."""
+        self._docker_announced = True
+        self._write_config()
+        if self.sshd_running:
+            self.stop_sshd()
+            self.start_sshd()
 
     def docker(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
         """The docker CLI against this host's daemon."""

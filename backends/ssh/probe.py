@@ -68,12 +68,18 @@ if command -v ip >/dev/null 2>&1; then
 fi
 for a in $(hostname -I 2>/dev/null); do echo "hostname_ip=$a"; done
 echo "python3=$(command -v python3 2>/dev/null)"
+"""
+
+# Also run alone by the health checks (instances/docker_facts.py), so a host that gets Docker
+# after registration, or loses it, is known without registering it again.
+DOCKER_SCRIPT = r"""
 if command -v docker >/dev/null 2>&1; then
   # the daemon's version and runtimes (nvidia once nvidia-container-toolkit is set up); empty when
   # the daemon does not answer or this user may not use it
   echo "docker=$(timeout 10 docker info --format '{{.ServerVersion}}|{{range $k, $v := .Runtimes}}{{$k}},{{end}}' 2>/dev/null | head -c 2000 | head -n 1)"
 fi
 """
+PROBE_SCRIPT += DOCKER_SCRIPT
 
 
 def probe(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any]:
@@ -83,6 +89,14 @@ def probe(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any]:
             f"the resource probe exited with status {status}: {err.decode(errors='replace')[-300:]}"
         )
     return parse_probe_output(out.decode(errors="replace"))
+
+
+def probe_docker(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any] | None:
+    """Only the Docker part of the probe: {version, runtimes}, or None where no daemon answers."""
+    status, out, err = run(client, "sh -s", timeout=timeout, stdin=DOCKER_SCRIPT.encode())
+    if status != 0:
+        raise SSHError(f"the Docker probe exited with status {status}: {err.decode(errors='replace')[-300:]}")
+    return parse_probe_output(out.decode(errors="replace"))["docker"]
 
 
 def parse_probe_output(text: str) -> dict[str, Any]:

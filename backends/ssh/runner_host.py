@@ -21,7 +21,7 @@ from backends.ssh import commands, connection
 from backends.ssh.connection import SSHTarget
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.output_limit import output_limit
-from backends.ssh.probe import probe
+from backends.ssh.probe import probe, probe_docker
 
 DEFAULT_RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
 
@@ -218,6 +218,10 @@ class SSHRunnerHost(RunnerHost):
     def probe(self) -> dict[str, Any]:
         """The host's resources (see backends.ssh.probe) over this object's connection."""
         return self._with_client(lambda c: probe(c, timeout=self.timeout))
+
+    def probe_docker(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """{version, runtimes} of the host's Docker daemon, or None (backends.ssh.probe.DOCKER_SCRIPT)."""
+        return self._with_client(lambda c: probe_docker(c, timeout=timeout or self.timeout))
 
     def remote_host_key(self) -> str:
         """The host key the server presented, as "<keytype> <base64>", to record on first contact."""

@@ -15,6 +15,7 @@ from events.services import record
 from muster import crypto
 from muster.api_errors import InvalidInput
 from projects.models import Project
+from runs import local_images
 from runs.choices import RunStatus
 from runs.configuration import (
     ConfigurationError,
@@ -92,6 +93,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
         run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     _check_expanded_size(conf)
+    local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
 

@@ -39,6 +39,9 @@ def test_a_tpu_slice_runs_privileged_containers_one_per_host_in_worker_order(
                     format="json")
     assert resp.status_code == 201, resp.content
     image = docker_cluster.push("tpu", "tpu-image")
+    # The test hosts' daemons start privileged containers even where this machine's capability
+    # bounding set is short (tests/bounded_runc.py); a machine that refuses them all the same
+    # (no user namespaces, a seccomp or LSM policy against them) cannot run this test.
     refused = docker_cluster.privileged_refused(image)
     if refused:
         docker_cluster.forget(image)
@@ -46,18 +49,30 @@ def test_a_tpu_slice_runs_privileged_containers_one_per_host_in_worker_order(
     run = {"type": "task", "name": "tpu-containers", "fleets": ["tpu"], "image": image,
            "resources": {"gpu": "tpu-v4-16"},
            "commands": ['echo "rank=$DSTACK_NODE_RANK worker=$TPU_WORKER_ID ip=$DSTACK_NODE_IP '
-                        'marker=$(cat /etc/test-image-marker) caps=$(sed -n s/^CapEff:.//p /proc/self/status)"']}
+                        'marker=$(cat /etc/test-image-marker) caps=$(sed -n s/^CapEff:.//p /proc/self/status)"',
+                        "ip -4 -o addr show eth0 | sed 's/^/ADDR /'",
+                        # held until the test has looked at the container from the host
+                        "i=0; while [ ! -e /tmp/go ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done"]}
     resp = api.post("/api/projects/main/runs/", {"configuration": run}, format="json")
     assert resp.status_code == 201, resp.content
+    for host in gcp:
+        [name] = wait_until(host.containers, 120, f"the job's container on {host.name}")
+        inspected = host.docker("inspect", "--format", "{{.HostConfig.Privileged}} {{.HostConfig.NetworkMode}}",
+                                name).stdout.split()
+        assert inspected == ["true", "host"], f"privileged, with the host's network: {inspected}"
+        host.docker("exec", name, "touch", "/tmp/go")
     done = wait_for_run("tpu-containers", timeout=120)
     jobs = list(done.current_jobs().select_related("instance"))
     assert done.status == "done", [(j.job_num, j.status, j.termination_reason, logs.read(j)[-500:]) for j in jobs]
     assert len(jobs) == 2
     for k, job in enumerate(jobs):
-        [line] = [ln for ln in logs.read(job).decode().splitlines() if ln.startswith("rank=")]
+        assert job.instance.internal_ip == gcp[k].address, "worker k of the slice is host k"
+        log = logs.read(job).decode()
+        [line] = [ln for ln in log.splitlines() if ln.startswith("rank=")]
         seen = dict(re.findall(r"(\w+)=(\S*)", line))
         assert (seen["rank"], seen["worker"], seen["ip"]) == (str(k), str(k), gcp[k].address), line
         assert seen["marker"] == "tpu-image", "the commands ran in the image"
         assert int(seen["caps"], 16) >> CAP_SYS_ADMIN & 1, f"the container is privileged: {line}"
+        assert f" inet {gcp[k].address}/" in log, f"the container has the host's network: {log[-500:]}"
     wait_until(lambda: docker_cluster.leftover_containers() == {}, 30, "no container left on the TPU hosts")
     docker_cluster.forget(image)
