@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from events.models import Event
-from projects.access import ProjectScopedMixin
+from projects.services.access import ProjectScopedMixin
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -8,7 +8,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from instances import fleets, lifecycle
+from instances import lifecycle
 from instances.api.serializers import (
     FleetRequestSerializer,
     FleetSerializer,
@@ -16,7 +16,8 @@ from instances.api.serializers import (
     InstanceSerializer,
 )
 from instances.models import Fleet, Instance, InstanceGroup, InstanceStatus
-from projects.access import ProjectScopedMixin
+from instances.services import fleets
+from projects.services.access import ProjectScopedMixin
 from runs.models import Job
 
 

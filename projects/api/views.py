@@ -9,8 +9,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from muster.api_errors import InvalidInput
-from projects.access import ProjectScopedMixin, project_for, require_admin
 from projects.models import Membership, Project, Role, Secret, slug_validator
+from projects.services.access import ProjectScopedMixin, project_for, require_admin
 
 
 class ProjectSerializer(serializers.ModelSerializer):

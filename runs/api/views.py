@@ -11,11 +11,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from muster.api_errors import InvalidInput
-from projects.access import ProjectScopedMixin
-from runs import attach, logs, stopping
+from projects.services.access import ProjectScopedMixin
+from runs import stopping
 from runs.api.serializers import RunListSerializer, RunRequestSerializer, RunSerializer, StopRequestSerializer
 from runs.choices import RunStatus
 from runs.models import Run
+from runs.services import attach, logs
 from runs.services.submission import plan_run, submit_run
 
 LOG_OFFSET_MAX = 2**62

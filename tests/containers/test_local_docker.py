@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.local.host import local_docker
-from instances.fleets import create_local_fleet
+from instances.services.fleets import create_local_fleet
 
 pytestmark = pytest.mark.django_db
 
