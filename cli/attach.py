@@ -2,7 +2,7 @@
 
 The key pair is the user's own, made here on first use (~/.muster/attach_key, 0600); only its
 public half goes to the server, which allows it on the job's host for forwarding to the job's ports
-only, until the job ends (runs/attach.py). paramiko is imported only here: the other commands stay
+only, until the job ends (runs/services/attach.py). paramiko is imported only here: the other commands stay
 standard library + PyYAML.
 """
 

@@ -16,12 +16,13 @@ from django.views.decorators.http import require_GET, require_POST
 from console import picture
 from events.models import Event
 from instances.models import Fleet, Instance
-from projects.access import WRITE_ROLES
 from projects.models import Membership, Project
-from runs import logs, stopping
+from projects.services.access import WRITE_ROLES
+from runs import stopping
 from runs.api.serializers import RunSerializer
 from runs.choices import JOB_ACTIVE
 from runs.models import Job, Run
+from runs.services import logs
 
 LOG_OFFSET_MAX = 2**62
 

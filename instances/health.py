@@ -49,9 +49,10 @@ def stop_orphans(instance: Instance) -> bool:
     """
     from backends.base import BackendError
     from backends.registry import compute_for_instance
-    from runs import logs, runner_status
+    from runs import runner_status
     from runs.choices import JOB_FINISHED, RUNNER_LIVE
     from runs.models import Job
+    from runs.services import logs
 
     since = instance.unreachable_since
     if since is None:

@@ -19,6 +19,6 @@ def poll_pod(group_id: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
-    from instances import ssh_fleets
+    from instances.services import ssh_fleets
 
     ssh_fleets.complete_registration(fleet_id, actor=actor)

@@ -175,7 +175,7 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "projects.tokens.TokenAuthentication",  # hashed, expiring; same `Token <key>` header as DRF's
+        "projects.services.tokens.TokenAuthentication",  # hashed, expiring; same `Token <key>` header as DRF's
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

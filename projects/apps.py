@@ -11,7 +11,7 @@ class ProjectsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from projects import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
+        from projects.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
 
         if settings.PRODUCTION and settings.MUSTER.get("LOCAL_BACKEND"):
             log.warning("MUSTER_LOCAL_BACKEND is on in production: superusers can run commands on the control "

@@ -5,9 +5,10 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from runs import logs, stopping
+from runs import stopping
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
+from runs.services import logs
 
 
 def _all_fields(model) -> list[str]:

@@ -11,9 +11,10 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from instances.transitions import give_back
 from muster import claims, messages
-from runs import attach, logs, runner_status
+from runs import runner_status
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, RUNNER_LIVE, JobReason, JobStatus, RunStatus, StopRequest
 from runs.models import Job, Run
+from runs.services import attach, logs
 from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)

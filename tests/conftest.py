@@ -126,7 +126,7 @@ def make_user(db, django_user_model):
 
 def token_for(user, lifetime_days: float | None = None) -> str:
     """A new API token for `user` (the key, as a client sends it); the only way tests make tokens."""
-    from projects.tokens import issue
+    from projects.services.tokens import issue
 
     return issue(user, lifetime_days)[1]
 
@@ -146,7 +146,7 @@ def api(make_user):
 
 @pytest.fixture
 def superuser_api(db, django_user_model):
-    """A superuser: the only caller that may create local fleets (projects.access.check_local_fleet)."""
+    """A superuser: the only caller that may create local fleets (projects.services.access.check_local_fleet)."""
     from projects.models import Membership, Project
 
     user = django_user_model.objects.create_superuser(username="root", password=None)

@@ -344,7 +344,7 @@ django.setup()
 from django.core.management import call_command
 from django.contrib.auth import get_user_model
 from django.test import Client
-from projects.tokens import issue
+from projects.services.tokens import issue
 call_command("migrate", verbosity=0)
 key = issue(get_user_model().objects.create_user("ops"))[1]
 host = {"HTTP_HOST": "muster.example.com"}

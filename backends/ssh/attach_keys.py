@@ -1,6 +1,6 @@
 """A user's attach key on a job's host: one line in the fleet user's authorized_keys that lets the
 key forward to the job's ports and do nothing else, added for an attach and removed when the job
-ends (runs/attach.py says when).
+ends (runs/services/attach.py says when).
 
 Each line ends with a marker naming the job, so removal takes exactly that job's lines whatever
 else the file holds, and both operations can be repeated safely.

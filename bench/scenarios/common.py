@@ -19,7 +19,7 @@ def project_with_user(name: str):
     from django.contrib.auth import get_user_model
 
     from projects.models import Membership, Project, Role
-    from projects.tokens import issue
+    from projects.services.tokens import issue
 
     project = Project.objects.create(name=name)
     user, _ = get_user_model().objects.get_or_create(username="bench")

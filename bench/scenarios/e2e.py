@@ -1,7 +1,7 @@
 """e2e: examples/pd-disagg-local.yml, end to end on the LOCAL backend (real runner agents and job
 processes), 20 runs one after another.
 
-A local fleet of 3 instances (127.0.0.x, instances.fleets.create_local_fleet) in a project of its
+A local fleet of 3 instances (127.0.0.x, instances.services.fleets.create_local_fleet) in a project of its
 own. The example has a fixed run name and port 8000 on every node, so runs cannot overlap: each run
 is submitted (through runs.services.submission.submit_run, with the YAML's `name:` line changed to
 a distinct name) only after the previous one has ended. Measures seconds from submit to `done`
@@ -51,8 +51,8 @@ def stage_times(run) -> dict[str, float]:
 def run(session: harness.Session, args) -> dict:
     from django.db.models import Count
 
-    from instances.fleets import create_local_fleet
     from instances.lifecycle import terminate_fleet_instances
+    from instances.services.fleets import create_local_fleet
     from runs import stopping
     from runs.models import Run
     from runs.services.submission import submit_run

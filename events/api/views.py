@@ -1,32 +1,25 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
+from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from events.api.filters import EventFilter
+from events.api.serializers import EventSerializer
 from events.models import Event
-from projects.access import ProjectScopedMixin
+from projects.services.access import ProjectScopedMixin
 
 
-class EventSerializer(serializers.ModelSerializer):
-    run = serializers.CharField(source="run.name", default=None, read_only=True)
+class EventListView(ProjectScopedMixin, GenericAPIView):
+    """The latest events, oldest first: EventFilter picks the latest ones, this reverses them."""
 
-    class Meta:
-        model = Event
-        fields = ["created", "subject", "status", "actor", "message", "run"]
+    queryset = Event.objects.select_related("run")
+    filterset_class = EventFilter
 
+    def get_queryset(self):
+        return super().get_queryset().filter(project=self.project)
 
-class EventListView(ProjectScopedMixin, APIView):
-    @extend_schema(parameters=[OpenApiParameter("run", str), OpenApiParameter("limit", int)],
-                   responses={200: EventSerializer(many=True)})
+    @extend_schema(responses={200: EventSerializer(many=True)})
     def get(self, request, project):
-        events = Event.objects.filter(project=self.project).select_related("run")
-        if request.query_params.get("run"):
-            events = events.filter(run__name=request.query_params["run"])
-        try:
-            limit = max(1, min(int(request.query_params.get("limit", 500)), 5000))
-        except ValueError:
-            limit = 500
-        rows = list(events.order_by("-created", "-id")[:limit])[::-1]
+        rows = list(self.filter_queryset(self.get_queryset()))[::-1]
         return Response(EventSerializer(rows, many=True).data)

@@ -5,6 +5,19 @@ from rest_framework import serializers
 from instances.models import Fleet, Instance, InstanceGroup
 
 
+class DeleteQuerySerializer(serializers.Serializer):
+    """The query of a DELETE: `force` says how to delete, it picks no rows, so it is a serializer and
+    not a FilterSet. A value that is not a boolean is a 400 rather than a silent "no"."""
+
+    force = serializers.BooleanField(default=False, help_text="stop the jobs using it first, instead of refusing")
+
+    @classmethod
+    def force_of(cls, request) -> bool:
+        query = cls(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return query.validated_data["force"]
+
+
 class FleetRequestSerializer(serializers.Serializer):
     configuration = serializers.JSONField(help_text="The fleet configuration: YAML text or a JSON object.")
 

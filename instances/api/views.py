@@ -2,26 +2,26 @@ from __future__ import annotations
 
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
+from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from instances import fleets, lifecycle
+from instances import lifecycle
+from instances.api.filters import InstanceFilter
 from instances.api.serializers import (
+    DeleteQuerySerializer,
     FleetRequestSerializer,
     FleetSerializer,
     InstanceGroupSerializer,
     InstanceSerializer,
 )
-from instances.models import Fleet, Instance, InstanceGroup, InstanceStatus
-from projects.access import ProjectScopedMixin
+from instances.models import Fleet, Instance, InstanceGroup
+from instances.services import fleets
+from projects.services.access import ProjectScopedMixin
 from runs.models import Job
-
-
-def _force(request) -> bool:
-    return str(request.query_params.get("force", "")).lower() in ("1", "true", "yes")
 
 
 class FleetListView(ProjectScopedMixin, APIView):
@@ -43,35 +43,27 @@ class FleetDetailView(ProjectScopedMixin, APIView):
     def get(self, request, project, name):
         return Response(FleetSerializer(get_object_or_404(Fleet, project=self.project, name=name)).data)
 
-    @extend_schema(parameters=[OpenApiParameter("force", bool)], responses={204: None})
+    @extend_schema(parameters=[DeleteQuerySerializer], responses={204: None})
     def delete(self, request, project, name):
         fleet = get_object_or_404(Fleet, project=self.project, name=name)
-        fleets.delete_fleet(fleet, force=_force(request), actor=request.user.username)
+        fleets.delete_fleet(fleet, force=DeleteQuerySerializer.force_of(request), actor=request.user.username)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class InstanceListView(ProjectScopedMixin, APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("fleet", str), OpenApiParameter("group", str),
-                    OpenApiParameter("status", str, enum=list(InstanceStatus.values))],
-        responses={200: InstanceSerializer(many=True)},
-    )
-    def get(self, request, project):
+class InstanceListView(ProjectScopedMixin, GenericAPIView):
+    """A GenericAPIView for its filter backend: InstanceFilter reads the query and the schema shows it."""
+
+    queryset = Instance.objects.select_related("fleet", "group")
+    filterset_class = InstanceFilter
+
+    def get_queryset(self):
         busy = Job.objects.filter(status__in=["provisioning", "pulling", "running", "terminating"]).select_related("run")
-        rows = Instance.objects.filter(project=self.project).select_related("fleet", "group").prefetch_related(
+        return super().get_queryset().filter(project=self.project).prefetch_related(
             Prefetch("jobs", queryset=busy, to_attr="busy_jobs"))
-        params = request.query_params
-        if params.get("fleet"):
-            rows = rows.filter(fleet__name=params["fleet"])
-        if params.get("group"):
-            rows = rows.filter(group__name=params["group"])
-        if params.get("status"):
-            if params["status"] not in InstanceStatus.values:
-                raise ValidationError({"status": [f"unknown status; one of {', '.join(InstanceStatus.values)}"]})
-            rows = rows.filter(status=params["status"])
-        else:
-            rows = rows.exclude(status=InstanceStatus.TERMINATED)
-        rows = rows.order_by("group__name", "index", "name")
+
+    @extend_schema(responses={200: InstanceSerializer(many=True)})
+    def get(self, request, project):
+        rows = self.filter_queryset(self.get_queryset()).order_by("group__name", "index", "name")
         return Response(InstanceSerializer(rows, many=True).data)
 
 
@@ -96,9 +88,9 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     def get(self, request, project, name):
         return Response(InstanceGroupSerializer(self._group(name)).data)
 
-    @extend_schema(parameters=[OpenApiParameter("force", bool)], responses={202: InstanceGroupSerializer})
+    @extend_schema(parameters=[DeleteQuerySerializer], responses={202: InstanceGroupSerializer})
     def delete(self, request, project, name):
         group = self._group(name)
-        lifecycle.delete_group(group, actor=request.user.username, force=_force(request))
+        lifecycle.delete_group(group, actor=request.user.username, force=DeleteQuerySerializer.force_of(request))
         group.refresh_from_db()
         return Response(InstanceGroupSerializer(group).data, status=status.HTTP_202_ACCEPTED)

@@ -1,6 +1,5 @@
 from django.urls import include, path
 
-from events.api.views import EventListView
 from projects.api import views
 
 project_urls = [
@@ -8,9 +7,9 @@ project_urls = [
     path("members/", views.MemberListView.as_view(), name="members"),
     path("secrets/", views.SecretListView.as_view(), name="secrets"),
     path("secrets/<str:name>/", views.SecretDetailView.as_view(), name="secret-detail"),
-    path("events/", EventListView.as_view(), name="events"),
     path("", include("runs.api.urls")),
     path("", include("instances.api.urls")),
+    path("", include("events.api.urls")),
 ]
 
 urlpatterns = [

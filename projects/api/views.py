@@ -4,39 +4,21 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from muster.api_errors import InvalidInput
-from projects.access import ProjectScopedMixin, project_for, require_admin
-from projects.models import Membership, Project, Role, Secret, slug_validator
-
-
-class ProjectSerializer(serializers.ModelSerializer):
-    role = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Project
-        fields = ["name", "created", "role"]
-        read_only_fields = ["created", "role"]
-
-    def get_role(self, project: Project) -> str | None:
-        return project.role_of(self.context["request"].user)
-
-
-class ProjectCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=63, validators=[slug_validator])
-
-
-class MemberSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    role = serializers.ChoiceField(choices=Role.values)
-
-
-class SecretSerializer(serializers.Serializer):
-    name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
-    value = serializers.CharField(write_only=True, trim_whitespace=False)
+from projects.api.filters import MemberFilter
+from projects.api.serializers import (
+    MemberSerializer,
+    ProjectCreateSerializer,
+    ProjectSerializer,
+    SecretSerializer,
+)
+from projects.models import Membership, Project, Role, Secret
+from projects.services.access import ProjectScopedMixin, project_for, require_admin
 
 
 class ProjectListView(APIView):
@@ -70,10 +52,18 @@ class ProjectDetailView(APIView):
         return Response(ProjectSerializer(project_for(request, project), context={"request": request}).data)
 
 
-class MemberListView(ProjectScopedMixin, APIView):
+class MemberListView(ProjectScopedMixin, GenericAPIView):
+    """A GenericAPIView for its filter backend: MemberFilter reads the query and the schema shows it."""
+
+    queryset = Membership.objects.select_related("user")
+    filterset_class = MemberFilter
+
+    def get_queryset(self):
+        return super().get_queryset().filter(project=self.project)
+
     @extend_schema(responses={200: MemberSerializer(many=True)})
     def get(self, request, project):
-        rows = self.project.memberships.select_related("user").order_by("user__username")
+        rows = self.filter_queryset(self.get_queryset()).order_by("user__username")
         return Response([{"username": m.user.username, "role": m.role} for m in rows])
 
     @extend_schema(request=MemberSerializer, responses={201: MemberSerializer})

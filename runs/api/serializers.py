@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
 from runs.models import Job, Run
@@ -15,6 +16,30 @@ class RunRequestSerializer(serializers.Serializer):
 
 class StopRequestSerializer(serializers.Serializer):
     abort = serializers.BooleanField(default=False)
+
+
+class LogQuerySerializer(serializers.Serializer):
+    """The query of `runs/<name>/logs`: where to read, not which rows to list, so a serializer and not
+    a FilterSet. Both are bounded: a huge start overflows the file seek, a huge job number the
+    database integer."""
+
+    LOG_OFFSET_MAX = 2**62
+
+    job = serializers.IntegerField(default=0, help_text="the job number (rank) whose log to read")
+    start = serializers.IntegerField(default=0, help_text="the byte offset to read from: the `next` of the "
+                                                          "previous answer")
+
+    @staticmethod
+    def _bounded(value: int, most: int) -> int:
+        if not 0 <= value <= most:
+            raise serializers.ValidationError(f"must be a whole number from 0 to {most}")
+        return value
+
+    def validate_job(self, value: int) -> int:
+        return self._bounded(value, settings.MUSTER["MAX_NODES"])
+
+    def validate_start(self, value: int) -> int:
+        return self._bounded(value, self.LOG_OFFSET_MAX)
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -6,27 +6,26 @@ from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from muster.api_errors import InvalidInput
-from projects.access import ProjectScopedMixin
-from runs import attach, logs, stopping
-from runs.api.serializers import RunListSerializer, RunRequestSerializer, RunSerializer, StopRequestSerializer
-from runs.choices import RunStatus
+from projects.services.access import ProjectScopedMixin
+from runs import stopping
+from runs.api.filters import RunFilter
+from runs.api.serializers import (
+    LogQuerySerializer,
+    RunListSerializer,
+    RunRequestSerializer,
+    RunSerializer,
+    StopRequestSerializer,
+)
 from runs.models import Run
+from runs.services import attach, logs
 from runs.services.submission import plan_run, submit_run
 
-LOG_OFFSET_MAX = 2**62
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
-
-
-def _int_param(request, name: str, most: int) -> int:
-    raw = request.query_params.get(name, "0")
-    if not re.fullmatch(r"[0-9]{1,20}", raw) or int(raw) > most:
-        raise ValidationError({name: [f"must be a whole number from 0 to {most}"]})
-    return int(raw)
 
 
 def _run(project, name: str) -> Run:
@@ -41,18 +40,18 @@ class RunPlanView(ProjectScopedMixin, APIView):
         return Response(plan_run(self.project, request.data))
 
 
-class RunListView(ProjectScopedMixin, APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("status", str, enum=list(RunStatus.values))],
-        responses={200: RunListSerializer(many=True)},
-    )
+class RunListView(ProjectScopedMixin, GenericAPIView):
+    """A GenericAPIView for its filter backend: RunFilter reads the query and the schema shows it."""
+
+    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance")
+    filterset_class = RunFilter
+
+    def get_queryset(self):
+        return super().get_queryset().filter(project=self.project)
+
+    @extend_schema(responses={200: RunListSerializer(many=True)})
     def get(self, request, project):
-        runs = Run.objects.filter(project=self.project).select_related("fleet", "project").prefetch_related("jobs__instance")
-        wanted = request.query_params.get("status")
-        if wanted:
-            if wanted not in RunStatus.values:
-                raise ValidationError({"status": [f"unknown status; one of {', '.join(RunStatus.values)}"]})
-            runs = runs.filter(status=wanted)
+        runs = self.filter_queryset(self.get_queryset())
         return Response(RunListSerializer(runs.order_by("-submitted_at"), many=True).data)
 
     @extend_schema(request=RunRequestSerializer, responses={201: RunSerializer},
@@ -93,15 +92,12 @@ class RunStopView(ProjectScopedMixin, APIView):
 
 
 class RunLogsView(ProjectScopedMixin, APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("job", int), OpenApiParameter("start", int)],
-        responses={200: dict},
-    )
+    @extend_schema(parameters=[LogQuerySerializer], responses={200: dict})
     def get(self, request, project, name):
         run = _run(self.project, name)
-        # bounded: a huge start overflows the file seek, a huge job number the database integer
-        job_num = _int_param(request, "job", settings.MUSTER["MAX_NODES"])
-        start = _int_param(request, "start", LOG_OFFSET_MAX)
+        query = LogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        job_num, start = query.validated_data["job"], query.validated_data["start"]
         job = run.current_jobs().filter(job_num=job_num).first()
         if job is None:
             raise InvalidInput(["job"], f"run {name} has no job {job_num}")

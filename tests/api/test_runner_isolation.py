@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runs import logs
 from runs.models import Job
+from runs.services import logs
 from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
 from tests.runner.runner_helpers import (

@@ -18,7 +18,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from instances.fleets import apply_fleet
+from instances.services.fleets import apply_fleet
 from runs.models import Run
 from tests.conftest import client_for, token_for
 from tests.engine.helpers import wait_for_run

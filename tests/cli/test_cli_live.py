@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from instances.fleets import create_local_fleet
+from instances.services.fleets import create_local_fleet
 from runs.models import Run
 from tests.conftest import token_for
 from tests.engine.helpers import wait_for_run

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from events.models import Event
-from instances.fleets import apply_fleet
-from runs import logs
+from instances.services.fleets import apply_fleet
+from runs.services import logs
 from runs.services.submission import submit_run
 from tests.containers.docker_env import needs_docker, private_registry
 from tests.engine.helpers import Beat, wait_for_run
@@ -371,7 +371,7 @@ def test_a_private_image_fails_clearly_without_registry_auth_and_pulls_with_it(d
 
 def test_max_duration_and_a_fleet_delete_stop_the_containers_and_remove_them(docker_cluster, images, fleet, api,
                                                                              project, beat):
-    from instances.fleets import delete_fleet
+    from instances.services.fleets import delete_fleet
 
     timed = SLEEPER.replace("__NAME__", "timed").replace("__IMAGE__", images["worker"]).replace(
         "env:\n  - TOKEN\n", "max_duration: 3s\n")

@@ -14,10 +14,10 @@ import pytest
 from django.utils import timezone
 
 from events.models import Event
-from instances.fleets import apply_fleet
+from instances.services.fleets import apply_fleet
 from instances.models import Instance
 from instances.ssh_health import check_ssh_hosts
-from runs import logs
+from runs.services import logs
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker, rootfs_tar
 from tests.engine.helpers import Beat, wait_for_run

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from instances.fleets import apply_fleet
+from instances.services.fleets import apply_fleet
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
 from tests.ssh_e2e.helpers import fleet_configuration

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from events.models import Event
-from instances.fleets import apply_fleet, create_local_fleet
+from instances.services.fleets import apply_fleet, create_local_fleet
 from instances.models import Instance
 from runs.models import Job, Run
 from tests.conftest import token_for

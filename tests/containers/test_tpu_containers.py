@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from runs import logs
+from runs.services import logs
 from tests.conftest import example
 from tests.containers.docker_env import needs_docker
 from tests.engine.helpers import wait_for_run

@@ -60,7 +60,7 @@ class Beat:
 
 
 def local_project_fleet(size: int = 4, name: str = "local"):
-    from instances.fleets import create_local_fleet
+    from instances.services.fleets import create_local_fleet
     from projects.models import Project
 
     project, _ = Project.objects.get_or_create(name="main")

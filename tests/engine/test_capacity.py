@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from instances.fleets import create_local_fleet
+from instances.services.fleets import create_local_fleet
 
 pytestmark = pytest.mark.django_db
 

@@ -48,7 +48,7 @@ MALFORMED = {
 @pytest.mark.parametrize("status", MALFORMED.values(), ids=list(MALFORMED))
 def test_a_malformed_runner_status_on_one_host_leaves_every_other_job_watched(status, fast_limits,
                                                                                celery_worker):
-    from instances.fleets import create_local_fleet
+    from instances.services.fleets import create_local_fleet
 
     main = local_project_fleet(size=3)
     other = create_local_fleet(Project.objects.create(name="other"), "local", 2)

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from instances.fleets import create_local_fleet
 from instances.models import Instance
-from runs import logs
+from instances.services.fleets import create_local_fleet
+from runs.services import logs
 from runs.services.submission import submit_run
 from tests.conftest import example
 from tests.engine.helpers import wait_for_run

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from instances.fleets import apply_fleet
 from instances.models import Instance
-from runs import logs
+from instances.services.fleets import apply_fleet
 from runs.models import Job
+from runs.services import logs
 from runs.services.submission import submit_run
 from tests.conftest import token_for
 from tests.engine.helpers import wait_for_run

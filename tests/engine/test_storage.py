@@ -12,9 +12,9 @@ from django.db import connection
 from django.db.models import Sum, TextField
 from django.db.models.functions import Cast, Length
 
-from instances.fleets import create_local_fleet
-from runs import logs
+from instances.services.fleets import create_local_fleet
 from runs.models import Job, Run
+from runs.services import logs
 from tests.engine.helpers import wait_for_run
 
 NODES = 1000

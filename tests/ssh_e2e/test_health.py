@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from events.models import Event
-from instances.fleets import apply_fleet
 from instances.models import Instance
+from instances.services.fleets import apply_fleet
 from instances.ssh_health import check_ssh_hosts
 from runs.placement import free_instances
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns

@@ -177,7 +177,7 @@ def test_a_host_listed_twice_is_refused(api, pool):
 
 
 def test_a_host_already_in_another_projects_fleet_is_refused(api, pool):
-    from instances.fleets import apply_fleet
+    from instances.services.fleets import apply_fleet
     from projects.models import Project
 
     other = Project.objects.create(name="other")

@@ -16,8 +16,8 @@ import pytest
 
 from backends.ssh.errors import HostNotAllowed
 from backends.ssh.runner_host import SSHRunnerHost
-from instances.fleets import apply_fleet
 from instances.models import Instance
+from instances.services.fleets import apply_fleet
 from projects.models import Project
 from tests.ssh_e2e.helpers import (
     fleet_configuration,
@@ -95,7 +95,7 @@ def test_each_registration_gets_a_runner_home_no_other_fleet_can_share(api, ssh_
     pool = ssh_hosts(1, mode="netns")
     first = apply_fleet(Project.objects.create(name="p1"), {"configuration": fleet_configuration(pool, name="f")})
     home1 = first.instances.get().backend_data["runner_home"]
-    from instances.fleets import delete_fleet
+    from instances.services.fleets import delete_fleet
 
     delete_fleet(first)
     assert register(api, fleet_configuration(pool, name="f"))["status"] == "active"

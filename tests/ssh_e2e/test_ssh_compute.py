@@ -11,8 +11,8 @@ from backends.registry import get_compute
 from backends.ssh.compute import SSHCompute
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.runner_host import SSHRunnerHost
-from instances.fleets import apply_fleet
 from instances.models import Instance
+from instances.services.fleets import apply_fleet
 from tests.ssh_e2e.helpers import fleet_configuration, host_commands, needs_netns, runner_processes
 
 pytestmark = needs_netns

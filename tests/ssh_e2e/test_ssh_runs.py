@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from instances.fleets import apply_fleet
 from instances.models import Instance
-from runs import logs
+from instances.services.fleets import apply_fleet
 from runs.models import Job
+from runs.services import logs
 from runs.services.submission import submit_run
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import (
@@ -163,7 +163,7 @@ def test_pd_run_places_groups_by_resources_and_wires_the_router_to_both_workers(
 
 
 def test_deleting_an_ssh_fleet_stops_the_runner_agents_and_terminates_its_instances(cluster, project):
-    from instances.fleets import delete_fleet
+    from instances.services.fleets import delete_fleet
 
     pool, fleet = cluster
     assert all(runner_processes(host) for host in pool), "registration started an agent on every host"
@@ -176,7 +176,7 @@ def test_deleting_an_ssh_fleet_stops_the_runner_agents_and_terminates_its_instan
 
 
 def test_force_deleting_a_fleet_under_a_run_stops_the_jobs_on_its_hosts(cluster, project, beat):
-    from instances.fleets import delete_fleet
+    from instances.services.fleets import delete_fleet
 
     pool, fleet = cluster
     run = submit(project, SLEEPERS)

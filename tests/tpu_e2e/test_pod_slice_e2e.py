@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from instances.models import Instance, InstanceGroup
-from runs import logs
+from runs.services import logs
 from tests.engine.helpers import wait_for_run
 from tests.tpu_e2e.helpers import ZONES, env_line, needs_netns, tpu_task
 from tests.waiting import wait_until

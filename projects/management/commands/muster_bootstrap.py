@@ -7,11 +7,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from instances.fleets import create_local_fleet
 from instances.models import Fleet
+from instances.services.fleets import create_local_fleet
 from muster.files import write_private
-from projects import tokens
 from projects.models import Membership, Project, Role
+from projects.services import tokens
 
 
 class Command(BaseCommand):

@@ -1,8 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from projects import tokens
 from projects.models import Membership, Project, Role
+from projects.services import tokens
 
 
 class Command(BaseCommand):

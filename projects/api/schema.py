@@ -4,7 +4,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
 class TokenScheme(OpenApiAuthenticationExtension):
-    target_class = "projects.tokens.TokenAuthentication"
+    target_class = "projects.services.tokens.TokenAuthentication"
     name = "tokenAuth"
 
     def get_security_definition(self, auto_schema):

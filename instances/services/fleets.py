@@ -12,8 +12,8 @@ from backends.registry import get_compute
 from events.services import record
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
 from muster.api_errors import InvalidInput
-from projects.access import check_local_fleet
 from projects.models import Project
+from projects.services.access import check_local_fleet
 from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
 
 
@@ -62,7 +62,8 @@ def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
 
 
 def _apply_ssh_fleet(project: Project, conf: dict, actor: str, wait: bool) -> Fleet:
-    from instances import ssh_fleets, tasks
+    from instances import tasks
+    from instances.services import ssh_fleets
 
     fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
     if not wait:

@@ -1,0 +1,23 @@
+"""The query parameters of the member list, declared once so that validation, the 400 and the
+OpenAPI schema all come from the same place (django-filter, through DRF's filter backend).
+
+The project list takes none: it is the caller's own projects, a handful, and the secret list
+shows names only."""
+
+from __future__ import annotations
+
+import django_filters
+
+from projects.models import Membership, Role
+
+
+class MemberFilter(django_filters.FilterSet):
+    role = django_filters.ChoiceFilter(
+        choices=Role.choices, help_text="only the members with this role (who are the admins?)",
+        # the message names the roles there are, which Django's default one does not
+        error_messages={"invalid_choice": f"unknown role; one of {', '.join(Role.values)}"},
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["role"]
