@@ -14,8 +14,8 @@ import pytest
 from django.utils import timezone
 
 from events.models import Event
-from instances.services.fleets import apply_fleet
 from instances.models import Instance
+from instances.services.fleets import apply_fleet
 from instances.ssh_health import check_ssh_hosts
 from runs.services import logs
 from tests.conftest import token_for

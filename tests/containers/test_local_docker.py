@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from events.models import Event
-from instances.services.fleets import apply_fleet, create_local_fleet
 from instances.models import Instance
+from instances.services.fleets import apply_fleet, create_local_fleet
 from runs.models import Job, Run
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
