@@ -9,7 +9,7 @@ Each checked instance is leased for CHECK_EVERY seconds, so concurrent sweeps ne
 twice, and a host that stays unreachable (its `last_seen` never moves) is retried at that pace,
 not on every sweep.
 
-A host that answers also has its Docker facts refreshed, at a slower pace (instances/docker_facts.py).
+A host that answers also has its Docker facts refreshed, at a slower pace (instances/services/docker_facts.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.ssh.runner_host import SSHRunnerHost
-from instances import docker_facts, health
+from instances import health
 from instances.models import FleetBackend, Instance, InstanceStatus
+from instances.services import docker_facts
 from muster import claims
 
 log = logging.getLogger(__name__)

@@ -290,7 +290,7 @@ MUSTER = {
     "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
                              "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
-    # seconds between Docker probes of one SSH host by the health check (instances/docker_facts.py)
+    # seconds between Docker probes of one SSH host by the health check (instances/services/docker_facts.py)
     "SSH_DOCKER_PROBE_INTERVAL": env_float("MUSTER_SSH_DOCKER_PROBE_INTERVAL", 300.0),
     # /metrics: scrapers send `Authorization: Bearer <token>`; with no token it answers 403 unless
     # the operator opens it (on a network only the scraper reaches) with MUSTER_METRICS_OPEN=1

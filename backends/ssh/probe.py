@@ -70,7 +70,7 @@ for a in $(hostname -I 2>/dev/null); do echo "hostname_ip=$a"; done
 echo "python3=$(command -v python3 2>/dev/null)"
 """
 
-# Also run alone by the health checks (instances/docker_facts.py), so a host that gets Docker
+# Also run alone by the health checks (instances/services/docker_facts.py), so a host that gets Docker
 # after registration, or loses it, is known without registering it again.
 DOCKER_SCRIPT = r"""
 if command -v docker >/dev/null 2>&1; then

@@ -370,7 +370,7 @@ def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget],
         inst.group, inst.status, inst.resources = group, InstanceStatus.IDLE, resources
         inst.internal_ip = found.probe.get("internal_ip") or inst.hostname
         inst.host_key, inst.idle_since, inst.last_seen = found.host_key, now, now
-        # the health check probes Docker again from SSH_DOCKER_PROBE_INTERVAL on (instances/docker_facts.py)
+        # the health check probes Docker again from SSH_DOCKER_PROBE_INTERVAL on (instances/services/docker_facts.py)
         inst.backend_data = {**inst.backend_data, "registration": "ready", "docker_probed_at": time.time()}
         inst.save()
         record(fleet.project_id, f"instance {inst.name}",

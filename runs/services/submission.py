@@ -15,7 +15,6 @@ from events.services import record
 from muster import crypto
 from muster.api_errors import InvalidInput
 from projects.models import Project
-from runs import local_images
 from runs.choices import RunStatus
 from runs.configuration import (
     ConfigurationError,
@@ -27,6 +26,7 @@ from runs.configuration import (
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
+from runs.services import local_images
 
 MASK = "***"
 
