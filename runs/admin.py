@@ -5,7 +5,8 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from runs import logs, stopping
+from engine import stopping
+from runs import logs
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
 

@@ -8,7 +8,8 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from instances import fleets, lifecycle
+from engine import groups
+from instances import fleets
 from instances.api.serializers import (
     FleetRequestSerializer,
     FleetSerializer,
@@ -87,7 +88,7 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     """`name` is the group's name or the name of any of its instances: both mean the whole group."""
 
     def _group(self, name: str) -> InstanceGroup:
-        group = lifecycle.find_group(self.project, name)
+        group = groups.find_group(self.project, name)
         if group is None:
             raise NotFound(f"no instance group or group member named {name}")
         return group
@@ -99,6 +100,6 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     @extend_schema(parameters=[OpenApiParameter("force", bool)], responses={202: InstanceGroupSerializer})
     def delete(self, request, project, name):
         group = self._group(name)
-        lifecycle.delete_group(group, actor=request.user.username, force=_force(request))
+        groups.delete_group(group, actor=request.user.username, force=_force(request))
         group.refresh_from_db()
         return Response(InstanceGroupSerializer(group).data, status=status.HTTP_202_ACCEPTED)

@@ -10,9 +10,10 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine import stopping
 from muster.api_errors import InvalidInput
 from projects.access import ProjectScopedMixin
-from runs import attach, logs, stopping
+from runs import attach, logs
 from runs.api.serializers import RunListSerializer, RunRequestSerializer, RunSerializer, StopRequestSerializer
 from runs.choices import RunStatus
 from runs.models import Run

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from engine import tasks
 from instances.models import Instance
-from runs import logs, tasks
+from runs import logs
 from runs.services.submission import submit_run
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
+from engine import messages
 from events.services import record_many
-from muster import messages
 from runs.choices import JobStatus
 from runs.models import Job
 

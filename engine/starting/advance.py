@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from instances import health
+from engine import claims, health, messages, runner_status
+from engine.starting import cluster, containers
 from instances.models import InstanceStatus
-from muster import claims, crypto, messages
-from runs import cluster, containers, runner_status
+from muster import crypto
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
 from runs.transitions import move_job, release_job, terminate_job
@@ -70,7 +70,7 @@ def advance_job(job_id: int) -> bool:
         return True  # due again after the backoff (the sweep sends it)
     if status in WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
         messages.start_job(job_id, countdown=again)  # outside a transaction: sent at once
-    # a started job is looked at by the batch watcher from now on (runs/watching.py)
+    # a started job is looked at by the batch watcher from now on (engine/running/watch.py)
     return True
 
 
