@@ -1,4 +1,4 @@
-"""Status and termination-reason enums of runs and jobs (DESIGN.md section 3)."""
+"""Status and termination-reason enums of runs and jobs (docs/how-it-works.md, "Statuses and reasons")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The staged master-unlock fan-out (DESIGN.md section 6, the seed's proposal).
+"""The staged master-unlock fan-out (docs/how-it-works.md, "From submission to done", step 3).
 
 Job 0's attempt releases the rest of group 0 and the master of every other group, never the
 other members of those groups, so nobody races a group master's batch. A group master's attempt

@@ -182,7 +182,7 @@ def _generated_name() -> str:
 
 
 def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
-    """Job 0 is claimable at once; every other job waits for its master (DESIGN.md section 6)."""
+    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
     jobs = [
         Job(
             run=run,
