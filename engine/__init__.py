@@ -14,6 +14,7 @@ starting      engine/starting/advance.py         advance_job: runner up, peers k
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   containers  engine/starting/containers.py      show_pull_progress, container_end: an image job's pull
 running       engine/running/watch.py            watch_running: the batch watch of running jobs
+  observe     engine/running/observe.py          look, watch_observed: a runner's answer acted on (start, end)
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
