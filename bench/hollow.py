@@ -2,7 +2,7 @@
 runner that starts no process.
 
 `HollowCompute` is a static fleet backend (creates_groups False): its instances are rows made by
-`make_hollow_fleet`, placed by runs/placement.take_instances exactly like SSH hosts. Its runner host
+`make_hollow_fleet`, placed by engine/submitted/placement.take_instances exactly like SSH hosts. Its runner host
 answers in microseconds: the agent is always alive, and a job handed to it reports `running` for
 MUSTER["HOLLOW_RUN_SECONDS"] after its submit and then `done` (exit status 0).
 

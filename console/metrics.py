@@ -23,9 +23,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class _DatabaseCollector:
     def collect(self):
         from console.models import Counter
+        from engine.sweeps import queued_messages
         from instances.models import Instance
         from runs.models import Job, Run
-        from runs.sweeps import queued_messages
 
         runs = GaugeMetricFamily("muster_runs", "Runs by status and by the backend of their fleet",
                                  labels=["status", "backend"])

@@ -22,7 +22,7 @@ PER_ROW = 4
 
 
 def start_step(order: str, job_num: int) -> str:
-    """When a node starts, as the engine enforces it (runs.progress._order_allows)."""
+    """When a node starts, as the engine enforces it (engine.starting.advance._order_allows)."""
     if order == "workers-first":
         return "starts 2nd (after the workers)" if job_num == 0 else "starts 1st"
     if order == "master-first":

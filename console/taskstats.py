@@ -16,7 +16,7 @@ from celery.signals import task_failure, task_postrun, task_prerun, worker_proce
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
-# the sweep's return value names what it sent again (runs/sweeps.py): these are recoveries
+# the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries
 SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods")
 
 _lock = threading.Lock()
@@ -82,7 +82,7 @@ def _postrun(task_id=None, task=None, retval=None, state=None, **_) -> None:
     _failed.discard(task_id)
     name = getattr(task, "name", "unknown")
     add("task", name, outcome, 1, seconds)
-    if name == "runs.tasks.sweep" and isinstance(retval, dict):
+    if name == "engine.tasks.sweep" and isinstance(retval, dict):
         for key in SWEEP_RECOVERY_KEYS:
             if retval.get(key):
                 add("sweep_recovery", key, "", int(retval[key]))

@@ -14,11 +14,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from console import picture
+from engine import stopping
 from events.models import Event
 from instances.models import Fleet, Instance
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
-from runs import stopping
 from runs.api.serializers import RunSerializer
 from runs.choices import JOB_ACTIVE
 from runs.models import Job, Run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def health(instance) -> str:
     """`unreachable` is a flag the engine sets when it could not talk to a host's runner
-    (instances.health); a boolean icon of it reads backwards ("unreachable: no" as a red cross)."""
+    (engine.health); a boolean icon of it reads backwards ("unreachable: no" as a red cross)."""
     if instance.status == "terminated":
         return "gone"
     if instance.unreachable:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from console import words
-from instances import lifecycle
+from engine import groups
 from instances.models import Fleet, Instance, InstanceGroup
 from muster.api_errors import InvalidInput
 
@@ -66,7 +66,7 @@ class InstanceGroupAdmin(_ReadOnly):
     def delete_whole_group(self, request, queryset):
         for group in queryset:
             try:
-                lifecycle.delete_group(group, actor=request.user.username)
+                groups.delete_group(group, actor=request.user.username)
             except InvalidInput as exc:
                 messages.error(request, str(exc))
             else:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from engine.claims import Claimable
 from muster import crypto
-from muster.claims import Claimable
 
 
 class FleetBackend(models.TextChoices):

@@ -46,7 +46,7 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str, act
 
 
 def record_taken(instances: list[Instance], job, message: str) -> None:
-    """The events of hosts placement took for `job` (runs/placement.take_instances moved them
+    """The events of hosts placement took for `job` (engine/submitted/placement.take_instances moved them
     idle -> busy in its own locked UPDATE): written in the caller's transaction, one INSERT."""
     if instances:
         record_many(job.run.project_id, [

@@ -1,4 +1,5 @@
-"""The Celery app. Tasks live in each app's tasks.py; the beat schedule is static and in code."""
+"""The Celery app. The engine's tasks live in engine/tasks.py (CELERY_IMPORTS), other apps' in their
+tasks.py (autodiscovery); the beat schedule is static and in code."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def _beat_schedule() -> dict:
     poll = float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
-        "sweep": {"task": "runs.tasks.sweep", "schedule": every, "options": {"expires": every}},
-        # every running job is looked at in batches (runs/watching.py), not by one task per job;
+        "sweep": {"task": "engine.tasks.sweep", "schedule": every, "options": {"expires": every}},
+        # every running job is looked at in batches (engine/running/watch.py), not by one task per job;
         # a tick waits out a short backlog (it is the only thing that watches running jobs)
-        "watch": {"task": "runs.tasks.watch_running", "schedule": poll, "options": {"expires": 10 * poll}},
+        "watch": {"task": "engine.tasks.watch_running", "schedule": poll, "options": {"expires": 10 * poll}},
     }
 
 

@@ -240,6 +240,8 @@ CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
+# the engine is not a Django app, so autodiscovery (each app's tasks.py) does not find its tasks
+CELERY_IMPORTS = ("engine.tasks",)
 
 def _cidrs(name: str, default: str = "") -> list[str]:
     import ipaddress
@@ -259,7 +261,7 @@ MUSTER = {
     # bytes of commands and env a run hands out over all its nodes (each node's runner gets a copy)
     "MAX_EXPANDED_BYTES": env_int("MUSTER_MAX_EXPANDED_BYTES", 256 << 20),
     "SWEEP_INTERVAL": env_float("MUSTER_SWEEP_INTERVAL", 2.0),
-    "LEASE_SECONDS": env_float("MUSTER_LEASE_SECONDS", 15.0),  # renewed while held (muster/claims.py)
+    "LEASE_SECONDS": env_float("MUSTER_LEASE_SECONDS", 15.0),  # renewed while held (engine/claims.py)
     # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 10
     "WORKER_NICE": env_int("MUSTER_WORKER_NICE", 0),
     "JOB_POLL_INTERVAL": env_float("MUSTER_JOB_POLL_INTERVAL", 1.0),

@@ -460,7 +460,7 @@ def kill_job_tree(
 
 
 # ---------------------------------------------------------------------------------------------
-# Cluster environment (DESIGN.md section 7)
+# Cluster environment (docs/how-it-works.md, "The cluster environment")
 
 
 def _int(value: Any, default: int = 0) -> int:

@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from runs import stopping
+from engine import stopping
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
 from runs.services import logs

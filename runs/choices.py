@@ -1,4 +1,4 @@
-"""Status and termination-reason enums of runs and jobs (DESIGN.md section 3)."""
+"""Status and termination-reason enums of runs and jobs (docs/how-it-works.md, "Statuses and reasons")."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class RunnerState(models.TextChoices):
 
     SUBMITTED = "submitted"
     STARTING = "starting"
-    PULLING = "pulling"  # a job with an image: its runner is pulling the image (runs/containers.py)
+    PULLING = "pulling"  # a job with an image: its runner is pulling the image (engine/starting/containers.py)
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"

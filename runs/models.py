@@ -5,7 +5,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
-from muster.claims import Claimable
+from engine.claims import Claimable
 from runs.choices import JOB_ACTIVE, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from engine import claims, messages
 from events.services import record
-from muster import claims, messages
 from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -54,7 +54,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
 
 def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server", held: bool = False,
                   **fields) -> bool:
-    """Ask an active job to end with `reason`; the stop itself happens in runs.stopping.
+    """Ask an active job to end with `reason`; the stop itself happens in engine.stopping.
 
     `held`: the caller holds the job's lease, so finish_job could not claim it yet; the caller hands
     the job over when it lets go (release_job) instead of a message being sent now for nothing.

@@ -39,8 +39,8 @@ def _test_broker(celery_config):
     Producers cache their broker connection, so configuring the app later (when a test first asks
     for a worker) would leave earlier producers talking to another broker.
     """
+    import engine.tasks  # noqa: F401
     import instances.tasks  # noqa: F401
-    import runs.tasks  # noqa: F401
     from muster.celery import app
 
     app.conf.update(celery_config)
@@ -64,7 +64,7 @@ def celery_worker(celery_worker, settings):
     every JOB_POLL_INTERVAL (muster/celery.py). Tests that check recovery add the sweep (Beat)."""
     import threading
 
-    from runs import tasks
+    from engine import tasks
 
     stop = threading.Event()
 
@@ -88,7 +88,7 @@ def celery_enable_logging():
 def _no_leases_carried_over():
     """A test's claims end with it: the lease renewer must not touch the next test's database."""
     yield
-    from muster.claims import forget_all
+    from engine.claims import forget_all
 
     forget_all()
 

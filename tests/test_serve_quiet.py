@@ -35,8 +35,8 @@ def test_the_terminal_shows_the_banner_and_run_state_changes_and_the_files_get_t
     assert "main/run quiet-ok [submitted]" in out
     assert "development server" not in out
     # none of the worker's INFO chatter, none of the web's request lines
-    assert "Task runs.tasks" not in out and "celery@" not in out and '"GET /healthz' not in out
-    assert "Task runs.tasks.process_run" in (logs / "worker.log").read_text()
+    assert "Task engine.tasks" not in out and "celery@" not in out and '"GET /healthz' not in out
+    assert "Task engine.tasks.process_run" in (logs / "worker.log").read_text()
     assert '"GET /healthz' in (logs / "web.log").read_text()
     assert (logs / "beat.log").exists()
 
@@ -46,7 +46,7 @@ def test_verbose_shows_the_workers_output_on_the_terminal(tmp_path):
     try:
         name = serve.submit("type: task\ncommands: [echo hi]\n")
         wait_until(lambda: serve.status(name) == "done", timeout=120, what=f"run {name} done")
-        wait_until(lambda: "Task runs.tasks.process_run" in serve.log(), timeout=30, what="the worker's lines")
+        wait_until(lambda: "Task engine.tasks.process_run" in serve.log(), timeout=30, what="the worker's lines")
         assert not (tmp_path / "data" / "serve-logs").exists()
     finally:
         serve.stop()

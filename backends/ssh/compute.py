@@ -33,7 +33,7 @@ class SSHCompute(Compute):
 
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
         # The host is the user's: it stays. Its runner agent is stopped through runner_host().stop_agent()
-        # by instances.lifecycle, which has the instance (and so the address and key) at hand.
+        # by engine.groups, which has the instance (and so the address and key) at hand.
         return None
 
     def runner_host(self, instance: Any) -> SSHRunnerHost:

@@ -80,7 +80,7 @@ class Meter:
 def per_job(measure: dict, jobs: int) -> dict:
     tasks = measure["tasks"]
     total = sum(v["queries"] for v in tasks.values())
-    sweep = tasks.get("runs.tasks.sweep", {}).get("queries", 0)
+    sweep = tasks.get("engine.tasks.sweep", {}).get("queries", 0)
     out = {
         "statements_per_job": total / jobs,
         "statements_per_job_excl_sweep": (total - sweep) / jobs,
@@ -92,7 +92,7 @@ def per_job(measure: dict, jobs: int) -> dict:
     }
     xacts = sum(v["xacts"] for v in tasks.values())
     out["xacts_per_job"] = xacts / jobs
-    out["xacts_per_job_excl_sweep"] = (xacts - tasks.get("runs.tasks.sweep", {}).get("xacts", 0)) / jobs
+    out["xacts_per_job_excl_sweep"] = (xacts - tasks.get("engine.tasks.sweep", {}).get("xacts", 0)) / jobs
     if measure["pg"]:
         pg = measure["pg"]
         out["pg_xacts_seen"] = pg["xact_commit"] + pg["xact_rollback"]

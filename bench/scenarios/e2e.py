@@ -51,9 +51,9 @@ def stage_times(run) -> dict[str, float]:
 def run(session: harness.Session, args) -> dict:
     from django.db.models import Count
 
-    from instances.lifecycle import terminate_fleet_instances
+    from engine import stopping
+    from engine.groups import terminate_fleet_instances
     from instances.services.fleets import create_local_fleet
-    from runs import stopping
     from runs.models import Run
     from runs.services.submission import submit_run
 

@@ -114,8 +114,8 @@ def run(session: harness.Session, args) -> dict:
                   [[r["H"], *[r["by_task_per_job"].get(t, 0.0) for t in tasks]] for r in results])
     first, last = results[0], results[-1]
     ratio = last["statements_per_job_excl_sweep"] / first["statements_per_job_excl_sweep"]
-    ratio_prov = (last["by_task_per_job"].get("runs.tasks.provision_job", 0)
-                  / max(first["by_task_per_job"].get("runs.tasks.provision_job", 0), 1e-9))
+    ratio_prov = (last["by_task_per_job"].get("engine.tasks.provision_job", 0)
+                  / max(first["by_task_per_job"].get("engine.tasks.provision_job", 0), 1e-9))
     line = (f"statements per job (excl. sweep) H={last['H']} / H={first['H']}: {ratio:.3f}; "
             f"provision_job statements per job: {ratio_prov:.3f}")
     if not all(r["complete"] for r in results):

@@ -7,7 +7,7 @@ times each (5):
 * web: gunicorn exactly as harness.start_web starts it (2 processes x 4 threads), from spawn to the
   first HTTP 200 from /healthz (the view runs SELECT 1, so the database connection is included);
 * worker: celery exactly as harness.start_worker starts it (--concurrency children), from spawn to
-  its " ready." log line, and to the end of a `runs.tasks.sweep` sent at spawn (a real broker ->
+  its " ready." log line, and to the end of a `engine.tasks.sweep` sent at spawn (a real broker ->
   worker -> database round trip, seen in the bench's per-task counters); ready to work = the later;
 * serve: `muster serve` as a user runs it (embedded SQLite + filesystem broker in a scratch data
   directory: migrate, bootstrap, then runserver + worker + beat), from spawn to the first HTTP 200
@@ -34,7 +34,7 @@ from bench.scenarios.common import table
 TARGET = 3.0
 POLL = 0.02  # fine enough against a 3 s target, cheap enough not to slow the start being timed
 LIMIT = 120.0  # a start slower than this is a failure, not a figure
-PROBE = "runs.tasks.sweep"
+PROBE = "engine.tasks.sweep"
 
 
 # --- the session's own processes, out of the way and back --------------------------------------
@@ -100,8 +100,8 @@ def web_once(session: harness.Session, name: str) -> dict[str, float]:
 
 
 def worker_once(session: harness.Session, name: str, concurrency: int) -> dict[str, float]:
+    from engine.tasks import sweep
     from muster.celery import app
-    from runs.tasks import sweep
 
     app.control.purge()  # leftovers of earlier scenarios would run first and be counted
     redis = session.redis()

@@ -9,7 +9,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from instances import lifecycle
+from engine import groups
 from instances.api.filters import InstanceFilter
 from instances.api.serializers import (
     DeleteQuerySerializer,
@@ -79,7 +79,7 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     """`name` is the group's name or the name of any of its instances: both mean the whole group."""
 
     def _group(self, name: str) -> InstanceGroup:
-        group = lifecycle.find_group(self.project, name)
+        group = groups.find_group(self.project, name)
         if group is None:
             raise NotFound(f"no instance group or group member named {name}")
         return group
@@ -91,6 +91,6 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     @extend_schema(parameters=[DeleteQuerySerializer], responses={202: InstanceGroupSerializer})
     def delete(self, request, project, name):
         group = self._group(name)
-        lifecycle.delete_group(group, actor=request.user.username, force=DeleteQuerySerializer.force_of(request))
+        groups.delete_group(group, actor=request.user.username, force=DeleteQuerySerializer.force_of(request))
         group.refresh_from_db()
         return Response(InstanceGroupSerializer(group).data, status=status.HTTP_202_ACCEPTED)

@@ -3,7 +3,7 @@
 Registration probes Docker (backends/ssh/probe.py) and records it as `resources["docker"]`
 ({version, runtimes}, or None), which placement and `muster instances` read. A host may get
 Docker installed later, or lose it (the daemon stopped, the package removed, the user taken out
-of the docker group), so the SSH health check (instances/ssh_health.py) probes Docker again on a
+of the docker group), so the SSH health check (engine/ssh_health.py) probes Docker again on a
 host it reaches, at most once per SSH_DOCKER_PROBE_INTERVAL seconds (default 300) per host: one
 `docker info` over the connection the check already has. A change updates the resources and is
 recorded as an event of the instance; the next placement uses it. A probe that fails (a hung

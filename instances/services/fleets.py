@@ -144,14 +144,14 @@ def fleet_in_use(fleet: Fleet) -> bool:
 
 def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> None:
     """Stop runners and remove instances; refused while a run uses the fleet unless forced."""
-    from instances import lifecycle
+    from engine import groups
 
     if fleet_in_use(fleet) and not force:
         raise InvalidInput(["name"], f"fleet {fleet.name} is used by a running job: stop the run or delete with force")
     if force:
-        from runs.stopping import stop_jobs_on_fleet
+        from engine.stopping import stop_jobs_on_fleet
 
         stop_jobs_on_fleet(fleet, actor=actor)
-    lifecycle.terminate_fleet_instances(fleet, actor=actor)
+    groups.terminate_fleet_instances(fleet, actor=actor)
     record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)
     fleet.delete()

@@ -10,9 +10,9 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine import stopping
 from muster.api_errors import InvalidInput
 from projects.services.access import ProjectScopedMixin
-from runs import stopping
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
     LogQuerySerializer,

@@ -4,7 +4,7 @@ The CLI makes the key pair on the user's machine and sends only the public key; 
 never leaves that machine, and nobody needs a copy of the fleet's key. The public key goes into the
 fleet user's authorized_keys on the job's host, restricted to forwarding to the job's address and
 ports (`restrict,port-forwarding,permitopen=...,command="/bin/false"`), and is removed when the job
-ends (runs/stopping.py, where every job's end passes). docs/cli.md has the design.
+ends (engine/stopping.py, where every job's end passes). docs/cli.md has the design.
 """
 
 from __future__ import annotations

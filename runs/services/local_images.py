@@ -16,10 +16,10 @@ other: it goes to a fleet that fits, or the plan's capacity says per fleet why n
 from __future__ import annotations
 
 from backends.local.host import local_docker
+from engine.submitted import placement
 from instances.models import FleetBackend, Instance, InstanceStatus
 from instances.services import docker_facts
 from projects.models import Project
-from runs import placement
 from runs.configuration import ConfigurationError, TaskConfiguration
 
 

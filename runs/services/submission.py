@@ -151,7 +151,7 @@ def plan_run(project: Project, payload: Any) -> dict:
 
 def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
     """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
-    from runs import capacity, placement
+    from engine.submitted import capacity, placement
 
     groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
                                 lambda s: s["resources"])
@@ -171,7 +171,7 @@ def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
     fleet that makes its hosts for the run."""
     from itertools import islice
 
-    from runs import placement
+    from engine.submitted import placement
 
     if not placement.is_static(fleet):
         return {name: [] for name, _, _ in groups}
@@ -184,7 +184,7 @@ def _generated_name() -> str:
 
 
 def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
-    """Job 0 is claimable at once; every other job waits for its master (DESIGN.md section 6)."""
+    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
     jobs = [
         Job(
             run=run,
@@ -233,14 +233,14 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
             return replay
     conf, jobs, hidden = parse_for_project(project, payload)
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
-    # the stored configuration (runs/cluster.py puts them together when the job starts).
+    # the stored configuration (engine/starting/cluster.py puts them together when the job starts).
     specs = [j.stored_dict() for j in jobs]
     hidden_values = {key: group.env[key] for group in conf.groups for key in hidden & set(group.env)}
     configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
     # the masked keys, filled from the encrypted store when a job starts
     stored = {**configuration, "secret_env": crypto.encrypt(json.dumps(hidden_values)),
               "hidden_env": sorted(hidden_values)}
-    if conf.registry_password:  # used for the image pull only (runs/cluster.py), encrypted at rest
+    if conf.registry_password:  # used for the image pull only (engine/starting/cluster.py), encrypted at rest
         stored["secret_registry_password"] = crypto.encrypt(conf.registry_password)
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
@@ -283,9 +283,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
-        from runs import scheduling
+        from engine.submitted import provision
 
-        scheduling.on_run_submitted(run, next(j for j in jobs if j.job_num == 0))
+        provision.on_run_submitted(run, next(j for j in jobs if j.job_num == 0))
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run
 

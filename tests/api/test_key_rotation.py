@@ -88,7 +88,7 @@ def test_values_encrypted_with_the_old_secret_key_derived_key_survive_the_upgrad
 @pytest.mark.django_db(transaction=True)
 def test_a_run_whose_secret_env_no_key_opens_fails_saying_so_instead_of_hanging(request, api, keys, superuser_api,
                                                                                  fast_limits):
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
     from instances.models import Fleet
     from tests.engine.helpers import wait_for_run
 

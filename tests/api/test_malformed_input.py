@@ -66,7 +66,7 @@ def test_a_body_over_the_size_limit_is_a_413_in_the_errors_shape(raw, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_huge_start_on_a_finished_jobs_stored_log_is_a_400(fast_limits, celery_worker, api):
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
     from tests.engine.helpers import local_project_fleet, wait_for_run
 
     fleet = local_project_fleet(size=1)

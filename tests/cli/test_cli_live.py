@@ -60,7 +60,7 @@ def local_fleet(fast_limits):
     project, _ = Project.objects.get_or_create(name="main")
     fleet = create_local_fleet(project, "local", 4, placement="cluster")
     yield fleet
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
 
     terminate_fleet_instances(fleet)
 

@@ -55,7 +55,7 @@ def operator(db, django_user_model, fast_limits):
                                                    "placement: cluster\nnodes: 4\n"}, format="json")
     assert resp.status_code == 201, resp.content
     yield user, api
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
     from instances.models import Fleet
 
     for fleet in Fleet.objects.all():

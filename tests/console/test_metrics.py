@@ -74,7 +74,7 @@ def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(cli
     again, the run finishes, and the workers' task counts and the recovery appear in /metrics."""
     from celery.contrib.testing.worker import start_worker
 
-    from runs import tasks
+    from engine import tasks
     from runs.models import Run
 
     resp = superuser_api.post("/api/projects/main/fleets/",
@@ -97,14 +97,14 @@ def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(cli
             samples = scrape(client)
             return (Run.objects.get(name="m").status == "done"
                     and value(samples, "muster_sweep_recoveries_total", kind="provision") >= 1
-                    and value(samples, "muster_tasks_total", task="runs.tasks.provision_job", outcome="success") >= 1
+                    and value(samples, "muster_tasks_total", task="engine.tasks.provision_job", outcome="success") >= 1
                     and samples)
 
         samples = wait_until(recovered, 90, "the run done and the recovery counted", interval=0.5)
-    assert value(samples, "muster_task_seconds_total", task="runs.tasks.provision_job", outcome="success") > 0
+    assert value(samples, "muster_task_seconds_total", task="engine.tasks.provision_job", outcome="success") > 0
     assert value(samples, "muster_runs", status="done", backend="local") == 1
     assert value(samples, "muster_jobs", status="done", backend="local") == 1
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
     from instances.models import Fleet
 
     for fleet in Fleet.objects.all():
@@ -119,7 +119,7 @@ def test_a_claim_refused_because_a_killed_worker_still_holds_the_row_is_counted(
 
     from django.utils import timezone
 
-    from runs import tasks
+    from engine import tasks
     from runs.models import Run
 
     conf = "type: task\nname: held\ncommands: [echo hi]\n"

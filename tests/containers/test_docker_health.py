@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from engine.ssh_health import check_ssh_hosts
 from events.models import Event
 from instances.models import Instance
 from instances.services.fleets import apply_fleet
-from instances.ssh_health import check_ssh_hosts
 from runs.services import logs
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker, rootfs_tar

@@ -39,8 +39,8 @@ class Beat:
     def _loop(self) -> None:
         from django.db import connection
 
-        from runs import tasks
-        from runs.sweeps import sweep
+        from engine import tasks
+        from engine.sweeps import sweep
 
         try:
             while not self._stop.wait(self.interval):

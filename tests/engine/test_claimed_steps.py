@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from engine import deriving, stopping
+from engine.running import observe
+from engine.starting import cluster
+from engine.submitted import placement
 from projects.models import Project
-from runs import cluster, placement, progress, run_state, stopping
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run
@@ -100,9 +103,9 @@ def _started(job, status) -> bool:
 STEPS = {
     "provision_job": (placement, "take_instances", None),
     "advance_job": (cluster, "runner_spec", None),
-    "watch_running": (progress, "watch_observed", _started),
+    "watch_running": (observe, "watch_observed", _started),
     "finish_job": (stopping, "_runner_finished", None),
-    "process_run": (run_state, "_derive", None),
+    "process_run": (deriving, "_derive", None),
 }
 
 
@@ -124,7 +127,7 @@ def test_an_unexpected_exception_in_a_step_gives_its_claim_back_and_the_row_is_d
 
 def test_the_server_knows_every_state_the_runner_ends_a_job_in():
     from backends.local.runner_host import runner_module
+    from engine.running.observe import RUNNER_END_STATES
     from runs.choices import RUNNER_FINAL
-    from runs.progress import RUNNER_END_STATES
 
     assert set(runner_module().FINAL_STATES) == set(RUNNER_FINAL) == set(RUNNER_END_STATES)

@@ -8,7 +8,7 @@ import threading
 import pytest
 from django.db import connection
 
-from runs import placement
+from engine.submitted import placement
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
 

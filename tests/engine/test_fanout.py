@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runs import scheduling
-from runs.fanout import release_set
+from engine.submitted.fanout import release_set
+from engine.submitted.provision import provision_job
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -49,7 +49,7 @@ def test_provisioning_releases_exactly_those_jobs_in_the_database(django_capture
     def provision(num):
         job = run.current_jobs().get(job_num=num)
         with django_capture_on_commit_callbacks() as enqueued:
-            assert scheduling.provision_job(job.pk)
+            assert provision_job(job.pk)
         return enqueued
 
     assert waiting() == {1, 2, 3, 4, 5, 6}
@@ -59,10 +59,10 @@ def test_provisioning_releases_exactly_those_jobs_in_the_database(django_capture
     assert waiting() == {6}
     provision(5)
     assert waiting() == set()
-    assert not scheduling.provision_job(run.current_jobs().get(job_num=0).pk), "a second attempt is a no-op"
+    assert not provision_job(run.current_jobs().get(job_num=0).pk), "a second attempt is a no-op"
     jobs = list(run.current_jobs())
     instances = [j.instance_id for j in jobs if j.instance_id]
     assert len(instances) == len(set(instances)) == 7, "each group master placed its whole group on distinct hosts"
     assert {j.status for j in jobs} == {"provisioning"}, "members need no provisioning attempt of their own"
     for num in (1, 2, 4, 6):
-        assert not scheduling.provision_job(jobs[num].pk), "a member's own provisioning task finds nothing to do"
+        assert not provision_job(jobs[num].pk), "a member's own provisioning task finds nothing to do"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from muster import claims
+from engine import claims
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -54,11 +54,12 @@ def test_a_placed_job_is_handed_to_advance_job_only_after_its_lease_is_given_bac
     # The advance message used to leave from inside the provisioning attempt, while the attempt still
     # held the job: a free worker could take it at once, bounce off the claim, and leave the job to
     # the sweep, seconds later. Whatever the timing, the message must find the job claimable.
-    from runs import scheduling, tasks
+    from engine import tasks
+    from engine.submitted import provision
 
     job = _job(settings, lease=15)
     found = []
     monkeypatch.setattr(tasks.advance_job, "delay", lambda job_id: found.append(
         (job_id, Job.objects.filter(pk=job_id).values_list("status", "lease_token").get())))
-    assert scheduling.provision_job(job.pk)
+    assert provision.provision_job(job.pk)
     assert found == [(job.pk, ("provisioning", ""))], "sent once, with the job placed and its lease free"

@@ -107,6 +107,6 @@ def test_every_node_still_runs_every_command_with_its_env(api, fast_limits, cele
         for command in doc["commands"][:-1]:
             assert command[5:] in out, f"job {job.job_num} did not run `{command}`"
         assert f"token=hf_secret model=llama rank={job.job_num}" in out
-    from instances.lifecycle import terminate_fleet_instances
+    from engine.groups import terminate_fleet_instances
 
     terminate_fleet_instances(fleet)

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from engine import tasks
 from instances.models import Instance
-from runs import tasks
 from runs.services import logs
 from runs.services.submission import submit_run
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run

@@ -1,4 +1,5 @@
-"""The cluster contract the runner hands to a job: MPI hostfile and environment (DESIGN.md section 7)."""
+"""The cluster contract the runner hands to a job: MPI hostfile and environment
+(docs/how-it-works.md, "The cluster environment")."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from engine.ssh_health import check_ssh_hosts
+from engine.submitted.placement import free_instances
 from events.models import Event
 from instances.models import Instance
 from instances.services.fleets import apply_fleet
-from instances.ssh_health import check_ssh_hosts
-from runs.placement import free_instances
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
 
 pytestmark = needs_netns

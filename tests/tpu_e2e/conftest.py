@@ -73,9 +73,9 @@ def submit(api) -> Callable[..., str]:
 
 @pytest.fixture
 def beat() -> Iterator[None]:
-    """What celery beat does in production: runs.sweeps.sweep() every half second (the worker
+    """What celery beat does in production: engine.sweeps.sweep() every half second (the worker
     fixture sends the batch watch of running jobs, beat's other entry)."""
-    from runs.sweeps import sweep
+    from engine.sweeps import sweep
 
     stop = threading.Event()
 

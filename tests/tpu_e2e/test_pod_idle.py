@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.sweeps import sweep
 from instances.models import Instance, InstanceGroup
-from runs.sweeps import sweep
 from tests.engine.helpers import wait_for_run
 from tests.tpu_e2e.helpers import needs_netns, tpu_task
 from tests.waiting import wait_until

@@ -38,7 +38,7 @@ def test_a_create_answer_lost_after_the_api_took_it_ends_with_one_slice_used_the
     assert pod.backend_data["node_name"] == name
     assert {j.instance.group_id for j in run.current_jobs().select_related("instance")} == {pod.pk}
     if idle_duration == 0:
-        from runs.sweeps import sweep
+        from engine.sweeps import sweep
 
         wait_until(lambda: sweep()["idle"] or gcp.delete_calls, 30, "the idle pod deleted")
         wait_until(lambda: gcp.nodes == {}, 30, "the slice gone from the cloud")

@@ -17,7 +17,7 @@ from backends.base import BackendError
 from backends.gcp.config import env_settings
 from backends.gcp.tpu_client import TpuConfig
 from backends.registry import fleet_backend_config, get_compute
-from instances import pods
+from engine import pods
 from instances.models import Fleet, InstanceGroup
 from muster import crypto
 from projects.models import Project

@@ -1,4 +1,4 @@
-"""The staged master-unlock fan-out (DESIGN.md section 6, the seed's proposal).
+"""The staged master-unlock fan-out (docs/how-it-works.md, "From submission to done", step 3).
 
 Job 0's attempt releases the rest of group 0 and the master of every other group, never the
 other members of those groups, so nobody races a group master's batch. A group master's attempt
@@ -14,8 +14,8 @@ from __future__ import annotations
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
+from engine import messages
 from events.services import record_many
-from muster import messages
 from runs.choices import JobStatus
 from runs.models import Job
 

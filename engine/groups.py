@@ -10,6 +10,7 @@ from django.db.models import Q
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance, fleet_backend_config, get_compute
+from engine import claims, messages
 from events.services import record
 from instances.models import (
     LIVE_INSTANCE_STATUSES,
@@ -21,7 +22,6 @@ from instances.models import (
     InstanceStatus,
 )
 from instances.transitions import move_instances
-from muster import claims, messages
 from muster.api_errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
     if group_in_use(group) and not force:
         raise InvalidInput(["name"], f"{group.name} runs a job: stop the run first (or delete with force=true)")
     if force:
-        from runs.stopping import stop_jobs_on_group
+        from engine.stopping import stop_jobs_on_group
 
         stop_jobs_on_group(group, actor=actor)
     with transaction.atomic():

@@ -5,7 +5,7 @@ Instance per host whose `index` is the TPU worker id. Rows exist, and the group'
 them, before the backend is asked to create anything: a crash between the two is found by the
 poll sweep, never leaked, and whichever poll sees READY first knows which hosts are taken.
 
-Polling is self-rescheduling (like runs.progress.advance_job): the create enqueues a poll, and a
+Polling is self-rescheduling (like engine.starting.advance.advance_job): the create enqueues a poll, and a
 poll that finds the slice still on its way enqueues the next one. The beat sweep re-enqueues a
 poll for every provisioning pod as the safety net for lost messages.
 """
@@ -24,10 +24,11 @@ from django.utils import timezone
 from backends.base import BackendError, Compute, GroupProgress, NoCapacityError, ProvisioningData
 from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
+from engine import claims, messages
+from engine.claims import unleased
 from events.services import record
 from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
-from muster import claims, crypto, messages
-from muster.claims import unleased
+from muster import crypto
 from runs.choices import JobStatus
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ def pods_to_poll(now):
 
 def expire_idle_pods(now) -> int:
     """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
-    from instances.lifecycle import delete_group, group_in_use
+    from engine.groups import delete_group, group_in_use
 
     expired = 0
     for group in InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE,

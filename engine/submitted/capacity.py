@@ -11,8 +11,8 @@ from typing import Any
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
+from engine.submitted import placement
 from instances.models import Fleet, Instance, InstanceStatus
-from runs import placement
 from runs.configuration import fits
 
 Group = tuple[str, dict, int]  # (group name, normalized resources requirement, node count)

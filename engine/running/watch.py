@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from muster import claims
-from runs import progress
+from engine import claims
+from engine.running import observe
 from runs.choices import JobStatus
 from runs.models import Job
 from runs.transitions import release_job
@@ -45,7 +45,7 @@ def watch_running() -> int:
     while True:
         n = _watch_batch()
         total += n
-        if n < BATCH or time.monotonic() - started > progress.poll_interval():
+        if n < BATCH or time.monotonic() - started > observe.poll_interval():
             return total
 
 
@@ -66,10 +66,10 @@ def _watch_batch() -> int:
                 continue
             with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
                 try:
-                    progress.watch_observed(job, progress.take_look(job, *looks[job.pk]))
+                    observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
                 except BackendError as exc:
                     log.warning("job %s: backend error: %s", job, exc)
-                    progress.end_held(job, exc.reason, str(exc))
+                    observe.end_held(job, exc.reason, str(exc))
         jobs = [job for job in jobs if job.pk not in held.failed]
         _give_back(jobs, held.token, seen={job.pk for job in jobs if job.agent_seen_at != seen_before[job.pk]})
     return len(held.pks)
@@ -83,9 +83,9 @@ def _look_at_all(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
         with held.row(job.pk):
             hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
-        return {pk: progress.look(host) for pk, host in hosts.items()}
+        return {pk: observe.look(host) for pk, host in hosts.items()}
     with ThreadPoolExecutor(max_workers=min(THREADS, len(hosts)), thread_name_prefix="watch") as pool:
-        return dict(zip(hosts, pool.map(progress.look, hosts.values()), strict=True))
+        return dict(zip(hosts, pool.map(observe.look, hosts.values()), strict=True))
 
 
 def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
@@ -93,7 +93,7 @@ def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
     now = timezone.now()
     # Due again half an interval from now, so the next tick (one interval after this one began)
     # finds it due: a full interval would skip a tick and look at each job every other interval.
-    next_at = now + timedelta(seconds=progress.poll_interval() / 2)
+    next_at = now + timedelta(seconds=observe.poll_interval() / 2)
     running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
     released: set[int] = set()
     # the jobs whose agent answered get agent_seen_at in the same statement as the others' release
@@ -105,4 +105,4 @@ def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
     for job in jobs:
         if job.pk not in released:  # ended, or changed under us: the careful path, hand-over included
             updates = {"agent_seen_at": job.agent_seen_at} if job.pk in seen else {}
-            release_job(job, token, progress.WATCHED, next_check_at=next_at, **updates)
+            release_job(job, token, observe.WATCHED, next_check_at=next_at, **updates)

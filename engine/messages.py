@@ -14,7 +14,7 @@ from muster.celery import app
 
 
 class _Tasks:
-    """One app's registered tasks by attribute (`run_tasks.advance_job` is `runs.tasks.advance_job`):
+    """The engine's registered tasks by attribute (`registered.advance_job` is `engine.tasks.advance_job`):
     the same task objects, with their priority and options and whatever a test patched on them,
     found through Celery's registry so that this module, which every engine step imports, imports
     none of the task modules that import those steps back."""
@@ -25,35 +25,34 @@ class _Tasks:
     def __getattr__(self, name: str):
         full = f"{self.module}.{name}"
         if full not in app.tasks:
-            app.loader.import_default_modules()  # autodiscovery: every app's tasks.py, once per process
+            app.loader.import_default_modules()  # engine.tasks (the app's `imports`), once per process
         return app.tasks[full]
 
 
-run_tasks = _Tasks("runs.tasks")
-instance_tasks = _Tasks("instances.tasks")
+registered = _Tasks("engine.tasks")
 
-# Each message is its own lambda (run_tasks.X.delay), so a callback captured in a test says which task it sends.
+# Each message is its own lambda (registered.X.delay), so a callback captured in a test says which task it sends.
 
 
 def place_job(job_id: int) -> None:
     """A submitted job may look for its hosts (provision_job)."""
-    transaction.on_commit(lambda: run_tasks.provision_job.delay(job_id))
+    transaction.on_commit(lambda: registered.provision_job.delay(job_id))
 
 
 def start_job(job_id: int, countdown: float = 0) -> None:
     """A placed job's next start stage is due (advance_job): runner up, peers, start order."""
     if countdown:
-        transaction.on_commit(lambda: run_tasks.advance_job.apply_async((job_id,), countdown=countdown))
+        transaction.on_commit(lambda: registered.advance_job.apply_async((job_id,), countdown=countdown))
     else:
-        transaction.on_commit(lambda: run_tasks.advance_job.delay(job_id))
+        transaction.on_commit(lambda: registered.advance_job.delay(job_id))
 
 
 def finish_job(job_id: int, countdown: float = 0) -> None:
     """A terminating job may be stopped on its host and its host given back (finish_job)."""
     if countdown:
-        transaction.on_commit(lambda: run_tasks.finish_job.apply_async((job_id,), countdown=countdown))
+        transaction.on_commit(lambda: registered.finish_job.apply_async((job_id,), countdown=countdown))
     else:
-        transaction.on_commit(lambda: run_tasks.finish_job.delay(job_id))
+        transaction.on_commit(lambda: registered.finish_job.delay(job_id))
 
 
 def derive_run(run_id: int) -> None:
@@ -65,7 +64,7 @@ def derive_run(run_id: int) -> None:
         return
 
     def send() -> None:
-        run_tasks.process_run.delay(run_id)
+        registered.process_run.delay(run_id)
 
     send.derives_run = run_id
     transaction.on_commit(send)
@@ -73,12 +72,12 @@ def derive_run(run_id: int) -> None:
 
 def delete_group(group_id: int) -> None:
     """An instance group marked terminating may be deleted with its backend (terminate_group)."""
-    transaction.on_commit(lambda: instance_tasks.terminate_group.delay(group_id))
+    transaction.on_commit(lambda: registered.terminate_group.delay(group_id))
 
 
 def poll_pod(group_id: int, countdown: float) -> None:
     """A slice being created is due another look at the cloud's side (poll_pod)."""
     if countdown:
-        transaction.on_commit(lambda: instance_tasks.poll_pod.apply_async((group_id,), countdown=countdown))
+        transaction.on_commit(lambda: registered.poll_pod.apply_async((group_id,), countdown=countdown))
     else:
-        transaction.on_commit(lambda: instance_tasks.poll_pod.delay(group_id))
+        transaction.on_commit(lambda: registered.poll_pod.delay(group_id))

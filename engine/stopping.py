@@ -9,9 +9,8 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
+from engine import claims, messages, runner_status
 from instances.transitions import give_back
-from muster import claims, messages
-from runs import runner_status
 from runs.choices import FINAL_STATUS, JOB_ACTIVE, RUNNER_LIVE, JobReason, JobStatus, RunStatus, StopRequest
 from runs.models import Job, Run
 from runs.services import attach, logs

@@ -1,10 +1,13 @@
-"""Celery tasks of the runs app: thin wrappers that claim a row and call the owning function."""
+"""Every Celery task of the engine: thin wrappers that call the step (engine/__init__.py maps them)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from runs import progress, run_state, scheduling, stopping, sweeps, watching
+from engine import deriving, groups, pods, stopping, sweeps
+from engine.running import watch
+from engine.starting import advance
+from engine.submitted import provision
 
 # Redis delivers lower numbers first (other brokers ignore this). Admitting work comes first:
 # a submitted job takes its hosts before the starts and ends of jobs that have theirs, so a burst
@@ -15,12 +18,12 @@ FIRST, NEXT = 0, 3
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, priority=FIRST)
 def provision_job(job_id: int) -> None:
-    scheduling.provision_job(job_id)
+    provision.provision_job(job_id)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
 def advance_job(job_id: int) -> None:
-    progress.advance_job(job_id)
+    advance.advance_job(job_id)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
@@ -30,15 +33,25 @@ def finish_job(job_id: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
 def process_run(run_id: int) -> None:
-    run_state.process_run(run_id)
+    deriving.process_run(run_id)
 
 
 @shared_task(priority=NEXT)  # never ahead of the starts it shares the workers with
 def watch_running() -> None:
-    watching.watch_running()
+    watch.watch_running()
 
 
 @shared_task
 def sweep() -> dict[str, int]:
     # what it found is returned so /metrics can count recoveries (console/taskstats.py)
     return sweeps.sweep()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def terminate_group(group_id: int) -> None:
+    groups.terminate_group_now(group_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def poll_pod(group_id: int) -> None:
+    pods.poll_pod(group_id)

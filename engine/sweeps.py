@@ -14,9 +14,9 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from engine import messages
+from engine.claims import unleased
 from instances.models import GroupStatus, InstanceGroup
-from muster import messages
-from muster.claims import unleased
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -45,7 +45,7 @@ def queued_messages() -> int | None:
 
 
 def sweep() -> dict[str, int]:
-    from instances import pods
+    from engine import pods
 
     now = timezone.now()
     old = now - stale_after()
@@ -56,7 +56,7 @@ def sweep() -> dict[str, int]:
     else:
         found.update(_re_enqueue(now, old))
     found["idle"] = pods.expire_idle_pods(now)
-    from instances.ssh_health import check_ssh_hosts
+    from engine.ssh_health import check_ssh_hosts
 
     found["ssh_hosts"] = check_ssh_hosts(now)
     return found
@@ -64,14 +64,14 @@ def sweep() -> dict[str, int]:
 
 def _re_enqueue(now, old) -> dict[str, int]:
     """Rows left without a lease in a non-final state for too long: their task is sent again."""
-    from instances import pods
+    from engine import pods
 
     found = {}
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["provision"] = _enqueue(messages.place_job, submitted)
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
-    # the batch watcher's (runs/watching.py): it claims whatever is due, so no message of theirs
+    # the batch watcher's (engine/running/watch.py): it claims whatever is due, so no message of theirs
     # can be lost, and re-enqueueing them here would only add tasks to a backlog.
     watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING]).filter(
         Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)

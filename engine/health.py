@@ -49,7 +49,7 @@ def stop_orphans(instance: Instance) -> bool:
     """
     from backends.base import BackendError
     from backends.registry import compute_for_instance
-    from runs import runner_status
+    from engine import runner_status
     from runs.choices import JOB_FINISHED, RUNNER_LIVE
     from runs.models import Job
     from runs.services import logs

@@ -8,9 +8,9 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
+from engine import claims, messages
+from engine.submitted import fanout, placement
 from instances.transitions import give_back, record_taken
-from muster import claims, messages
-from runs import fanout, placement
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, release_job, terminate_job
@@ -77,8 +77,8 @@ SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_ran
 
 
 def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
-    """The failure message: per group, which requirement no host met (runs/capacity.py)."""
-    from runs import capacity
+    """The failure message: per group, which requirement no host met (engine/submitted/capacity.py)."""
+    from engine.submitted import capacity
 
     jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
     groups = capacity.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
@@ -113,7 +113,7 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
 
 def _provision_cloud_group(job: Job, fleet) -> None:
     """A backend that creates groups makes the whole group in one call (a TPU pod slice)."""
-    from instances import pods
+    from engine import pods
 
     compute = get_compute(fleet.backend, fleet_backend_config(fleet))
     group_jobs = list(job.run.current_jobs().filter(node_group_index=job.node_group_index))

@@ -12,11 +12,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from muster import claims, messages
+from engine import claims, messages
+from engine.stopping import end_active_jobs
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.models import Job, Run
 from runs.services.submission import create_jobs
-from runs.stopping import end_active_jobs
 from runs.transitions import move_run
 
 ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING)

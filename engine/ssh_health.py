@@ -1,6 +1,6 @@
 """Reachability of SSH hosts nobody is talking to (idle ones, or ones already marked unreachable).
 
-Busy hosts are looked at on every poll of their job (runs/progress.py), which keeps `last_seen`
+Busy hosts are looked at on every poll of their job (engine/running/observe.py), which keeps `last_seen`
 fresh. Idle hosts are not, so a host that went away would only be noticed when a run lands on it.
 `check_ssh_hosts` (called by the sweep) connects to every live SSH host not seen for CHECK_EVERY
 seconds and asks its runner for status: one short round trip each, in parallel threads.
@@ -24,10 +24,9 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.ssh.runner_host import SSHRunnerHost
-from instances import health
+from engine import claims, health
 from instances.models import FleetBackend, Instance, InstanceStatus
 from instances.services import docker_facts
-from muster import claims
 
 log = logging.getLogger(__name__)
 

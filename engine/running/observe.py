@@ -1,0 +1,116 @@
+"""One look at a placed job's runner and what the engine does with it.
+
+`look` asks a host's runner how it is (network I/O only, so the batch watcher runs many in
+threads); `take_look` records what it found about the host; `watch_observed` acts on a started
+job's state: `pulling -> running`, or the end the runner reports. advance_job
+(engine/starting/advance.py) uses them for a job still starting, watch_running
+(engine/running/watch.py) for the running ones.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backends.base import BackendError
+from engine import health, messages, runner_status
+from engine.starting import containers
+from runs.choices import JobReason, JobStatus, RunnerState
+from runs.models import Job
+from runs.transitions import move_job, terminate_job
+
+# the statuses advance_job claims a job in; a job given back after a look is in one of them
+WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
+RUNNER_END_STATES = {
+    RunnerState.DONE: (JobReason.DONE_BY_RUNNER, ""),
+    RunnerState.FAILED: (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
+    RunnerState.MAX_DURATION_EXCEEDED: (JobReason.MAX_DURATION_EXCEEDED, "max_duration reached"),
+    RunnerState.TERMINATED: (JobReason.TERMINATED_BY_SERVER, "the runner stopped the job"),
+}
+
+
+def limit(name: str) -> float:
+    return float(settings.MUSTER[name])
+
+
+def poll_interval() -> float:
+    return float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+
+
+def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
+    """End the job this task holds; advance_job hands it to finish_job when it lets go."""
+    terminate_job(job, reason, message, held=True, **fields)
+
+
+def look(host) -> tuple[dict | None, Exception | None]:
+    """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
+    database, so the batch watcher can run many of these in threads.
+
+    Never raises: what went wrong comes back, for take_look to act on with the job it belongs to.
+    """
+    try:
+        status = runner_status.read(host)  # one round trip in the common case: the agent is already up
+        if not status.get("agent_alive"):
+            host.ensure_agent()
+            status = runner_status.read(host)
+        return status, None
+    except Exception as exc:  # noqa: BLE001 - raised again by take_look, on the job's own step
+        return None, exc
+    finally:
+        host.close()
+
+
+def take_look(job: Job, status: dict | None, error: Exception | None) -> dict | None:
+    """Record what a look at the job's host found (reachability, agent seen); the status or None."""
+    if error is not None and not isinstance(error, BackendError):
+        raise error
+    if error is not None:
+        health.mark_unreachable(job.instance, str(error))
+        return None
+    health.mark_reachable(job.instance)
+    if status.get("agent_alive"):
+        job.agent_seen_at = timezone.now()  # saved when the lease is given back
+    return status
+
+
+def watch_observed(job: Job, status: dict | None) -> None:
+    """Act on one look at a started job's runner (None: the host did not answer)."""
+    if status is None or not status.get("agent_alive"):
+        _maybe_unreachable(job)
+        return
+    state = status.get("jobs", {}).get(job.runner_job_id)
+    if state is None:
+        if job.status == JobStatus.RUNNING:
+            end_held(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
+        return
+    times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
+             "exit_status": state.get("exit_status")}
+    if job.status == JobStatus.PULLING:
+        containers.show_pull_progress(job, state)
+    if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.PULLING
+            and not containers.container_end(state)):
+        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
+        _wake_waiting_peers(job)
+    if state.get("state") in RUNNER_END_STATES:
+        reason, text = RUNNER_END_STATES[state["state"]]
+        text = text.format(exit_status=state.get("exit_status"))
+        reason, text = containers.container_end(state) or (reason, text)
+        end_held(job, reason, text, **{k: v for k, v in times.items() if v is not None})
+
+
+def _wake_waiting_peers(job: Job) -> None:
+    if (job.run.configuration.get("startup_order") or "any") == "any":
+        return  # peers wait for addresses only, and those were known before this job started
+    with transaction.atomic():
+        for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
+            messages.start_job(peer_id)
+
+
+def _maybe_unreachable(job: Job) -> None:
+    instance = job.instance
+    instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
+    since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
+    if since and (timezone.now() - since).total_seconds() > limit("UNREACHABLE_GRACE"):
+        end_held(job, JobReason.INSTANCE_UNREACHABLE,
+                      f"{instance.name} has not answered for {limit('UNREACHABLE_GRACE'):.0f}s")

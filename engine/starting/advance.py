@@ -1,0 +1,146 @@
+"""Moving a placed job forward: runner up, peers known, start order, then the hand-off to its runner.
+
+`advance_job` is the body of one idempotent task. It claims the job, looks once at the runner
+(one round trip), takes at most one step, and schedules its next look. Each waiting stage has
+its own clock, measured from when the job entered that stage. What a look at the runner finds is
+acted on by engine/running/observe.py, which the batch watcher of running jobs shares.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.utils import timezone
+
+from backends.base import BackendError
+from backends.registry import compute_for_instance
+from engine import claims, messages
+from engine.running import observe
+from engine.starting import cluster
+from instances.models import InstanceStatus
+from muster import crypto
+from runs.choices import JobReason, JobStatus
+from runs.models import Job
+from runs.transitions import move_job, release_job, terminate_job
+
+log = logging.getLogger(__name__)
+
+
+def waited(job: Job) -> float:
+    return (timezone.now() - job.status_changed_at).total_seconds()
+
+
+def advance_job(job_id: int) -> bool:
+    with claims.claimed(Job, job_id, "advance_job", status__in=observe.WATCHED) as held:
+        if held is None:
+            return False
+        job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
+        seen_before = job.agent_seen_at
+        try:
+            _step(job)
+        except BackendError as exc:
+            log.warning("job %s: backend error: %s", job, exc)
+            terminate_job(job, exc.reason, str(exc), held=True)
+        now = timezone.now()
+        # A job that just started is due at the watcher's next tick: a short job (a router that
+        # exits after one request) then ends within a tick instead of after one more interval.
+        started = job.status == JobStatus.RUNNING and job.runner_submitted
+        again = next_look(job)
+        updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
+        if job.agent_seen_at != seen_before:
+            updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
+        status = release_job(job, held.token, observe.WATCHED, **updates)
+    if held.failed:
+        return True  # due again after the backoff (the sweep sends it)
+    if status in observe.WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
+        messages.start_job(job_id, countdown=again)  # outside a transaction: sent at once
+    # a started job is looked at by the batch watcher from now on (engine/running/watch.py)
+    return True
+
+
+# A runner that accepted a job starts it within one agent poll (0.2 s) plus a process start, so a
+# submitted job is looked at again this soon rather than a whole poll interval later.
+STARTING_RECHECK = 0.25
+
+
+def next_look(job: Job) -> float:
+    """Seconds until advance_job looks at this job again."""
+    if job.status == JobStatus.PULLING and job.runner_submitted:
+        return min(STARTING_RECHECK, observe.poll_interval())
+    return observe.poll_interval()
+
+
+def _step(job: Job) -> None:
+    if job.status == JobStatus.PROVISIONING:
+        _wait_for_runner(job)
+    elif job.status == JobStatus.PULLING:
+        _start_when_ready(job)
+    elif job.status == JobStatus.RUNNING:
+        _watch(job)
+
+
+def _observe(job: Job) -> dict | None:
+    """One round trip to the host's runner; None when the host cannot be reached."""
+    return observe.take_look(job, *observe.look(compute_for_instance(job.instance).runner_host(job.instance)))
+
+
+def _wait_for_runner(job: Job) -> None:
+    instance = job.instance
+    if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
+        if waited(job) > observe.limit("WAITING_INSTANCE_LIMIT"):
+            observe.end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
+        return
+    status = _observe(job)
+    if status and status.get("agent_alive"):
+        if move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
+            _start_when_ready(job)  # peers are often known already: no reason to wait a poll
+    elif waited(job) > observe.limit("WAITING_RUNNER_LIMIT"):
+        observe.end_held(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
+                      f"the runner on {instance.name} did not come up within {observe.limit('WAITING_RUNNER_LIMIT'):.0f}s")
+
+
+def _started(job: Job) -> bool:
+    # A peer that already finished has started too (a short master must not block its workers).
+    return job.start_time is not None or job.status in (JobStatus.RUNNING, JobStatus.DONE)
+
+
+def _order_allows(job: Job, jobs: list[Job]) -> bool:
+    order = job.run.configuration.get("startup_order") or "any"
+    if order == "master-first" and job.job_num != 0:
+        return _started(jobs[0])
+    if order == "workers-first" and job.job_num == 0:
+        return all(_started(j) for j in jobs[1:])
+    return True
+
+
+def _start_when_ready(job: Job) -> None:
+    jobs = list(job.run.current_jobs().select_related("instance", "instance__group"))
+    if not job.runner_submitted:
+        ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
+        if not ready:
+            if waited(job) > observe.limit("WAITING_PEERS_LIMIT"):
+                observe.end_held(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+                              "peers' addresses or start order not satisfied in time")
+            return
+        try:
+            spec = cluster.runner_spec(job, jobs)
+            host = compute_for_instance(job.instance).runner_host(job.instance)
+        except crypto.DecryptError as exc:
+            # the server's keys no longer open this run's secret env or the host's SSH key:
+            # retrying cannot help, and the message says what to set again
+            observe.end_held(job, JobReason.EXECUTOR_ERROR, str(exc))
+            return
+        try:
+            host.submit(job.runner_job_id, spec)
+        finally:
+            host.close()
+        Job.objects.filter(pk=job.pk).update(runner_submitted=True)
+        job.runner_submitted = True
+    _watch(job)
+
+
+def _watch(job: Job) -> None:
+    observe.watch_observed(job, _observe(job))
+
+

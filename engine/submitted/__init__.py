@@ -1,0 +1,2 @@
+"""Submitted jobs: placement (engine/submitted/placement.py) and the staged fan-out, driven by
+provision_job (engine/submitted/provision.py)."""
