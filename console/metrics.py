@@ -24,7 +24,7 @@ class _DatabaseCollector:
     def collect(self):
         from console.models import Counter
         from engine.sweeps import queued_messages
-        from instances.models import Instance
+        from instances.models import Instance, InstanceStatus
         from runs.models import Job, Run
 
         runs = GaugeMetricFamily("muster_runs", "Runs by status and by the backend of their fleet",
@@ -44,7 +44,7 @@ class _DatabaseCollector:
                                         "Live instances the engine cannot reach, by backend", labels=["backend"])
         for row in Instance.objects.values("status", "backend").annotate(n=Count("id")):
             instances.add_metric([row["status"], row["backend"]], row["n"])
-        for row in (Instance.objects.filter(unreachable=True).exclude(status="terminated")
+        for row in (Instance.objects.filter(unreachable=True).exclude(status=InstanceStatus.TERMINATED)
                     .values("backend").annotate(n=Count("id"))):
             unreachable.add_metric([row["backend"]], row["n"])
         yield instances

@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 
 from django.utils.html import escape
 
+from instances.models import GroupKind
+from runs.choices import JobStatus
+
 # colour per status, chosen for contrast against white text (WCAG AA at 12px bold); the word is
 # always printed beside the colour so nobody needs to tell colours apart
 STATUS_COLOURS = {
-    "submitted": "#5a6270", "provisioning": "#7a5b00", "pulling": "#7a5b00", "running": "#0b5cad",
-    "terminating": "#8a4b00", "terminated": "#4a4a4a", "aborted": "#8b1a1a", "failed": "#b00020",
-    "done": "#1d6b2f",
+    JobStatus.SUBMITTED: "#5a6270", JobStatus.PROVISIONING: "#7a5b00", JobStatus.PULLING: "#7a5b00",
+    JobStatus.RUNNING: "#0b5cad", JobStatus.TERMINATING: "#8a4b00", JobStatus.TERMINATED: "#4a4a4a",
+    JobStatus.ABORTED: "#8b1a1a", JobStatus.FAILED: "#b00020", JobStatus.DONE: "#1d6b2f",
 }
 NODE_W, NODE_H, GAP, PAD, HEAD = 220, 104, 12, 14, 50
 PER_ROW = 4
@@ -76,7 +79,7 @@ def _boxes(jobs) -> list[_Box]:
     boxes: dict[str, _Box] = {}
     for job in jobs:
         group = job.instance.group if job.instance is not None else None
-        if group is not None and group.kind == "tpu_pod":
+        if group is not None and group.kind == GroupKind.TPU_POD:
             key = f"pod:{group.pk}"
             boxes.setdefault(key, _Box(f"TPU pod {group.name} ({group.shape or 'slice'})")).jobs.append(job)
         else:

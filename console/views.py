@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console import picture
 from engine import stopping
 from events.models import Event
-from instances.models import Fleet, Instance
+from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
 from runs.api.serializers import RunSerializer
@@ -130,7 +130,7 @@ def fleets_page(request, project):
     project, _ = _member_project(request, project)
     busy = Prefetch("jobs", queryset=Job.objects.filter(status__in=JOB_ACTIVE).select_related("run"),
                     to_attr="busy_jobs")
-    instances = (Instance.objects.filter(project=project).exclude(status="terminated")
+    instances = (Instance.objects.filter(project=project).exclude(status=InstanceStatus.TERMINATED)
                  .select_related("group", "fleet").prefetch_related(busy).order_by("fleet__name", "group__name",
                                                                                    "index", "name"))
     fleets: dict[int | None, dict] = {}
@@ -138,7 +138,7 @@ def fleets_page(request, project):
         fleets[fleet.pk] = {"fleet": fleet, "pods": {}, "hosts": []}
     for inst in instances:
         entry = fleets.setdefault(inst.fleet_id, {"fleet": None, "pods": {}, "hosts": []})
-        if inst.group is not None and inst.group.kind == "tpu_pod":
+        if inst.group is not None and inst.group.kind == GroupKind.TPU_POD:
             entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": []})["hosts"].append(inst)
         else:
             entry["hosts"].append(inst)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from instances.models import InstanceStatus
+
 
 def health(instance) -> str:
     """`unreachable` is a flag the engine sets when it could not talk to a host's runner
     (engine.health); a boolean icon of it reads backwards ("unreachable: no" as a red cross)."""
-    if instance.status == "terminated":
+    if instance.status == InstanceStatus.TERMINATED:
         return "gone"
     if instance.unreachable:
         return "unreachable"
-    if instance.status in ("pending", "provisioning"):
+    if instance.status in (InstanceStatus.PENDING, InstanceStatus.PROVISIONING):
         return "not up yet"
-    if instance.status == "terminating":
+    if instance.status == InstanceStatus.TERMINATING:
         return "shutting down"
     return "reachable" if instance.last_seen else "not contacted yet"
 

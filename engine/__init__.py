@@ -7,7 +7,7 @@ one thin wrapper per step. The chain of a run, in order (folder = the status of 
 submit        runs/services/submission.py        submit_run, then on_run_submitted sends job 0's provision_job
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      choose_fleet, take_instances: the fleet and hosts a group gets
-  fan-out     engine/submitted/fanout.py         release_after_attempt, place_members: the staged master unlock
+  fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   capacity    engine/submitted/capacity.py       explain: why no fleet fits (the plan and no-capacity failures)
   pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
@@ -19,10 +19,10 @@ running       engine/running/watch.py            watch_running: the batch watch 
 stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
 groups        engine/groups.py                   terminate_group_now: delete an instance group with its backend
-pods          engine/pods.py                     poll_pod: a slice being created or deleted, looked at again
+pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
-              engine/ssh_health.py               check_ssh_hosts: idle SSH hosts looked at by the sweep
-sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own looks lost
+              engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
+sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own seems lost
 
 Business rules of the tables stay with their apps: runs/transitions.py and instances/transitions.py
 (every status change and its event), runs/models.py, runs/choices.py, runs/services/.

@@ -1,4 +1,4 @@
-"""Instance and instance-group lifecycle: release, delete whole groups, terminate fleets."""
+"""Instance-group lifecycle: find a group, delete it whole, terminate it; stop agents, terminate fleets."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def find_group(project, name: str) -> InstanceGroup | None:
 
 
 def group_in_use(group: InstanceGroup) -> bool:
-    from runs.choices import JOB_ACTIVE, JobStatus
+    from runs.choices import JOB_UNFINISHED
     from runs.models import Job
 
-    return Job.objects.filter(instance__group=group, status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]).exists()
+    return Job.objects.filter(instance__group=group, status__in=JOB_UNFINISHED).exists()
 
 
 def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:

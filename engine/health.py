@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from events.services import record
-from instances.models import Instance
+from instances.models import Instance, InstanceCondition
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def mark_unreachable(instance: Instance, why: str) -> None:
     now = timezone.now()
     with transaction.atomic():
         if Instance.objects.filter(pk=instance.pk, unreachable=False).update(unreachable=True, unreachable_since=now):
-            record(instance.project_id, f"instance {instance.name}", f"unreachable: {why}", status="unreachable",
+            record(instance.project_id, f"instance {instance.name}", f"unreachable: {why}", status=InstanceCondition.UNREACHABLE,
                    instance_id=instance.pk)
             instance.unreachable, instance.unreachable_since = True, now
 
@@ -84,9 +84,9 @@ def stop_orphans(instance: Instance) -> bool:
     for job in stopping:
         record(instance.project_id, f"instance {instance.name}",
                f"stopping job {job.run.name}/{job.job_num}, ended while the host was unreachable",
-               status="unreachable", instance_id=instance.pk, job_id=job.pk)
+               status=InstanceCondition.UNREACHABLE, instance_id=instance.pk, job_id=job.pk)
     for job in cleaned:
         record(instance.project_id, f"instance {instance.name}",
                f"cleaned up job {job.run.name}/{job.job_num}, ended while the host was unreachable",
-               status="unreachable", instance_id=instance.pk, job_id=job.pk)
+               status=InstanceCondition.UNREACHABLE, instance_id=instance.pk, job_id=job.pk)
     return not stopping

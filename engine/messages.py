@@ -1,6 +1,6 @@
 """Every Celery message the engine sends, named for what it asks; each one leaves after commit.
 
-A message only says "look at row X now": the task claims the row and decides from what it finds,
+A message only says "see to row X now": the task claims the row and decides from what it finds,
 so a message sent twice does nothing the second time and a lost one is sent again by the sweep.
 Sending after commit (`transaction.on_commit`, at once outside a transaction) means no worker
 looks for a row that is not committed yet, nor for a row the sender still holds.
@@ -48,7 +48,7 @@ def start_job(job_id: int, countdown: float = 0) -> None:
 
 
 def finish_job(job_id: int, countdown: float = 0) -> None:
-    """A terminating job may be stopped on its host and its host given back (finish_job)."""
+    """A terminating job may be stopped on its host and its host handed back (finish_job)."""
     if countdown:
         transaction.on_commit(lambda: registered.finish_job.apply_async((job_id,), countdown=countdown))
     else:

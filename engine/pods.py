@@ -27,9 +27,17 @@ from backends.tpu_shapes import SliceShape, parse_slice
 from engine import claims, messages
 from engine.claims import unleased
 from events.services import record
-from instances.models import Fleet, GroupKind, GroupStatus, Instance, InstanceGroup, InstanceStatus
+from instances.models import (
+    Fleet,
+    GroupKind,
+    GroupStatus,
+    Instance,
+    InstanceGroup,
+    InstanceReason,
+    InstanceStatus,
+)
 from muster import crypto
-from runs.choices import JobStatus
+from runs.choices import JobReason, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +218,15 @@ def poll_pod(group_id: int) -> bool:
             return False
         again = False
         group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-        again = _look(group)
-        # `updated` marks the last look, so the sweep only re-enqueues polls that got lost.
+        again = _poll_once(group)
+        # `updated` marks the last poll, so the sweep only re-enqueues polls that got lost.
         claims.release(InstanceGroup, group_id, held.token, updated=timezone.now())
     if again and not held.failed:
         schedule_poll(group_id)
     return True
 
 
-def _look(group: InstanceGroup) -> bool:
+def _poll_once(group: InstanceGroup) -> bool:
     """One look at the slice; True when it is still on its way and needs another look."""
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
@@ -244,7 +252,7 @@ def _look(group: InstanceGroup) -> bool:
     if failure or waited > limit:
         why = failure or f"not READY within {limit:.0f}s"
         log.warning("deleting TPU slice %s: %s", group.name, why)
-        _fail_pod(group, why, reason or "waiting_instance_limit_exceeded")
+        _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED)
         return False
     return True
 
@@ -289,7 +297,7 @@ def expire_idle_pods(now) -> int:
             # Take every host from idle in one conditional update, so a run reusing the pod at
             # this moment (the same update the other way) and the policy never both win.
             taken = group.instances.filter(status=InstanceStatus.IDLE).update(
-                status=InstanceStatus.TERMINATING, termination_reason="idle")
+                status=InstanceStatus.TERMINATING, termination_reason=InstanceReason.IDLE)
             if taken != len(hosts):
                 transaction.set_rollback(True)
                 continue

@@ -56,7 +56,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
     timeout = _setting("SSH_HEALTH_TIMEOUT", CHECK_TIMEOUT)
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(instances)), thread_name_prefix="ssh-health") as pool:
         # Threads only talk SSH; every database write happens here, on the caller's connection.
-        outcomes = list(pool.map(lambda inst: _look(inst, timeout), instances))
+        outcomes = list(pool.map(lambda inst: _check_host(inst, timeout), instances))
     for inst, (error, docker) in zip(instances, outcomes, strict=True):
         if error is None:
             health.mark_reachable(inst)
@@ -66,13 +66,13 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
     return len(instances)
 
 
-def _look(instance: Instance, timeout: float) -> tuple[str | None, object]:
+def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]:
     """(None when the host answered over SSH, else why not; its Docker facts when probed, else
     docker_facts.UNCHANGED). A missing agent is not an outage."""
     host = SSHRunnerHost(instance.ssh_target(), timeout=timeout)
     try:
         host.status()
-        return None, docker_facts.look(instance, host)
+        return None, docker_facts.probe(instance, host)
     except BackendError as exc:
         return str(exc), docker_facts.UNCHANGED
     except Exception as exc:  # never let one odd host stop the sweep

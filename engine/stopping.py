@@ -10,8 +10,18 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, messages, runner_status
-from instances.transitions import give_back
-from runs.choices import FINAL_STATUS, JOB_ACTIVE, RUNNER_LIVE, JobReason, JobStatus, RunStatus, StopRequest
+from instances.transitions import hand_back
+from runs.choices import (
+    FINAL_STATUS,
+    JOB_ACTIVE,
+    JOB_UNFINISHED,
+    RUNNER_LIVE,
+    JobReason,
+    JobStatus,
+    RunReason,
+    RunStatus,
+    StopRequest,
+)
 from runs.models import Job, Run
 from runs.services import attach, logs
 from runs.transitions import move_job, move_run, terminate_job
@@ -30,7 +40,7 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).exclude(stop_requested=StopRequest.ABORT).update(stop_requested=kind)
         if run.status == RunStatus.PENDING:
-            move_run(run, RunStatus.TERMINATED, termination_reason="aborted_by_user" if abort else "stopped_by_user",
+            move_run(run, RunStatus.TERMINATED, termination_reason=RunReason.ABORTED_BY_USER if abort else RunReason.STOPPED_BY_USER,
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
         messages.derive_run(run.pk)
 
@@ -55,10 +65,10 @@ def _finish(held) -> bool:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job):
             return False
     except BackendError as exc:
-        log.info("job %s: runner unreachable while stopping (%s); releasing anyway", job, exc)
+        log.info("job %s: runner unreachable while stopping (%s); handing its host back anyway", job, exc)
     with transaction.atomic():
         if job.instance_id:
-            give_back([job.instance], job)
+            hand_back([job.instance], job)
         # the lease goes with the final move (we hold it, so nobody else changed the status)
         if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
             claims.forget(Job, held.token, [job.pk])
@@ -78,7 +88,7 @@ def _runner_finished(job: Job) -> bool:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
                 attach.revoke(job, host)
-                return True  # the host does not stop it; the instance is released regardless
+                return True  # the host does not stop it; the host is handed back regardless
             host.stop(job.runner_job_id)
             return False
         attach.revoke(job, host)  # before the log copy: the key must not outlive the job
@@ -99,7 +109,7 @@ def _runner_finished(job: Job) -> bool:
 def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
     """Terminate every active job of the run's current submission; return how many are still active."""
     active = 0
-    for job in run.current_jobs().select_related("run", "instance").filter(status__in=[*JOB_ACTIVE, JobStatus.TERMINATING]):
+    for job in run.current_jobs().select_related("run", "instance").filter(status__in=JOB_UNFINISHED):
         if job.status == JobStatus.TERMINATING:
             active += 1
             continue
@@ -107,7 +117,7 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
             # never started anywhere: nothing to stop, but a host a group batch reserved goes back
             if move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
                         actor=actor) and job.instance_id:
-                give_back([job.instance], job)
+                hand_back([job.instance], job)
         else:
             terminate_job(job, reason, actor=actor)
             active += 1

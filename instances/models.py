@@ -82,7 +82,8 @@ class InstanceGroup(Claimable):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["project", "name"], condition=~models.Q(status="terminated"), name="live_group_name_unique"
+                fields=["project", "name"], condition=~models.Q(status=GroupStatus.TERMINATED),
+                name="live_group_name_unique",
             )
         ]
 
@@ -97,6 +98,22 @@ class InstanceStatus(models.TextChoices):
     BUSY = "busy"
     TERMINATING = "terminating"
     TERMINATED = "terminated"
+
+
+class InstanceReason(models.TextChoices):
+    """Why an instance ended (Instance.termination_reason), when no job's reason says it. A slice
+    deleted because its jobs could not start carries that JobReason (engine/pods.py `_fail_pod`),
+    and a slice the cloud refused to create carries the cloud's error text (`_forget`)."""
+
+    IDLE = "idle"  # kept idle longer than its fleet's idle_duration (engine/pods.py expire_idle_pods)
+    REGISTRATION_FAILED = "registration_failed"  # its SSH fleet's registration failed (instances/services/ssh_fleets.py)
+
+
+class InstanceCondition(models.TextChoices):
+    """Not a status (the instance keeps the one it has): a condition its events carry in
+    Event.status, as the `unreachable` flag is set (engine/health.py)."""
+
+    UNREACHABLE = "unreachable"
 
 
 LIVE_INSTANCE_STATUSES = (
@@ -144,7 +161,8 @@ class Instance(Claimable):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["project", "name"], condition=~models.Q(status="terminated"), name="live_instance_name_unique"
+                fields=["project", "name"], condition=~models.Q(status=InstanceStatus.TERMINATED),
+                name="live_instance_name_unique",
             )
         ]
         indexes = [

@@ -2,7 +2,7 @@
 
 As for jobs (runs/transitions.py), a status change and the event that says why are written
 together, so an instance's history (`events/?run=NAME`, the admin) shows every hand-over: which
-job took the host and when it was given back.
+job took the host and when it was handed back (the event says "given back by job R/N").
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def record_taken(instances: list[Instance], job, message: str) -> None:
              "instance_id": inst.pk, "run_id": job.run_id, "job_id": job.pk} for inst in instances])
 
 
-def give_back(instances: list[Instance], job=None, message: str = "") -> set[int]:
+def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int]:
     """Busy hosts go back to idle (a job ended, or a placement that did not happen)."""
     who = f"job {job.run.name}/{job.job_num}" if job is not None else "the server"
     return move_instances(instances, InstanceStatus.IDLE, frm=[InstanceStatus.BUSY],

@@ -70,7 +70,12 @@ SPEC_SETTLE_SECONDS = 2.0
 # between writing the status and spawning the job runner).
 STARTING_ABANDONED_AFTER = 60.0
 WATCH_INTERVAL = 0.1
+# A job's states in its status.json. The server reads them as RunnerState (runs/choices.py), and
+# tests/test_vocabulary.py holds the two to the same words: this file is copied to hosts and run
+# with the standard library only, so it cannot import the enum.
+LIVE_STATES = ("submitted", "starting", "pulling", "running")  # its processes may be alive
 FINAL_STATES = ("done", "failed", "terminated", "max_duration_exceeded")
+STATES = LIVE_STATES + FINAL_STATES
 JOB_MARKER = "MUSTER_JOB_ID"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SCRIPT_PATH = os.path.abspath(__file__)

@@ -58,6 +58,10 @@ class StopRequest(models.TextChoices):
 
 JOB_FINISHED = (JobStatus.TERMINATED, JobStatus.ABORTED, JobStatus.FAILED, JobStatus.DONE)
 JOB_ACTIVE = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
+JOB_UNFINISHED = (*JOB_ACTIVE, JobStatus.TERMINATING)  # not ended: active, or being stopped
+# placed and not ended: the jobs the instance list shows on their hosts (a submitted job may point
+# at a host it has reserved, but holds it only once provisioning)
+JOB_ON_HOST = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING, JobStatus.TERMINATING)
 
 
 class JobReason(models.TextChoices):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from instances.models import GroupKind, InstanceStatus
 from muster import crypto
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.models import Job
@@ -16,7 +17,7 @@ def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:
 
 def all_ips_known(jobs: list[Job]) -> bool:
     # A peer that already finished keeps its address; only hosts still being created have none yet.
-    return all(j.instance is not None and j.instance.internal_ip and j.instance.status != "provisioning"
+    return all(j.instance is not None and j.instance.internal_ip and j.instance.status != InstanceStatus.PROVISIONING
                for j in jobs)
 
 
@@ -74,7 +75,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "tpu": None,
         "container": None,
     }
-    if instance.group_id and instance.group.kind == "tpu_pod":
+    if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
         hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)
         spec["tpu"] = {"worker_id": instance.index, "worker_hostnames": ",".join(hosts)}
     spec["container"] = container_spec(job, tpu=spec["tpu"] is not None)

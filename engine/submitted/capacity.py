@@ -12,7 +12,7 @@ from typing import Any
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine.submitted import placement
-from instances.models import Fleet, Instance, InstanceStatus
+from instances.models import Fleet, Instance, InstanceStatus, Placement
 from runs.configuration import fits
 
 Group = tuple[str, dict, int]  # (group name, normalized resources requirement, node count)
@@ -115,7 +115,7 @@ def explain(project_id: int, wanted: list[str], groups: list[Group]) -> list[str
     hosts: dict[int, list] = {}
     for fleet in fleets:
         if placement.is_static(fleet):
-            if total > 1 and fleet.placement != "cluster":
+            if total > 1 and fleet.placement != Placement.CLUSTER:
                 fleet_reason[fleet.pk] = (f"fleet {fleet.name} has placement {fleet.placement}: the nodes of a "
                                           "multi-node run need a fleet with placement: cluster")
             else:

@@ -20,7 +20,7 @@ from runs.choices import JobStatus
 from runs.models import Job
 
 
-def release_set(job: Job, jobs: list[Job]) -> list[int]:
+def unlock_set(job: Job, jobs: list[Job]) -> list[int]:
     """The job numbers that `job`'s provisioning attempt unlocks (pure: easy to test)."""
     if job.node_group_rank != 0:
         return []
@@ -32,15 +32,15 @@ def release_set(job: Job, jobs: list[Job]) -> list[int]:
     return sorted(j.job_num for j in jobs if j.node_group_index == job.node_group_index and j.node_group_rank != 0)
 
 
-def release_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[int]:
-    """Unlock the jobs `job` releases and enqueue their provisioning once this transaction commits.
+def unlock_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[int]:
+    """Unlock the jobs `job` unlocks (unlock_set) and enqueue their provisioning once this transaction commits.
 
     `siblings`: the run's current jobs as the caller read them (at least the fields used here).
     """
     if siblings is None:
         siblings = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num)
                         .only("id", "job_num", "node_group_index", "node_group_rank", "waiting_master_job"))
-    nums = release_set(job, siblings)
+    nums = unlock_set(job, siblings)
     if not nums:
         return []
     # members the group master placed itself are not waiting any more (place_members updates them)

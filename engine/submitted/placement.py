@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backends.registry import creates_groups, fleet_backend_config, get_compute
-from instances.models import Fleet, FleetStatus, Instance, InstanceStatus
+from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from runs.configuration import fits
 from runs.models import Job, Run
 
@@ -32,7 +32,7 @@ def free_instances(fleet: Fleet):
     # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
     # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
     return Instance.objects.filter(
-        Q(group__isnull=True) | Q(group__kind="cluster"), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
+        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
     )
 
 
@@ -118,7 +118,7 @@ def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]]) ->
     multi_node = sum(n for _, n in demands) > 1
     for fleet in fleets:
         static = is_static(fleet)
-        if multi_node and static and fleet.placement != "cluster":
+        if multi_node and static and fleet.placement != Placement.CLUSTER:
             continue  # nodes of one run must reach each other on a private network
         if static and static_fleet_fits(fleet, demands):
             return fleet

@@ -10,7 +10,7 @@ from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
 from engine.submitted import fanout, placement
-from instances.transitions import give_back, record_taken
+from instances.transitions import hand_back, record_taken
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, release_job, terminate_job
@@ -52,7 +52,7 @@ def _attempt(job: Job) -> None:
     if job.instance_id is not None:  # a group master's batch already gave this job its host
         with transaction.atomic():
             move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)")
-            fanout.release_after_attempt(job)
+            fanout.unlock_after_attempt(job)
         return
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
@@ -102,13 +102,13 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
                         message=f"provisioning on {mine.name} ({mine.internal_ip})"):
             # the job moved on under us (stopped): give the hosts back
-            give_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
+            hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return
         unused = fanout.place_members(job, members, theirs)
-        give_back(unused, job, "not used: its job ended before it was placed")
+        hand_back(unused, job, "not used: its job ended before it was placed")
         record_taken([i for i in instances if i not in unused], job,
                      f"taken by job {job.run.name}/{job.job_num} for its group {job.node_group_name}")
-        fanout.release_after_attempt(job, siblings)
+        fanout.unlock_after_attempt(job, siblings)
 
 
 def _provision_cloud_group(job: Job, fleet) -> None:
@@ -131,4 +131,4 @@ def _provision_cloud_group(job: Job, fleet) -> None:
             Job.objects.filter(pk=other.pk, instance__isnull=True).update(instance_id=assigned[other.pk])
         move_job(job, JobStatus.PROVISIONING, instance_id=assigned[job.pk],
                  message=f"provisioning {len(group_jobs)} hosts as one group")
-        fanout.release_after_attempt(job)
+        fanout.unlock_after_attempt(job)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from instances.models import Fleet, Instance, InstanceGroup
+from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
 
 
 class DeleteQuerySerializer(serializers.Serializer):
@@ -77,12 +77,12 @@ class FleetSerializer(serializers.ModelSerializer):
 
     def get_instances(self, fleet: Fleet) -> list[dict]:
         rows = fleet.instances.order_by("index", "name")
-        if fleet.status != "failed":  # a failed registration shows every host and how far it got
-            rows = rows.exclude(status="terminated")
+        if fleet.status != FleetStatus.FAILED:  # a failed registration shows every host and how far it got
+            rows = rows.exclude(status=InstanceStatus.TERMINATED)
         out = []
         for i in rows:
             row = {"name": i.name, "status": i.status, "internal_ip": i.internal_ip}
-            if fleet.backend == "ssh":
+            if fleet.backend == FleetBackend.SSH:
                 row.update(hostname=i.hostname, port=i.port, registration=i.backend_data.get("registration"))
             out.append(row)
         return out

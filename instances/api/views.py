@@ -18,9 +18,10 @@ from instances.api.serializers import (
     InstanceGroupSerializer,
     InstanceSerializer,
 )
-from instances.models import Fleet, Instance, InstanceGroup
+from instances.models import Fleet, FleetStatus, GroupStatus, Instance, InstanceGroup
 from instances.services import fleets
 from projects.services.access import ProjectScopedMixin
+from runs.choices import JOB_ON_HOST
 from runs.models import Job
 
 
@@ -34,7 +35,7 @@ class FleetListView(ProjectScopedMixin, APIView):
         # SSH hosts are contacted by a task (202, status pending): a slow host never holds this request.
         fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user,
                                    wait=False)
-        code = status.HTTP_202_ACCEPTED if fleet.status == "pending" else status.HTTP_201_CREATED
+        code = status.HTTP_202_ACCEPTED if fleet.status == FleetStatus.PENDING else status.HTTP_201_CREATED
         return Response({**FleetSerializer(fleet).data, "warnings": fleet.warnings}, status=code)
 
 
@@ -57,7 +58,7 @@ class InstanceListView(ProjectScopedMixin, GenericAPIView):
     filterset_class = InstanceFilter
 
     def get_queryset(self):
-        busy = Job.objects.filter(status__in=["provisioning", "pulling", "running", "terminating"]).select_related("run")
+        busy = Job.objects.filter(status__in=JOB_ON_HOST).select_related("run")
         return super().get_queryset().filter(project=self.project).prefetch_related(
             Prefetch("jobs", queryset=busy, to_attr="busy_jobs"))
 
@@ -70,7 +71,7 @@ class InstanceListView(ProjectScopedMixin, GenericAPIView):
 class InstanceGroupListView(ProjectScopedMixin, APIView):
     @extend_schema(responses={200: InstanceGroupSerializer(many=True)})
     def get(self, request, project):
-        groups = InstanceGroup.objects.filter(project=self.project).exclude(status="terminated")
+        groups = InstanceGroup.objects.filter(project=self.project).exclude(status=GroupStatus.TERMINATED)
         groups = groups.select_related("fleet").prefetch_related("instances").order_by("name")
         return Response(InstanceGroupSerializer(groups, many=True).data)
 

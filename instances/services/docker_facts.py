@@ -43,7 +43,7 @@ def due(instance: Instance, now: float | None = None) -> bool:
     return not isinstance(probed, int | float) or now - probed >= interval()
 
 
-def look(instance: Instance, host: Any) -> Any:
+def probe(instance: Instance, host: Any) -> Any:
     """In a health check's thread, on a host that just answered: its Docker facts when a probe is
     due and succeeds, else UNCHANGED. Never writes to the database."""
     if not due(instance):

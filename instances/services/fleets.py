@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from backends.registry import get_compute
 from events.services import record
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
+from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus, Placement
 from muster.api_errors import InvalidInput
 from projects.models import Project
 from projects.services.access import check_local_fleet
@@ -55,7 +55,7 @@ def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
     if backends == ["local"]:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
         check_local_fleet(user, count)
-        return create_local_fleet(project, name, count, placement=conf.get("placement") or "any", actor=actor)
+        return create_local_fleet(project, name, count, placement=conf.get("placement") or Placement.ANY, actor=actor)
     if backends == ["gcp"]:
         return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
     raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
@@ -127,7 +127,7 @@ def _index_of(address: str) -> int:
 
 def _create_cloud_fleet(project: Project, conf: dict, backend: str, actor: str) -> Fleet:
     fleet = Fleet.objects.create(
-        project=project, name=conf["name"], backend=backend, placement=conf.get("placement") or "any",
+        project=project, name=conf["name"], backend=backend, placement=conf.get("placement") or Placement.ANY,
         configuration=conf, idle_duration=conf.get("idle_duration"),
     )
     record(project.id, f"fleet {fleet.name}", f"created ({backend}); instances are created when runs need them",
@@ -136,10 +136,10 @@ def _create_cloud_fleet(project: Project, conf: dict, backend: str, actor: str) 
 
 
 def fleet_in_use(fleet: Fleet) -> bool:
-    from runs.choices import JOB_ACTIVE
+    from runs.choices import JOB_UNFINISHED
     from runs.models import Job
 
-    return Job.objects.filter(instance__fleet=fleet, status__in=[*JOB_ACTIVE, "terminating"]).exists()
+    return Job.objects.filter(instance__fleet=fleet, status__in=JOB_UNFINISHED).exists()
 
 
 def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> None:

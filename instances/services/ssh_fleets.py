@@ -34,7 +34,9 @@ from instances.models import (
     GroupStatus,
     Instance,
     InstanceGroup,
+    InstanceReason,
     InstanceStatus,
+    Placement,
 )
 from muster import crypto
 from muster.api_errors import InvalidInput
@@ -70,7 +72,7 @@ def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
         with transaction.atomic():
             _refuse_registered_elsewhere(project, hosts)  # again, inside the transaction: a concurrent apply may have won
             fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, status=FleetStatus.PENDING,
-                          placement=conf.get("placement") or "any", configuration=_stored_configuration(conf))
+                          placement=conf.get("placement") or Placement.ANY, configuration=_stored_configuration(conf))
             fleet.private_key = fleet_key
             fleet.save()
             for i, host in enumerate(hosts):
@@ -127,7 +129,7 @@ def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: st
             return
         for inst in instances:
             inst.status = InstanceStatus.TERMINATED
-            inst.termination_reason = "registration_failed"
+            inst.termination_reason = InstanceReason.REGISTRATION_FAILED
             if inst.index in by_host:
                 step = f"failed: {by_host[inst.index]}"
             else:
@@ -206,7 +208,7 @@ def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: lis
 def _common_network(placement: str, hosts: list[dict], facts: list[HostFacts]) -> str:
     """The private network all hosts share; a cluster whose hosts are on different networks is refused."""
     networks = {f.probe.get("network") for f in facts if f.probe.get("network")}
-    if placement == "cluster" and len(networks) > 1:
+    if placement == Placement.CLUSTER and len(networks) > 1:
         where = ", ".join(
             f"{h['hostname']}:{h['port']} ({f.probe.get('internal_ip')} in {f.probe.get('network') or 'unknown'})"
             for h, f in zip(hosts, facts, strict=True)
@@ -360,7 +362,7 @@ def _describe(resources: dict[str, Any]) -> str:
 def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
               network: str, actor: str) -> None:
     group = None
-    if fleet.placement == "cluster":
+    if fleet.placement == Placement.CLUSTER:
         group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=_group_name(fleet.project, fleet.name),
                                              kind=GroupKind.CLUSTER, status=GroupStatus.ACTIVE)
     now = timezone.now()

@@ -17,6 +17,7 @@ import re
 
 from django.conf import settings
 
+from instances.models import FleetBackend
 from muster.api_errors import InvalidInput
 from runs.choices import JobStatus
 from runs.models import Job, Run
@@ -89,9 +90,9 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server") ->
     ports = job_ports(job)
     info = {"job": job_num, "backend": inst.backend, "ip": inst.internal_ip, "ports": ports,
             "node_group_name": job.node_group_name, "node_group_rank": job.node_group_rank}
-    if inst.backend == "local":
+    if inst.backend == FleetBackend.LOCAL:
         return info  # the job listens on this machine's loopback: nothing to forward
-    if inst.backend != "ssh":
+    if inst.backend != FleetBackend.SSH:
         raise InvalidInput(["job"], f"attach reaches jobs on ssh and local fleets; this job is on {inst.backend}")
     if not ports:
         raise InvalidInput(["job"], f"job {job_num} has no ports to forward: list them under `ports`")
@@ -120,7 +121,7 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server") ->
 def revoke(job: Job, host) -> None:
     """Remove the attach keys of `job` from its host, if anyone attached to it (one more SSH
     command only for jobs that were attached to)."""
-    if job.instance is None or job.instance.backend != "ssh":
+    if job.instance is None or job.instance.backend != FleetBackend.SSH:
         return
     from backends.ssh import attach_keys
     from events.models import Event

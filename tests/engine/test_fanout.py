@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.submitted.fanout import release_set
+from engine.submitted.fanout import unlock_set
 from engine.submitted.provision import provision_job
 from runs.models import Job
 from runs.services.submission import submit_run
@@ -29,12 +29,12 @@ def _jobs(sizes):
     return jobs
 
 
-def test_release_sets_follow_the_staged_unlock():
+def test_unlock_sets_follow_the_staged_unlock():
     jobs = _jobs([3, 2, 2])
-    assert release_set(jobs[0], jobs) == [1, 2, 3, 5]
-    assert release_set(jobs[3], jobs) == [4]
-    assert release_set(jobs[5], jobs) == [6]
-    assert all(release_set(jobs[n], jobs) == [] for n in (1, 2, 4, 6))
+    assert unlock_set(jobs[0], jobs) == [1, 2, 3, 5]
+    assert unlock_set(jobs[3], jobs) == [4]
+    assert unlock_set(jobs[5], jobs) == [6]
+    assert all(unlock_set(jobs[n], jobs) == [] for n in (1, 2, 4, 6))
 
 
 @pytest.mark.django_db

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from instances.models import Fleet
+from instances.models import Fleet, Placement
 from instances.services.fleets import create_local_fleet
 from muster.files import write_private
 from projects.models import Membership, Project, Role
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         if not settings.MUSTER.get("LOCAL_BACKEND"):
             no_fleet = True  # production without MUSTER_LOCAL_BACKEND: no shell on the control plane
         if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
-            create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement="cluster")
+            create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement=Placement.CLUSTER)
         # Only a token's hash is kept, so it is printed when made; later runs cannot show it again.
         live = user.api_tokens.exclude(expires__lte=timezone.now())
         if live.exists():
