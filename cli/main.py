@@ -101,8 +101,8 @@ def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SEC
         if fleet.get("status") != "pending":
             return fleet
         if time.monotonic() > deadline:
-            raise CliError(f"fleet {name} is still registering after {timeout:g} s; "
-                           f"see `muster fleet list` (or delete it with `muster fleet delete {name}`)")
+            raise CliError(f"fleet {name} is still registering after {timeout:g} s (the server goes on "
+                           f"trying); see `muster fleet list`, or delete it with `muster fleet delete {name}`")
         time.sleep(poll)
         fleet = client.get(f"fleets/{segment(name)}/")
 

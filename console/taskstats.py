@@ -17,7 +17,7 @@ from celery.signals import task_failure, task_postrun, task_prerun, worker_proce
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
 # the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries
-SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods")
+SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets")
 
 _lock = threading.Lock()
 _started: dict[str, float] = {}

@@ -81,3 +81,8 @@ def poll_pod(group_id: int, countdown: float) -> None:
         transaction.on_commit(lambda: registered.poll_pod.apply_async((group_id,), countdown=countdown))
     else:
         transaction.on_commit(lambda: registered.poll_pod.delay(group_id))
+
+
+def register_fleet(fleet_id: int, actor: str = "server") -> None:
+    """A pending SSH fleet's hosts may be contacted and the fleet activated or failed (register_ssh_fleet)."""
+    transaction.on_commit(lambda: registered.register_ssh_fleet.delay(fleet_id, actor))

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from engine import messages
 from engine.claims import unleased
-from instances.models import GroupStatus, InstanceGroup
+from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -85,6 +85,10 @@ def _re_enqueue(now, old) -> dict[str, int]:
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
     found["groups"] = _enqueue(messages.delete_group, groups)
     found["pods"] = _enqueue(lambda pk: messages.poll_pod(pk, 0), pods.pods_to_poll(now))
+    # an SSH fleet pending that long is not being registered (its registration holds a lease)
+    fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=FleetBackend.SSH,
+                                  created__lt=old).values_list("pk", flat=True)[:BATCH]
+    found["fleets"] = _enqueue(messages.register_fleet, fleets)
     return found
 
 

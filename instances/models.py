@@ -18,13 +18,15 @@ class Placement(models.TextChoices):
 
 
 class FleetStatus(models.TextChoices):
-    PENDING = "pending"  # an SSH fleet whose hosts are being contacted (instances.tasks.register_ssh_fleet)
+    PENDING = "pending"  # an SSH fleet whose hosts are being contacted (engine/registration.py)
     ACTIVE = "active"
     FAILED = "failed"  # SSH registration refused: `errors` says why; applying again replaces it
     TERMINATING = "terminating"
 
 
-class Fleet(models.Model):
+class Fleet(Claimable):
+    """A set of hosts runs are placed on. Claimable: a `pending` SSH fleet is claimed by its registration."""
+
     project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="fleets")
     name = models.CharField(max_length=63)
     backend = models.CharField(max_length=16, choices=FleetBackend.choices)

@@ -1,5 +1,5 @@
-"""The Celery app. The engine's tasks live in engine/tasks.py (CELERY_IMPORTS), other apps' in their
-tasks.py (autodiscovery); the beat schedule is static and in code."""
+"""The Celery app. Every task lives in engine/tasks.py (CELERY_IMPORTS; an app's own tasks.py would be
+found by autodiscovery, and none has one); the beat schedule is static and in code."""
 
 from __future__ import annotations
 

@@ -40,7 +40,6 @@ def _test_broker(celery_config):
     for a worker) would leave earlier producers talking to another broker.
     """
     import engine.tasks  # noqa: F401
-    import instances.tasks  # noqa: F401
     from muster.celery import app
 
     app.conf.update(celery_config)

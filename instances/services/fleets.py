@@ -1,4 +1,4 @@
-"""Applying and deleting fleets. SSH hosts are contacted by a Celery task after the fleet is written as pending."""
+"""Applying and deleting fleets. SSH hosts are contacted by a claimed step (engine/registration.py) after the fleet is written as pending."""
 
 from __future__ import annotations
 
@@ -62,14 +62,14 @@ def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
 
 
 def _apply_ssh_fleet(project: Project, conf: dict, actor: str, wait: bool) -> Fleet:
-    from instances import tasks
+    from engine import messages, registration
     from instances.services import ssh_fleets
 
     fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
     if not wait:
-        transaction.on_commit(lambda: tasks.register_ssh_fleet.delay(fleet.id, actor))
+        messages.register_fleet(fleet.id, actor)
         return fleet
-    ssh_fleets.complete_registration(fleet.id, actor=actor)
+    registration.register_fleet(fleet.id, actor=actor)
     fleet.refresh_from_db()
     if fleet.status == FleetStatus.FAILED:
         failure = InvalidInput(fleet.errors[0]["loc"], fleet.errors[0]["msg"])

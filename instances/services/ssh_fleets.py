@@ -60,8 +60,8 @@ class HostFacts:
 def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     """Write the fleet and one pending instance per host after the checks that need no network.
 
-    Nothing is contacted here: `complete_registration` (a Celery task) does that, so a slow or
-    hostile host never holds the web request.
+    Nothing is contacted here: `complete_registration` (in the claimed step `register_ssh_fleet`,
+    engine/registration.py) does that, so a slow or hostile host never holds the web request.
     """
     hosts: list[dict] = conf["ssh_config"]["hosts"]
     _refuse_server_paths(hosts)
@@ -93,11 +93,14 @@ def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     return fleet
 
 
-def complete_registration(fleet_id: int, actor: str = "server") -> None:
-    """Contact, probe and start the runner on every host of a pending fleet; all or nothing."""
-    fleet = Fleet.objects.filter(pk=fleet_id, status=FleetStatus.PENDING).select_related("project").first()
-    if fleet is None:
-        return  # done already (a redelivered task), or deleted meanwhile
+def complete_registration(fleet: Fleet, token: str, actor: str = "server") -> None:
+    """Contact, probe and start the runner on every host of a pending fleet; all or nothing.
+
+    The caller holds the fleet's claim (`token`, engine/registration.py). Running it again after a
+    partial run converges: the host keys recorded are the same hosts', and a runner agent already
+    started in an instance's runner home is found running and kept (`ensure_agent`). An exception
+    it does not expect is raised: the claimed step gives the fleet back to be registered again.
+    """
     instances = list(fleet.instances.order_by("index"))
     targets = [inst.ssh_target() for inst in instances]
     hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
@@ -106,25 +109,26 @@ def complete_registration(fleet_id: int, actor: str = "server") -> None:
         facts, started = _contact_all(fleet, instances, targets)
         network = _common_network(fleet.placement, hosts, facts)
         with transaction.atomic():
-            if not Fleet.objects.select_for_update().filter(pk=fleet.pk, status=FleetStatus.PENDING).exists():
+            now = Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("status", "lease_token").first()
+            if now is None:
                 _stop_agents(targets, started)  # deleted while it registered
+                return
+            if tuple(now) != (FleetStatus.PENDING, token):
+                # Our claim lapsed and another registration of the fleet took over: the agents are
+                # its agents too (one runner home per instance), so they stay.
+                log.warning("registering fleet %s: the claim was lost; the registration holding it goes on",
+                            fleet.name)
                 return
             _activate(fleet, instances, targets, facts, network, actor)
     except InvalidInput as exc:
         _stop_agents(targets, started)
-        _fail(fleet, instances, exc.errors, actor)
-    except Exception:
-        # Whatever went wrong, the fleet must not stay pending for ever with runners left behind.
-        log.exception("registering fleet %s failed unexpectedly", fleet.name)
-        _stop_agents(targets, started)
-        _fail(fleet, instances, [{"loc": [], "msg": "registration failed on an unexpected server error (see the "
-                                               "server log); apply the fleet again"}], actor)
+        _fail(fleet, token, instances, exc.errors, actor)
 
 
-def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str) -> None:
+def _fail(fleet: Fleet, token: str, instances: list[Instance], errors: list[dict], actor: str) -> None:
     by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
     with transaction.atomic():
-        if not Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.PENDING).update(
+        if not Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.PENDING, lease_token=token).update(
                 status=FleetStatus.FAILED, errors=errors):
             return
         for inst in instances:

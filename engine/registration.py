@@ -1,0 +1,30 @@
+"""Registering an SSH fleet, as a claimed step (`register_ssh_fleet`).
+
+Applying an SSH fleet writes it `pending` and sends `messages.register_fleet`. The step claims the
+pending fleet, contacts, probes and starts the runner on every host, and activates or fails the
+fleet (the rules: instances/services/ssh_fleets.py), then gives the fleet back; nothing is sent
+after it. A second delivery finds the fleet claimed or no longer pending and does nothing. A lost
+message, a worker that died mid-registration or an unexpected exception leaves the fleet pending
+and unleased (after a backoff), and the sweep sends the message again; the next registration
+converges on what the last one left on the hosts (the same host keys, the runner agents it
+started found running and kept).
+"""
+
+from __future__ import annotations
+
+from engine import claims
+from instances.models import Fleet, FleetBackend, FleetStatus
+from instances.services import ssh_fleets
+
+
+def register_fleet(fleet_id: int, actor: str = "server") -> bool:
+    """Task body: register a pending SSH fleet's hosts; False when it was not ours to register."""
+    with claims.claimed(Fleet, fleet_id, "register_ssh_fleet", status=FleetStatus.PENDING,
+                        backend=FleetBackend.SSH) as held:
+        if held is None:
+            return False  # registered already (a second delivery), being registered, or deleted
+        fleet = Fleet.objects.select_related("project").filter(pk=fleet_id).first()
+        if fleet is None:
+            return False  # deleted since the claim
+        ssh_fleets.complete_registration(fleet, held.token, actor=actor)
+    return not held.failed

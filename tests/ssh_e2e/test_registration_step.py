@@ -1,0 +1,194 @@
+"""SSH fleet registration is a claimed step: a lost, duplicated or failed registration message
+still ends with one registration, an active fleet and one live runner agent per host.
+
+Real sshd hosts in network namespaces, a real Celery worker (two threads, so that a duplicated
+message really runs twice at once) and the sweep (Beat).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from backends.ssh.runner_host import SSHRunnerHost
+from events.models import Event
+from instances.models import Fleet, Instance
+from instances.services import ssh_fleets
+from runs.services.submission import submit_run
+from tests.engine.helpers import wait_for_run
+from tests.ssh_e2e.helpers import (
+    Beat,
+    fleet_configuration,
+    needs_netns,
+    post_fleet,
+    runner_processes,
+    settled,
+)
+from tests.sshhosts import SSHHostPool
+from tests.waiting import job_states, wait_until
+
+pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def celery_worker_pool():
+    return "threads"
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters(celery_config):
+    # two at once: a message delivered twice is processed twice concurrently, as by two workers
+    return {"queues": (celery_config["task_default_queue"],), "perform_ping_check": False,
+            "shutdown_timeout": 20, "concurrency": 2}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SSHHostPool(2, mode="netns") as pool:
+        yield pool
+
+
+@pytest.fixture(autouse=True)
+def limits(fast_limits, settings, pool):
+    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30, "LEASE_SECONDS": 3}
+    yield
+    for host in pool:  # every test registers the same two hosts afresh
+        host.kill_processes(keep_sshd=True)
+
+
+def _registration_task():
+    from muster.celery import app
+
+    app.loader.import_default_modules()
+    return app.tasks["engine.tasks.register_ssh_fleet"]
+
+
+class Faulty:
+    """Wraps the registration task's apply_async: 'drop' loses the first message, 'twice' sends each twice."""
+
+    def __init__(self, task, mode: str):
+        self.task, self.mode, self.original = task, mode, task.apply_async
+        self.sent = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, args=None, kwargs=None, **options):
+        with self.lock:
+            self.sent += 1
+            first = self.sent == 1
+        if self.mode == "drop" and first:
+            return None
+        if self.mode == "twice":
+            self.original(args, kwargs, **options)
+        return self.original(args, kwargs, **options)
+
+
+class FailOnce:
+    """Wraps a function the registration calls: its first call raises what nobody expects."""
+
+    def __init__(self, function):
+        self.function, self.calls = function, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("an unexpected fault inside the registration")
+        return self.function(*args, **kwargs)
+
+
+def _agents(host) -> list[str]:
+    return [c for c in runner_processes(host) if " agent " in f"{c} "]
+
+
+def _agent_alive(inst: Instance) -> bool:
+    runner = SSHRunnerHost(inst.ssh_target(), timeout=10)
+    try:
+        return runner.status()["agent_alive"] is True
+    finally:
+        runner.close()
+
+
+def _registered_once(name: str, pool) -> None:
+    fleet = Fleet.objects.get(name=name)
+    assert fleet.status == "active"
+    assert fleet.lease_token == "", "the claim is given back"
+    for inst in fleet.instances.all():
+        assert inst.status == "idle" and inst.backend_data["registration"] == "ready"
+        assert _agent_alive(inst), f"the runner agent on {inst.name} runs"
+    for host in pool:
+        assert len(_agents(host)) == 1, f"one agent on {host}, not {_agents(host)}"
+
+
+def _run_on(fleet: str, name: str):
+    conf = f"type: task\nname: {name}\nfleets: [{fleet}]\nnodes: 2\ncommands:\n  - echo rank $DSTACK_NODE_RANK\n"
+    project = Fleet.objects.get(name=fleet).project
+    return wait_for_run(submit_run(project, None, {"configuration": conf}).name, timeout=60)
+
+
+def test_a_lost_registration_message_is_sent_again_by_the_sweep(api, pool, celery_worker, monkeypatch):
+    faulty = Faulty(_registration_task(), "drop")
+    monkeypatch.setattr(faulty.task, "apply_async", faulty)
+    with Beat(interval=0.3):
+        resp = post_fleet(api, fleet_configuration(pool, name="lost"))
+        assert resp.status_code == 202, resp.content
+        assert settled(api, "lost", timeout=40)["status"] == "active"
+    assert faulty.sent >= 2, "the first message was dropped and another sent"
+    _registered_once("lost", pool)
+
+
+def test_a_registration_message_delivered_twice_registers_once_and_keeps_the_agents(
+        api, pool, celery_worker, monkeypatch):
+    faulty = Faulty(_registration_task(), "twice")
+    monkeypatch.setattr(faulty.task, "apply_async", faulty)
+    resp = post_fleet(api, fleet_configuration(pool, name="twice"))
+    assert resp.status_code == 202, resp.content
+    assert settled(api, "twice", timeout=40)["status"] == "active"
+    time.sleep(3)  # the second delivery is over by now, whatever it did
+    _registered_once("twice", pool)
+    assert Event.objects.filter(subject="fleet twice", message__startswith="registered").count() == 1
+    with Beat(interval=0.3):
+        run = _run_on("twice", "after-twice")
+    assert run.status == "done", job_states(run)
+
+
+def test_an_exception_inside_the_registration_gives_the_claim_back_and_the_next_try_registers(
+        api, pool, celery_worker, monkeypatch):
+    fault = FailOnce(ssh_fleets._activate)
+    monkeypatch.setattr(ssh_fleets, "_activate", fault)
+    with Beat(interval=0.3):
+        resp = post_fleet(api, fleet_configuration(pool, name="flaky"))
+        assert resp.status_code == 202, resp.content
+        assert settled(api, "flaky", timeout=40)["status"] == "active"
+        assert fault.calls == 2, "the step failed once and was done again"
+        _registered_once("flaky", pool)  # the agents the first try started are reused, not doubled
+        run = _run_on("flaky", "after-flaky")
+    assert run.status == "done", job_states(run)
+
+
+def test_a_registration_whose_worker_died_is_taken_up_again_and_reuses_its_agents(api, pool, project,
+                                                                                   celery_worker):
+    from engine import claims
+
+    conf = fleet_configuration(pool, name="orphan")
+    fleet = ssh_fleets.start_ssh_fleet(project, _validated(conf), actor="test")  # written, no message
+    # What a worker killed mid-registration leaves: the row claimed by a token nobody renews, and
+    # the runner agent already started on one host.
+    assert claims.claim(Fleet, fleet.pk, status="pending") is not None
+    claims.forget_all()
+    first = fleet.instances.get(index=0)
+    SSHRunnerHost(first.ssh_target(), timeout=10).ensure_agent()
+    assert len(_agents(pool[0])) == 1
+    with Beat(interval=0.3):
+        wait_until(lambda: Fleet.objects.get(pk=fleet.pk).status != "pending", timeout=40,
+                   what="the fleet to be registered again")
+        _registered_once("orphan", pool)
+        run = _run_on("orphan", "after-orphan")
+    assert run.status == "done", job_states(run)
+
+
+def _validated(conf: dict) -> dict:
+    """A fleet configuration as the API passes it to start_ssh_fleet (validated, defaults filled)."""
+    from instances.services.fleets import _configuration
+
+    return _configuration({"configuration": conf})[0]
