@@ -63,8 +63,11 @@ class RunnerHost(ABC):
     """How the server talks to the runner agent on one host (files on disk, or the same over SSH)."""
 
     @abstractmethod
-    def ensure_agent(self) -> None:
-        """Install the runner if needed and make sure its agent is running (idempotent)."""
+    def ensure_agent(self, revive: bool = False) -> None:
+        """Install the runner if needed and make sure its agent is running (idempotent).
+
+        A home whose agent was stopped for good (`stop_agent`: its instance is being deleted) is
+        refused with a BackendError unless `revive` (a registration) asks for it."""
 
     @abstractmethod
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:

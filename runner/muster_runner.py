@@ -153,6 +153,10 @@ class Paths:
         self.agent_lock = os.path.join(self.home, "agent.lock")
         self.agent_log = os.path.join(self.home, "agent.log")
         self.agent_stop = os.path.join(self.home, "agent.stop")
+        # Written with the last stop request of an instance being deleted (the server's stop-agent):
+        # a home that has it starts no agent again, except for a registration (`--revive`), so a
+        # look at a job that was in flight while its fleet went away cannot bring the agent back.
+        self.retired = os.path.join(self.home, "retired")
 
     def job(self, job_id: str) -> JobPaths:
         return JobPaths(self.jobs, job_id)
@@ -1204,12 +1208,18 @@ def private_home(paths: Paths) -> None:
         os.chmod(path, 0o700)
 
 
-def cmd_ensure_agent(paths: Paths) -> int:
+def cmd_ensure_agent(paths: Paths, revive: bool = False) -> int:
     private_home(paths)
     pid = live_agent_pid(paths)
     if pid is not None:
         emit({"started": False, "pid": pid})
         return 0
+    if os.path.exists(paths.retired):
+        if not revive:
+            emit({"started": False, "pid": None,
+                  "error": "this runner home is retired: its instance was deleted (register the host again)"})
+            return 1
+        os.unlink(paths.retired)
     if os.path.exists(paths.agent_stop):
         os.unlink(paths.agent_stop)  # a stale stop request would make the new agent exit at once
     with open(paths.agent_log, "ab") as agent_log:
@@ -1403,6 +1413,8 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--job", required=True)
         if name == "agent":
             command.add_argument("--poll", type=float, default=0.2)
+        if name == "ensure-agent":
+            command.add_argument("--revive", action="store_true", help="start it even in a retired home")
         if name == "log":
             command.add_argument("--offset", type=non_negative, default=0)
             command.add_argument("--limit", type=non_negative, default=DEFAULT_LOG_LIMIT)
@@ -1417,7 +1429,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "agent":
             return Agent(paths, args.poll).run()
         if args.command == "ensure-agent":
-            return cmd_ensure_agent(paths)
+            return cmd_ensure_agent(paths, args.revive)
         if args.command == "status":
             return cmd_status(paths)
         if args.command == "submit":

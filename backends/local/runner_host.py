@@ -46,12 +46,12 @@ class LocalRunnerHost(RunnerHost):
             raise BackendError(f"runner {args[0]} failed: {done.stderr.decode(errors='replace')[-500:]}")
         return done.stdout
 
-    def ensure_agent(self) -> None:
+    def ensure_agent(self, revive: bool = False) -> None:
         try:
             Path(self.home).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BackendError(f"cannot create the runner home {self.home}: {exc}") from exc
-        self._call("ensure-agent")
+        self._call("ensure-agent", *(["--revive"] if revive else []))
 
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:
         self._call("submit", "--job", job_id, stdin=json.dumps(spec).encode())
@@ -74,6 +74,6 @@ class LocalRunnerHost(RunnerHost):
 
     def stop_agent(self) -> None:
         """Ask the agent to exit (it watches for this file); used when a local fleet is deleted."""
-        path = Path(self.home) / "agent.stop"
         if Path(self.home).exists():
-            path.touch()
+            (Path(self.home) / "retired").touch()  # no look brings it back (runner: Paths.retired)
+            (Path(self.home) / "agent.stop").touch()

@@ -131,7 +131,10 @@ class SSHRunnerHost(RunnerHost):
 
     # --- RunnerHost -------------------------------------------------------------------------------
 
-    def ensure_agent(self) -> None:
+    def ensure_agent(self, revive: bool = False) -> None:
+        """Start the runner agent unless it runs. `revive`: also in a home whose instance was deleted
+        (only a registration asks for that; a look at a job must not bring a stopped agent back)."""
+        command = "ensure-agent --revive" if revive else "ensure-agent"
         data = self.runner_path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         # One round trip when the runner is current: compare hashes, then start the agent.
@@ -140,7 +143,7 @@ class SSHRunnerHost(RunnerHost):
             f"command -v python3 >/dev/null 2>&1 || exit {_NO_PYTHON}; "
             f'mkdir -p "$H/bin" || exit {_NO_HOME}; '
             f'if [ "$(sha256sum "$R" 2>/dev/null | cut -d\' \' -f1)" = {digest} ]; then '
-            'exec python3 "$R" ensure-agent --home "$H"; fi; '
+            f'exec python3 "$R" {command} --home "$H"; fi; '
             f'printf "%s" "$H"; exit {_NEEDS_UPLOAD}'
         )
         status, out, err = self._exec(script)
@@ -150,7 +153,7 @@ class SSHRunnerHost(RunnerHost):
             self._with_client(
                 lambda c: commands.put_file(c, data, remote, mode=0o755, timeout=self.timeout)
             )
-            status, out, err = self._exec(self._runner_command("ensure-agent"))
+            status, out, err = self._exec(self._runner_command(command))
         if status == _NO_PYTHON:
             raise RunnerError(
                 f"python3 is not installed on {self.target.where}; the Muster runner needs Python 3.8+"
@@ -192,14 +195,15 @@ class SSHRunnerHost(RunnerHost):
         """Stop every job and then the agent (its fleet is being deleted); one round trip.
 
         The agent exits when HOME/agent.stop exists; jobs are separate sessions that outlive it, so
-        each gets its own stop file first. Waits up to `wait` seconds for the agent's process to be
+        each gets its own stop file first. HOME/retired keeps any later ensure-agent but a
+        registration's from starting it again. Waits up to `wait` seconds for the agent's process to be
         gone (not just its pid file, which the agent removes a moment before it exits).
         """
         ticks = max(1, int(wait * 10))
         script = (
             f'H={self._home_expr()}; [ -d "$H" ] || exit 0; '
             'p=$(cat "$H/agent.pid" 2>/dev/null); '
-            'for d in "$H"/jobs/*/; do [ -d "$d" ] && : > "$d/stop"; done; '
+            ': > "$H/retired"; for d in "$H"/jobs/*/; do [ -d "$d" ] && : > "$d/stop"; done; '
             ': > "$H/agent.stop"; [ -n "$p" ] || exit 0; i=0; '
             f'while [ $i -lt {ticks} ]; do '
             # A pid left by a killed agent may belong to another process by now: check its command.

@@ -286,7 +286,7 @@ def _contact_all(fleet: Fleet, instances: list[Instance],
             hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
             _refuse_registered_elsewhere(fleet.project, hosts, [facts[i] for i in everyone], fleet=fleet)
             _progress(instances, dict.fromkeys(everyone, "starting the runner"))
-            started = _parallel(lambda i: runners[i].ensure_agent(), everyone, targets, deadline, errors)
+            started = _parallel(lambda i: runners[i].ensure_agent(revive=True), everyone, targets, deadline, errors)
     finally:
         for runner in runners:
             runner.close()

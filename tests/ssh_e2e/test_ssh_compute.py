@@ -51,6 +51,27 @@ def test_stop_agent_stops_a_running_job_and_then_the_agent(ssh_hosts):
         runner.close()
 
 
+def test_a_look_after_the_agent_was_stopped_for_good_does_not_start_it_again(ssh_hosts):
+    """A fleet deleted under a run stops its hosts' agents while a watch may be looking at a job
+    there; that look used to find the agent down and start it again, leaving it on the host."""
+    from engine.running.observe import look
+
+    host = ssh_hosts(1, mode="netns")[0]
+    runner = SSHRunnerHost(host.target(), timeout=10)
+    try:
+        runner.ensure_agent()
+        runner.stop_agent()
+        assert wait_until(lambda: not runner_processes(host))
+        status, error = look(SSHRunnerHost(host.target(), timeout=10))
+        assert status is None and isinstance(error, BackendError) and "retired" in str(error)
+        time.sleep(1)
+        assert not runner_processes(host), "the look started the stopped agent again"
+        runner.ensure_agent(revive=True)  # registering the host again may
+        assert runner.status()["agent_alive"] is True
+    finally:
+        runner.close()
+
+
 def test_stop_agent_on_a_host_without_the_runner_is_a_no_op(ssh_hosts):
     host = ssh_hosts(1, mode="netns")[0]
     runner = SSHRunnerHost(host.target(runner_home=str(host.home / "never-used")), timeout=10)
