@@ -66,7 +66,14 @@ def _http_ok(port: int) -> bool:
 
 
 def _logged(session: harness.Session, name: str, text: str) -> bool:
-    return text in (session.data_dir / f"{name}.log").read_text(errors="replace")
+    return _count_in(session.data_dir / f"{name}.log", text) > 0
+
+
+def _count_in(path: Path, text: str) -> int:
+    try:
+        return path.read_text(errors="replace").count(text)
+    except FileNotFoundError:
+        return 0
 
 
 def _until(session: harness.Session, name: str, proc, t0: float, checks: dict) -> dict[str, float]:
@@ -137,6 +144,8 @@ def serve_env(session: harness.Session, data_dir: Path) -> dict[str, str]:
 def serve_once(session: harness.Session, name: str, data_dir: Path) -> dict[str, float]:
     port = harness.free_port()
     logf = open(session.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed by session.stop
+    worker_log = data_dir / "serve-logs" / "worker.log"
+    readies_before = _count_in(worker_log, " ready.")
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", f"127.0.0.1:{port}"],
                             cwd=harness.ROOT, env=serve_env(session, data_dir), stdout=logf,
@@ -149,7 +158,9 @@ def serve_once(session: harness.Session, name: str, data_dir: Path) -> dict[str,
             # serve prints its banner once migrate and bootstrap are done, before starting its children
             "banner_s": lambda: _logged(session, name, "Muster: API"),
             "http_200_s": lambda: _http_ok(port),
-            "worker_ready_s": lambda: _logged(session, name, " ready.")})
+            # quiet by default: the worker's lines go to serve-logs/worker.log, appended to by every
+            # rep, so this rep's worker is ready at one " ready." more than the file had before
+            "worker_ready_s": lambda: _count_in(worker_log, " ready.") > readies_before})
         children = harness.tree(proc.pid)
     finally:
         children = children or harness.tree(proc.pid)
