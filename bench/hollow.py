@@ -51,7 +51,7 @@ class HollowRunnerHost(RunnerHost):
         tmp.write_text(json.dumps(jobs))
         os.replace(tmp, self.path)
 
-    def ensure_agent(self) -> None:
+    def ensure_agent(self, revive: bool = False) -> None:
         return None
 
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:

@@ -12,9 +12,20 @@ started found running and kept).
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.utils import timezone
+
 from engine import claims
 from instances.models import Fleet, FleetBackend, FleetStatus
 from instances.services import ssh_fleets
+
+# Retries of a registration that keeps hitting an unexpected error stop here, so the user's hosts
+# are not contacted for ever and `muster fleet apply` (which waits 15 min) sees the failure.
+GIVE_UP_AFTER = 600.0  # seconds since the fleet was applied (MUSTER_SSH_REGISTER_GIVE_UP)
+
+
+def give_up_after() -> float:
+    return float(settings.MUSTER.get("SSH_REGISTER_GIVE_UP", GIVE_UP_AFTER))
 
 
 def register_fleet(fleet_id: int, actor: str = "server") -> bool:
@@ -26,5 +37,10 @@ def register_fleet(fleet_id: int, actor: str = "server") -> bool:
         fleet = Fleet.objects.select_related("project").filter(pk=fleet_id).first()
         if fleet is None:
             return False  # deleted since the claim
+        limit = give_up_after()
+        if (timezone.now() - fleet.created).total_seconds() > limit:
+            ssh_fleets.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
+                               "failed unexpectedly on every try; see its log): apply the fleet again", actor)
+            return False
         ssh_fleets.complete_registration(fleet, held.token, actor=actor)
     return not held.failed

@@ -294,6 +294,8 @@ MUSTER = {
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
     # seconds between Docker probes of one SSH host by the health check (instances/services/docker_facts.py)
     "SSH_DOCKER_PROBE_INTERVAL": env_float("MUSTER_SSH_DOCKER_PROBE_INTERVAL", 300.0),
+    # seconds a pending SSH fleet is registered again (after unexpected errors) before it is failed
+    "SSH_REGISTER_GIVE_UP": env_float("MUSTER_SSH_REGISTER_GIVE_UP", 600.0),
     # /metrics: scrapers send `Authorization: Bearer <token>`; with no token it answers 403 unless
     # the operator opens it (on a network only the scraper reaches) with MUSTER_METRICS_OPEN=1
     "METRICS_TOKEN": env_str("MUSTER_METRICS_TOKEN"),

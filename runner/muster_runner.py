@@ -1059,7 +1059,10 @@ class Agent:
         self.heartbeat()
         write_json_atomic(self.paths.agent_pid, os.getpid())
         log_err(f"agent started (home {self.paths.home})")
-        while not self.flag.set and not os.path.exists(self.paths.agent_stop):
+        # `retired` too: an ensure-agent that passed its check just before the home was retired
+        # (and took the stop request away) must not leave an agent running there.
+        while (not self.flag.set and not os.path.exists(self.paths.agent_stop)
+               and not os.path.exists(self.paths.retired)):
             self.tick()
             time.sleep(self.poll)
         self.shutdown()

@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 
 
 def _memory_gb() -> float:
@@ -19,8 +20,27 @@ def _memory_gb() -> float:
     return 0.0
 
 
+_DOCKER_SEEN: dict[tuple, tuple[float, dict | None]] = {}
+DOCKER_SEEN_FOR = 10.0  # seconds an answer is reused: plans of image runs come in bursts
+
+
 def local_docker() -> dict | None:
-    """{version, runtimes} of the Docker daemon this machine's `docker` reaches, else None."""
+    """{version, runtimes} of the Docker daemon this machine's `docker` reaches, else None.
+
+    Asked at every plan and submit of an image run that a local fleet could take (in the web
+    request), so an answer is kept for DOCKER_SEEN_FOR seconds per daemon address: a burst of
+    plans costs one `docker info`, and a hung daemon holds up one request, not each of them."""
+    key = (os.environ.get("DOCKER_HOST"), os.environ.get("DOCKER_CONTEXT"))
+    seen = _DOCKER_SEEN.get(key)
+    now = time.monotonic()
+    if seen is not None and now - seen[0] < DOCKER_SEEN_FOR:
+        return seen[1]
+    found = _ask_docker()
+    _DOCKER_SEEN[key] = (now, found)
+    return found
+
+
+def _ask_docker() -> dict | None:
     if shutil.which("docker") is None:
         return None
     try:

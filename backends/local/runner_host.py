@@ -43,7 +43,9 @@ class LocalRunnerHost(RunnerHost):
         except subprocess.TimeoutExpired as exc:
             raise BackendError(f"runner {args[0]} timed out after {self.timeout}s") from exc
         if done.returncode != 0:
-            raise BackendError(f"runner {args[0]} failed: {done.stderr.decode(errors='replace')[-500:]}")
+            # the runner says why on stderr, or as {"error": ...} on stdout (ensure-agent in a retired home)
+            said = (done.stderr or done.stdout).decode(errors="replace")[-500:]
+            raise BackendError(f"runner {args[0]} failed: {said}")
         return done.stdout
 
     def ensure_agent(self, revive: bool = False) -> None:

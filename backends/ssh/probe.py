@@ -75,8 +75,11 @@ echo "python3=$(command -v python3 2>/dev/null)"
 DOCKER_SCRIPT = r"""
 if command -v docker >/dev/null 2>&1; then
   # the daemon's version and runtimes (nvidia once nvidia-container-toolkit is set up); empty when
-  # the daemon does not answer or this user may not use it
-  echo "docker=$(timeout 10 docker info --format '{{.ServerVersion}}|{{range $k, $v := .Runtimes}}{{$k}},{{end}}' 2>/dev/null | head -c 2000 | head -n 1)"
+  # the daemon does not answer or this user may not use it. A daemon that is there but hung (124:
+  # `timeout` ended it) says nothing about whether Docker is installed, so it is reported apart.
+  d=$(timeout 10 docker info --format '{{.ServerVersion}}|{{range $k, $v := .Runtimes}}{{$k}},{{end}}' 2>/dev/null)
+  [ $? = 124 ] && echo "docker_timeout=1"
+  echo "docker=$(printf '%s' "$d" | head -c 2000 | head -n 1)"
 fi
 """
 PROBE_SCRIPT += DOCKER_SCRIPT
@@ -92,11 +95,17 @@ def probe(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any]:
 
 
 def probe_docker(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any] | None:
-    """Only the Docker part of the probe: {version, runtimes}, or None where no daemon answers."""
+    """Only the Docker part of the probe: {version, runtimes}, or None where no daemon answers.
+
+    A `docker info` that timed out raises SSHError: a hung or restarting daemon is not "no Docker",
+    and the health check keeps what it knew (instances/services/docker_facts.py)."""
     status, out, err = run(client, "sh -s", timeout=timeout, stdin=DOCKER_SCRIPT.encode())
     if status != 0:
         raise SSHError(f"the Docker probe exited with status {status}: {err.decode(errors='replace')[-300:]}")
-    return parse_probe_output(out.decode(errors="replace"))["docker"]
+    text = out.decode(errors="replace")
+    if "docker_timeout=1" in text.splitlines():
+        raise SSHError("`docker info` did not answer within 10 s")
+    return parse_probe_output(text)["docker"]
 
 
 def parse_probe_output(text: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ daemon past its timeout, the connection dropped meanwhile) changes nothing and i
 at the next check.
 
 The local backend's machine is looked at when a run with `image` is planned or submitted
-(runs/local_images.py) and recorded the same way on its local instances.
+(runs/services/local_images.py) and recorded the same way on its local instances.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def describe(docker: dict | None) -> str:
 
 
 def store(instance: Instance, found: Any) -> bool:
-    """Record what `look` found (on the caller's database connection). True when it changed."""
+    """Record what `probe` found (on the caller's database connection). True when it changed."""
     if found is UNCHANGED:
         return False
     with transaction.atomic():

@@ -125,6 +125,15 @@ def complete_registration(fleet: Fleet, token: str, actor: str = "server") -> No
         _fail(fleet, token, instances, exc.errors, actor)
 
 
+def give_up(fleet: Fleet, token: str, why: str, actor: str) -> None:
+    """Fail a registration that cannot complete (engine/registration.py: pending too long), stopping
+    the agents earlier attempts started on hosts whose key they recorded."""
+    instances = list(fleet.instances.order_by("index"))
+    contacted = [i for i in instances if i.host_key]
+    _stop_agents([i.ssh_target() for i in contacted], [HostFacts(i.host_key, {}) for i in contacted])
+    _fail(fleet, token, instances, [{"loc": [], "msg": why}], actor)
+
+
 def _fail(fleet: Fleet, token: str, instances: list[Instance], errors: list[dict], actor: str) -> None:
     by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
     with transaction.atomic():

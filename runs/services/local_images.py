@@ -35,8 +35,10 @@ def check(project: Project, conf: TaskConfiguration) -> None:
         return
     found = local_docker()
     for inst in Instance.objects.filter(fleet__in=local).exclude(
-            status__in=[InstanceStatus.TERMINATING, InstanceStatus.TERMINATED]):
-        docker_facts.store(inst, found)
+            status__in=[InstanceStatus.TERMINATING, InstanceStatus.TERMINATED]).only(
+            "pk", "name", "project_id", "status", "resources", "backend_data"):
+        if (inst.resources or {}).get("docker") != found:  # a plan writes (and locks) only on a change
+            docker_facts.store(inst, found)
     if found is not None or len(local) < len(fleets):
         return
     names = ", ".join(f.name for f in local)

@@ -177,3 +177,31 @@ def test_runner_home_with_tilde_is_expanded_on_the_host(pool):
         rh.close()
     # HOME of a test host's sessions is the host's directory.
     assert (pool[1].home / "custom home" / "bin" / "muster_runner.py").exists()
+
+
+def _fake_docker(host, body: str) -> None:
+    script = host.bin_dir / "docker"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+
+
+def test_a_hung_docker_daemon_is_not_taken_for_no_docker(pool):
+    """`docker info` ended by its timeout (124) used to read as "no Docker", and the health check
+    then took a host with a slow or restarting daemon out of placement for image jobs."""
+    from instances.models import Instance
+    from instances.services import docker_facts
+
+    host = pool[1]
+    rh = SSHRunnerHost(host.target(), timeout=20)
+    try:
+        _fake_docker(host, "echo '27.1.0|runc,'")
+        assert rh.probe_docker() == {"version": "27.1.0", "runtimes": ["runc"]}
+        _fake_docker(host, "exit 124")  # what `timeout 10 docker info` exits with when it kills it
+        with pytest.raises(Exception, match="did not answer"):
+            rh.probe_docker()
+        assert docker_facts.probe(Instance(name="hung", backend_data={}), rh) is docker_facts.UNCHANGED
+        _fake_docker(host, "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
+        assert rh.probe_docker() is None  # no daemon at all is "no Docker"
+    finally:
+        (host.bin_dir / "docker").unlink(missing_ok=True)
+        rh.close()

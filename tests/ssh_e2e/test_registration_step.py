@@ -166,6 +166,29 @@ def test_an_exception_inside_the_registration_gives_the_claim_back_and_the_next_
     assert run.status == "done", job_states(run)
 
 
+def test_a_registration_that_fails_unexpectedly_on_every_try_is_given_up_and_its_agents_stopped(
+        api, pool, celery_worker, monkeypatch, settings):
+    """Retries end: a registration that hits a server bug every time used to stay pending for ever,
+    contacting the user's hosts again after every backoff."""
+    settings.MUSTER = {**settings.MUSTER, "SSH_REGISTER_GIVE_UP": 4.0}
+    calls = []
+
+    def always_fails(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("an unexpected fault on every try")
+
+    monkeypatch.setattr(ssh_fleets, "_activate", always_fails)  # after the agents have started
+    with Beat(interval=0.3):
+        resp = post_fleet(api, fleet_configuration(pool, name="doomed"))
+        assert resp.status_code == 202, resp.content
+        fleet = settled(api, "doomed", timeout=60)
+    assert fleet["status"] == "failed", fleet
+    assert "did not complete within 4 s" in str(fleet["errors"]), fleet["errors"]
+    assert calls, "the registration was tried before it was given up"
+    for host in pool:
+        wait_until(lambda h=host: not _agents(h), timeout=20, what=f"the agents started on {host} stopped")
+
+
 def test_a_registration_whose_worker_died_is_taken_up_again_and_reuses_its_agents(api, pool, project,
                                                                                    celery_worker):
     from engine import claims
