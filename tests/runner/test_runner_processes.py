@@ -326,3 +326,18 @@ def test_cleanup_refuses_a_running_job_and_removes_a_finished_one(home, agent):
 def test_stop_of_an_unknown_job_is_reported(home):
     assert cli_json(home, "stop", "--job", "missing")["stopping"] is False
     assert not (home / "jobs" / "missing").exists()
+
+
+def test_a_retired_home_keeps_no_agent_and_only_a_revive_starts_one(home):
+    """The server retires a home when its instance is deleted. An ensure-agent that passed its check
+    a moment before may already have started an agent: that agent exits when it sees the home retired."""
+    first = cli_json(home, "ensure-agent")
+    (home / "retired").touch()
+    wait_for(lambda: not agent_pids(home), 10, "the agent to leave its retired home")
+    refused = cli(home, "ensure-agent")
+    assert refused.returncode != 0 and "retired" in json.loads(refused.stdout)["error"]
+    assert agent_pids(home) == []
+    revived = cli_json(home, "ensure-agent", "--revive")
+    assert revived["started"] is True and revived["pid"] != first["pid"]
+    assert not (home / "retired").exists()
+    assert agent_pids(home) == [revived["pid"]]
