@@ -17,7 +17,6 @@ from django.utils import timezone
 
 from engine import claims
 from instances.models import Fleet, FleetBackend, FleetStatus
-from instances.services import ssh_fleets
 
 # Retries of a registration that keeps hitting an unexpected error stop here, so the user's hosts
 # are not contacted for ever and `muster fleet apply` (which waits 15 min) sees the failure.
@@ -34,6 +33,11 @@ def register_fleet(fleet_id: int, actor: str = "server") -> bool:
                         backend=FleetBackend.SSH) as held:
         if held is None:
             return False  # registered already (a second delivery), being registered, or deleted
+        # Imported here, not at the top: every process that sends an engine message imports
+        # engine.tasks and so this module (engine/messages.py looks tasks up in Celery's registry),
+        # and the registration's rules bring paramiko with them (about 60 ms a process).
+        from instances.services import ssh_fleets
+
         fleet = Fleet.objects.select_related("project").filter(pk=fleet_id).first()
         if fleet is None:
             return False  # deleted since the claim
