@@ -6,6 +6,7 @@ from __future__ import annotations
 import django_filters
 
 from instances.models import Instance, InstanceStatus
+from muster.filters import enum_filter
 
 
 class InstanceFilter(django_filters.FilterSet):
@@ -14,11 +15,7 @@ class InstanceFilter(django_filters.FilterSet):
 
     fleet = django_filters.CharFilter(field_name="fleet__name", help_text="only the instances of this fleet")
     group = django_filters.CharFilter(field_name="group__name", help_text="only the instances of this group")
-    status = django_filters.ChoiceFilter(
-        choices=InstanceStatus.choices, help_text="only instances in this status (default: all but terminated)",
-        # the message names the statuses there are, which Django's default one does not
-        error_messages={"invalid_choice": f"unknown status; one of {', '.join(InstanceStatus.values)}"},
-    )
+    status = enum_filter(InstanceStatus, "status", "only instances in this status (default: all but terminated)")
 
     class Meta:
         model = Instance

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import django_filters
 
+from muster.filters import enum_filter
 from projects.models import Membership, Role
 
 
 class MemberFilter(django_filters.FilterSet):
-    role = django_filters.ChoiceFilter(
-        choices=Role.choices, help_text="only the members with this role (who are the admins?)",
-        # the message names the roles there are, which Django's default one does not
-        error_messages={"invalid_choice": f"unknown role; one of {', '.join(Role.values)}"},
-    )
+    role = enum_filter(Role, "role", "only the members with this role (who are the admins?)")
 
     class Meta:
         model = Membership

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import django_filters
 
+from muster.filters import enum_filter
 from runs.choices import RunStatus
 from runs.models import Run
 
 
 class RunFilter(django_filters.FilterSet):
-    status = django_filters.ChoiceFilter(
-        choices=RunStatus.choices, help_text="only runs in this status",
-        # the message names the statuses there are, which Django's default one does not
-        error_messages={"invalid_choice": f"unknown status; one of {', '.join(RunStatus.values)}"},
-    )
+    status = enum_filter(RunStatus, "status", "only runs in this status")
 
     class Meta:
         model = Run
