@@ -20,7 +20,7 @@ from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
 from runs.api.serializers import RunSerializer
-from runs.choices import JOB_ACTIVE
+from runs.choices import JOB_ON_HOST
 from runs.models import Job, Run
 from runs.services import logs
 
@@ -128,7 +128,7 @@ def run_stop(request, project, name):
 @require_GET
 def fleets_page(request, project):
     project, _ = _member_project(request, project)
-    busy = Prefetch("jobs", queryset=Job.objects.filter(status__in=JOB_ACTIVE).select_related("run"),
+    busy = Prefetch("jobs", queryset=Job.objects.filter(status__in=JOB_ON_HOST).select_related("run"),
                     to_attr="busy_jobs")
     instances = (Instance.objects.filter(project=project).exclude(status=InstanceStatus.TERMINATED)
                  .select_related("group", "fleet").prefetch_related(busy).order_by("fleet__name", "group__name",

@@ -105,3 +105,30 @@ def test_the_log_endpoint_refuses_bad_numbers(make_user):
     assert browser.get("/projects/main/runs/r2/log?job=0&start=-1").status_code == 400
     assert browser.get("/projects/main/runs/r2/log?job=9").status_code == 404
     assert browser.get("/projects/main/runs/r2/log?job=1").json()["text"] == ""
+
+
+def test_the_fleets_page_names_the_same_job_on_a_host_as_the_api(make_user):
+    """A job being stopped is still on its host, and a job not yet placed on none: the console's
+    fleets page and `muster instances` (the API) say the same of every host."""
+    from instances.models import Instance
+    from instances.services.fleets import create_local_fleet
+    from projects.models import Project
+    from runs.choices import JobStatus
+    from runs.models import Job, Run
+
+    alice = _user(make_user, "alice")
+    create_local_fleet(Project.objects.get(name="main"), "box", 2)
+    _submit(alice, CONF.format(name="held"))
+    first, second = Instance.objects.order_by("name")
+    stopping, waiting = Job.objects.filter(run=Run.objects.get(name="held")).order_by("job_num")
+    Job.objects.filter(pk=stopping.pk).update(status=JobStatus.TERMINATING, instance=first)
+    Job.objects.filter(pk=waiting.pk).update(status=JobStatus.SUBMITTED, instance=second)
+
+    api = {row["name"]: row["job"] for row in client_for(alice).get("/api/projects/main/instances/").json()}
+    assert api == {first.name: "held/0", second.name: None}
+    rows = {}
+    for row in _browser(alice).get("/projects/main/fleets/").content.decode().split("<tr")[1:]:
+        for inst in (first, second):
+            if f">{inst.name}<" in row:
+                rows[inst.name] = "held/" in row
+    assert rows == {first.name: True, second.name: False}
