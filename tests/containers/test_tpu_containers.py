@@ -58,8 +58,8 @@ def test_a_tpu_slice_runs_privileged_containers_one_per_host_in_worker_order(
     for host in gcp:
         [name] = wait_until(host.containers, 120, f"the job's container on {host.name}")
         # `docker ps -a` lists a container from its creation; exec needs it started
-        wait_until(lambda: host.docker("inspect", "--format", "{{.State.Status}}", name).stdout.strip() != "created",
-                   60, f"the job's container on {host.name} started")
+        wait_until(lambda h=host, n=name: h.docker("inspect", "--format", "{{.State.Status}}", n).stdout.strip()
+                   != "created", 60, f"the job's container on {host.name} started")
         inspected = host.docker("inspect", "--format", "{{.HostConfig.Privileged}} {{.HostConfig.NetworkMode}}",
                                 name).stdout.split()
         assert inspected == ["true", "host"], f"privileged, with the host's network: {inspected}"
