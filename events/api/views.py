@@ -15,6 +15,7 @@ class EventListView(ProjectScopedMixin, GenericAPIView):
 
     queryset = Event.objects.select_related("run")
     filterset_class = EventFilter
+    serializer_class = EventSerializer
 
     def get_queryset(self):
         return super().get_queryset().filter(project=self.project)

@@ -56,6 +56,7 @@ class InstanceListView(ProjectScopedMixin, GenericAPIView):
 
     queryset = Instance.objects.select_related("fleet", "group")
     filterset_class = InstanceFilter
+    serializer_class = InstanceSerializer
 
     def get_queryset(self):
         busy = Job.objects.filter(status__in=JOB_ON_HOST).select_related("run")

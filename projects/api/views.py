@@ -57,6 +57,7 @@ class MemberListView(ProjectScopedMixin, GenericAPIView):
 
     queryset = Membership.objects.select_related("user")
     filterset_class = MemberFilter
+    serializer_class = MemberSerializer  # what POST takes; OPTIONS describes it
 
     def get_queryset(self):
         return super().get_queryset().filter(project=self.project)

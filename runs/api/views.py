@@ -45,6 +45,7 @@ class RunListView(ProjectScopedMixin, GenericAPIView):
 
     queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance")
     filterset_class = RunFilter
+    serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it
 
     def get_queryset(self):
         return super().get_queryset().filter(project=self.project)

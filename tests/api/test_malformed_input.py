@@ -79,3 +79,22 @@ def test_a_huge_start_on_a_finished_jobs_stored_log_is_a_400(fast_limits, celery
         assert_errors(api.get(f"/api/projects/main/runs/said/logs?job=0&start={10 ** 30}"), 400, ["start"])
     finally:
         terminate_fleet_instances(fleet)
+
+
+@pytest.mark.parametrize("role", ["admin", "user", "read-only"])
+def test_options_on_every_path_of_the_schema_answers_without_a_500(raw, make_user, role):
+    """OPTIONS (a browser's preflight, schemathesis' coverage phase) describes what a view takes;
+    every path the schema lists answers it, whatever the caller's role, for a project that
+    exists and one that does not."""
+    from django.test import Client as Plain
+
+    user = make_user(f"options-{role}", role=role)
+    client = Plain(raise_request_exception=False, HTTP_AUTHORIZATION=f"Token {token_for(user)}")
+    paths = json.loads(client.get("/api/schema/", {"format": "json"}).content)["paths"]
+    assert len(paths) >= 15
+    answers = {}
+    for template in paths:
+        for project in ("main", "nowhere"):
+            path = template.replace("{project}", project).replace("{name}", "x").replace("{id}", "1")
+            answers[path] = client.options(path).status_code
+    assert not {p: code for p, code in answers.items() if code >= 500}, answers
