@@ -82,14 +82,12 @@ def test_a_huge_start_on_a_finished_jobs_stored_log_is_a_400(fast_limits, celery
 
 
 @pytest.mark.parametrize("role", ["admin", "user", "read-only"])
-def test_options_on_every_path_of_the_schema_answers_without_a_500(raw, make_user, role):
+def test_options_on_every_path_of_the_schema_answers_without_a_500(make_user, role):
     """OPTIONS (a browser's preflight, schemathesis' coverage phase) describes what a view takes;
     every path the schema lists answers it, whatever the caller's role, for a project that
     exists and one that does not."""
-    from django.test import Client as Plain
-
     user = make_user(f"options-{role}", role=role)
-    client = Plain(raise_request_exception=False, HTTP_AUTHORIZATION=f"Token {token_for(user)}")
+    client = Client(raise_request_exception=False, HTTP_AUTHORIZATION=f"Token {token_for(user)}")
     paths = json.loads(client.get("/api/schema/", {"format": "json"}).content)["paths"]
     assert len(paths) >= 15
     answers = {}
