@@ -21,6 +21,20 @@ def example(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, request):
+    """A test database name of this run's own (test_muster_gw0_<run>).
+
+    Two checkouts testing at once on one PostgreSQL would otherwise both use test_muster_gw0, and
+    each would drop the other's database at its start. xdist gives the workers of one run a shared
+    id; a run in one process uses its pid.
+    """
+    from pytest_django.fixtures import _set_suffix_to_test_databases
+
+    run = getattr(request.config, "workerinput", {}).get("testrunuid") or f"p{os.getpid()}"
+    _set_suffix_to_test_databases(suffix=run[:10])
+
+
+@pytest.fixture(scope="session")
 def celery_config():
     broker = os.environ.get("CELERY_BROKER_URL") or "memory://"
     return {
