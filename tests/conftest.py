@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 pytest_plugins = ("celery.contrib.pytest",)
 
 from tests.fake_tpu import fake_tpu  # noqa: E402,F401
+from tests.local_processes import kill_everything_under  # noqa: E402
 from tests.sshhosts import ssh_hosts, ssh_hosts_session  # noqa: E402,F401
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -20,18 +21,34 @@ def example(name: str) -> str:
     return (EXAMPLES / name).read_text()
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's own process, before xdist starts its workers
+        os.environ["MUSTER_TEST_RUN"] = str(os.getpid())
+        from tests.test_databases import drop_databases_of_ended_runs
+
+        drop_databases_of_ended_runs()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        from tests.test_databases import drop_databases_of_this_run
+
+        drop_databases_of_this_run()
+
+
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, request):
-    """A test database name of this run's own (test_muster_gw0_<run>).
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """A test database name of this run's own: test_muster_gw0_r<pid of the run's process>.
 
     Two checkouts testing at once on one PostgreSQL would otherwise both use test_muster_gw0, and
-    each would drop the other's database at its start. xdist gives the workers of one run a shared
-    id; a run in one process uses its pid.
+    each would drop the other's database at its start. The pid lets a later run drop the databases
+    a killed run left (tests/test_databases.py).
     """
     from pytest_django.fixtures import _set_suffix_to_test_databases
 
-    run = getattr(request.config, "workerinput", {}).get("testrunuid") or f"p{os.getpid()}"
-    _set_suffix_to_test_databases(suffix=run[:10])
+    from tests.test_databases import run_suffix
+
+    _set_suffix_to_test_databases(suffix=run_suffix())
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +126,25 @@ def _no_leases_carried_over():
 @pytest.fixture(autouse=True)
 def _muster_dirs(tmp_path, settings):
     settings.MUSTER = {**settings.MUSTER, "LOG_DIR": tmp_path / "logs", "LOCAL_DIR": tmp_path / "local"}
+    yield
+    # Any test may start local runner agents and job processes (a run on a local fleet, the
+    # console's and the metrics' tests too); none may outlive it, passed or failed.
+    kill_everything_under(tmp_path / "local")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test's time limit (pytest-timeout) is the configured one times MUSTER_TEST_PATIENCE, as
+    every wait is (tests/waiting.py); `-o timeout=0` (make fuzz) still lifts it."""
+    from tests.waiting import patient
+
+    limit = config.getoption("timeout", None)
+    if limit is None:
+        limit = float(config.getini("timeout") or 0)
+    if not limit:
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(patient(float(limit))))
 
 
 @pytest.fixture

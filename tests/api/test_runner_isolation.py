@@ -33,9 +33,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _no_leftover_processes(settings):
     yield
-    from tests.engine.conftest import _kill_everything_under
+    from tests.local_processes import kill_everything_under
 
-    _kill_everything_under(Path(settings.MUSTER["LOCAL_DIR"]))
+    kill_everything_under(Path(settings.MUSTER["LOCAL_DIR"]))
 
 
 @pytest.fixture

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 from runs.models import Run
+from tests.waiting import patient
 
 
 def wait_for_run(name: str, statuses=("done", "failed", "terminated"), timeout: float = 60.0,
                  project: str = "main") -> Run:
+    timeout = patient(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run = Run.objects.filter(project__name=project, name=name).first()

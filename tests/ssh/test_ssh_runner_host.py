@@ -15,7 +15,7 @@ import pytest
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.runner_host import DEFAULT_RUNNER_PATH, RunnerError, SSHRunnerHost
 from tests.sshhosts import SSHHostPool
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = [
     pytest.mark.netns,
@@ -42,7 +42,7 @@ def runner(pool):
 def _wait_for_state(
     rh: SSHRunnerHost, job_id: str, states: tuple[str, ...], timeout: float = 20
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
         status = rh.status()["jobs"].get(job_id) or {}

@@ -14,12 +14,13 @@ from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Instance
 from instances.services.fleets import apply_fleet
 from tests.ssh_e2e.helpers import fleet_configuration, host_commands, needs_netns, runner_processes
+from tests.waiting import patient
 
 pytestmark = needs_netns
 
 
 def wait_until(check, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         if check():
             return True
