@@ -116,7 +116,7 @@ class ServeProcess:
                 continue
             if ppid == self.proc.pid:
                 found[int(entry.name)] = ("worker" if " worker " in cmd else "beat" if " beat " in cmd
-                                          else "web" if "runserver" in cmd else cmd)
+                                          else "web" if "runserver" in cmd or "gunicorn" in cmd else cmd)
         return found
 
     def pid_of(self, name: str) -> int | None:

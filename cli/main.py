@@ -260,7 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here: the client commands must work where the server's dependencies are absent.
     from muster.serve import serve
 
-    return serve(args.bind, args.concurrency, verbose=args.verbose)
+    return serve(args.bind, args.concurrency, verbose=args.verbose, dev=args.dev)
 
 
 def version() -> str:
@@ -367,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = _command(sub, "serve", cmd_serve, help="run the server: web, Celery worker and beat")
     serve.add_argument("--bind", default="127.0.0.1:8000")
     serve.add_argument("--concurrency", type=int, default=2)
+    serve.add_argument("--dev", action="store_true",
+                       help="serve the web with Django's development server instead of gunicorn")
     serve.add_argument("-v", "--verbose", action="store_true",
                        help="show the web, worker and beat output here instead of in files under the data directory")
     return parser

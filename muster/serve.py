@@ -26,10 +26,28 @@ def _manage(*args: str) -> list[str]:
     return [sys.executable, "-m", "django", *args]
 
 
-def commands(bind: str, concurrency: int) -> dict[str, list[str]]:
+def web_command(bind: str, dev: bool = False) -> list[str]:
+    """The web: gunicorn (as in production), or Django's development server with `--dev`.
+
+    runserver is Django's development server, neither hardened nor tuned for many clients (it
+    says so at every start); gunicorn's workers and threads come from the CPU count unless
+    MUSTER_WEB_WORKERS / MUSTER_WEB_THREADS say otherwise; whitenoise serves the static files in both.
+    """
+    if dev:
+        return _manage("runserver", bind, "--noreload", "--skip-checks")  # checked by the test suite
+    from django.conf import settings
+
+    workers = settings.MUSTER["WEB_WORKERS"] or min(4, max(2, os.cpu_count() or 1))
+    return [sys.executable, "-m", "gunicorn", "muster.wsgi", "--bind", bind, "--workers", str(workers),
+            "--threads", str(settings.MUSTER["WEB_THREADS"]), "--worker-class", "gthread",
+            # a request that holds a worker this long is a bug: gunicorn kills and replaces it
+            "--timeout", "120", "--graceful-timeout", "10", "--access-logfile", "-"]
+
+
+def commands(bind: str, concurrency: int, dev: bool = False) -> dict[str, list[str]]:
     celery = [sys.executable, "-m", "celery", "-A", "muster"]
     return {
-        "web": _manage("runserver", bind, "--noreload", "--skip-checks"),  # checked by the test suite
+        "web": web_command(bind, dev),
         "worker": [*celery, "worker", "--loglevel=INFO", f"--concurrency={concurrency}", "--without-gossip",
                    "--without-mingle"],
         "beat": [*celery, "beat", "--loglevel=WARNING", "--schedule",
@@ -131,7 +149,8 @@ class Child:
         _kill_group(self.proc, signal.SIGKILL)  # whatever of its group is left
 
 
-def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False) -> int:
+def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False,
+          dev: bool = False) -> int:
     """Start web, worker and beat and keep them running until SIGINT or SIGTERM.
 
     A child that dies is restarted after a backoff (1 s doubling to 30 s, back to 1 s once it has
@@ -153,7 +172,7 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)
     worker_env = {**os.environ, "MUSTER_WORKER_NICE": os.environ.get("MUSTER_WORKER_NICE", str(WORKER_NICE))}
     children = [Child(name, cmd, worker_env if name == "worker" else None, logs.get(name))
-                for name, cmd in commands(bind, concurrency).items()]
+                for name, cmd in commands(bind, concurrency, dev).items()]
     console = None
     if logs:
         from muster.serve_console import Console

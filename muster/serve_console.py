@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 # celery's "[2026-01-01 10:00:00,000: WARNING/MainProcess] ..." and Django's plain tracebacks
-NOTABLE = re.compile(r"(WARNING|ERROR|CRITICAL)[/:]|^Traceback |Internal Server Error|^\S*Error\b")
-# said by runserver at every start; `make run` is the development server by design
+# and gunicorn's "[2026-01-01 10:00:00 +0000] [123] [ERROR] ..."
+NOTABLE = re.compile(r"(WARNING|ERROR|CRITICAL)[/:]|\[(WARNING|ERROR|CRITICAL)\]|^Traceback |Internal Server Error"
+                     r"|^\S*Error\b")
+# said by runserver at every start of `muster serve --dev`
 EXPECTED = ("This is a development server",)
 # a file grown by more than this between two looks is skimmed, not echoed whole
 READ_CAP = 1 << 20

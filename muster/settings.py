@@ -282,6 +282,9 @@ MUSTER = {
     # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.
     "THROTTLE_USER": env_str("MUSTER_THROTTLE_USER", "10000/min"),
     "THROTTLE_ANON": env_str("MUSTER_THROTTLE_ANON", "600/min"),
+    # `muster serve`'s gunicorn: worker processes (0: from the CPU count, 2 to 4) and threads in each
+    "WEB_WORKERS": env_int("MUSTER_WEB_WORKERS", 0),
+    "WEB_THREADS": env_int("MUSTER_WEB_THREADS", 4),
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept

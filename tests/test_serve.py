@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,48 @@ def test_sigterm_stops_every_child(served):
         wait_until(lambda pid=pid: not alive(pid) and not group_members(pid), timeout=20,
                    what=f"{children[pid]} (pid {pid}) and its group gone")
     assert "restarted" not in served.log(), "stopping is not a death"
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def test_the_web_is_gunicorn_with_the_configured_workers_serving_api_console_and_static_files(tmp_path):
+    serve = ServeProcess(tmp_path / "data", concurrency=1, env={"MUSTER_WEB_WORKERS": "3"}).start()
+    try:
+        web = wait_until(lambda: serve.pid_of("web"), timeout=30, what="the web")
+        assert "gunicorn muster.wsgi" in cmdline(web) and "runserver" not in cmdline(web)
+        workers = wait_until(lambda: len(children_of(web)) == 3 and children_of(web), timeout=30,
+                             what="3 gunicorn workers")
+        assert all("gunicorn" in cmdline(pid) for pid in workers)
+        assert serve.api("GET", "runs/") is not None
+        for path in ("/login/", "/static/admin/css/base.css", "/api/docs/"):
+            with urllib.request.urlopen(f"{serve.url}{path}", timeout=10) as answer:
+                assert answer.status == 200, path
+        run_to_done(serve)
+    finally:
+        serve.stop()
+    for pid in [web, *workers]:
+        wait_until(lambda pid=pid: not alive(pid), timeout=20, what=f"web process {pid} gone")
+
+
+def test_serve_dev_runs_the_development_server(tmp_path):
+    serve = ServeProcess(tmp_path / "data", concurrency=1, args=("--dev",)).start()
+    try:
+        web = wait_until(lambda: serve.pid_of("web"), timeout=30, what="the web")
+        assert "runserver" in cmdline(web) and "gunicorn" not in cmdline(web)
+        assert serve.answers()
+    finally:
+        serve.stop()

@@ -10,7 +10,7 @@ times each (5):
   its " ready." log line, and to the end of a `engine.tasks.sweep` sent at spawn (a real broker ->
   worker -> database round trip, seen in the bench's per-task counters); ready to work = the later;
 * serve: `muster serve` as a user runs it (embedded SQLite + filesystem broker in a scratch data
-  directory: migrate, bootstrap, then runserver + worker + beat), from spawn to the first HTTP 200
+  directory: migrate, bootstrap, then gunicorn + worker + beat), from spawn to the first HTTP 200
   from /healthz, and to its worker's " ready." line.
 
 The session's workers and beat are stopped meanwhile (the probe must be taken by the worker being
