@@ -137,3 +137,42 @@ def test_an_own_address_the_operator_allows_registers(member, production_policy,
     bridge = ssh_hosts(1, mode="netns").bridge_address
     settings.MUSTER = {**settings.MUSTER, "SSH_OWN_ADDRESSES_ALLOW": [f"{bridge}/32"]}
     assert register(member, _fleet(server_sshd, [bridge]))["status"] == "active"
+
+
+def test_a_name_that_resolves_elsewhere_at_connect_time_reaches_only_the_checked_address(
+        member, production_policy, server_sshd, ssh_hosts, monkeypatch):
+    # A DNS name whose answers change (rebinding): first a fleet host's address, then loopback, where
+    # the server's own sshd listens. No resolver of this machine may be changed by a test, so the
+    # name is answered in-process; everything else (sockets, sshd, the worker) is real.
+    import socket
+
+    from backends.ssh.errors import HostNotAllowed
+    from backends.ssh.runner_host import SSHRunnerHost
+    from instances.models import Instance
+
+    pool = ssh_hosts(1, mode="netns")
+    with open(pool.authorized_keys, "a") as keys:  # the key the server's sshd accepts logs in here too
+        keys.write(server_sshd.public_key + " server-pool\n")
+    real, answers = socket.getaddrinfo, []
+
+    def rebinding(host, port, *args, **kwargs):
+        if host != "rebind.test":
+            return real(host, port, *args, **kwargs)
+        answers.append(pool[0].address if len(answers) % 2 == 0 else "127.0.0.1")
+        return real(answers[-1], port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    conf = _fleet(server_sshd, ["rebind.test"], name="rebind")
+    conf["ssh_config"]["hosts"][0]["port"] = 22
+    fleet = settled(member, "rebind") if post_fleet(member, conf).status_code == 202 else None
+    assert fleet is not None and fleet["status"] == "active", fleet
+    inst = Instance.objects.get(name="rebind-0")
+    assert inst.host_key == pool[0].host_key, "the checked address is the one connected to"
+    assert _agents_started(server_sshd) == []
+
+    runner = SSHRunnerHost(inst.ssh_target(), timeout=5)
+    try:
+        with pytest.raises(HostNotAllowed, match="the Muster server itself"):
+            runner.status()  # the next answer is loopback: refused, not connected
+    finally:
+        runner.close()
