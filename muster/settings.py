@@ -289,11 +289,17 @@ MUSTER = {
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
     "LOCAL_DIR": DATA_DIR / "local",
-    # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
-    # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.
+    # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins, and applies to the
+    # IPv4 address an IPv6 one embeds). Production denies the unspecified addresses, loopback and
+    # link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.
     "SSH_HOSTS_ALLOW": _cidrs("MUSTER_SSH_HOSTS_ALLOW"),
     "SSH_HOSTS_DENY": _cidrs("MUSTER_SSH_HOSTS_DENY",
-                             "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
+                             "0.0.0.0/8,127.0.0.0/8,::/128,::1/128,169.254.0.0/16,fe80::/10" if PRODUCTION else ""),
+    # refuse every address of the server's own interfaces (read at each connection), 0.0.0.0/8, ::
+    # and loopback, whatever the deny list says; MUSTER_SSH_OWN_ADDRESSES_ALLOW names own addresses
+    # (CIDRs) a fleet host may still have, e.g. a GPU host that also runs the control plane
+    "SSH_DENY_OWN_ADDRESSES": env_bool("MUSTER_SSH_DENY_OWN_ADDRESSES", PRODUCTION),
+    "SSH_OWN_ADDRESSES_ALLOW": _cidrs("MUSTER_SSH_OWN_ADDRESSES_ALLOW"),
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
     # seconds between Docker probes of one SSH host by the health check (instances/services/docker_facts.py)
     "SSH_DOCKER_PROBE_INTERVAL": env_float("MUSTER_SSH_DOCKER_PROBE_INTERVAL", 300.0),

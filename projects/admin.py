@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from projects.models import ApiToken, Membership, Project, Secret
+from projects.models import ApiToken, Membership, PendingMembership, Project, Secret
 
 
 class MembershipInline(admin.TabularInline):
@@ -8,10 +8,17 @@ class MembershipInline(admin.TabularInline):
     extra = 0
 
 
+class PendingMembershipInline(admin.TabularInline):
+    """Members added by a name no account has yet; they become members when it is created."""
+
+    model = PendingMembership
+    extra = 0
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ["name", "created"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, PendingMembershipInline]
 
 
 @admin.register(Secret)

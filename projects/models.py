@@ -69,6 +69,24 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+class PendingMembership(models.Model):
+    """A member added by a username no account has (yet): it becomes a Membership when an account
+    of that name is created (projects.services.members.claim_pending). Kept so that adding and
+    listing members answer the same whether the username exists, which would otherwise be an oracle
+    for the accounts on the server."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="pending_memberships")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.USER)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("project", "username")]
+
+    def __str__(self) -> str:
+        return f"{self.username} (no account yet) in {self.project} ({self.role})"
+
+
 class Secret(models.Model):
     """A project secret; the value is stored encrypted and never returned by the API."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from backends.ssh.address_policy import address_allowed, host_policy
+from backends.ssh.address_policy import HostPolicy, host_policy, refusal
 from backends.ssh.errors import (
     AuthenticationFailed,
     HostKeyMismatch,
@@ -141,32 +141,51 @@ def _open_socket(target: SSHTarget, timeout: float) -> socket.socket:
     """A TCP connection to the first allowed address of the host that answers.
 
     Each resolved address is checked just before connecting to that very address, so a DNS answer
-    cannot change between the check and the connection.
+    cannot change between the check and the connection; and the address the socket is connected to
+    is checked again, since the kernel may connect elsewhere than asked (0.0.0.0 becomes a local
+    address).
     """
-    allow, deny = host_policy()
+    policy = host_policy()
     try:
         infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
         raise _unreachable(target, exc) from exc
     addresses = list(dict.fromkeys((info[0], info[4]) for info in infos))
-    permitted = [(family, sockaddr) for family, sockaddr in addresses
-                 if address_allowed(sockaddr[0], allow, deny)]
+    reasons = [refusal(sockaddr[0], policy) for _family, sockaddr in addresses]
+    permitted = [a for a, why in zip(addresses, reasons, strict=True) if not why]
     if addresses and not permitted:
-        raise HostNotAllowed(
-            f"{target.hostname}:{target.port} is not an address this server connects to (the operator's "
-            "MUSTER_SSH_HOSTS_ALLOW / MUSTER_SSH_HOSTS_DENY); register a host on an allowed network"
-        )
+        raise _not_allowed(target, reasons[0])
     last: BaseException = OSError("no address")
     for family, sockaddr in permitted:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(sockaddr)
-            return sock
         except OSError as exc:
             sock.close()
             last = exc
+            continue
+        _check_peer(target, sock, policy)
+        return sock
     raise _unreachable(target, last) from last
+
+
+def _check_peer(target: SSHTarget, sock: socket.socket, policy: HostPolicy) -> None:
+    try:
+        why = refusal(sock.getpeername()[0], policy)
+    except OSError as exc:  # reset before we asked
+        sock.close()
+        raise _unreachable(target, exc) from exc
+    if why:
+        sock.close()  # before a byte is read: nothing at that address learns who connected
+        raise _not_allowed(target, why)
+
+
+def _not_allowed(target: SSHTarget, why: str) -> HostNotAllowed:
+    return HostNotAllowed(
+        f"{target.hostname}:{target.port} is not an address this server connects to: {why}; register a "
+        "host on an allowed network"
+    )
 
 
 def _describe_socket_error(exc: BaseException) -> str:

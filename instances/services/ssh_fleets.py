@@ -50,9 +50,7 @@ MAX_PARALLEL = 32
 
 
 @dataclass
-class HostFacts:
-    """What contacting one host found out."""
-
+class HostFacts:  # what contacting one host found out
     host_key: str
     probe: dict[str, Any]
 
@@ -65,12 +63,12 @@ def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     """
     hosts: list[dict] = conf["ssh_config"]["hosts"]
     _refuse_server_paths(hosts)
-    _refuse_registered_elsewhere(project, hosts)
+    _refuse_registered_elsewhere(project, hosts, own_only=True)
     name = conf["name"]
     fleet_key = Counter(h["private_key"] for h in hosts).most_common(1)[0][0]
     try:
         with transaction.atomic():
-            _refuse_registered_elsewhere(project, hosts)  # again, inside the transaction: a concurrent apply may have won
+            _refuse_registered_elsewhere(project, hosts, own_only=True)  # again: a concurrent apply may have won
             fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, status=FleetStatus.PENDING,
                           placement=conf.get("placement") or Placement.ANY, configuration=_stored_configuration(conf))
             fleet.private_key = fleet_key
@@ -181,9 +179,13 @@ def _refuse_server_paths(hosts: list[dict]) -> None:
 
 
 def _refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list[HostFacts] | None = None,
-                                 fleet: Fleet | None = None) -> None:
-    """One machine sits in one live fleet: by address and port before contact, by host key after."""
+                                 fleet: Fleet | None = None, own_only: bool = False) -> None:
+    """One machine sits in one live fleet: by address and port, and by host key once logged in.
+    `own_only` (before any login): only this project's; another project's hosts are told only to
+    whoever logs in with a key they accept, or registering would map other tenants' hosts."""
     live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
+    if own_only:
+        live = live.filter(project=project)
     if fleet is not None:
         live = live.exclude(fleet=fleet)
     errors = []

@@ -18,3 +18,9 @@ class MemberFilter(django_filters.FilterSet):
     class Meta:
         model = Membership
         fields = ["role"]
+
+    def pending(self, queryset):
+        """The members with no account yet (PendingMembership rows), filtered alike: they are
+        listed with the others. Call after the filter backend validated the parameters."""
+        role = self.form.cleaned_data.get("role") if self.is_valid() else None
+        return queryset.filter(role=role) if role else queryset

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.validators import UnicodeUsernameValidator
 from rest_framework import serializers
 
 from projects.models import Project, Role, slug_validator
@@ -24,7 +25,14 @@ class ProjectCreateSerializer(serializers.Serializer):
 
 
 class MemberSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
+    # an account's name or one to be created (projects.services.members); a name no account can
+    # have is refused, whether or not accounts exist
+    username = serializers.CharField(max_length=150, validators=[UnicodeUsernameValidator()])
+    role = serializers.ChoiceField(choices=Role.values)
+
+
+class MembershipSerializer(serializers.Serializer):
+    project = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.values)
 
 

@@ -14,5 +14,7 @@ project_urls = [
 
 urlpatterns = [
     path("projects/", views.ProjectListView.as_view(), name="projects"),
+    path("memberships/", views.MyMembershipListView.as_view(), name="my-memberships"),
+    path("memberships/<str:project>/", views.MyMembershipDetailView.as_view(), name="my-membership"),
     path("projects/<str:project>/", include(project_urls)),
 ]

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -13,11 +13,13 @@ from muster.api_errors import InvalidInput
 from projects.api.filters import MemberFilter
 from projects.api.serializers import (
     MemberSerializer,
+    MembershipSerializer,
     ProjectCreateSerializer,
     ProjectSerializer,
     SecretSerializer,
 )
 from projects.models import Membership, Project, Role, Secret
+from projects.services import members
 from projects.services.access import ProjectScopedMixin, project_for, require_admin
 
 
@@ -64,20 +66,34 @@ class MemberListView(ProjectScopedMixin, GenericAPIView):
 
     @extend_schema(responses={200: MemberSerializer(many=True)})
     def get(self, request, project):
-        rows = self.filter_queryset(self.get_queryset()).order_by("user__username")
-        return Response([{"username": m.user.username, "role": m.role} for m in rows])
+        queryset = self.get_queryset()
+        rows = self.filter_queryset(queryset)  # validates ?role= (a 400 naming it)
+        filterset = DjangoFilterBackend().get_filterset(request, queryset, self)
+        return Response(members.member_rows(rows, filterset.pending(self.project.pending_memberships.all())))
 
     @extend_schema(request=MemberSerializer, responses={201: MemberSerializer})
     def post(self, request, project):
         require_admin(request, self.project)
         body = MemberSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        user = get_user_model().objects.filter(username=body.validated_data["username"]).first()
-        if user is None:
-            raise InvalidInput(["username"], "no such user: create it first (manage.py muster_token USERNAME)")
-        Membership.objects.update_or_create(project=self.project, user=user,
-                                            defaults={"role": body.validated_data["role"]})
+        members.add_member(self.project, body.validated_data["username"], body.validated_data["role"])
         return Response(body.validated_data, status=status.HTTP_201_CREATED)
+
+
+class MyMembershipListView(APIView):
+    """The caller's own memberships: a user someone added to a project finds it here."""
+
+    @extend_schema(responses={200: MembershipSerializer(many=True)})
+    def get(self, request):
+        return Response(members.memberships_of(request.user))
+
+
+class MyMembershipDetailView(APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request, project):
+        """Leave the project."""
+        members.leave(request.user, project)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class SecretListView(ProjectScopedMixin, APIView):
