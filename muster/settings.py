@@ -285,6 +285,12 @@ MUSTER = {
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
+    # bytes of finished jobs' logs kept per project (0: no quota; a project's own log_quota wins):
+    # the oldest finished runs' logs go first, and a copy that still does not fit is cut short
+    "LOG_QUOTA": env_int("MUSTER_LOG_QUOTA", 4 << 30),
+    # days a finished run's logs are kept (0: until the run is deleted); the sweep runs every LOG_SWEEP_INTERVAL
+    "LOG_RETENTION_DAYS": env_float("MUSTER_LOG_RETENTION_DAYS", 30.0),
+    "LOG_SWEEP_INTERVAL": env_float("MUSTER_LOG_SWEEP_INTERVAL", 3600.0),
     "LOCAL_DIR": DATA_DIR / "local",
     # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
     # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.

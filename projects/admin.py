@@ -10,7 +10,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ["name", "created"]
+    list_display = ["name", "created", "log_quota"]
     inlines = [MembershipInline]
 
 
