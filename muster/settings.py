@@ -103,6 +103,7 @@ LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:index"
 
 MIDDLEWARE = [
+    "muster.disk.DiskFullMiddleware",  # outermost: a full disk answers 507, whichever layer's write failed
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -291,6 +292,8 @@ MUSTER = {
     # days a finished run's logs are kept (0: until the run is deleted); the sweep runs every LOG_SWEEP_INTERVAL
     "LOG_RETENTION_DAYS": env_float("MUSTER_LOG_RETENTION_DAYS", 30.0),
     "LOG_SWEEP_INTERVAL": env_float("MUSTER_LOG_SWEEP_INTERVAL", 3600.0),
+    # bytes free under MUSTER_DATA_DIR below which /healthz says the data dir is full (muster/disk.py)
+    "DATA_DIR_MIN_FREE": env_int("MUSTER_DATA_DIR_MIN_FREE", 16 << 20),
     "LOCAL_DIR": DATA_DIR / "local",
     # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins). Production denies
     # loopback and link-local (cloud metadata at 169.254.169.254) unless MUSTER_SSH_HOSTS_DENY is set.

@@ -65,6 +65,16 @@ def keep_copy(job: Job, host) -> None:
     # Output may print secrets: the copy is as private as the runner's original (0700 / 0600).
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.parent.chmod(0o700)
+    try:
+        _copy(job, host, path, limit, budget)
+    except OSError:
+        # A full disk: a part of the log without the line that says it is cut would pass for all
+        # of it, and deleting it gives back the space it took.
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _copy(job: Job, host, path: Path, limit: int, budget: log_storage.Budget) -> None:
     offset = 0
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
         while offset < limit:
