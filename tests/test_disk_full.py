@@ -83,11 +83,10 @@ def run_to_done(serve: ServeProcess, name: str) -> None:
 
 def fill(data: Path) -> Path:
     filler = data / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError as exc:
             assert exc.errno == 28, exc
     return filler

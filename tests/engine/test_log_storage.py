@@ -7,6 +7,7 @@ looked at where the server keeps them (LOG_DIR).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -140,3 +141,38 @@ def test_a_project_over_its_log_quota_loses_its_oldest_runs_logs_first_then_cuts
     assert not any(p.exists() for p in files_of(second))
     text = log_text(api, "loud")
     assert text == "d" * quota + logs.over_quota_note(quota, quota).decode()
+
+
+@pytest.fixture
+def small_log_disk(tmp_path, settings):
+    """LOG_DIR alone on a 1 MiB tmpfs: the hosts' own disks (LOCAL_DIR) keep their space."""
+    where = tmp_path / "logdisk"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(where)], check=True)
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": where / "logs"}
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(where: Path) -> Path:
+    filler = where / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == 28, exc
+    return filler
+
+
+def test_a_job_ending_while_the_log_disk_is_full_ends_says_its_log_was_lost_and_later_logs_are_kept(
+        local_fleet, celery_worker, api, small_log_disk):
+    filler = fill(small_log_disk)
+    during = run_printing(api, "during", "seq 100000")  # about 590 KB: the disk has none of it
+    assert not any(p.exists() for p in files_of(during)), "no part of a log passes for all of it"
+    events = api.get("/api/projects/main/events/?run=during").json()
+    assert any("the log of job 0 was not kept" in e["message"] for e in events), events
+
+    filler.unlink()
+    run_printing(api, "after", "seq 100000")
+    assert log_text(api, "after") == "".join(f"{i}\n" for i in range(1, 100001)), "the worker keeps logs again"
