@@ -132,22 +132,30 @@ def sweep_retention(now=None) -> int:
     for where in root.iterdir():
         if not where.is_dir():
             continue
-        files = {path.stem: path for path in where.glob("*.log")}
-        if not files:
-            continue
-        known = {str(uuid): (status, finished_at) for uuid, status, finished_at in Job.objects.filter(
-            uuid__in=[stem for stem in files if _is_uuid(stem)]).values_list("uuid", "run__status", "run__finished_at")}
-        old = []
-        for stem, path in files.items():
-            if stem not in known:
-                old.append(path)  # its run was deleted while the copy was being written
-                continue
-            status, finished_at = known[stem]
-            if days > 0 and status in RUN_FINISHED and finished_at is not None and finished_at < cutoff:
-                old.append(path)
-        _unlink(old)
-        removed += len(old)
+        paths = sorted(where.glob("*.log"))
+        # in batches: SQLite takes a bounded number of query parameters
+        for start in range(0, len(paths), BATCH):
+            old = _expired(paths[start:start + BATCH], days, cutoff)
+            _unlink(old)
+            removed += len(old)
     return removed
+
+
+BATCH = 500
+
+
+def _expired(paths: list[Path], days: float, cutoff) -> list[Path]:
+    known = {str(uuid): (status, finished_at) for uuid, status, finished_at in Job.objects.filter(
+        uuid__in=[p.stem for p in paths if _is_uuid(p.stem)]).values_list("uuid", "run__status", "run__finished_at")}
+    old = []
+    for path in paths:
+        if path.stem not in known:
+            old.append(path)  # its job is gone (its run deleted while the copy was being written)
+            continue
+        status, finished_at = known[path.stem]
+        if days > 0 and status in RUN_FINISHED and finished_at is not None and finished_at < cutoff:
+            old.append(path)
+    return old
 
 
 def _is_uuid(text: str) -> bool:
