@@ -106,18 +106,32 @@ class Budget:
 
     def _evict_one(self) -> bool:
         if self._victims is None:
-            self._victims = list(
-                Run.objects.filter(project_id=self.job.run.project_id, status__in=RUN_FINISHED)
-                .exclude(pk=self.job.run_id).order_by("finished_at", "pk").values_list("pk", "name"))
-        while self._victims:
-            run_id, name = self._victims.pop(0)
-            freed = delete_run_logs([run_id])
+            self._victims = iter(_finished_runs_with_logs(self.job.run.project_id, but_run=self.job.run_id))
+        for name, paths in self._victims:
+            freed = _unlink(paths)
             if freed:
                 log.info("deleted the logs of run %s (%d bytes): project %s is over its log quota of %d bytes",
                          name, freed, self.job.run.project_id, self.quota)
                 self.used = max(0, self.used - freed)
                 return True
         return False
+
+
+def _finished_runs_with_logs(project_id: int, but_run: int) -> list[tuple[str, list[Path]]]:
+    """(run name, its log files) of the project's finished runs that have any, oldest finished first.
+
+    Found from the files, not the runs: a project may have many old runs whose logs are gone."""
+    paths = {path.stem: path for path in project_dir(project_id).glob("*.log") if _is_uuid(path.stem)}
+    stems, runs = list(paths), {}
+    for start in range(0, len(stems), BATCH):
+        rows = Job.objects.filter(uuid__in=stems[start:start + BATCH], run__project_id=project_id,
+                                  run__status__in=RUN_FINISHED).exclude(run_id=but_run).values_list(
+            "uuid", "run_id", "run__name", "run__finished_at")
+        for uuid, run_id, name, finished_at in rows:
+            entry = runs.setdefault(run_id, [finished_at, run_id, name, []])
+            entry[3].append(paths[str(uuid)])
+    oldest_first = sorted(runs.values(), key=lambda e: (e[0] is None, e[0] or 0, e[1]))
+    return [(name, files) for _, _, name, files in oldest_first]
 
 
 def sweep_retention(now=None) -> int:
