@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, messages, runner_status
+from events.services import record
 from instances.transitions import hand_back
 from runs.choices import (
     FINAL_STATUS,
@@ -97,6 +98,7 @@ def _runner_finished(job: Job) -> bool:
         except OSError as exc:
             # The server's disk (full, unwritable) must not hold the job and its host forever.
             log.warning("job %s: its log could not be kept: %s", job, exc)
+            _say_log_lost(job, exc)
         finally:
             # The job directory holds its output (which may print secrets): it goes even when
             # the copy failed, rather than stay on the host for good.
@@ -104,6 +106,17 @@ def _runner_finished(job: Job) -> bool:
         return True
     finally:
         host.close()
+
+
+def _say_log_lost(job: Job, exc: OSError) -> None:
+    # Otherwise the job's log just reads empty. On the embedded default the database shares the
+    # full disk, so the event may not be written either: the warning above is then all there is.
+    try:
+        record(job.run.project_id, f"run {job.run.name}", f"the log of job {job.job_num} was not kept: "
+               f"the server could not write it ({exc.strerror or exc})", status=job.status, run_id=job.run_id,
+               job_id=job.pk)
+    except DatabaseError as again:
+        log.warning("job %s: could not record that its log was lost: %s", job, again)
 
 
 def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:

@@ -47,6 +47,13 @@ def sweep() -> dict[str, int]:
     return sweeps.sweep()
 
 
+@shared_task
+def sweep_logs() -> int:
+    from runs.services import log_storage
+
+    return log_storage.sweep_retention()
+
+
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def terminate_group(group_id: int) -> None:
     groups.terminate_group_now(group_id)

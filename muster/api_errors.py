@@ -14,6 +14,7 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType, Validati
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from muster import disk
 from muster.crypto import DecryptError
 from runs.configuration import ConfigurationError
 
@@ -60,6 +61,8 @@ def exception_handler(exc, context):
         return errors_response([{"loc": [], "msg": f"the request body is over {limit} bytes, the most this server "
                                                    "takes (DATA_UPLOAD_MAX_MEMORY_SIZE)"}],
                                status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if disk.is_disk_full(exc):
+        return errors_response([{"loc": [], "msg": disk.MESSAGE}], status.HTTP_507_INSUFFICIENT_STORAGE)
     if isinstance(exc, InvalidInput | DecryptError):
         return errors_response(exc.errors, exc.status_code)
     if isinstance(exc, ConfigurationError):

@@ -103,6 +103,7 @@ LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:index"
 
 MIDDLEWARE = [
+    "muster.disk.DiskFullMiddleware",  # outermost: a full disk answers 507, whichever layer's write failed
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -288,6 +289,14 @@ MUSTER = {
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
+    # bytes of finished jobs' logs kept per project (0: no quota; a project's own log_quota wins):
+    # the oldest finished runs' logs go first, and a copy that still does not fit is cut short
+    "LOG_QUOTA": env_int("MUSTER_LOG_QUOTA", 4 << 30),
+    # days a finished run's logs are kept (0: until the run is deleted); the sweep runs every LOG_SWEEP_INTERVAL
+    "LOG_RETENTION_DAYS": env_float("MUSTER_LOG_RETENTION_DAYS", 30.0),
+    "LOG_SWEEP_INTERVAL": env_float("MUSTER_LOG_SWEEP_INTERVAL", 3600.0),
+    # bytes free under MUSTER_DATA_DIR below which /healthz says the data dir is full (muster/disk.py)
+    "DATA_DIR_MIN_FREE": env_int("MUSTER_DATA_DIR_MIN_FREE", 16 << 20),
     "LOCAL_DIR": DATA_DIR / "local",
     # SSH fleet hosts the server may connect to (comma-separated CIDRs; deny wins, and applies to the
     # IPv4 address an IPv6 one embeds). Production denies the unspecified addresses, loopback and

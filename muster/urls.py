@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.metrics import metrics_view
+from muster import disk
 
 admin.site.site_header = "Muster administration"
 admin.site.site_title = "Muster admin"
@@ -15,6 +16,9 @@ admin.site.site_url = "/"
 def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
+    full = disk.data_dir_full()
+    if full:
+        return JsonResponse({"ok": False, "reason": full}, status=503)
     return JsonResponse({"ok": True})
 
 

@@ -17,7 +17,7 @@ class PendingMembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ["name", "created"]
+    list_display = ["name", "created", "log_quota"]
     inlines = [MembershipInline, PendingMembershipInline]
 
 
