@@ -97,6 +97,9 @@ def follow(job: Job) -> Follow | None:
         offset = stored_path(job).stat().st_size
     except FileNotFoundError:
         offset = 0
+    except OSError as exc:  # an unusable log directory must not hold the look at the host
+        log.warning("job %s: its live log cannot be kept: %s", job, exc)
+        return None
     room = _copy_limit() - offset
     return Follow(job.runner_job_id, offset, room) if room > 0 else None
 
