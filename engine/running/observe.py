@@ -44,9 +44,9 @@ def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
     terminate_job(job, reason, message, held=True, **fields)
 
 
-def look(host, log: logs.Follow | None = None) -> tuple[dict | None, Exception | None]:
+def look(host, follow: logs.Follow | None = None) -> tuple[dict | None, Exception | None]:
     """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
-    database, so the batch watcher can run many of these in threads. With `log`, then fetch the
+    database, so the batch watcher can run many of these in threads. With `follow`, then fetch the
     job's new log bytes on the same connection (runs/services/logs.py: readers are served from
     the server's copy this keeps, never from the host).
 
@@ -57,8 +57,8 @@ def look(host, log: logs.Follow | None = None) -> tuple[dict | None, Exception |
         if not status.get("agent_alive"):
             host.ensure_agent()
             status = runner_status.read(host)
-        if log is not None:
-            log.fetch(host, status)  # after the status: a log never delays what the health check needs
+        if follow is not None:
+            follow.fetch(host, status)  # after the status: a log never delays what the health check needs
         return status, None
     except Exception as exc:  # noqa: BLE001 - raised again by take_look, on the job's own step
         return None, exc
