@@ -19,7 +19,7 @@ from runs.services.submission import submit_run
 from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
-from tests.waiting import job_states
+from tests.waiting import job_states, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -30,6 +30,14 @@ name: printer
 fleets: [solo]
 commands:
   - for i in $(seq 1 {LINES}); do echo "tick $i $(date +%s.%N)"; sleep 0.25; done
+"""
+SLEEPER = """
+type: task
+name: sleeper
+fleets: [solo]
+commands:
+  - echo "printed before the host went away"
+  - sleep 300
 """
 READERS = 30
 POLL = 0.5  # the watch's interval (JOB_POLL_INTERVAL): how often it logs in to the host
@@ -113,3 +121,23 @@ def _full_log(run) -> str:
     from runs.services import logs
 
     return logs.read(run.current_jobs().get(job_num=0)).decode()
+
+
+def test_a_running_jobs_log_is_read_from_the_servers_copy_while_its_host_refuses_logins(
+        ssh_hosts, project, make_user, fast_limits, celery_worker):
+    (host,) = ssh_hosts(1, mode="netns")
+    apply_fleet(project, {"configuration": fleet_configuration(host.pool, name="solo")}, actor="test")
+    reader = client_for(make_user("viewer", role="read-only"))
+    run = submit_run(project, None, {"configuration": SLEEPER})
+
+    def log_text() -> str:
+        resp = reader.get("/api/projects/main/runs/sleeper/logs", {"job": 0})
+        assert resp.status_code == 200, resp.content
+        return resp.json()["text"]
+
+    wait_until(lambda: "printed before the host went away" in log_text(), 90, "the line in the log")
+    host.stop_sshd()  # new logins are refused from here on
+    try:
+        assert "printed before the host went away" in log_text()
+    finally:
+        wait_for_run(run.name, timeout=60)  # instance_unreachable after UNREACHABLE_GRACE
