@@ -37,7 +37,7 @@ def read(job: Job, start: int = 0, limit: int = CHUNK) -> bytes:
         with stored_path(job).open("rb") as f:
             f.seek(start)
             return f.read(limit)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing copied yet (or no usable log directory)
         return b""
 
 
@@ -56,7 +56,11 @@ def _open_copy(job: Job) -> int:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.parent.chmod(0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
