@@ -65,7 +65,7 @@ class HollowRunnerHost(RunnerHost):
         jobs = {}
         for job_id, started in self._load().items():
             if now - started < run_seconds():
-                jobs[job_id] = {"state": "running", "start_time": started}
+                jobs[job_id] = {"state": "running", "start_time": started, "log_size": 0}  # prints nothing
             else:
                 jobs[job_id] = {"state": "done", "start_time": started, "end_time": started + run_seconds(),
                                 "exit_status": 0}

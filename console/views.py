@@ -17,6 +17,7 @@ from console import picture
 from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
+from muster.throttling import throttled
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
 from runs.api.serializers import RunSerializer
@@ -98,6 +99,7 @@ def _whole_number(raw: str | None, most: int) -> int | None:
 
 @login_required
 @require_GET
+@throttled  # as the API's log reads: a reader in the console must not get more than one through the API
 def run_log(request, project, name):
     project, _ = _member_project(request, project)
     run = _run(project, name)

@@ -41,6 +41,9 @@ def _check_job(job_id: str, state: Any) -> None:
         value = state.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
             raise BackendError(f"the runner's {key} of job {job_id} is not a number: {_short(value)}")
+    size = state.get("log_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise BackendError(f"the runner's log_size of job {job_id} is not a byte count: {_short(size)}")
     code = state.get("exit_status")
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -2**31 <= code < 2**31):
         raise BackendError(f"the runner's exit_status of job {job_id} is not an integer: {_short(code)}")

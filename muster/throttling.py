@@ -7,7 +7,11 @@ web processes a caller gets up to N times the rate (docs/security.md).
 
 from __future__ import annotations
 
+import functools
+import math
+
 from django.conf import settings
+from django.http import JsonResponse
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 
@@ -19,3 +23,19 @@ class UserThrottle(UserRateThrottle):
 class AnonThrottle(AnonRateThrottle):
     def get_rate(self):
         return settings.MUSTER.get("THROTTLE_ANON") or None
+
+
+def throttled(view):
+    """A console view counted against the API's per-user rate (the same counter: reading a log
+    through both does not double it); over it, a 429 with Retry-After, as the API answers."""
+
+    @functools.wraps(view)
+    def wrapped(request, *args, **kwargs):
+        throttle = UserThrottle()
+        if throttle.allow_request(request, None):
+            return view(request, *args, **kwargs)
+        wait = max(1, math.ceil(throttle.wait() or 1))
+        return JsonResponse({"detail": f"Request was throttled (MUSTER_THROTTLE_USER). Expected available in {wait} "
+                                       f"seconds.", "retry_after": wait}, status=429, headers={"Retry-After": str(wait)})
+
+    return wrapped

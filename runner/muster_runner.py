@@ -1311,6 +1311,11 @@ def status_report(paths: Paths) -> dict[str, Any]:
             except ValueError:
                 continue
             if status is not None:
+                # How much the job has printed: the server fetches only what it has not copied yet.
+                try:
+                    status["log_size"] = os.path.getsize(paths.job(job_id).output)
+                except OSError:
+                    status["log_size"] = 0
                 jobs[job_id] = status
     return {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
 

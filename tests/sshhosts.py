@@ -259,9 +259,10 @@ class SSHHost:
         fields.update(overrides)
         return SSHTarget(**fields)
 
-    def reconfigure_sshd(self, sftp: bool = True, extra: Sequence[str] = ()) -> None:
-        """Restart sshd with the sftp subsystem on or off and `extra` sshd_config lines (ForceCommand, ...)."""
-        self._sftp, self._extra_config = sftp, list(extra)
+    def reconfigure_sshd(self, sftp: bool = True, extra: Sequence[str] = (), max_startups: str | None = None) -> None:
+        """Restart sshd with the sftp subsystem on or off, `extra` sshd_config lines (ForceCommand, ...)
+        and `max_startups` (sshd's MaxStartups, e.g. "3:100:3"; a setting sshd takes from its first line)."""
+        self._sftp, self._extra_config, self._max_startups = sftp, list(extra), max_startups
         self._write_config()
         self.stop_sshd()
         self.start_sshd()
@@ -287,7 +288,7 @@ class SSHHost:
             "PrintMotd no",
             "PrintLastLog no",
             # Tests open many connections at once (one per SSHRunnerHost, parallel probes).
-            "MaxStartups 200:30:400",
+            f"MaxStartups {getattr(self, '_max_startups', None) or '200:30:400'}",
             "MaxSessions 100",
             "LogLevel INFO",
             *getattr(self, "_extra_config", []),
@@ -320,6 +321,11 @@ class SSHHost:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+    @property
+    def sshd_log(self) -> str:
+        """What sshd has logged (LogLevel INFO: one "Accepted publickey" line per login)."""
+        return self._log.read_text(errors="replace") if self._log.exists() else ""
 
     @property
     def sshd_running(self) -> bool:

@@ -18,6 +18,7 @@ from engine import health, messages, runner_status
 from engine.starting import containers
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
+from runs.services import logs
 from runs.transitions import move_job, terminate_job
 
 # the statuses advance_job claims a job in; a job given back after a look is in one of them
@@ -43,9 +44,11 @@ def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
     terminate_job(job, reason, message, held=True, **fields)
 
 
-def look(host) -> tuple[dict | None, Exception | None]:
+def look(host, follow: logs.Follow | None = None) -> tuple[dict | None, Exception | None]:
     """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
-    database, so the batch watcher can run many of these in threads.
+    database, so the batch watcher can run many of these in threads. With `follow`, then fetch the
+    job's new log bytes on the same connection (runs/services/logs.py: readers are served from
+    the server's copy this keeps, never from the host).
 
     Never raises: what went wrong comes back, for take_look to act on with the job it belongs to.
     """
@@ -54,6 +57,8 @@ def look(host) -> tuple[dict | None, Exception | None]:
         if not status.get("agent_alive"):
             host.ensure_agent()
             status = runner_status.read(host)
+        if follow is not None:
+            follow.fetch(host, status)  # after the status: a log never delays what the health check needs
         return status, None
     except Exception as exc:  # noqa: BLE001 - raised again by take_look, on the job's own step
         return None, exc

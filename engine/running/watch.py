@@ -27,6 +27,7 @@ from engine import claims
 from engine.running import observe
 from runs.choices import JobStatus
 from runs.models import Job
+from runs.services import logs
 from runs.transitions import release_job
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,14 @@ def _watch_batch() -> int:
             return 0
         jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
                     .select_related("run", "instance", "instance__fleet", "instance__group"))
-        looks = _look_at_all(jobs, held)
+        follows = {job.pk: logs.follow(job) for job in jobs}
+        looks = _look_at_all(jobs, held, follows)
         seen_before = {job.pk: job.agent_seen_at for job in jobs}
         for job in jobs:
             if job.pk not in looks:
                 continue
             with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
+                logs.take(job, follows[job.pk])
                 try:
                     observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
                 except BackendError as exc:
@@ -75,7 +78,7 @@ def _watch_batch() -> int:
     return len(held.pks)
 
 
-def _look_at_all(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
+def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, logs.Follow | None]) -> dict[int, tuple]:
     # Hosts are made here, on this thread (they may read settings or decrypt keys); the threads
     # only talk to them. Every database write happens afterwards, on this task's connection.
     hosts = {}
@@ -83,9 +86,10 @@ def _look_at_all(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
         with held.row(job.pk):
             hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
-        return {pk: observe.look(host) for pk, host in hosts.items()}
+        return {pk: observe.look(host, follows[pk]) for pk, host in hosts.items()}
     with ThreadPoolExecutor(max_workers=min(THREADS, len(hosts)), thread_name_prefix="watch") as pool:
-        return dict(zip(hosts, pool.map(observe.look, hosts.values()), strict=True))
+        answers = pool.map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
+        return dict(zip(hosts, answers, strict=True))
 
 
 def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:

@@ -22,6 +22,7 @@ from instances.models import InstanceStatus
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
+from runs.services import logs
 from runs.transitions import move_job, release_job, terminate_job
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,11 @@ def _step(job: Job) -> None:
 
 
 def _observe(job: Job) -> dict | None:
-    """One round trip to the host's runner; None when the host cannot be reached."""
-    return observe.take_look(job, *observe.look(compute_for_instance(job.instance).runner_host(job.instance)))
+    """One round trip to the host's runner (and its new log bytes); None when the host cannot be reached."""
+    follow = logs.follow(job)
+    found = observe.look(compute_for_instance(job.instance).runner_host(job.instance), follow)
+    logs.take(job, follow)
+    return observe.take_look(job, *found)
 
 
 def _wait_for_runner(job: Job) -> None:

@@ -107,6 +107,27 @@ def test_the_log_endpoint_refuses_bad_numbers(make_user):
     assert browser.get("/projects/main/runs/r2/log?job=1").json()["text"] == ""
 
 
+def test_a_console_reader_over_the_user_rate_gets_a_429_and_the_api_counts_against_the_same_rate(
+        make_user, settings):
+    from django.core.cache import cache
+
+    alice, bob = _user(make_user, "alice"), _user(make_user, "bob", role="read-only")
+    _submit(alice, CONF.format(name="r3"))
+    cache.clear()
+    settings.MUSTER = {**settings.MUSTER, "THROTTLE_USER": "3/min"}
+    try:
+        browser = _browser(bob)
+        assert [browser.get("/projects/main/runs/r3/log?job=0").status_code for _ in range(2)] == [200, 200]
+        assert client_for(bob).get("/api/projects/main/runs/r3/logs?job=0").status_code == 200
+        over = browser.get("/projects/main/runs/r3/log?job=0")
+        assert over.status_code == 429
+        assert int(over.headers["Retry-After"]) > 0 and over.json()["retry_after"] > 0
+        assert "MUSTER_THROTTLE_USER" in over.json()["detail"]
+        assert _browser(alice).get("/projects/main/runs/r3/log?job=0").status_code == 200, "counted per reader"
+    finally:
+        cache.clear()
+
+
 def test_the_fleets_page_names_the_same_job_on_a_host_as_the_api(make_user):
     """A job being stopped is still on its host, and a job not yet placed on none: the console's
     fleets page and `muster instances` (the API) say the same of every host."""

@@ -221,7 +221,7 @@ def test_submit_is_idempotent_and_keeps_the_first_spec(home):
     assert submit(home, "j1", first) == {"submitted": False}
 
     assert json.loads((home / "jobs" / "j1" / "spec.json").read_text()) == first
-    assert cli_json(home, "status")["jobs"] == {"j1": {"state": "submitted"}}
+    assert cli_json(home, "status")["jobs"] == {"j1": {"state": "submitted", "log_size": 0}}
 
 
 def test_submit_of_an_existing_job_id_with_another_spec_is_an_error(home):
@@ -252,6 +252,13 @@ def test_log_returns_raw_bytes_from_an_offset_up_to_a_limit(home):
     assert cli(home, "log", "--job", "j1", "--offset", "3", "--limit", "4").stdout == b"3456"
     assert cli(home, "log", "--job", "j1", "--offset", "10").stdout == b"\xff\x00\xfe tail"
     assert cli(home, "log", "--job", "j1", "--offset", "1000").stdout == b""
+
+
+def test_status_says_how_much_each_job_has_printed_so_the_server_fetches_only_what_is_new(home):
+    first = job_spec("j1", ["echo first"])
+    assert submit(home, "j1", first) == {"submitted": True}
+    (home / "jobs" / "j1" / "output.log").write_bytes(b"0123456789")
+    assert cli_json(home, "status")["jobs"]["j1"]["log_size"] == 10
 
 
 def test_log_of_a_job_without_output_is_empty(home):

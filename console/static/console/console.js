@@ -6,7 +6,12 @@
 
   function get(url, asJson) {
     return fetch(url, {credentials: "same-origin", headers: {"X-Requested-With": "fetch"}}).then(function (r) {
-      if (!r.ok) { throw new Error(url + ": HTTP " + r.status); }
+      if (!r.ok) {
+        var err = new Error(url + ": HTTP " + r.status);
+        // 429: the server's rate per user (MUSTER_THROTTLE_USER); wait as long as it says
+        err.retryMs = 1000 * (parseInt(r.headers.get("Retry-After"), 10) || 0);
+        throw err;
+      }
       return asJson ? r.json() : r.text();
     });
   }
@@ -44,7 +49,9 @@
         if (follow && follow.checked && (!body.finished || body.text)) {
           timer = setTimeout(function () { readLog(gen); }, body.text ? 200 : POLL_MS);
         }
-      }).catch(function () { timer = setTimeout(function () { readLog(gen); }, POLL_MS * 2); });
+      }).catch(function (err) {
+        timer = setTimeout(function () { readLog(gen); }, Math.max(POLL_MS * 2, (err && err.retryMs) || 0));
+      });
     };
     var restart = function () {
       generation += 1; offset = 0; text.textContent = "";
