@@ -34,7 +34,10 @@ A spec with ``container.image`` runs as one Docker container (``run_container_jo
 job id, through the host's ``docker`` CLI: the image is pulled unless present (state ``pulling``),
 the container is created with host networking, the job's env and the MPI hostfile (read-only, at
 the same path), then started attached so its output lands in output.log.  Stops use ``docker stop``
-(SIGTERM, SIGKILL after the grace period) and every end removes the container.
+(SIGTERM, SIGKILL after the grace period) and every end removes the container.  Every docker
+command puts ``--`` before its positional arguments, so an image or name is never read as a flag.
+``container.policy`` is the fleet's (``allow_privileged``, ``allowed_prefixes``): a container that
+asks for more, with the host paths' symlinks resolved, is refused (``policy_refusal``).
 """
 
 from __future__ import annotations
