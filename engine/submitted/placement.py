@@ -104,10 +104,15 @@ def candidate_fleets(run: Run):
 def allowing_fleets(fleets: list[Fleet], configuration: dict) -> list[Fleet]:
     """The fleets whose container policy lets the run's containers do what they ask (privileged,
     host volumes): a run never goes to a fleet that forbids it, even when that fleet fits."""
+    return [f for f in fleets if not policy_refusals(f, configuration)]
+
+
+def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
+    """What the run's containers ask that the fleet's policy does not allow (none without an image)."""
     if not run_has_image(configuration):
-        return fleets
+        return []
     container = configuration.get("container") or {}
-    return [f for f in fleets if not policy_problems(container, fleet_policy(f.configuration, f.backend), f.name)]
+    return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
 def fleets_for(project_id: int, wanted: list[str]) -> list[Fleet]:

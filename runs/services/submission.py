@@ -163,7 +163,7 @@ def plan_capacity(project: Project, wanted: list[str], specs: list[dict], config
     fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
     if fleet is not None:
         return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
-    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups, configuration)}
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
