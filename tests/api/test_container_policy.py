@@ -181,3 +181,17 @@ def test_the_fleet_keys_are_checked_and_shown(api, fleets):
     resp = api.post(FLEETS, {"configuration": gcp}, format="json")
     assert resp.status_code == 201, resp.json()
     assert resp.json()["configuration"]["allow_privileged"] is True, "TPU containers need it: gcp's default"
+
+
+def test_a_local_fleet_keeps_its_policy_and_defaults_to_neither(superuser_api):
+    opened = {"type": "fleet", "name": "here", "backends": ["local"], "nodes": 1, "allow_privileged": True,
+              "volumes": {"allowed_prefixes": ["/srv/data"]}}
+    assert superuser_api.post(FLEETS, {"configuration": opened}, format="json").status_code == 201
+    assert superuser_api.post(FLEETS, {"configuration": {"type": "fleet", "name": "plain", "backends": ["local"],
+                                                         "nodes": 1}}, format="json").status_code == 201
+    from engine.submitted import placement
+
+    fleets = placement.fleets_for(Project.objects.get(name="main").pk, [])
+    wants = {"image": "busybox", "container": {"privileged": True, "volumes": [
+        {"instance_path": "/srv/data/x", "path": "/x", "optional": False}]}}
+    assert [f.name for f in placement.allowing_fleets(fleets, wants)] == ["here"]
