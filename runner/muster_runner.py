@@ -34,7 +34,10 @@ A spec with ``container.image`` runs as one Docker container (``run_container_jo
 job id, through the host's ``docker`` CLI: the image is pulled unless present (state ``pulling``),
 the container is created with host networking, the job's env and the MPI hostfile (read-only, at
 the same path), then started attached so its output lands in output.log.  Stops use ``docker stop``
-(SIGTERM, SIGKILL after the grace period) and every end removes the container.
+(SIGTERM, SIGKILL after the grace period) and every end removes the container.  Every docker
+command puts ``--`` before its positional arguments, so an image or name is never read as a flag.
+``container.policy`` is the fleet's (``allow_privileged``, ``allowed_prefixes``): a container that
+asks for more, with the host paths' symlinks resolved, is refused (``policy_refusal``).
 """
 
 from __future__ import annotations
@@ -609,6 +612,9 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         volumes = container.get("volumes") or []
         if not isinstance(volumes, list) or not all(isinstance(v, str) for v in volumes):
             raise ValueError("spec.container.volumes must be a list of strings")
+        policy = container.get("policy")
+        if policy is not None and (not isinstance(policy, dict) or not isinstance(policy.get("allowed_prefixes", []), list)):
+            raise ValueError("spec.container.policy must be an object with allowed_prefixes a list")
     return spec
 
 
@@ -741,7 +747,7 @@ def docker(args: list[str], timeout: float = DOCKER_CALL_TIMEOUT) -> tuple[int, 
 
 
 def remove_container(name: str) -> None:
-    docker(["rm", "-f", name])
+    docker(["rm", "-f", "--", name])
 
 
 def container_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
@@ -778,7 +784,7 @@ def pull_config(image: str, auth: Any) -> str:
 def pull_image(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[str, Any],
                auth: Any = None) -> str | None:
     """Pull unless the host has the image; None when it is there, else why not ("terminated" on a stop)."""
-    if docker(["image", "inspect", "--format", "{{.Id}}", image])[0] == 0:
+    if docker(["image", "inspect", "--format", "{{.Id}}", "--", image])[0] == 0:
         return None
     status = dict(base, state="pulling", image=image, message=f"pulling {image}", time=time.time())
     write_json_atomic(job.status, status)
@@ -797,7 +803,7 @@ def _pull(job: JobPaths, image: str, timeout: float, flag: StopFlag, base: dict[
           env: dict[str, str]) -> str | None:
     try:
         proc = subprocess.Popen(
-            ["docker", "pull", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            ["docker", "pull", "--", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=env, close_fds=True,
         )
     except FileNotFoundError:
@@ -865,6 +871,35 @@ def nvidia_runtime() -> bool:
     return code == 0 and '"nvidia"' in out
 
 
+def under(path: str, prefixes: list[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def policy_refusal(c: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """Why this host refuses the container under its fleet's policy (spec.container.policy, the
+    operator's `allow_privileged` and `volumes.allowed_prefixes`), else None and the volumes with
+    their host paths resolved. The server checked the written paths; only here are the host's
+    symlinks known, so `/data/link -> /` or `/data/../etc` cannot reach past a prefix, and Docker
+    is handed the resolved path, not the one that was checked. No policy: nothing is allowed."""
+    policy = c.get("policy") if isinstance(c.get("policy"), dict) else {}
+    if c.get("privileged") and policy.get("allow_privileged") is not True:
+        return "this fleet does not allow privileged containers (its allow_privileged is false)", []
+    prefixes = [os.path.realpath(p) for p in policy.get("allowed_prefixes") or []
+                if isinstance(p, str) and p.startswith("/")]
+    resolved = []
+    for volume in c.get("volumes") or []:
+        source, sep, target = volume.partition(":")
+        if not sep or not source.startswith("/") or not target.startswith("/"):
+            return f"volume {volume!r} is not /host/path:/container/path", []
+        real = os.path.realpath(source)
+        if not under(real, prefixes):
+            allowed = ", ".join(prefixes) if prefixes else "none"
+            return (f"this fleet does not allow mounting host path {source} (on this host: {real}): its "
+                    f"volumes.allowed_prefixes are {allowed}"), []
+        resolved.append(f"{real}:{target}")
+    return None, resolved
+
+
 def create_args(job: JobPaths, spec: dict[str, Any], name: str, env_file: str, inherited: list[str]) -> list[str]:
     c = spec["container"]
     args = [
@@ -895,11 +930,11 @@ def create_args(job: JobPaths, spec: dict[str, Any], name: str, env_file: str, i
     script = job_script(spec["commands"])
     entrypoint = shlex.split(str(c["entrypoint"])) if c.get("entrypoint") else []
     if entrypoint:
-        args += ["--entrypoint", entrypoint[0], c["image"], *entrypoint[1:]]
+        args += ["--entrypoint", entrypoint[0], "--", c["image"], *entrypoint[1:]]
         if spec["commands"]:
             args += ["-c", script]
     else:
-        args += ["--entrypoint", str(c.get("shell") or "/bin/sh"), c["image"], "-c", script]
+        args += ["--entrypoint", str(c.get("shell") or "/bin/sh"), "--", c["image"], "-c", script]
     return args
 
 
@@ -918,6 +953,10 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
 
     # A container of this name is a leftover of an earlier runner of this job: never two of it.
     remove_container(name)
+    refusal, volumes = policy_refusal(c)
+    if refusal is not None:
+        return finish("failed", {"reason": "creating_container_error", "error": refusal})
+    spec = dict(spec, container=dict(c, volumes=volumes))
     timeout = float(c.get("pull_timeout") or DEFAULT_PULL_TIMEOUT)
     problem = pull_image(job, image, timeout, flag, base, c.get("registry_auth"))
     if problem == "terminated":
@@ -950,7 +989,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
                          b"the container runs without GPUs\n")
             output.flush()
         attached = subprocess.Popen(
-            ["docker", "start", "--attach", name], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            ["docker", "start", "--attach", "--", name], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
             env=base_env(job.home), start_new_session=True, close_fds=True,
         )
     started = time.monotonic()
@@ -965,7 +1004,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
             reason = "max_duration_exceeded"
         if reason is not None:
             grace = stop_grace(spec)
-            docker(["stop", "-t", str(max(0, int(round(grace)))), name], timeout=grace + DOCKER_CALL_TIMEOUT)
+            docker(["stop", "-t", str(max(0, int(round(grace)))), "--", name], timeout=grace + DOCKER_CALL_TIMEOUT)
             break
         time.sleep(WATCH_INTERVAL)
     try:
@@ -973,7 +1012,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     except subprocess.TimeoutExpired:
         attached.kill()
         attached.wait()
-    code, out = docker(["inspect", "--format", "{{.State.ExitCode}}|{{.State.Error}}", name])
+    code, out = docker(["inspect", "--format", "{{.State.ExitCode}}|{{.State.Error}}", "--", name])
     status_text, _, error = out.partition("|")
     if code == 0 and error.strip() and reason is None:
         # The runtime could not start the process (caps, devices, a missing shell): not the commands' exit.

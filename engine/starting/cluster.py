@@ -7,6 +7,7 @@ from django.conf import settings
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
 from runs.configuration import gpu_count_for, substitute_ips
+from runs.configuration.container_policy import fleet_policy
 from runs.models import Job
 from runs.services.submission import secret_env
 
@@ -112,7 +113,15 @@ def container_spec(job: Job, tpu: bool = False) -> dict | None:
         "gpus": "nvidia" if "nvidia" in vendors else "amd" if "amd" in vendors else None,
         "pull_timeout": float(settings.MUSTER["IMAGE_PULL_TIMEOUT"]),
         "registry_auth": registry_auth(job),
+        # the fleet's operator's limits, which the runner enforces again on the host (with symlinks resolved)
+        "policy": policy_of(job.instance),
     }
+
+
+def policy_of(instance) -> dict:
+    fleet = instance.fleet
+    # an instance left without its fleet gets the defaults of its backend
+    return fleet_policy(fleet.configuration if fleet else {}, fleet.backend if fleet else instance.backend)
 
 
 def registry_auth(job: Job) -> dict | None:

@@ -103,8 +103,9 @@ def _cloud_reason(fleet: Fleet, req: dict, needs: str) -> str | None:
     return None if offers else f"fleet {fleet.name} ({fleet.backend}) has no offer for {needs}"
 
 
-def explain(project_id: int, wanted: list[str], groups: list[Group]) -> list[str]:
-    """One line per group that no fleet can hold, else one per fleet saying what it lacks."""
+def explain(project_id: int, wanted: list[str], groups: list[Group], configuration: dict | None = None) -> list[str]:
+    """One line per group that no fleet can hold, else one per fleet saying what it lacks (with the
+    run's `configuration`, a fleet whose container policy forbids the run says that)."""
     fleets = placement.fleets_for(project_id, wanted)
     if not fleets:
         if wanted:
@@ -114,7 +115,10 @@ def explain(project_id: int, wanted: list[str], groups: list[Group]) -> list[str
     fleet_reason: dict[int, str] = {}
     hosts: dict[int, list] = {}
     for fleet in fleets:
-        if placement.is_static(fleet):
+        refused = placement.policy_refusals(fleet, configuration) if configuration is not None else []
+        if refused:
+            fleet_reason[fleet.pk] = "; ".join(refused)
+        elif placement.is_static(fleet):
             if total > 1 and fleet.placement != Placement.CLUSTER:
                 fleet_reason[fleet.pk] = (f"fleet {fleet.name} has placement {fleet.placement}: the nodes of a "
                                           "multi-node run need a fleet with placement: cluster")

@@ -11,6 +11,7 @@ from django.utils import timezone
 from backends.registry import creates_groups, fleet_backend_config, get_compute
 from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from runs.configuration import fits
+from runs.configuration.container_policy import fleet_policy, policy_problems, run_has_image
 from runs.models import Job, Run
 
 
@@ -97,7 +98,21 @@ def cloud_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
 
 
 def candidate_fleets(run: Run):
-    return fleets_for(run.project_id, run.configuration.get("fleets") or [])
+    return allowing_fleets(fleets_for(run.project_id, run.configuration.get("fleets") or []), run.configuration)
+
+
+def allowing_fleets(fleets: list[Fleet], configuration: dict) -> list[Fleet]:
+    """The fleets whose container policy lets the run's containers do what they ask (privileged,
+    host volumes): a run never goes to a fleet that forbids it, even when that fleet fits."""
+    return [f for f in fleets if not policy_refusals(f, configuration)]
+
+
+def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
+    """What the run's containers ask that the fleet's policy does not allow (none without an image)."""
+    if not run_has_image(configuration):
+        return []
+    container = configuration.get("container") or {}
+    return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
 def fleets_for(project_id: int, wanted: list[str]) -> list[Fleet]:

@@ -55,7 +55,9 @@ def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
     if backends == ["local"]:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
         check_local_fleet(user, count)
-        return create_local_fleet(project, name, count, placement=conf.get("placement") or Placement.ANY, actor=actor)
+        policy = {"allow_privileged": conf.get("allow_privileged", False), "volumes": conf.get("volumes") or {}}
+        return create_local_fleet(project, name, count, placement=conf.get("placement") or Placement.ANY, actor=actor,
+                                  policy=policy)
     if backends == ["gcp"]:
         return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
     raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
@@ -89,7 +91,9 @@ def _fixed_nodes(conf: dict, default: int) -> int:
     return int(nodes)
 
 
-def create_local_fleet(project: Project, name: str, count: int, placement: str = "cluster", actor: str = "server") -> Fleet:
+def create_local_fleet(project: Project, name: str, count: int, placement: str = "cluster", actor: str = "server",
+                       policy: dict | None = None) -> Fleet:
+    """`policy`: the fleet's container keys (allow_privileged, volumes), else the defaults (neither)."""
     compute = get_compute("local", {"first_index": _next_local_index()})
     offer = compute.get_offers({})[0]
     names = [f"{name}-{i}" for i in range(count)]
@@ -97,7 +101,7 @@ def create_local_fleet(project: Project, name: str, count: int, placement: str =
     with transaction.atomic():
         fleet = Fleet.objects.create(
             project=project, name=name, backend=FleetBackend.LOCAL, placement=placement,
-            configuration={"type": "fleet", "name": name, "backends": ["local"], "nodes": count},
+            configuration={"type": "fleet", "name": name, "backends": ["local"], "nodes": count, **(policy or {})},
             network="127.0.0.0/8",
         )
         for inst_name, rec in zip(names, records, strict=True):

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from .container_policy import default_allow_privileged
 from .dialect import SpotPolicy
 from .documents import load_document
 from .envs import parse_env
@@ -29,6 +30,10 @@ CLOUD_KEYS = ("nodes", "resources", "spot", "zones", "regions", "idle_duration",
 Backend = Literal["gcp", "local"]
 
 
+class VolumePolicy(CheckedModel):
+    allowed_prefixes: list[str] = []  # host paths a run's volumes may mount; none by default
+
+
 class FleetConfiguration(CheckedModel):
     type: Literal["fleet"] = "fleet"
     name: str
@@ -43,6 +48,8 @@ class FleetConfiguration(CheckedModel):
     idle_duration: int | None  # seconds; None = kept until deleted (`off`)
     runtime_version: str | None
     spot_policy: SpotPolicy | None = None  # as written; `spot` is what it means for gcp
+    allow_privileged: bool = False  # whether runs' containers may be privileged (gcp: true by default)
+    volumes: VolumePolicy = VolumePolicy()
     # what the written configuration asks for that does not take effect here (not stored)
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
 
@@ -122,6 +129,11 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
             if "local" in fleet.backends and fleet.spot_policy != "on-demand":
                 warnings.append({"field": ["spot_policy"], "message": (
                     f"spot_policy: {fleet.spot_policy} ignored on a local fleet: its instances are this machine")})
+    backend = "ssh" if fleet.ssh_config is not None else (fleet.backends or ["local"])[0]
+    allow_privileged = default_allow_privileged(backend) if fleet.allow_privileged is None else fleet.allow_privileged
+    if default_allow_privileged(backend) and fleet.allow_privileged is False:
+        errors.add(["allow_privileged"], "a gcp fleet's containers run privileged: the TPU runtime opens the "
+                   "chips' devices directly; leave allow_privileged out (true) or remove `image` from its runs")
     for key, note in _FLEET_NOTES.items():
         if key in fleet.model_fields_set and getattr(fleet, key) not in (None, []):
             warnings.append({"field": [key], "message": f"{key}: has no effect here: {note}"})
@@ -140,6 +152,8 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
         idle_duration=idle_duration,
         runtime_version=fleet.runtime_version,
         spot_policy=fleet.spot_policy,
+        allow_privileged=allow_privileged,
+        volumes=VolumePolicy(allowed_prefixes=list(dict.fromkeys(fleet.volumes.allowed_prefixes)) if fleet.volumes else []),
         warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )
 

@@ -7,10 +7,11 @@ user may write and what Muster keeps are each read in one place.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import field_validator
+from pydantic import AfterValidator, field_validator
 
+from .container_policy import check_prefix
 from .dialect import SpotPolicy, TerminationPolicy, check_backends, check_max_price
 from .durations import parse_duration, parse_optional_duration
 from .fields import WrittenModel, check_slug
@@ -68,6 +69,11 @@ class _SSHInput(WrittenModel):
         return _check_ssh_port(value)
 
 
+class _VolumePolicyInput(WrittenModel):
+    # checked one by one, so an error points at the list item
+    allowed_prefixes: list[Annotated[str, AfterValidator(check_prefix)]] = []
+
+
 class _FleetInput(WrittenModel):
     type: Literal["fleet"] = "fleet"
     name: str | None = None  # required by Muster (dstack generates one); checked below
@@ -81,6 +87,9 @@ class _FleetInput(WrittenModel):
     regions: list[str] = []
     idle_duration: Any = None
     runtime_version: str | None = None
+    # Muster's: what the runs' containers may do to the hosts (container_policy)
+    allow_privileged: bool | None = None
+    volumes: _VolumePolicyInput | None = None
     # dstack's other fleet keys: read with its types; each written one takes effect or warns
     env: Any = None
     spot_policy: SpotPolicy | None = None

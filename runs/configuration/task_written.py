@@ -15,6 +15,7 @@ from pydantic import field_validator
 from . import dialect
 from .durations import parse_duration, parse_optional_duration
 from .fields import Port, WrittenModel, check_group_name, check_slug
+from .images import check_image
 
 DEFAULT_RETRY_DURATION = 3600  # seconds; `retry: true` and a retry without `duration`
 
@@ -50,6 +51,11 @@ class _GroupShape(WrittenModel):
         if value is not None and value < 1:
             raise ValueError("nodes must be at least 1")
         return value
+
+    @field_validator("image", check_fields=False)
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return check_image(value)
 
 
 class _GroupInput(_GroupShape):

@@ -26,7 +26,7 @@ from runs.configuration import (
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
-from runs.services import local_images
+from runs.services import container_policy, local_images
 
 MASK = "***"
 
@@ -94,6 +94,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
     )
     _check_expanded_size(conf)
     local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
+    container_policy.check(project, conf)  # privileged or host volumes that no candidate fleet allows
     return conf, expand_jobs(conf), _bare_env_keys(doc)
 
 
@@ -139,27 +140,30 @@ def plan_run(project: Project, payload: Any) -> dict:
     does not grow with nodes x commands."""
     conf, jobs, hidden = parse_for_project(project, payload)
     specs = [j.stored_dict() for j in jobs]
+    dumped = json.loads(conf.model_dump_json())
     return {
         "run_name": conf.name or "(generated at submit)",
-        "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
+        "configuration": _masked_configuration(dumped, hidden),
         "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
-        "capacity": plan_capacity(project, conf.fleets or [], specs),
+        "capacity": plan_capacity(project, conf.fleets or [], specs, dumped),
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
     }
 
 
-def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None) -> dict:
     """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
     from engine.submitted import capacity, placement
 
     groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
                                 lambda s: s["resources"])
-    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
-                                          [(req, n) for _, req, n in groups])
+    fleets = placement.fleets_for(project.pk, wanted)
+    if configuration is not None:
+        fleets = placement.allowing_fleets(fleets, configuration)
+    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
     if fleet is not None:
         return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
-    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups, configuration)}
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
