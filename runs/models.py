@@ -14,6 +14,8 @@ class Run(Claimable):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     name = models.CharField(max_length=63)
     configuration = models.JSONField()  # validated, env resolved (secret values never stored here)
+    # the configuration as the user sent it, secret env masked (runs/services/submitted_text.py)
+    submitted_text = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.SUBMITTED)
     termination_reason = models.CharField(max_length=32, blank=True, default="")
     termination_message = models.TextField(blank=True, default="")
