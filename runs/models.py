@@ -25,6 +25,8 @@ class Run(Claimable):
     retry_attempts = models.IntegerField(default=0)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
+    # when a job of the run first ran (a retry keeps the first): the end of its wait in the queue
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
     # When process_run last read the jobs: a job that changed after it is one the sweep must look
