@@ -68,7 +68,11 @@ def job_exit(job) -> str:
 
 
 def job_times(job, now) -> str:
-    return f"exit {job_exit(job)} · ran {job_duration(job, now)}"
+    if job.exit_status is not None:
+        code = f"exit {job.exit_status}"
+    else:
+        code = "no exit code" if job.finished else "not exited"
+    return f"{code} · ran {job_duration(job, now)}"
 
 
 def run_duration(run, now) -> str:
