@@ -23,8 +23,10 @@ MAX_CHARS = 256 * 1024
 
 def _entry(key: str) -> re.Pattern:
     # `KEY=value` in a list entry and `KEY: value` in a mapping, block or flow style: the value runs
-    # to the end of the line or to the next separator of a flow collection
-    return re.compile(rf"(?m)(^|[\s\[{{,'\"-])({re.escape(key)}\s*(?:=|:\s))([^\n,\]}}]*)")
+    # to the end of the line or to the next separator of a flow collection or closing quote, with
+    # a quoted value and a `${{ ... }}` reference taken whole (its braces do not end a flow mapping)
+    value = r"\"(?:[^\"\n\\]|\\.)*\"|'(?:[^'\n]|'')*'|(?:\$\{\{[^\n}]*\}\}|[^\n,\]}'\"])*"
+    return re.compile(rf"(?m)(^|[\s\[{{,'\"-])({re.escape(key)}['\"]?\s*(?:=|:[ \t]))({value})")
 
 
 def _mask_values(text: str, values: Iterable[str]) -> str:

@@ -24,7 +24,7 @@ groups:
   - name: prefill
     nodes: 2
     commands: [echo typed-in-s3cr3t-value]   # a secret's value typed by hand
-  - {name: decode, nodes: 1, commands: [echo d]}
+  - {name: decode, nodes: 1, env: {TOKEN: "${{ secrets.TOKEN }}", LEVEL: 2}, commands: [echo d]}
 """
 
 
@@ -46,9 +46,9 @@ def test_the_configuration_is_shown_as_the_user_wrote_it_with_every_secret_value
     body = _browser(alice).get("/projects/main/runs/written/").content.decode()
     shown = _text_of(body, "configuration")
     assert "# the prefill/decode split, as I wrote it" in shown
-    assert "{name: decode, nodes: 1, commands: [echo d]}" in shown
+    assert "{name: decode, nodes: 1, env: {TOKEN: ***, LEVEL: 2}, commands: [echo d]}" in shown
     assert "index: 0" not in shown and "image: null" not in shown
-    assert "TOKEN=***" in shown and "secrets.TOKEN" not in shown
+    assert "  - TOKEN=***\n" in shown and "secrets.TOKEN" not in shown
     assert "typed-in-s3cr3t-value" not in body and "echo ***" in shown
     assert "MODE=fast" not in body
 
