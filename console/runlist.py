@@ -52,8 +52,9 @@ def nodes(configuration: dict) -> int:
 
 def runs_page(projects, status: str, number: int, now):
     """The page of runs (newest first) and one dict per row; a page past the last is the last."""
-    runs = Run.objects.filter(project__in=projects).select_related("project", "fleet", "user").order_by(
-        "-submitted_at", "-id")
+    # the submitted text is the run page's, not the list's (up to MAX_CHARS a run)
+    runs = (Run.objects.filter(project__in=projects).select_related("project", "fleet", "user")
+            .defer("submitted_text").order_by("-submitted_at", "-id"))
     if status:
         runs = runs.filter(status=status)
     page = Paginator(runs, PER_PAGE).get_page(number)

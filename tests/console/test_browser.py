@@ -215,3 +215,21 @@ def test_groups_sit_side_by_side_on_a_wide_screen_and_a_long_status_is_shown_who
     tops = [b["top"] for b in _group_boxes(browser)]
     assert tops == sorted(tops) and len(set(tops)) == 3, f"the groups do not stack on a phone: {tops}"
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+
+
+def test_a_run_of_many_nodes_opens_on_its_masters_log_and_a_few_on_every_jobs(operator, live_server, browser):
+    from selenium.webdriver.support.ui import Select
+
+    user, api = operator
+    for name, nodes in (("few", 3), ("many", 17)):
+        conf = f"type: task\nname: {name}\nnodes: {nodes}\ncommands: [echo]\n"
+        assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    _log_in(browser, live_server, user)
+    chosen = {}
+    for name in ("few", "many"):
+        browser.get(f"{live_server.url}/projects/main/runs/{name}/")
+        wait_until(lambda: browser.find_element("id", "log-text").text == "No output yet.", 30, f"{name}'s log view")
+        chosen[name] = Select(browser.find_element("id", "log-job")).first_selected_option.get_attribute("value")
+        assert browser.find_element("id", "log-download").get_attribute("href").endswith(
+            "/log.txt" if chosen[name] == "all" else "/log.txt?job=0")
+    assert chosen == {"few": "all", "many": "0"}

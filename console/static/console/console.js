@@ -3,6 +3,7 @@
 (function () {
   "use strict";
   var POLL_MS = 2000;
+  var ALL_JOBS_MAX = 16;
 
   function get(url, asJson) {
     return fetch(url, {credentials: "same-origin", headers: {"X-Requested-With": "fetch"}}).then(function (r) {
@@ -62,7 +63,11 @@
       });
     };
     var readLog = function (gen) {
-      Promise.all(readers.map(readOne)).then(function () {
+      // one request at a time, job after job: a run of many nodes costs its hosts' runners one
+      // log read in flight per viewer, not one per node at once
+      readers.reduce(function (done, reader) {
+        return done.then(function () { return reader.finished ? null : readOne(reader); });
+      }, Promise.resolve()).then(function () {
         if (gen !== generation) { return; }
         showEmpty();
         var more = readers.some(function (r) { return r.more; });
@@ -88,6 +93,8 @@
       if (note) { note.hidden = !all; }
       readLog(generation);
     };
+    // every job's log at once is the default for a run of a few nodes; a big one opens on its master
+    if (select.options.length > ALL_JOBS_MAX + 1) { select.value = select.options[1].value; }
     select.addEventListener("change", restart);
     if (follow) {
       follow.addEventListener("change", function () {
