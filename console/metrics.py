@@ -20,30 +20,57 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+OTHER = "other"
+
+
+def project_labels():
+    """A function from project id to its `project` label. The first METRICS_PROJECTS projects made
+    get their names (a new project never takes an old one's label); the rest share `other`, so the
+    number of series stays bounded however many projects there are."""
+    from projects.models import Project
+
+    limit = max(0, int(settings.MUSTER["METRICS_PROJECTS"]))
+    named = dict(Project.objects.order_by("id").values_list("id", "name")[:limit]) if limit else {}
+    return lambda project_id: named.get(project_id, OTHER)
+
+
+def _add_summed(family, rows, label_of, keys) -> None:
+    """Rows grouped by project id, summed again by label (every project past the cap is `other`)."""
+    sums: dict[tuple, int] = {}
+    for row in rows:
+        key = (*(row[k] or "none" for k in keys), label_of(row["project_id"]))
+        sums[key] = sums.get(key, 0) + row["n"]
+    for key, n in sorted(sums.items()):
+        family.add_metric(list(key), n)
+
+
 class _DatabaseCollector:
     def collect(self):
         from console.models import Counter
+        from console.run_times import histograms
         from engine.sweeps import queued_messages
         from instances.models import Instance, InstanceStatus
         from runs.models import Job, Run
 
-        runs = GaugeMetricFamily("muster_runs", "Runs by status and by the backend of their fleet",
-                                 labels=["status", "backend"])
-        for row in Run.objects.values("status", backend=F("fleet__backend")).annotate(n=Count("id")):
-            runs.add_metric([row["status"], row["backend"] or "none"], row["n"])
+        label_of = project_labels()
+        runs = GaugeMetricFamily("muster_runs", "Runs by status, by the backend of their fleet and by project",
+                                 labels=["status", "backend", "project"])
+        _add_summed(runs, Run.objects.values("status", "project_id", backend=F("fleet__backend")).annotate(
+            n=Count("id")), label_of, ("status", "backend"))
         yield runs
-        jobs = GaugeMetricFamily("muster_jobs", "Jobs of the runs' current submissions by status and backend",
-                                 labels=["status", "backend"])
+        jobs = GaugeMetricFamily("muster_jobs", "Jobs of the runs' current submissions by status, backend and "
+                                 "project", labels=["status", "backend", "project"])
         current = Job.objects.filter(submission_num=F("run__submission_num"))
-        for row in current.values("status", backend=F("instance__backend")).annotate(n=Count("id")):
-            jobs.add_metric([row["status"], row["backend"] or "none"], row["n"])
+        _add_summed(jobs, current.values("status", backend=F("instance__backend"), project_id=F("run__project_id"))
+                    .annotate(n=Count("id")), label_of, ("status", "backend"))
         yield jobs
-        instances = GaugeMetricFamily("muster_instances", "Instances by status and backend",
-                                      labels=["status", "backend"])
+        yield from histograms(label_of)
+        instances = GaugeMetricFamily("muster_instances", "Instances by status, backend and project",
+                                      labels=["status", "backend", "project"])
         unreachable = GaugeMetricFamily("muster_instances_unreachable",
                                         "Live instances the engine cannot reach, by backend", labels=["backend"])
-        for row in Instance.objects.values("status", "backend").annotate(n=Count("id")):
-            instances.add_metric([row["status"], row["backend"]], row["n"])
+        _add_summed(instances, Instance.objects.values("status", "backend", "project_id").annotate(n=Count("id")),
+                    label_of, ("status", "backend"))
         for row in (Instance.objects.filter(unreachable=True).exclude(status=InstanceStatus.TERMINATED)
                     .values("backend").annotate(n=Count("id"))):
             unreachable.add_metric([row["backend"]], row["n"])
@@ -57,6 +84,9 @@ class _DatabaseCollector:
         recoveries = CounterMetricFamily("muster_sweep_recoveries",
                                          "Rows the sweep found waiting too long and sent again, by kind",
                                          labels=["kind"])
+        routine = CounterMetricFamily("muster_sweep_routine_sends",
+                                      "Messages the sweep sends as its routine, not for a lost one, by kind",
+                                      labels=["kind"])
         conflicts = CounterMetricFamily("muster_claim_conflicts",
                                         "Claims refused because another worker held the row, by table",
                                         labels=["table"])
@@ -66,11 +96,14 @@ class _DatabaseCollector:
                 seconds.add_metric([c.label, c.outcome], c.seconds)
             elif c.name == "sweep_recovery":
                 recoveries.add_metric([c.label], c.count)
+            elif c.name == "sweep_routine":
+                routine.add_metric([c.label], c.count)
             elif c.name == "claim_conflict":
                 conflicts.add_metric([c.label], c.count)
         yield tasks
         yield seconds
         yield recoveries
+        yield routine
         yield conflicts
 
         depth = queued_messages()

@@ -8,7 +8,7 @@ class Counter(models.Model):
     recoveries. Kept in the database because the workers that count are other processes, often on
     other machines, than the web process that is scraped (console/taskstats.py adds to it)."""
 
-    name = models.CharField(max_length=64)  # "task", "sweep_recovery" or "claim_conflict"
+    name = models.CharField(max_length=64)  # "task", "sweep_recovery", "sweep_routine" or "claim_conflict"
     label = models.CharField(max_length=128)  # the task name or the sweep's kind of row
     outcome = models.CharField(max_length=32, blank=True, default="")
     count = models.BigIntegerField(default=0)

@@ -16,8 +16,11 @@ from celery.signals import task_failure, task_postrun, task_prerun, worker_proce
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
-# the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries
+# the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries;
+# `runs_routine` (a run derived after job moves that nudge nobody by design) and `retries` (a retry
+# whose backoff is over) are sends the sweep makes as its routine, counted apart
 SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets")
+SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry"}
 
 _lock = threading.Lock()
 _started: dict[str, float] = {}
@@ -86,6 +89,9 @@ def _postrun(task_id=None, task=None, retval=None, state=None, **_) -> None:
         for key in SWEEP_RECOVERY_KEYS:
             if retval.get(key):
                 add("sweep_recovery", key, "", int(retval[key]))
+        for key, kind in SWEEP_ROUTINE_KEYS.items():
+            if retval.get(key):
+                add("sweep_routine", kind, "", int(retval[key]))
     flush()
 
 

@@ -12,6 +12,7 @@ urlpatterns = [
     path("projects/<str:project>/runs/<str:name>/", views.run_page, name="run"),
     path("projects/<str:project>/runs/<str:name>/status", views.run_status, name="run-status"),
     path("projects/<str:project>/runs/<str:name>/log", views.run_log, name="run-log"),
+    path("projects/<str:project>/runs/<str:name>/log.txt", views.run_log_download, name="run-log-download"),
     path("projects/<str:project>/runs/<str:name>/stop", views.run_stop, name="run-stop"),
     path("projects/<str:project>/fleets/", views.fleets_page, name="fleets"),
 ]

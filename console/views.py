@@ -8,22 +8,23 @@ import yaml
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
-from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.http import Http404, HttpResponseBadRequest, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from console import picture
+from console import logview, picture, runlist, words
 from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
+from muster.api_errors import InvalidInput
 from muster.throttling import throttled
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
 from runs.api.serializers import RunSerializer
-from runs.choices import JOB_ON_HOST
+from runs.choices import JOB_ON_HOST, RunStatus
 from runs.models import Job, Run
-from runs.services import logs
+from runs.services import logs, submitted_text
 
 LOG_OFFSET_MAX = 2**62
 
@@ -57,16 +58,26 @@ def index(request):
     projects = Project.objects.order_by("name")
     if not request.user.is_superuser:
         projects = projects.filter(memberships__user=request.user)
-    runs = (Run.objects.filter(project__in=projects).select_related("project", "fleet")
-            .order_by("-submitted_at")[:200])
-    return render(request, "console/index.html", {"runs": runs, "projects": projects, "now": timezone.now()})
+    try:
+        status = runlist.status_filter(request.GET.get("status"))
+        number = runlist.page_number(request.GET.get("page"))
+    except InvalidInput as exc:
+        return JsonResponse({"errors": exc.errors}, status=400)
+    page, rows = runlist.runs_page(projects, status, number, timezone.now())
+    return render(request, "console/index.html", {"page": page, "rows": rows, "projects": projects,
+                                                  "status": status, "statuses": RunStatus.values})
 
 
 def _status_context(request, project: Project, run: Run, role: str | None) -> dict:
     jobs = _jobs(run)
+    now = timezone.now()
+    for job in jobs:
+        job.exit_text, job.duration_text = words.job_exit(job), words.job_duration(job, now)
     return {
-        "project": project, "run": run, "jobs": jobs, "svg": picture.render(run, jobs),
-        "events": Event.objects.filter(run=run).order_by("created", "id")[:500],
+        "project": project, "run": run, "jobs": jobs, "svg": picture.render(run, jobs, now),
+        "run_duration": words.run_duration(run, now),
+        # newest first: on a long run the page opens on what just happened
+        "events": Event.objects.filter(run=run).order_by("-created", "-id")[:500],
         "can_stop": _can_stop(request, role) and not run.finished,
     }
 
@@ -77,9 +88,12 @@ def run_page(request, project, name):
     project, role = _member_project(request, project)
     run = _run(project, name)
     context = _status_context(request, project, run, role)
-    # the configuration exactly as the API shows it (runs.api.serializers masks the secret env)
-    configuration = RunSerializer().get_configuration(run)
-    context["configuration"] = yaml.safe_dump(configuration, sort_keys=False, allow_unicode=True)
+    context["configuration"] = submitted_text.shown(run)
+    if not context["configuration"]:
+        # a run submitted before the text was kept: the normalised configuration, as the API shows it
+        context["normalised"] = True
+        context["configuration"] = yaml.safe_dump(RunSerializer().get_configuration(run), sort_keys=False,
+                                                  allow_unicode=True)
     return render(request, "console/run.html", context)
 
 
@@ -113,6 +127,29 @@ def run_log(request, project, name):
     data = logs.read(job, start)
     return JsonResponse({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
                          "finished": job.finished, "text": data.decode("utf-8", errors="replace")})
+
+
+@login_required
+@require_GET
+def run_log_download(request, project, name):
+    """The whole log as text: one job's (`?job=N`) or every job's with `[group/rank]` prefixes."""
+    project, _ = _member_project(request, project)
+    run = _run(project, name)
+    jobs = list(run.current_jobs().select_related("instance", "run"))
+    job = None
+    if request.GET.get("job") not in (None, ""):
+        job_num = _whole_number(request.GET.get("job"), 1 << 30)
+        if job_num is None:
+            return JsonResponse({"errors": [{"loc": ["job"], "msg": "must be a job's number (0, 1, ...) "
+                                             "or left out for every job"}]}, status=400)
+        job = next((j for j in jobs if j.job_num == job_num), None)
+        if job is None:
+            raise Http404("no such job")
+    body = logview.whole(job) if job is not None else logview.prefixed(jobs)
+    response = StreamingHttpResponse(body, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{logview.filename(run, job)}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 @login_required

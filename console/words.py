@@ -44,3 +44,37 @@ def docker(instance) -> str:
     if value is False:
         return "no"
     return str(value)
+
+
+def _seconds(total: float) -> str:
+    total = int(total)
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m {total % 60:02d}s"
+    return f"{total // 3600}h {total % 3600 // 60:02d}m"
+
+
+def job_duration(job, now) -> str:
+    """How long the job's commands ran (the runner's clock): to its end, or until now while it runs."""
+    if job.start_time is None:
+        return "-"
+    end = job.end_time if job.end_time is not None else now.timestamp()
+    return _seconds(max(0.0, end - job.start_time))
+
+
+def job_exit(job) -> str:
+    return "-" if job.exit_status is None else str(job.exit_status)
+
+
+def job_times(job, now) -> str:
+    if job.exit_status is not None:
+        code = f"exit {job.exit_status}"
+    else:
+        code = "no exit code" if job.finished else "not exited"
+    return f"{code} · ran {job_duration(job, now)}"
+
+
+def run_duration(run, now) -> str:
+    """From submit to its end, or until now while it is not over."""
+    return _seconds(max(0.0, ((run.finished_at or now) - run.submitted_at).total_seconds()))

@@ -10,14 +10,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages
 from engine.claims import unleased
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
-from runs.choices import JobStatus, RunStatus
+from runs.choices import FAILING_REASONS, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
 BATCH = 500
@@ -80,7 +80,12 @@ def _re_enqueue(now, old) -> dict[str, int]:
     ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
                                 status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["finish"] = _enqueue(messages.finish_job, ending)
-    found["runs"] = _enqueue(messages.derive_run, runs_to_derive(now, old))
+    runs = runs_to_derive(now, old)
+    lost, routine, retries = _runs_by_why(runs, changed_statuses(runs, old))
+    found["runs"] = _enqueue(messages.derive_run, lost)
+    # sent as well, but no message was lost: /metrics does not count these as recoveries
+    found["runs_routine"] = _enqueue(messages.derive_run, routine)
+    found["retries"] = _enqueue(messages.derive_run, retries)
     groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
     found["groups"] = _enqueue(messages.delete_group, groups)
@@ -90,6 +95,29 @@ def _re_enqueue(now, old) -> dict[str, int]:
                                   created__lt=old).values_list("pk", flat=True)[:BATCH]
     found["fleets"] = _enqueue(messages.register_fleet, fleets)
     return found
+
+
+def _nudged(job: tuple[str, str], run_status: str) -> bool:
+    """Whether a job now in this (status, reason) got there by a move that nudged its run
+    (runs.transitions.may_change_run): if so and the run was not derived after it, a message was lost."""
+    status, reason = job
+    return status in JOB_FINISHED or (status == JobStatus.TERMINATING and reason in FAILING_REASONS) or (
+        status == JobStatus.PROVISIONING and run_status == RunStatus.SUBMITTED)
+
+
+def _runs_by_why(rows, changed: dict[int, set[tuple[str, str]]]) -> tuple[list[int], list[int], list[int]]:
+    """The runs to derive, split by why: a lost nudge or an unanswered stop; a job move that nudges
+    nobody by design (pulling, running, a finished runner's terminating), which the sweep derives as
+    its routine; a retry whose backoff is over, which only the sweep sends."""
+    lost, routine, retries = [], [], []
+    for pk, status, stop in rows:
+        if status == RunStatus.PENDING:
+            retries.append(pk)
+        elif (stop and status != RunStatus.TERMINATING) or any(_nudged(s, status) for s in changed.get(pk, ())):
+            lost.append(pk)
+        else:
+            routine.append(pk)
+    return lost, routine, retries
 
 
 def runs_to_derive(now, old):
@@ -107,9 +135,23 @@ def runs_to_derive(now, old):
         status_changed_at__lt=old))  # changed long enough ago that its own nudge should have come
     stale = Q(derived_at__isnull=True) | Q(derived_at__lt=old)
     waiting = (~Q(stop_requested="") | Q(status=RunStatus.TERMINATING)) & stale
-    return Run.objects.filter(unleased(now)).filter(
+    return list(Run.objects.filter(unleased(now)).filter(
         Q(status__in=active) & (job_changed | waiting) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)
-    ).values_list("pk", flat=True)[:BATCH]
+    ).values_list("pk", "status", "stop_requested")[:BATCH])
+
+
+def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
+    """What the jobs that changed since their run's last derivation (and before `old`) are now
+    (status, reason), per run: one query for all the runs found, only when some were."""
+    found: dict[int, set[tuple[str, str]]] = {}
+    if not runs:
+        return found
+    rows = Job.objects.filter(
+        run_id__in=[pk for pk, _, _ in runs], submission_num=F("run__submission_num"),
+        status_changed_at__gte=Coalesce(F("run__derived_at"), F("run__submitted_at")), status_changed_at__lt=old)
+    for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():
+        found.setdefault(run_id, set()).add((status, reason))
+    return found
 
 
 def _enqueue(send, pks) -> int:

@@ -318,6 +318,8 @@ MUSTER = {
     # the operator opens it (on a network only the scraper reaches) with MUSTER_METRICS_OPEN=1
     "METRICS_TOKEN": env_str("MUSTER_METRICS_TOKEN"),
     "METRICS_OPEN": env_bool("MUSTER_METRICS_OPEN", False),
+    # how many projects /metrics names in its `project` label (the first made); the rest are `other`
+    "METRICS_PROJECTS": env_int("MUSTER_METRICS_PROJECTS", 20),
     # where `muster attach` puts a user's key on an SSH host: the file the host's sshd reads for the
     # fleet user (its AuthorizedKeysFile); `~/` is that user's home
     "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS", "~/.ssh/authorized_keys"),

@@ -14,6 +14,8 @@ class Run(Claimable):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     name = models.CharField(max_length=63)
     configuration = models.JSONField()  # validated, env resolved (secret values never stored here)
+    # the configuration as the user sent it, secret env masked (runs/services/submitted_text.py)
+    submitted_text = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.SUBMITTED)
     termination_reason = models.CharField(max_length=32, blank=True, default="")
     termination_message = models.TextField(blank=True, default="")
@@ -23,6 +25,8 @@ class Run(Claimable):
     retry_attempts = models.IntegerField(default=0)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
+    # when a job of the run first ran (a retry keeps the first): the end of its wait in the queue
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
     # When process_run last read the jobs: a job that changed after it is one the sweep must look

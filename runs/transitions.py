@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import claims, messages
@@ -77,13 +79,19 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     frm = tuple(frm) if frm else (run.status,)
     if to in (RunStatus.DONE, RunStatus.FAILED, RunStatus.TERMINATED):
         fields.setdefault("finished_at", timezone.now())
+    now = timezone.now()
+    # the first start only: the row's own value wins over this one, whatever this copy of the run holds
+    first_start = {"started_at": Coalesce(F("started_at"), Value(now))} if to == RunStatus.RUNNING else {}
     with transaction.atomic():
-        touched = Run.objects.filter(pk=run.pk, status__in=frm).update(status=to, updated=timezone.now(), **fields)
+        touched = Run.objects.filter(pk=run.pk, status__in=frm).update(status=to, updated=now, **first_start,
+                                                                       **fields)
         if touched != 1:
             return False
         reason = fields.get("termination_reason", "")
         record(run.project_id, f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
                actor=actor, run_id=run.pk)
+    if first_start and run.started_at is None:
+        run.started_at = now
     run.status = to
     for key, value in fields.items():
         setattr(run, key, value)

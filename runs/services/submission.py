@@ -26,7 +26,7 @@ from runs.configuration import (
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
-from runs.services import container_policy, local_images
+from runs.services import container_policy, local_images, submitted_text
 
 MASK = "***"
 
@@ -236,6 +236,8 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
         if replay is not None:
             return replay
     conf, jobs, hidden = parse_for_project(project, payload)
+    data, env_values, _ = _payload_parts(payload)
+    text = submitted_text.submitted(data, hidden, env_values)
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
     # the stored configuration (engine/starting/cluster.py puts them together when the job starts).
     specs = [j.stored_dict() for j in jobs]
@@ -251,7 +253,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
     clashes = 0
     while True:
         try:
-            return _create_run(project, user, conf.name, stored, specs, (idempotency_key, digest))
+            return _create_run(project, user, conf.name, stored, specs, (idempotency_key, digest), text)
         except IntegrityError:
             # the same key sent twice at once: the other request made the run
             replay = _replayed(project, user, idempotency_key, digest) if idempotency_key else None
@@ -266,7 +268,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
 
 
 def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
-                idempotency: tuple[str | None, str] = (None, "")) -> Run:
+                idempotency: tuple[str | None, str] = (None, ""), text: str = "") -> Run:
     name = requested or _generated_name()
     with transaction.atomic():
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
@@ -279,6 +281,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
             user=user if user and user.is_authenticated else None,
             name=name,
             configuration=configuration,
+            submitted_text=text,
             status=RunStatus.SUBMITTED,
         )
         if idempotency[0]:

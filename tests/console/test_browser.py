@@ -3,6 +3,7 @@ worker's log, open the fleets page. Screenshots are written as artifacts (the pa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -73,7 +74,7 @@ def _node_status(driver, job_num: int) -> str | None:
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
-        return driver.find_element("css selector", f'svg.picture g.node[data-job="{job_num}"]').get_attribute(
+        return driver.find_element("css selector", f'.picture g.node[data-job="{job_num}"]').get_attribute(
             "data-status")
     except (NoSuchElementException, StaleElementReferenceException):
         return None
@@ -96,7 +97,7 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
     browser.find_element("css selector", "form.login button").click()
     wait_until(lambda: "pd-console" in browser.page_source, 30, "the runs list after log in")
     browser.find_element("link text", "pd-console").click()
-    wait_until(lambda: browser.find_elements("css selector", "svg.picture"), 30, "the run's picture")
+    wait_until(lambda: browser.find_elements("css selector", ".picture svg"), 30, "the run's picture")
     # a mark on this page: it survives only if nothing reloads the page
     browser.execute_script("window.museumPiece = 'not reloaded';")
 
@@ -106,7 +107,7 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
 
     run = Run.objects.get(name="pd-console")
     jobs = list(run.current_jobs().select_related("instance"))
-    svg = browser.find_element("css selector", "svg.picture")
+    svg = browser.find_element("css selector", "div.picture")
     groups = [g.get_attribute("data-group") for g in svg.find_elements("css selector", "g.group")]
     assert groups == ["router", "prefill", "decode"]
     text = svg.get_attribute("innerHTML")
@@ -115,6 +116,9 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
         assert f"IP {job.instance.internal_ip}" in text and job.instance.internal_ip
     assert "starts 2nd (after the workers)" in text
 
+    # every job's log at once (the default), each line led by its [group/rank] and a time
+    wait_until(lambda: all(re.search(rf"^\[{g}/0\] \d\d:\d\d:\d\d {g}", browser.find_element("id", "log-text").text,
+                                     re.M) for g in ("router", "prefill", "decode")), 30, "all three jobs' logs")
     select = Select(browser.find_element("id", "log-job"))
     select.select_by_value("1")
     wait_until(lambda: "prefill worker 1 of 3" in browser.find_element("id", "log-text").text, 30,
@@ -146,7 +150,7 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
     # a phone's width: nothing wider than the screen but the scrollable picture and tables
     browser.set_window_size(390, 844)
     browser.refresh()
-    wait_until(lambda: browser.find_elements("css selector", "svg.picture"), 30, "the run page on a phone")
+    wait_until(lambda: browser.find_elements("css selector", ".picture svg"), 30, "the run page on a phone")
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
     browser.execute_script("window.scrollTo(0, 0)")
     browser.save_screenshot(str(shots / "console-run-phone.png"))
@@ -155,3 +159,77 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
     hosts = hosts_requested(browser)
     assert server in hosts, "the network log is read (it saw the test server)"
     assert hosts == {server}, f"the console loaded something from another host: {hosts}"
+
+
+def _log_in(browser, live_server, user):
+    browser.get(live_server.url + "/login/")
+    browser.find_element("id", "id_username").send_keys(user.username)
+    browser.find_element("id", "id_password").send_keys(PASSWORD)
+    browser.find_element("css selector", "form.login button").click()
+    wait_until(lambda: "/login/" not in browser.current_url, 30, "logged in")
+
+
+def _group_boxes(browser) -> list[dict]:
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll('.picture-wrap g.group')).map(function (s) {"
+        " var r = s.getBoundingClientRect(); return {top: Math.round(r.top), left: Math.round(r.left),"
+        " right: Math.round(r.right)}; })")
+
+
+def test_groups_sit_side_by_side_on_a_wide_screen_and_a_long_status_is_shown_whole(operator, live_server,
+                                                                                 browser):
+    """No worker runs: the jobs stay where the test puts them. At 1280 px the three groups share a
+    row; on a phone they stack. A reason longer than a node is wider is drawn whole, and a job with
+    no output says so."""
+    from runs.choices import JobStatus
+    from runs.models import Job, Run
+
+    user, api = operator
+    conf = ("type: task\nname: wide\ngroups:\n  - {name: router, nodes: 1, commands: [echo]}\n"
+            "  - {name: prefill, nodes: 2, commands: [echo]}\n  - {name: decode, nodes: 1, commands: [echo]}\n")
+    assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    run = Run.objects.get(name="wide")
+    reason = "container_exited_with_error"
+    Job.objects.filter(run=run, job_num=3).update(status=JobStatus.FAILED, termination_reason=reason, exit_status=1)
+    _log_in(browser, live_server, user)
+    browser.get(f"{live_server.url}/projects/main/runs/wide/")
+    wait_until(lambda: len(browser.find_elements("css selector", ".picture-wrap g.group")) == 3, 30, "three groups")
+    boxes = _group_boxes(browser)
+    assert len({b["top"] for b in boxes}) == 1, f"the groups are not side by side at 1280 px: {boxes}"
+    assert boxes[0]["right"] <= boxes[1]["left"] and boxes[1]["right"] <= boxes[2]["left"]
+    node = browser.find_element("css selector", '.picture-wrap g.node[data-job="3"]')
+    status = node.find_element("css selector", "text.status")
+    # the lines break at the space: read without spaces, every character is there
+    assert "".join(status.text.split()) == f"failed({reason})"
+    # every line of the word inside its node's box: nothing clipped or spilling over
+    box = node.find_element("css selector", "rect").rect
+    for line in node.find_elements("css selector", "text.status tspan"):
+        assert box["x"] <= line.rect["x"] and line.rect["x"] + line.rect["width"] <= box["x"] + box["width"]
+        assert line.rect["y"] + line.rect["height"] <= box["y"] + box["height"] + 1
+    wait_until(lambda: browser.find_element("id", "log-text").text == "No output yet.", 30, "the empty log state")
+    assert "exit 1" in node.text
+
+    browser.set_window_size(390, 844)
+    browser.refresh()
+    wait_until(lambda: len(browser.find_elements("css selector", ".picture-wrap g.group")) == 3, 30, "on a phone")
+    tops = [b["top"] for b in _group_boxes(browser)]
+    assert tops == sorted(tops) and len(set(tops)) == 3, f"the groups do not stack on a phone: {tops}"
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+
+
+def test_a_run_of_many_nodes_opens_on_its_masters_log_and_a_few_on_every_jobs(operator, live_server, browser):
+    from selenium.webdriver.support.ui import Select
+
+    user, api = operator
+    for name, nodes in (("few", 3), ("many", 17)):
+        conf = f"type: task\nname: {name}\nnodes: {nodes}\ncommands: [echo]\n"
+        assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    _log_in(browser, live_server, user)
+    chosen = {}
+    for name in ("few", "many"):
+        browser.get(f"{live_server.url}/projects/main/runs/{name}/")
+        wait_until(lambda: browser.find_element("id", "log-text").text == "No output yet.", 30, f"{name}'s log view")
+        chosen[name] = Select(browser.find_element("id", "log-job")).first_selected_option.get_attribute("value")
+        assert browser.find_element("id", "log-download").get_attribute("href").endswith(
+            "/log.txt" if chosen[name] == "all" else "/log.txt?job=0")
+    assert chosen == {"few": "all", "many": "0"}

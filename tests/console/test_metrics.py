@@ -57,17 +57,39 @@ def test_runs_and_instances_are_counted_by_status_and_backend(client, token, mak
         Instance.objects.create(project=project, fleet=fleet, name=f"h{i}", status=status, backend="ssh",
                                 unreachable=(i == 2))
     samples = scrape(client)
-    assert value(samples, "muster_runs", status="submitted", backend="none") == 2
-    assert value(samples, "muster_jobs", status="submitted", backend="none") == 4
-    assert value(samples, "muster_instances", status="idle", backend="ssh") == 2
-    assert value(samples, "muster_instances", status="busy", backend="ssh") == 1
+    assert value(samples, "muster_runs", status="submitted", backend="none", project="main") == 2
+    assert value(samples, "muster_jobs", status="submitted", backend="none", project="main") == 4
+    assert value(samples, "muster_instances", status="idle", backend="ssh", project="main") == 2
+    assert value(samples, "muster_instances", status="busy", backend="ssh", project="main") == 1
     assert value(samples, "muster_instances_unreachable", backend="ssh") == 1
+
+
+@pytest.fixture
+def local_fleet(superuser_api):
+    """A one-host local fleet, its runner agent stopped however the test ends."""
+    resp = superuser_api.post("/api/projects/main/fleets/",
+                              {"configuration": "type: fleet\nname: local1\nbackends: [local]\nnodes: 1\n"},
+                              format="json")
+    assert resp.status_code == 201, resp.content
+    yield
+    from engine.groups import terminate_fleet_instances
+    from instances.models import Fleet
+
+    for fleet in Fleet.objects.all():
+        terminate_fleet_instances(fleet)
+
+
+def _terminal(name):
+    from runs.models import Run
+
+    run = Run.objects.get(name=name)
+    return run if run.finished else None
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(client, token, superuser_api,
-                                                                            fast_limits, celery_app,
+                                                                            fast_limits, local_fleet, celery_app,
                                                                             celery_worker_parameters):
     """A run is submitted while no worker runs; its message is lost (the queue purged). The scrape
     shows the message waiting, then the sweep (sent as beat sends it) finds the job and sends it
@@ -75,12 +97,7 @@ def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(cli
     from celery.contrib.testing.worker import start_worker
 
     from engine import tasks
-    from runs.models import Run
 
-    resp = superuser_api.post("/api/projects/main/fleets/",
-                              {"configuration": "type: fleet\nname: local1\nbackends: [local]\nnodes: 1\n"},
-                              format="json")
-    assert resp.status_code == 201, resp.content
     resp = superuser_api.post("/api/projects/main/runs/", {"configuration": "type: task\nname: m\n"
                                                            "commands: [echo metrics]\n"}, format="json")
     assert resp.status_code == 201, resp.content
@@ -91,24 +108,113 @@ def test_queue_depth_task_outcomes_and_a_sweep_recovery_after_a_lost_message(cli
     assert value(scrape(client), "muster_broker_queue_depth", queue=queue) == 0
 
     with start_worker(celery_app, **celery_worker_parameters):
-        def recovered():
+        def ended():
             tasks.sweep.delay()
             tasks.watch_running.delay()
+            return _terminal("m")
+
+        # the run's end first, then the counts: a scrape read before the run ended shows it running
+        run = wait_until(ended, 90, "the run ended", interval=0.5)
+        assert run.status == "done", run.termination_message
+
+        def counted():
+            tasks.sweep.delay()  # a task, so the worker flushes its counts (at most every 5 s)
             samples = scrape(client)
-            return (Run.objects.get(name="m").status == "done"
-                    and value(samples, "muster_sweep_recoveries_total", kind="provision") >= 1
+            return (value(samples, "muster_sweep_recoveries_total", kind="provision") >= 1
                     and value(samples, "muster_tasks_total", task="engine.tasks.provision_job", outcome="success") >= 1
                     and samples)
 
-        samples = wait_until(recovered, 90, "the run done and the recovery counted", interval=0.5)
+        samples = wait_until(counted, 60, "the recovery and the tasks counted", interval=0.5)
     assert value(samples, "muster_task_seconds_total", task="engine.tasks.provision_job", outcome="success") > 0
-    assert value(samples, "muster_runs", status="done", backend="local") == 1
-    assert value(samples, "muster_jobs", status="done", backend="local") == 1
-    from engine.groups import terminate_fleet_instances
-    from instances.models import Fleet
+    assert value(samples, "muster_runs", status="done", backend="local", project="main") == 1
+    assert value(samples, "muster_jobs", status="done", backend="local", project="main") == 1
+    assert value(samples, "muster_run_duration_seconds_count", project="main") == 1
+    assert value(samples, "muster_run_queue_wait_seconds_count", project="main") == 1
 
-    for fleet in Fleet.objects.all():
-        terminate_fleet_instances(fleet)
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_quiet_server_counts_no_recovery_for_runs_whose_jobs_started_as_they_should(
+        client, token, superuser_api, fast_limits, local_fleet, celery_worker, tmp_path):
+    """No message is lost: a run starts and runs while beat's sweep passes many times. The sweep
+    derives the run once after its job went running (that move nudges nobody by design), which is
+    its routine and not a recovery: muster_sweep_recoveries_total stays 0."""
+    import time
+
+    from engine import tasks
+    from runs.models import Run
+
+    go = tmp_path / "go"
+    conf = f"type: task\nname: quiet\ncommands: ['while [ ! -e {go} ]; do sleep 0.2; done']\n"
+    assert superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    wait_until(lambda: Run.objects.get(name="quiet").status == "running", 60, "the run running")
+    stale = 3 * fast_limits["SWEEP_INTERVAL"]
+    deadline = time.monotonic() + 4 * stale
+    while time.monotonic() < deadline:  # beat's sweeps, past the age at which a row counts as stale
+        tasks.sweep.delay()
+        time.sleep(fast_limits["SWEEP_INTERVAL"])
+
+    def derive_counted():
+        tasks.sweep.delay()  # a task, so the worker flushes its counts (at most every 5 s)
+        samples = scrape(client)
+        return (value(samples, "muster_sweep_routine_sends_total", kind="derive")
+                + value(samples, "muster_sweep_recoveries_total", kind="runs") >= 1) and samples
+
+    samples = wait_until(derive_counted, 30, "the sweep's derive of the run counted", interval=0.5)
+    recoveries = {k: v for k, v in samples.items() if k[0] == "muster_sweep_recoveries_total" and v}
+    assert recoveries == {}, f"a quiet server counted recoveries: {recoveries}"
+    assert value(samples, "muster_sweep_routine_sends_total", kind="derive") >= 1
+    go.touch()
+    run = wait_until(lambda: _terminal("quiet"), 60, "the run ended")
+    assert run.status == "done"
+
+
+@pytest.mark.django_db
+def test_the_project_label_names_the_first_projects_and_sums_the_rest_as_other(client, token, settings, make_user):
+    settings.MUSTER = {**settings.MUSTER, "METRICS_PROJECTS": 2}
+    for project in ("p1", "p2", "p3", "p4"):
+        user = make_user(f"u-{project}", project)
+        conf = "type: task\nname: r\nnodes: 2\ncommands: [echo]\n"
+        assert client_for(user).post(f"/api/projects/{project}/runs/", {"configuration": conf},
+                                     format="json").status_code == 201
+    samples = scrape(client)
+    runs = {dict(labels)["project"]: n for (name, labels), n in samples.items() if name == "muster_runs"}
+    assert runs == {"p1": 1, "p2": 1, "other": 2}
+    jobs = {dict(labels)["project"]: n for (name, labels), n in samples.items() if name == "muster_jobs"}
+    assert jobs == {"p1": 2, "p2": 2, "other": 4}
+
+
+@pytest.mark.django_db
+def test_run_duration_and_queue_wait_are_histograms_from_submit(client, token, make_user):
+    from datetime import timedelta
+
+    from runs.models import Run
+
+    alice = make_user("alice")
+    waits_and_durations = {"fast": (2, 40), "slow": (400, 4000), "never-ran": (None, 10), "queued": (None, None)}
+    for name in waits_and_durations:
+        conf = f"type: task\nname: {name}\ncommands: [echo]\n"
+        assert client_for(alice).post("/api/projects/main/runs/", {"configuration": conf},
+                                      format="json").status_code == 201
+    for name, (wait, took) in waits_and_durations.items():
+        run = Run.objects.get(name=name)
+        Run.objects.filter(pk=run.pk).update(
+            started_at=run.submitted_at + timedelta(seconds=wait) if wait is not None else None,
+            finished_at=run.submitted_at + timedelta(seconds=took) if took is not None else None)
+    samples = scrape(client)
+
+    def histogram(name):
+        return {dict(labels)["le"]: n for (sample, labels), n in samples.items()
+                if sample == f"{name}_bucket" and dict(labels)["project"] == "main"}
+
+    wait = histogram("muster_run_queue_wait_seconds")
+    assert wait["1.0"] == 0 and wait["5.0"] == 1 and wait["300.0"] == 1 and wait["600.0"] == 2 and wait["+Inf"] == 2
+    assert value(samples, "muster_run_queue_wait_seconds_sum", project="main") == pytest.approx(402)
+    took = histogram("muster_run_duration_seconds")
+    assert took["5.0"] == 0 and took["15.0"] == 1 and took["60.0"] == 2 and took["3600.0"] == 2
+    assert took["10800.0"] == 3 and took["+Inf"] == 3
+    assert value(samples, "muster_run_duration_seconds_count", project="main") == 3
+    assert value(samples, "muster_run_duration_seconds_sum", project="main") == pytest.approx(4050)
 
 
 @pytest.mark.django_db(transaction=True)

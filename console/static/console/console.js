@@ -3,6 +3,7 @@
 (function () {
   "use strict";
   var POLL_MS = 2000;
+  var ALL_JOBS_MAX = 16;
 
   function get(url, asJson) {
     return fetch(url, {credentials: "same-origin", headers: {"X-Requested-With": "fetch"}}).then(function (r) {
@@ -32,32 +33,75 @@
   var select = document.getElementById("log-job");
   var text = document.getElementById("log-text");
   var follow = document.getElementById("log-follow");
+  var download = document.getElementById("log-download");
+  var note = document.getElementById("log-note");
   if (select && text) {
-    var offset = 0, generation = 0, timer = null;
-    var readLog = function (gen) {
-      var url = select.dataset.log + "?job=" + encodeURIComponent(select.value) + "&start=" + offset;
-      get(url, true).then(function (body) {
-        if (gen !== generation) { return; }
-        if (body.text) {
-          var atBottom = text.scrollTop + text.clientHeight >= text.scrollHeight - 4;
-          text.appendChild(document.createTextNode(body.text));
-          if (atBottom && follow && follow.checked) { text.scrollTop = text.scrollHeight; }
-        }
-        offset = body.next;
+    // one reader per job shown: its offset, and the start of a line that has not ended yet
+    var readers = [], generation = 0, timer = null, shown = false;
+    var clock = function () { return new Date().toTimeString().slice(0, 8); };
+    var showEmpty = function () {
+      if (!shown) { text.textContent = text.dataset.empty; text.classList.add("empty"); }
+    };
+    var append = function (chunk) {
+      if (!shown) { text.textContent = ""; text.classList.remove("empty"); shown = true; }
+      var atBottom = text.scrollTop + text.clientHeight >= text.scrollHeight - 4;
+      text.appendChild(document.createTextNode(chunk));
+      if (atBottom && follow && follow.checked) { text.scrollTop = text.scrollHeight; }
+    };
+    var prefixLines = function (reader, chunk, ended) {
+      var lines = (reader.rest + chunk).split("\n");
+      reader.rest = lines.pop();
+      if (ended && reader.rest) { lines.push(reader.rest); reader.rest = ""; }
+      var stamp = clock();
+      return lines.map(function (line) { return "[" + reader.prefix + "] " + stamp + " " + line + "\n"; }).join("");
+    };
+    var readOne = function (reader) {
+      var url = select.dataset.log + "?job=" + encodeURIComponent(reader.job) + "&start=" + reader.offset;
+      return get(url, true).then(function (body) {
+        reader.offset = body.next;
+        reader.finished = body.finished && !body.text;
+        reader.more = !!body.text;
+        var chunk = body.text || "";
+        if (reader.prefix) { chunk = prefixLines(reader, chunk, reader.finished); }
+        if (chunk) { append(chunk); }
         text.dataset.jobStatus = body.status;
-        // keep reading while the job may still print or a chunk came back full
-        if (follow && follow.checked && (!body.finished || body.text)) {
-          timer = setTimeout(function () { readLog(gen); }, body.text ? 200 : POLL_MS);
+      });
+    };
+    var readLog = function (gen) {
+      // one request at a time, job after job: a run of many nodes costs the server one log read
+      // in flight per viewer (and the viewer's rate, MUSTER_THROTTLE_USER), not one per node at once
+      readers.reduce(function (done, reader) {
+        return done.then(function () { return reader.finished ? null : readOne(reader); });
+      }, Promise.resolve()).then(function () {
+        if (gen !== generation) { return; }
+        showEmpty();
+        var more = readers.some(function (r) { return r.more; });
+        // keep reading while a job may still print or a chunk came back full
+        var open = readers.some(function (r) { return !r.finished; });
+        if (follow && follow.checked && (open || more)) {
+          timer = setTimeout(function () { readLog(gen); }, more ? 200 : POLL_MS);
         }
       }).catch(function (err) {
-        timer = setTimeout(function () { readLog(gen); }, Math.max(POLL_MS * 2, (err && err.retryMs) || 0));
+        if (gen === generation) {
+          timer = setTimeout(function () { readLog(gen); }, Math.max(POLL_MS * 2, (err && err.retryMs) || 0));
+        }
       });
     };
     var restart = function () {
-      generation += 1; offset = 0; text.textContent = "";
+      generation += 1; shown = false; text.textContent = "";
       if (timer) { clearTimeout(timer); }
+      var all = select.value === "all";
+      readers = Array.prototype.filter.call(select.options, function (o) {
+        return o.value !== "all" && (all || o.value === select.value);
+      }).map(function (o) {
+        return {job: o.value, offset: 0, rest: "", prefix: all ? o.dataset.prefix : "", finished: false, more: false};
+      });
+      if (download) { download.href = download.dataset.base + (all ? "" : "?job=" + encodeURIComponent(select.value)); }
+      if (note) { note.hidden = !all; }
       readLog(generation);
     };
+    // every job's log at once is the default for a run of a few nodes; a big one opens on its master
+    if (select.options.length > ALL_JOBS_MAX + 1) { select.value = select.options[1].value; }
     select.addEventListener("change", restart);
     if (follow) {
       follow.addEventListener("change", function () {

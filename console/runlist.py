@@ -1,0 +1,64 @@
+"""The runs list: which runs a user sees, filtered by status, a page at a time, and what each row says."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+
+from console import words
+from muster.api_errors import InvalidInput
+from runs.choices import RunStatus
+from runs.models import Run
+
+PER_PAGE = 50
+
+
+def status_filter(raw: str | None) -> str:
+    """The status asked for ("" for all); an unknown one is an error that names the choices."""
+    if not raw:
+        return ""
+    if raw not in RunStatus.values:
+        raise InvalidInput(["status"], f"unknown status {raw[:40]!r}: use one of {', '.join(RunStatus.values)}")
+    return raw
+
+
+def page_number(raw: str | None) -> int:
+    if raw in (None, ""):
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        raise InvalidInput(["page"], "must be a whole number from 1")
+    return int(raw)
+
+
+def gpus(configuration: dict) -> str:
+    """What the run asks for over all its nodes, from its configuration: `4x A100`, `tpu v2-32`."""
+    wanted: dict[str, int] = {}
+    for group in (configuration or {}).get("groups") or []:
+        gpu = (group.get("resources") or {}).get("gpu") or {}
+        nodes = int(group.get("nodes") or 0)
+        if gpu.get("tpu"):
+            label = f"tpu {gpu['tpu']}" if isinstance(gpu["tpu"], str) else "tpu"
+            wanted[label] = wanted.get(label, 0) + 1
+            continue
+        count = ((gpu.get("count") or {}).get("min") or 0) * nodes
+        if count:
+            label = "/".join(gpu.get("names") or []) or gpu.get("vendor") or "GPU"
+            wanted[label] = wanted.get(label, 0) + count
+    return ", ".join(f"{label}" if label.startswith("tpu") else f"{n}x {label}" for label, n in wanted.items()) or "-"
+
+
+def nodes(configuration: dict) -> int:
+    return sum(int(g.get("nodes") or 0) for g in (configuration or {}).get("groups") or [])
+
+
+def runs_page(projects, status: str, number: int, now):
+    """The page of runs (newest first) and one dict per row; a page past the last is the last."""
+    # the submitted text is the run page's, not the list's (up to MAX_CHARS a run)
+    runs = (Run.objects.filter(project__in=projects).select_related("project", "fleet", "user")
+            .defer("submitted_text").order_by("-submitted_at", "-id"))
+    if status:
+        runs = runs.filter(status=status)
+    page = Paginator(runs, PER_PAGE).get_page(number)
+    rows = [{"run": run, "nodes": nodes(run.configuration), "gpus": gpus(run.configuration),
+             "user": run.user.username if run.user else "-", "duration": words.run_duration(run, now)}
+            for run in page.object_list]
+    return page, rows
