@@ -130,6 +130,18 @@ TEMPLATES = [
     }
 ]
 
+# "login" holds the log-in failure counts, which every web process must see: a table in the database
+# (made by `migrate`, projects/apps.py), or Redis with MUSTER_THROTTLE_LOGIN_CACHE=redis://...
+# MAX_ENTRIES is high because a full table drops a third of its rows, and with them live locks.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "login": ({"BACKEND": "django.core.cache.backends.redis.RedisCache",
+               "LOCATION": env_str("MUSTER_THROTTLE_LOGIN_CACHE"), "KEY_PREFIX": "muster-login"}
+              if env_str("MUSTER_THROTTLE_LOGIN_CACHE")
+              else {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "muster_login_throttle",
+                    "OPTIONS": {"MAX_ENTRIES": 1_000_000}}),
+}
+
 if env_str("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL"), conn_max_age=60, conn_health_checks=True)}
 else:
@@ -282,6 +294,14 @@ MUSTER = {
     # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.
     "THROTTLE_USER": env_str("MUSTER_THROTTLE_USER", "10000/min"),
     "THROTTLE_ANON": env_str("MUSTER_THROTTLE_ANON", "600/min"),
+    # password log-ins (/login/, /admin/login/, projects/services/login_throttle.py): after this many
+    # failures of one user name (or from one client address) within WINDOW seconds of each other, tries
+    # are refused with 429 before any password hashing for LOCK seconds, doubling per further failure
+    "THROTTLE_LOGIN_FAILURES": env_int("MUSTER_THROTTLE_LOGIN_FAILURES", 5),
+    "THROTTLE_LOGIN_ADDRESS_FAILURES": env_int("MUSTER_THROTTLE_LOGIN_ADDRESS_FAILURES", 20),
+    "THROTTLE_LOGIN_WINDOW": env_float("MUSTER_THROTTLE_LOGIN_WINDOW", 900.0),
+    "THROTTLE_LOGIN_LOCK": env_float("MUSTER_THROTTLE_LOGIN_LOCK", 60.0),
+    "THROTTLE_LOGIN_LOCK_MAX": env_float("MUSTER_THROTTLE_LOGIN_LOCK_MAX", 3600.0),
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
