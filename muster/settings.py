@@ -57,7 +57,11 @@ def _encryption_keys() -> list[str]:
 
 
 MUSTER_ENCRYPTION_KEYS = _encryption_keys()
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Django's technical 500 page shows a failed request's variables: only when asked for (DEBUG=1), and
+# even then only to a client on this machine (muster/debug.py)
+DEBUG = env_bool("DEBUG", False)
+DEFAULT_EXCEPTION_REPORTER = "muster.debug.LoopbackOnlyReporter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "muster.debug.ReporterFilter"
 ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "" if PRODUCTION else "*").split(",") if h.strip()]
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when MUSTER_ENV=production: the host names clients use "

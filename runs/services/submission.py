@@ -10,6 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.views.decorators.debug import sensitive_variables
 
 from events.services import record
 from muster import crypto
@@ -83,6 +84,7 @@ def probed_gpu_names(project: Project) -> list[str]:
     return sorted(names)
 
 
+@sensitive_variables()  # the configuration, its env and the project's secrets (muster/debug.py)
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
     data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
@@ -133,6 +135,7 @@ def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
 PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_rank")
 
 
+@sensitive_variables()
 def plan_run(project: Project, payload: Any) -> dict:
     """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
     ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
@@ -201,6 +204,7 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
     return Job.objects.bulk_create(jobs)
 
 
+@sensitive_variables()
 def _request_digest(payload: Any) -> str:
     # keyed: the body may carry secret env values, and a plain hash of a short one can be guessed
     body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
@@ -220,6 +224,7 @@ def _replayed(project: Project, user, key: str, digest: str) -> Run | None:
     return found.run
 
 
+@sensitive_variables()
 def submit_run(project: Project, user, payload: Any, idempotency_key: str | None = None) -> Run:
     """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput.
 
@@ -261,6 +266,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
                 raise
 
 
+@sensitive_variables()
 def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
                 idempotency: tuple[str | None, str] = (None, "")) -> Run:
     name = requested or _generated_name()
@@ -290,6 +296,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
     return run
 
 
+@sensitive_variables()
 def secret_env(run: Run) -> dict[str, str]:
     token = run.configuration.get("secret_env", "")
     if not token:
