@@ -115,6 +115,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.security.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "muster.urls"
