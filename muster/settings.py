@@ -294,6 +294,8 @@ MUSTER = {
     # local instances run jobs as the server's own user: off in production unless the operator opts in
     "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
     "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),
+    # whose runs local fleets take: superusers' only, unless this opens them to every project writer
+    "LOCAL_FLEET_MEMBERS": env_bool("MUSTER_LOCAL_FLEET_MEMBERS", False),
     "MAX_JSON_DEPTH": env_int("MUSTER_MAX_JSON_DEPTH", 64),  # levels of nesting a request body may have
     # requests per caller ("N/s", "N/min", "N/hour", "N/day"; empty: no limit). Generous: a CLI, the
     # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.

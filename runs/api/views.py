@@ -38,7 +38,7 @@ def _run(project, name: str) -> Run:
 class RunPlanView(ProjectScopedMixin, APIView):
     @extend_schema(request=RunRequestSerializer, responses={200: dict})
     def post(self, request, project):
-        return Response(plan_run(self.project, request.data))
+        return Response(plan_run(self.project, request.data, request.user))
 
 
 class RunListView(ProjectScopedMixin, GenericAPIView):

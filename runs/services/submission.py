@@ -14,7 +14,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from events.services import record
 from muster import crypto
-from muster.api_errors import InvalidInput
+from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
 from runs.choices import RunStatus
 from runs.configuration import (
@@ -136,7 +136,7 @@ PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_r
 
 
 @sensitive_variables()
-def plan_run(project: Project, payload: Any) -> dict:
+def plan_run(project: Project, payload: Any, user=None) -> dict:
     """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
     ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
     does not grow with nodes x commands."""
@@ -146,23 +146,37 @@ def plan_run(project: Project, payload: Any) -> dict:
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(json.loads(conf.model_dump_json()), hidden),
         "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
-        "capacity": plan_capacity(project, conf.fleets or [], specs),
+        "capacity": plan_capacity(project, conf.fleets or [], specs, user),
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
     }
 
 
-def plan_capacity(project: Project, wanted: list[str], specs: list[dict]) -> dict:
-    """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict], user=None) -> dict:
+    """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes)."""
     from engine.submitted import capacity, placement
 
     groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
                                 lambda s: s["resources"])
-    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted),
+    local = placement.local_allowed(user)
+    fleet = placement.first_fitting_fleet(placement.fleets_for(project.pk, wanted, local=local),
                                           [(req, n) for _, req, n in groups])
     if fleet is not None:
         return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
-    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups)}
+    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups, local=local)}
+
+
+def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
+    """A run that only local fleets could take, from someone whose runs may not go there, is a 403
+    now rather than a run that can never be placed."""
+    from engine.submitted import placement
+
+    if placement.local_allowed(user) or placement.fleets_for(project.pk, wanted, local=False):
+        return
+    if placement.fleets_for(project.pk, wanted):
+        from engine.submitted.capacity import LOCAL_REFUSED
+
+        raise NotAllowed(["fleets"], LOCAL_REFUSED)
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
@@ -237,6 +251,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
         if replay is not None:
             return replay
     conf, jobs, hidden = parse_for_project(project, payload)
+    check_local_fleets(project, user, conf.fleets or [])
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
     # the stored configuration (engine/starting/cluster.py puts them together when the job starts).
     specs = [j.stored_dict() for j in jobs]
