@@ -10,7 +10,13 @@ from django.views.debug import ExceptionReporter, SafeExceptionReporterFilter
 PLAIN_500 = "<!doctype html>\n<title>Server Error (500)</title>\n<h1>Server Error (500)</h1>\n"
 
 
+# a proxy on this machine makes every client look like loopback; these say one forwarded the request
+PROXY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
+
+
 def from_loopback(request) -> bool:
+    if any(header in request.META for header in PROXY_HEADERS):
+        return False
     try:
         return ipaddress.ip_address((request.META.get("REMOTE_ADDR") or "").split("%")[0]).is_loopback
     except ValueError:

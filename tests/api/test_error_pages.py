@@ -87,11 +87,14 @@ def test_a_500_on_the_submit_path_shows_and_logs_no_configuration_or_secret(how,
             assert value not in text
 
 
-def test_a_client_on_the_network_gets_the_plain_500_even_with_debug_on(failing_submit):
+@pytest.mark.parametrize("client_address", [{"REMOTE_ADDR": "192.0.2.10"},
+                                            # through a proxy on the server's machine
+                                            {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": "192.0.2.10"}])
+def test_a_client_on_the_network_gets_the_plain_500_even_with_debug_on(failing_submit, client_address):
     client, _ = failing_submit
     for accept in ("text/html", "application/json"):
         response = client.post("/api/projects/main/runs/", {"configuration": CONF, "env": {"WANDB_KEY": REQUEST_SECRET}},
-                               format="json", HTTP_ACCEPT=accept, REMOTE_ADDR="192.0.2.10")
+                               format="json", HTTP_ACCEPT=accept, **client_address)
         assert response.status_code == 500
         page = response.content.decode()
         assert "Server Error (500)" in page and "Traceback" not in page and "Boom" not in page
