@@ -106,3 +106,28 @@ def test_a_locked_try_runs_no_password_hasher(page, limits, django_user_model):
         assert _try(client, page, "no-such-user", f"wrong-{i}").status_code == 429
     assert counting_hasher.CALLS["count"] == before
     print(f"100 locked tries in {time.monotonic() - started:.2f} s")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failures_counted_by_another_web_process_lock_this_one(limits, admin_user_):
+    """Another process (a second web worker) takes the wrong passwords; this one then refuses."""
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    if connection.vendor != "postgresql":
+        pytest.skip("needs the PostgreSQL test database, which a second process can open")
+    code = ("import django; django.setup()\n"
+            "from django.test import Client\n"
+            "c = Client()\n"
+            "print([c.post('/login/', {'username': 'operator', 'password': f'wrong-{i}'}).status_code "
+            "for i in range(5)])\n")
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "muster.settings", "ALLOWED_HOSTS": "*"}
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert other.stdout.strip() == "[200, 200, 200, 200, 200]", other.stderr[-2000:]
+    right = _try(Client(), "/login/", "operator", PASSWORD)
+    assert right.status_code == 429 and not _logged_in(right)
