@@ -11,8 +11,8 @@ POLICY = "; ".join([
 
 
 class ContentSecurityPolicyMiddleware:
-    """Only the console's pages (and the log-in pages' answers, which use its templates): the
-    admin and the Swagger UI are Django's and drf-spectacular's, with inline scripts of their own."""
+    """Only the console's pages, and the admin log-in's 429 (console/login.py, a console template):
+    the admin's and the Swagger UI's own pages come with inline scripts of their own."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -20,6 +20,7 @@ class ContentSecurityPolicyMiddleware:
     def __call__(self, request):
         response = self.get_response(request)
         match = request.resolver_match
-        if match is not None and (match.namespace == "console" or response.status_code == 429):
+        if match is not None and (match.namespace == "console"
+                                  or (match.route == "admin/login/" and response.status_code == 429)):
             response.headers.setdefault("Content-Security-Policy", POLICY)
         return response

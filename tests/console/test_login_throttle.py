@@ -45,6 +45,7 @@ def test_a_hundred_wrong_passwords_then_the_right_one_is_refused_while_locked(pa
     assert right.status_code == 429 and not _logged_in(right)
     assert 0 < int(right["Retry-After"]) <= 60
     assert "Too many failed log-ins" in right.content.decode()
+    assert "script-src 'self'" in right["Content-Security-Policy"]
 
 
 @pytest.mark.parametrize("page", PAGES)
