@@ -8,18 +8,21 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import yaml
 
 DEFAULT_PROJECT = "main"
 HTTP_TIMEOUT = 30.0
+MAX_PAGES = 1000  # of a paged list: a server that always answers `next` cannot keep the CLI forever
+NEXT_LINK = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
 class CliError(Exception):
@@ -140,11 +143,31 @@ class Client:
     def delete(self, path: str, **query: Any) -> Any:
         return self.request("DELETE", path, query=query)
 
-    def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
-        url = self.base + path
+    def get_pages(self, path: str, **query: Any) -> list[Any]:
+        """Every item of a paged list (GET runs/), page after page while the answer has a
+        `Link: <url>; rel="next"`. Only the link's query (its cursor) is taken, on this client's own
+        URL: the token never goes to another host, and a proxy that rewrites the scheme or host
+        in the server's links does not matter."""
+        items: list[Any] = []
+        url = self._url(path, query)
+        for _ in range(MAX_PAGES):
+            raw, headers = self._send("GET", url)
+            items += json.loads(raw) if raw else []
+            found = NEXT_LINK.search(headers.get("Link") or "")
+            if found is None:
+                return items
+            url = self.base + path + "?" + urlsplit(found.group(1)).query
+        raise CliError(f"{path}: more than {MAX_PAGES} pages")
+
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
         params = {k: v for k, v in (query or {}).items() if v is not None}
-        if params:
-            url += "?" + urlencode(params)
+        return self.base + path + ("?" + urlencode(params) if params else "")
+
+    def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
+        raw, _ = self._send(method, self._url(path, query), body)
+        return json.loads(raw) if raw else None
+
+    def _send(self, method: str, url: str, body: Any = None) -> tuple[bytes, Any]:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Token {self.settings.token}", "Accept": "application/json"}
         if data is not None:
@@ -152,11 +175,11 @@ class Client:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                raw, headers = resp.read(), resp.headers
         except urllib.error.HTTPError as exc:
             raise api_error(exc.code, exc.read()) from None
         except urllib.error.URLError as exc:
             raise Unreachable(f"cannot reach {self.settings.url}: {exc.reason}") from None
         except (OSError, http.client.HTTPException) as exc:
             raise Unreachable(f"cannot reach {self.settings.url}: {exc}") from None
-        return json.loads(raw) if raw else None
+        return raw, headers

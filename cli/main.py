@@ -197,7 +197,7 @@ def select_runs(runs: list[dict[str, Any]], show_all: bool, finished_shown: int 
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    runs = select_runs(_client(args).get("runs/"), args.all)
+    runs = select_runs(_client(args).get_pages("runs/"), args.all)
     if not runs:
         print("No runs.")
     else:

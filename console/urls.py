@@ -2,11 +2,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from console import views
+from console.login import console_login
 
 app_name = "console"
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
+    path("login/", console_login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),
     path("", views.index, name="index"),
     path("projects/<str:project>/runs/<str:name>/", views.run_page, name="run"),

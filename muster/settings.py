@@ -57,7 +57,11 @@ def _encryption_keys() -> list[str]:
 
 
 MUSTER_ENCRYPTION_KEYS = _encryption_keys()
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Django's technical 500 page shows a failed request's variables: only when asked for (DEBUG=1), and
+# even then only to a client on this machine (muster/debug.py)
+DEBUG = env_bool("DEBUG", False)
+DEFAULT_EXCEPTION_REPORTER = "muster.debug.LoopbackOnlyReporter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "muster.debug.ReporterFilter"
 ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "" if PRODUCTION else "*").split(",") if h.strip()]
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when MUSTER_ENV=production: the host names clients use "
@@ -112,6 +116,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.security.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "muster.urls"
@@ -130,6 +135,18 @@ TEMPLATES = [
         },
     }
 ]
+
+# "login" holds the log-in failure counts, which every web process must see: a table in the database
+# (made by `migrate`, projects/apps.py), or Redis with MUSTER_THROTTLE_LOGIN_CACHE=redis://...
+# MAX_ENTRIES is high because a full table drops a third of its rows, and with them live locks.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "login": ({"BACKEND": "django.core.cache.backends.redis.RedisCache",
+               "LOCATION": env_str("MUSTER_THROTTLE_LOGIN_CACHE"), "KEY_PREFIX": "muster-login"}
+              if env_str("MUSTER_THROTTLE_LOGIN_CACHE")
+              else {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "muster_login_throttle",
+                    "OPTIONS": {"MAX_ENTRIES": 1_000_000}}),
+}
 
 if env_str("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL"), conn_max_age=60, conn_health_checks=True)}
@@ -278,6 +295,8 @@ MUSTER = {
     # local instances run jobs as the server's own user: off in production unless the operator opts in
     "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
     "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),
+    # whose runs local fleets take: superusers' only, unless this opens them to every project writer
+    "LOCAL_FLEET_MEMBERS": env_bool("MUSTER_LOCAL_FLEET_MEMBERS", False),
     "MAX_JSON_DEPTH": env_int("MUSTER_MAX_JSON_DEPTH", 64),  # levels of nesting a request body may have
     # requests per caller ("N/s", "N/min", "N/hour", "N/day"; empty: no limit). Generous: a CLI, the
     # benches and the tests stay far below; they stop a runaway script or a scan of anonymous calls.
@@ -286,6 +305,14 @@ MUSTER = {
     # `muster serve`'s gunicorn: worker processes (0: from the CPU count, 2 to 4) and threads in each
     "WEB_WORKERS": env_int("MUSTER_WEB_WORKERS", 0),
     "WEB_THREADS": env_int("MUSTER_WEB_THREADS", 4),
+    # password log-ins (/login/, /admin/login/, projects/services/login_throttle.py): after this many
+    # failures of one user name (or from one client address) within WINDOW seconds of each other, tries
+    # are refused with 429 before any password hashing for LOCK seconds, doubling per further failure
+    "THROTTLE_LOGIN_FAILURES": env_int("MUSTER_THROTTLE_LOGIN_FAILURES", 5),
+    "THROTTLE_LOGIN_ADDRESS_FAILURES": env_int("MUSTER_THROTTLE_LOGIN_ADDRESS_FAILURES", 20),
+    "THROTTLE_LOGIN_WINDOW": env_float("MUSTER_THROTTLE_LOGIN_WINDOW", 900.0),
+    "THROTTLE_LOGIN_LOCK": env_float("MUSTER_THROTTLE_LOGIN_LOCK", 60.0),
+    "THROTTLE_LOGIN_LOCK_MAX": env_float("MUSTER_THROTTLE_LOGIN_LOCK_MAX", 3600.0),
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept

@@ -4,6 +4,7 @@ from django.http import JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from console.login import throttled
 from console.metrics import metrics_view
 from muster import disk
 
@@ -23,6 +24,8 @@ def healthz(request):
 
 
 urlpatterns = [
+    # ahead of admin.site.urls, so the admin's own log-in page is throttled like the console's
+    path("admin/login/", throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

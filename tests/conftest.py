@@ -125,7 +125,10 @@ def _no_leases_carried_over():
 
 @pytest.fixture(autouse=True)
 def _muster_dirs(tmp_path, settings):
-    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": tmp_path / "logs", "LOCAL_DIR": tmp_path / "local"}
+    # LOCAL_FLEET_MEMBERS: most tests submit as a project admin to a local fleet a superuser made,
+    # which the default (superusers' runs only) refuses; the tests of that rule set it back
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": tmp_path / "logs", "LOCAL_DIR": tmp_path / "local",
+                       "LOCAL_FLEET_MEMBERS": True}
     yield
     # Any test may start local runner agents and job processes (a run on a local fleet, the
     # console's and the metrics' tests too); none may outlive it, passed or failed.

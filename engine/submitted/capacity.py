@@ -103,10 +103,18 @@ def _cloud_reason(fleet: Fleet, req: dict, needs: str) -> str | None:
     return None if offers else f"fleet {fleet.name} ({fleet.backend}) has no offer for {needs}"
 
 
-def explain(project_id: int, wanted: list[str], groups: list[Group], configuration: dict | None = None) -> list[str]:
+LOCAL_REFUSED = ("the project's fleets that the run may use are local fleets, which run only superusers' runs (a "
+                 "local job is a shell on the control plane; an operator can open them to every member with "
+                 "MUSTER_LOCAL_FLEET_MEMBERS=1): use an ssh or gcp fleet")
+
+
+def explain(project_id: int, wanted: list[str], groups: list[Group], configuration: dict | None = None,
+            local: bool = True) -> list[str]:
     """One line per group that no fleet can hold, else one per fleet saying what it lacks (with the
     run's `configuration`, a fleet whose container policy forbids the run says that)."""
-    fleets = placement.fleets_for(project_id, wanted)
+    fleets = placement.fleets_for(project_id, wanted, local=local)
+    if not fleets and not local and placement.fleets_for(project_id, wanted):
+        return [LOCAL_REFUSED]
     if not fleets:
         if wanted:
             return [f"the project has no active fleet named {', '.join(wanted)} (the run's `fleets`)"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from itertools import islice
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from backends.registry import creates_groups, fleet_backend_config, get_compute
-from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
+from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from runs.configuration import fits
 from runs.configuration.container_policy import fleet_policy, policy_problems, run_has_image
 from runs.models import Job, Run
@@ -97,8 +98,16 @@ def cloud_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
     return all(compute.get_offers(req) for req, _ in demands)
 
 
+def local_allowed(user) -> bool:
+    """Whether `user`'s runs may go to local fleets. A local job is a shell on the control plane as
+    the server's user (its database, keys and every token), so: superusers' runs, and every
+    writer's only where the operator opened them with MUSTER_LOCAL_FLEET_MEMBERS=1."""
+    return bool(settings.MUSTER.get("LOCAL_FLEET_MEMBERS")) or bool(user is not None and user.is_superuser)
+
+
 def candidate_fleets(run: Run):
-    return allowing_fleets(fleets_for(run.project_id, run.configuration.get("fleets") or []), run.configuration)
+    return allowing_fleets(fleets_for(run.project_id, run.configuration.get("fleets") or [],
+                                      local=local_allowed(run.user)), run.configuration)
 
 
 def allowing_fleets(fleets: list[Fleet], configuration: dict) -> list[Fleet]:
@@ -115,9 +124,12 @@ def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
     return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
-def fleets_for(project_id: int, wanted: list[str]) -> list[Fleet]:
-    """The project's active fleets a run may use: those it names in `fleets:` in that order, else all."""
+def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[Fleet]:
+    """The project's active fleets a run may use: those it names in `fleets:` in that order, else all;
+    local fleets only with `local` (local_allowed of the run's user)."""
     fleets = Fleet.objects.filter(project_id=project_id, status=FleetStatus.ACTIVE)
+    if not local:
+        fleets = fleets.exclude(backend=FleetBackend.LOCAL)
     if wanted:
         fleets = fleets.filter(name__in=wanted)
         order = {name: i for i, name in enumerate(wanted)}

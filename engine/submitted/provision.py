@@ -84,7 +84,8 @@ def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
     groups = capacity.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
                                 lambda j: j.spec["resources"])
     return capacity.no_capacity_message(capacity.explain(run.project_id, run.configuration.get("fleets") or [],
-                                                         groups, run.configuration))
+                                                         groups, run.configuration,
+                                                         local=placement.local_allowed(run.user)))
 
 
 def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:

@@ -1,10 +1,14 @@
 from django.urls import path
+from django.views.decorators.debug import sensitive_post_parameters
 
 from runs.api import views
 
+# a form-encoded submission carries its configuration and env in POST: no error report shows them
+_hidden = sensitive_post_parameters()
+
 urlpatterns = [
-    path("runs/", views.RunListView.as_view(), name="runs"),
-    path("runs/plan", views.RunPlanView.as_view(), name="run-plan"),
+    path("runs/", _hidden(views.RunListView.as_view()), name="runs"),
+    path("runs/plan", _hidden(views.RunPlanView.as_view()), name="run-plan"),
     path("runs/<str:name>/", views.RunDetailView.as_view(), name="run-detail"),
     path("runs/<str:name>/stop", views.RunStopView.as_view(), name="run-stop"),
     path("runs/<str:name>/logs", views.RunLogsView.as_view(), name="run-logs"),

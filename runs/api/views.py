@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from engine import stopping
 from muster.api_errors import InvalidInput
+from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
@@ -37,7 +38,7 @@ def _run(project, name: str) -> Run:
 class RunPlanView(ProjectScopedMixin, APIView):
     @extend_schema(request=RunRequestSerializer, responses={200: dict})
     def post(self, request, project):
-        return Response(plan_run(self.project, request.data))
+        return Response(plan_run(self.project, request.data, request.user))
 
 
 class RunListView(ProjectScopedMixin, GenericAPIView):
@@ -45,6 +46,7 @@ class RunListView(ProjectScopedMixin, GenericAPIView):
 
     queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance")
     filterset_class = RunFilter
+    pagination_class = LinkHeaderCursorPagination
     serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it
 
     def get_queryset(self):
@@ -52,8 +54,8 @@ class RunListView(ProjectScopedMixin, GenericAPIView):
 
     @extend_schema(responses={200: RunListSerializer(many=True)})
     def get(self, request, project):
-        runs = self.filter_queryset(self.get_queryset())
-        return Response(RunListSerializer(runs.order_by("-submitted_at"), many=True).data)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(RunListSerializer(page, many=True).data)
 
     @extend_schema(request=RunRequestSerializer, responses={201: RunSerializer},
                    parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, description=(

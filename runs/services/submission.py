@@ -10,10 +10,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.views.decorators.debug import sensitive_variables
 
 from events.services import record
 from muster import crypto
-from muster.api_errors import InvalidInput
+from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
 from runs.choices import RunStatus
 from runs.configuration import (
@@ -83,6 +84,7 @@ def probed_gpu_names(project: Project) -> list[str]:
     return sorted(names)
 
 
+@sensitive_variables()  # the configuration, its env and the project's secrets (muster/debug.py)
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
     data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
@@ -134,7 +136,8 @@ def _masked_configuration(configuration: dict, hidden: set[str]) -> dict:
 PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_rank")
 
 
-def plan_run(project: Project, payload: Any) -> dict:
+@sensitive_variables()
+def plan_run(project: Project, payload: Any, user=None) -> dict:
     """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
     ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
     does not grow with nodes x commands."""
@@ -145,25 +148,41 @@ def plan_run(project: Project, payload: Any) -> dict:
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(dumped, hidden),
         "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
-        "capacity": plan_capacity(project, conf.fleets or [], specs, dumped),
+        "capacity": plan_capacity(project, conf.fleets or [], specs, dumped, user),
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
     }
 
 
-def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None) -> dict:
-    """Where the run would go now, or why it fits nowhere now (the same test placement makes)."""
+def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None,
+                  user=None) -> dict:
+    """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes)."""
     from engine.submitted import capacity, placement
 
     groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
                                 lambda s: s["resources"])
-    fleets = placement.fleets_for(project.pk, wanted)
+    local = placement.local_allowed(user)
+    fleets = placement.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
         fleets = placement.allowing_fleets(fleets, configuration)
     fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
     if fleet is not None:
         return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
-    return {"fits": False, "fleet": None, "reasons": capacity.explain(project.pk, wanted, groups, configuration)}
+    return {"fits": False, "fleet": None,
+            "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
+
+
+def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
+    """A run that only local fleets could take, from someone whose runs may not go there, is a 403
+    now rather than a run that can never be placed."""
+    from engine.submitted import placement
+
+    if placement.local_allowed(user) or placement.fleets_for(project.pk, wanted, local=False):
+        return
+    if placement.fleets_for(project.pk, wanted):
+        from engine.submitted.capacity import LOCAL_REFUSED
+
+        raise NotAllowed(["fleets"], LOCAL_REFUSED)
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
@@ -205,6 +224,7 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
     return Job.objects.bulk_create(jobs)
 
 
+@sensitive_variables()
 def _request_digest(payload: Any) -> str:
     # keyed: the body may carry secret env values, and a plain hash of a short one can be guessed
     body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
@@ -224,6 +244,7 @@ def _replayed(project: Project, user, key: str, digest: str) -> Run | None:
     return found.run
 
 
+@sensitive_variables()
 def submit_run(project: Project, user, payload: Any, idempotency_key: str | None = None) -> Run:
     """The new run, with its jobs as `run.submitted_jobs`; raises ConfigurationError or InvalidInput.
 
@@ -236,6 +257,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
         if replay is not None:
             return replay
     conf, jobs, hidden = parse_for_project(project, payload)
+    check_local_fleets(project, user, conf.fleets or [])
     data, env_values, _ = _payload_parts(payload)
     text = submitted_text.submitted(data, hidden, env_values)
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
@@ -267,6 +289,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
                 raise
 
 
+@sensitive_variables()
 def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
                 idempotency: tuple[str | None, str] = (None, ""), text: str = "") -> Run:
     name = requested or _generated_name()
@@ -297,6 +320,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
     return run
 
 
+@sensitive_variables()
 def secret_env(run: Run) -> dict[str, str]:
     token = run.configuration.get("secret_env", "")
     if not token:

@@ -47,7 +47,7 @@ def start(width: int = 1280, height: int = 1000):
     profile = tempfile.mkdtemp(prefix="muster-chromium-")
     for flag in [*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"]:
         options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     driver.set_page_load_timeout(60)
     driver.muster_profile = profile
@@ -71,3 +71,8 @@ def hosts_requested(driver) -> set[str]:
             if url.scheme in ("http", "https", "ws", "wss"):
                 hosts.add(url.netloc)
     return hosts
+
+
+def csp_violations(driver) -> list[str]:
+    """What the page's console said about Content-Security-Policy since the last call."""
+    return [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]

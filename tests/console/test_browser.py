@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.conftest import client_for
-from tests.console.browser import hosts_requested, needs_chromium, screenshot_dir, start, stop
+from tests.console.browser import csp_violations, hosts_requested, needs_chromium, screenshot_dir, start, stop
 from tests.waiting import wait_until
 
 pytestmark = [needs_chromium, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -155,6 +155,7 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
     browser.execute_script("window.scrollTo(0, 0)")
     browser.save_screenshot(str(shots / "console-run-phone.png"))
 
+    assert csp_violations(browser) == [], "the console broke its own Content-Security-Policy"
     server = urlparse(live_server.url).netloc
     hosts = hosts_requested(browser)
     assert server in hosts, "the network log is read (it saw the test server)"
@@ -233,3 +234,23 @@ def test_a_run_of_many_nodes_opens_on_its_masters_log_and_a_few_on_every_jobs(op
         assert browser.find_element("id", "log-download").get_attribute("href").endswith(
             "/log.txt" if chosen[name] == "all" else "/log.txt?job=0")
     assert chosen == {"few": "all", "many": "0"}
+
+
+def test_the_console_refuses_a_script_injected_into_its_page(django_user_model, live_server, browser):
+    """What an escaping bug would let through: a <script> in the page. The policy stops it, and the
+    console's own script (the log-in page's) still runs."""
+    django_user_model.objects.create_user(username="viewer", password=PASSWORD)
+    browser.get(live_server.url + "/login/")
+    browser.execute_script("""
+        const s = document.createElement('script');
+        s.textContent = 'window.injected = 1';
+        document.body.appendChild(s);
+        document.body.insertAdjacentHTML('beforeend', '<img src="x:" onerror="window.injected = 2">');
+    """)
+    assert browser.execute_script("return window.injected") is None
+    assert any("inline script" in m for m in csp_violations(browser))
+    browser.find_element("id", "id_username").send_keys("viewer")
+    browser.find_element("id", "id_password").send_keys(PASSWORD)
+    browser.find_element("css selector", "form.login button").click()
+    wait_until(lambda: urlparse(browser.current_url).path == "/", 30, "the runs list after log in")
+    assert csp_violations(browser) == []

@@ -153,3 +153,34 @@ def test_the_fleets_page_names_the_same_job_on_a_host_as_the_api(make_user):
             if f">{inst.name}<" in row:
                 rows[inst.name] = "held/" in row
     assert rows == {first.name: True, second.name: False}
+
+
+def test_every_console_page_has_a_content_security_policy_without_inline_script(make_user):
+    alice = _user(make_user, "alice")
+    _submit(alice, CONF.format(name="first"))
+    anonymous = Client()
+    browser = _browser(alice)
+    pages = [anonymous.get("/login/"), browser.get("/"), browser.get("/projects/main/runs/first/"),
+             browser.get("/projects/main/runs/first/status"), browser.get("/projects/main/fleets/")]
+    for page in pages:
+        assert page.status_code == 200, page.request["PATH_INFO"]
+        policy = dict(part.strip().split(" ", 1) for part in page["Content-Security-Policy"].split(";"))
+        assert policy["script-src"] == "'self'" and policy["style-src"] == "'self'"
+        assert policy["object-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+        assert page["X-Content-Type-Options"] == "nosniff"
+        assert page["Referrer-Policy"] == "same-origin"
+
+
+def test_no_console_template_has_inline_script_style_or_event_handlers():
+    import re
+    from pathlib import Path
+
+    import console
+
+    templates = sorted((Path(console.__file__).parent / "templates").rglob("*.html"))
+    assert templates
+    for path in templates:
+        text = path.read_text()
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text), f"{path.name}: an inline <script>"
+        assert not re.search(r"<style\b|\sstyle=", text), f"{path.name}: inline style"
+        assert not re.search(r"\son[a-z]+\s*=", text), f"{path.name}: an inline event handler"
