@@ -419,8 +419,8 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     seen = {}
 
-    def fake_serve(bind, concurrency, verbose):
-        seen.update(bind=bind, concurrency=concurrency, verbose=verbose,
+    def fake_serve(bind, concurrency, verbose, dev):
+        seen.update(bind=bind, concurrency=concurrency, verbose=verbose, dev=dev,
                     settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
         return 0
 
@@ -429,4 +429,4 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--concurrency", "3"]) == 0
 
-    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "settings": "muster.settings"}
+    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "dev": False, "settings": "muster.settings"}
