@@ -240,7 +240,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print("Not stopped.")
         return 0
     run = client.post(f"runs/{segment(args.run)}/stop", {"abort": args.abort})
-    print(f"run {args.run}: {run.get('status')}")
+    if run.get("status") in RUN_FINISHED:
+        print(f"run {args.run}: {run.get('status')}")  # it had ended already: nothing to stop
+        return 0
+    # the answer still says `running`: the jobs are stopped after it, by the worker
+    print(f"run {args.run}: {'aborting' if args.abort else 'stopping'} (muster ps shows when it has ended)")
     return 0
 
 

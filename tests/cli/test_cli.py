@@ -356,7 +356,8 @@ def test_stop_sends_the_abort_flag(api, capsys):
     assert cli.main(["stop", "r1", "-y"]) == 0
 
     assert [r.body for r in api.calls("POST", "runs/r1/stop")] == [{"abort": True}, {"abort": False}]
-    assert "run r1: terminating" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "run r1: aborting" in out and "run r1: stopping" in out  # not the answer's `terminating`
 
 
 def test_ps_lists_runs_with_job_summaries(api, capsys):
