@@ -20,11 +20,24 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         doc = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        raise CliError(f"{path}: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise CliError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise CliError(f"{path}: the configuration must be a mapping (type: task or type: fleet)")
     return text, doc
+
+
+def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """One line, where an editor finds it: PyYAML's own message spans lines and repeats the text."""
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "invalid YAML"
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""  # PyYAML counts from 0
+    context = ""
+    if exc.context and exc.problem and exc.context_mark and exc.context_mark is not mark:
+        context = f" ({exc.context} from line {exc.context_mark.line + 1})"
+    return f"{where}invalid YAML: {problem}{context}"
 
 
 def parse_env_args(items: list[str] | None) -> dict[str, str]:

@@ -8,7 +8,9 @@ fills what only the client can know (local env values, SSH key contents) and ren
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import shlex
 import sys
 import time
@@ -144,8 +146,14 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     return follow.follow_run(client, name)
 
 
+def _missing_type(path: str, doc: dict[str, Any]) -> None:
+    if doc.get("type") is None:
+        raise CliError(f"{path}: missing `type:`: write `type: task` (a run) or `type: fleet`")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
+    _missing_type(args.file, doc)
     if doc.get("type") != "task":
         raise CliError(f"{args.file}: type {doc.get('type')!r}: only a task has a plan (type: task)")
     show_plan(_client(args), task_body(args, text, doc))
@@ -154,6 +162,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
+    _missing_type(args.file, doc)
     kind = doc.get("type")
     if kind == "fleet":
         if args.run_args:
@@ -304,8 +313,20 @@ def _add_fleet_commands(subparsers: Any) -> None:
     _add_yes(delete)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, saying which command (or choice) a misspelt one is closest to."""
+
+    def error(self, message: str):  # type: ignore[override]
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            close = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1)
+            if close:
+                message += f"; did you mean `{close[0]}`?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="muster", description="Client of a Muster control plane.")
+    parser = Parser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{config,apply,plan,ps,logs,attach,events,stop,delete,fleet,instances,serve}")
@@ -389,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"muster: error: {exc}", file=sys.stderr)
         return exc.code
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # one shape for every error, the server's (one line per problem, its field path first) too
+        for line in str(exc).splitlines() or [""]:
+            print(f"error: {line}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
