@@ -91,7 +91,7 @@ def _read_key(path: str, base: Path, loc: str) -> str:
 def _inline_key(section: dict[str, Any], base: Path, loc: str) -> bool:
     if "identity_file" not in section:
         return False
-    section["private_key"] = _read_key(str(section.pop("identity_file")), base, f"{loc} -> identity_file")
+    section["private_key"] = _read_key(str(section.pop("identity_file")), base, f"{loc}.identity_file")
     return True
 
 
@@ -104,5 +104,5 @@ def inline_identity_files(doc: dict[str, Any], base: Path) -> bool:
     changed = _inline_key(ssh, base, "ssh_config")
     for i, host in enumerate(ssh.get("hosts") or []):
         if isinstance(host, dict):
-            changed = _inline_key(host, base, f"ssh_config -> hosts -> {i}") or changed
+            changed = _inline_key(host, base, f"ssh_config.hosts[{i}]") or changed
     return changed

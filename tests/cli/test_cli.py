@@ -286,7 +286,7 @@ def test_missing_identity_file_is_reported_before_any_request(api, tmp_path, cap
 
     assert cli.main(["apply", "-f", str(fleet_file)]) == 1
 
-    assert "ssh_config -> identity_file" in capsys.readouterr().err
+    assert "ssh_config.identity_file" in capsys.readouterr().err
     assert api.requests == []
 
 
