@@ -87,6 +87,14 @@ def test_a_yaml_error_is_one_line_naming_the_file_and_line(muster, tmp_path):  #
                                "'<stream end>' (while parsing a flow sequence from line 2)"]
 
 
+def test_a_key_written_twice_is_named_with_the_file_and_line_before_anything_is_sent(muster, tmp_path):  # noqa: F811
+    path = write(tmp_path, "type: task\nname: first\ncommands: [echo]\nname: second\n")
+    result = muster("apply", "-f", path, "-y")
+    assert result.returncode == 1
+    assert _errors(result) == [f"error: {path}: line 4, column 1: invalid YAML: duplicate key `name`"]
+    assert not Run.objects.exists()
+
+
 def test_unknown_keys_and_commands_say_what_was_meant(muster, tmp_path):  # noqa: F811
     result = muster("plan", "-f", write(tmp_path, "type: task\ncomands: [echo]\n"))
     assert result.returncode == 1
