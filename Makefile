@@ -12,8 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# the address `make run` serves on: `make run BIND=0.0.0.0:8000` serves other machines too
+BIND ?= 127.0.0.1:8000
+
 run: $(STAMP)
-	$(BIN)/muster serve
+	$(BIN)/muster serve --bind $(BIND)
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist). Most of a test's time is spent waiting
 # on real processes (workers, sshd hosts, runners), so 3 on 2 CPUs is faster than 2 (5.4 against

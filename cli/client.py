@@ -72,6 +72,24 @@ def read_config_file() -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items() if v is not None}
 
 
+def server_url(url: str, source: str) -> str:
+    """The server's base URL as the client joins paths to it, from what a user wrote.
+
+    `http://host:8000/api` (copied from the API docs' address) means the server at
+    `http://host:8000`; a URL without a scheme is refused rather than guessed, since the server may
+    answer HTTPS only.
+    """
+    url = url.strip().rstrip("/")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise CliError(f"{source} {url!r} has no scheme: write http://{url} (or https://{url})")
+    if scheme.lower() not in ("http", "https") or not rest:
+        raise CliError(f"{source} {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    if url.lower().endswith("/api"):
+        url = url[: -len("/api")]
+    return url
+
+
 def load_settings(project: str | None = None, environ: Mapping[str, str] = os.environ) -> Settings:
     """Each setting from the command line, else the environment, else ~/.muster/config."""
     file = read_config_file()
@@ -80,11 +98,13 @@ def load_settings(project: str | None = None, environ: Mapping[str, str] = os.en
     if not url or not token:
         raise CliError("no server configured: set MUSTER_URL and MUSTER_TOKEN, "
                        "or run `muster config --url URL --token TOKEN`")
+    source = "MUSTER_URL" if environ.get("MUSTER_URL") else f"url in {config_path()}"
     project = project or environ.get("MUSTER_PROJECT") or file.get("project") or DEFAULT_PROJECT
-    return Settings(url=url.rstrip("/"), token=token, project=project)
+    return Settings(url=server_url(url, source), token=token, project=project)
 
 
 def write_config(url: str, token: str, project: str | None) -> Path:
+    url = server_url(url, "--url")
     path = config_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
@@ -104,9 +124,21 @@ def write_config(url: str, token: str, project: str | None) -> Path:
 # ---- HTTP -----------------------------------------------------------------------------------------
 
 
+def format_loc(loc: list[Any]) -> str:
+    """`["configuration", "groups", 0, "commands"]` -> `configuration.groups[0].commands`, the way
+    the server's configuration messages write a location."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 def format_error(error: Mapping[str, Any]) -> str:
-    """{"loc": ["configuration", "groups", 0], "msg": m} -> `configuration -> groups -> 0: m`."""
-    loc = " -> ".join(str(part) for part in error.get("loc") or [])
+    """{"loc": ["configuration", "groups", 0], "msg": m} -> `configuration.groups[0]: m`."""
+    loc = format_loc(list(error.get("loc") or []))
     msg = str(error.get("msg", ""))
     return f"{loc}: {msg}" if loc else msg
 

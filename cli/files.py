@@ -13,18 +13,54 @@ from cli.client import CliError, UsageError
 # ---- reading configuration files ----------------------------------------------------------------
 
 
+class _NoDuplicates(yaml.SafeLoader):
+    """The server refuses a key written twice in one mapping (runs/configuration/documents.py); the
+    CLI says so first, naming the file and the line, instead of sending a document it read wrong."""
+
+
+def _mapping(loader: _NoDuplicates, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: construct_mapping says what is wrong with it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key `{key}`", key_node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_NoDuplicates.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
 def read_document(path: str) -> tuple[str, dict[str, Any]]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_NoDuplicates)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        raise CliError(f"{path}: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise CliError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise CliError(f"{path}: the configuration must be a mapping (type: task or type: fleet)")
     return text, doc
+
+
+def yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """One line, where an editor finds it: PyYAML's own message spans lines and repeats the text."""
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "invalid YAML"
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""  # PyYAML counts from 0
+    context = ""
+    if exc.context and exc.problem and exc.context_mark and exc.context_mark is not mark:
+        context = f" ({exc.context} from line {exc.context_mark.line + 1})"
+    return f"{where}invalid YAML: {problem}{context}"
 
 
 def parse_env_args(items: list[str] | None) -> dict[str, str]:
@@ -78,7 +114,7 @@ def _read_key(path: str, base: Path, loc: str) -> str:
 def _inline_key(section: dict[str, Any], base: Path, loc: str) -> bool:
     if "identity_file" not in section:
         return False
-    section["private_key"] = _read_key(str(section.pop("identity_file")), base, f"{loc} -> identity_file")
+    section["private_key"] = _read_key(str(section.pop("identity_file")), base, f"{loc}.identity_file")
     return True
 
 
@@ -91,5 +127,5 @@ def inline_identity_files(doc: dict[str, Any], base: Path) -> bool:
     changed = _inline_key(ssh, base, "ssh_config")
     for i, host in enumerate(ssh.get("hosts") or []):
         if isinstance(host, dict):
-            changed = _inline_key(host, base, f"ssh_config -> hosts -> {i}") or changed
+            changed = _inline_key(host, base, f"ssh_config.hosts[{i}]") or changed
     return changed

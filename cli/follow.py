@@ -258,5 +258,7 @@ def follow_run(client: Client, name: str) -> int:
                 return report_end(run, follower.logs)
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
-        say(f"\nDetached; run {name} keeps going. Re-attach with: muster logs {name}")
-        return 0
+        # Ctrl-C stops the following, not the run: the exit status says it was interrupted
+        say(f"\nInterrupted: run {name} continues on the server. Follow it with `muster logs {name}` "
+            f"(status: `muster ps -v`), stop it with `muster stop {name}`.")
+        return 130

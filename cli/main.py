@@ -11,9 +11,7 @@ import argparse
 import os
 import shlex
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cli import follow, render
@@ -34,77 +32,23 @@ from cli.files import (  # noqa: F401  (the tests and scripts use them from here
     parse_env_args,
     read_document,
 )
+from cli.fleets import (  # noqa: F401  (POLL_SECONDS: the tests shorten it here)
+    POLL_SECONDS,
+    cmd_fleet_apply,
+    cmd_fleet_delete,
+    cmd_fleet_list,
+    submit_fleet,
+)
 from cli.follow import RUN_FINISHED, say, segment
-
-# ---- prompts --------------------------------------------------------------------------------------
-
-
-def confirm(question: str, assume_yes: bool) -> bool:
-    if assume_yes:
-        return True
-    if not sys.stdin.isatty():
-        raise CliError(f"{question} needs an answer, but stdin is not a terminal: pass -y to confirm")
-    try:
-        answer = input(f"{question} [y/N] ")
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
+from cli.prompts import Parser, client_for, confirm
 
 # ---- commands ----------------------------------------------------------------------------------------
-
-
-def _client(args: argparse.Namespace) -> Client:
-    return Client(load_settings(args.project))
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     path = write_config(args.url, args.token, args.project)
     print(f"Saved {path}")
     return 0
-
-
-def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> int:
-    configuration: str | dict[str, Any] = text
-    if inline_identity_files(doc, Path(path).resolve().parent):
-        configuration = doc  # the API takes a parsed document as well as YAML text
-    fleet = client.post("fleets/", {"configuration": configuration})
-    if fleet.get("warnings"):
-        print(render.plan_warnings(fleet["warnings"]))
-    if fleet.get("status") == "pending":
-        fleet = wait_for_fleet(client, fleet)
-    print(render.fleet_summary(fleet))
-    if fleet.get("status") == "failed":
-        for error in fleet.get("errors") or []:
-            say(f"error: {format_error(error)}")
-        return 1
-    return 0
-
-
-FLEET_WAIT_SECONDS = 900.0
-POLL_SECONDS = 1.0
-
-
-def wait_for_fleet(client: Client, fleet: dict[str, Any], poll: float = POLL_SECONDS,
-                   timeout: float = FLEET_WAIT_SECONDS) -> dict[str, Any]:
-    """Poll a pending SSH fleet until the server has registered (or refused) every host, saying
-    each host's progress as it changes."""
-    name = fleet.get("name") or ""
-    shown: dict[str, Any] = {}
-    deadline = time.monotonic() + timeout
-    while True:
-        for inst in fleet.get("instances") or []:
-            step = inst.get("registration")
-            if step and shown.get(inst.get("name")) != step:
-                shown[inst.get("name")] = step
-                say(f"{inst.get('name')} ({inst.get('hostname')}:{inst.get('port')}): {step}")
-        if fleet.get("status") != "pending":
-            return fleet
-        if time.monotonic() > deadline:
-            raise CliError(f"fleet {name} is still registering after {timeout:g} s (the server goes on "
-                           f"trying); see `muster fleet list`, or delete it with `muster fleet delete {name}`")
-        time.sleep(poll)
-        fleet = client.get(f"fleets/{segment(name)}/")
 
 
 def task_body(args: argparse.Namespace, text: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -144,47 +88,31 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     return follow.follow_run(client, name)
 
 
+def _missing_type(path: str, doc: dict[str, Any]) -> None:
+    if doc.get("type") is None:
+        raise CliError(f"{path}: missing `type:`: write `type: task` (a run) or `type: fleet`")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
+    _missing_type(args.file, doc)
     if doc.get("type") != "task":
         raise CliError(f"{args.file}: type {doc.get('type')!r}: only a task has a plan (type: task)")
-    show_plan(_client(args), task_body(args, text, doc))
+    show_plan(client_for(args), task_body(args, text, doc))
     return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
+    _missing_type(args.file, doc)
     kind = doc.get("type")
     if kind == "fleet":
         if args.run_args:
             raise CliError(f"{args.file} is a fleet: arguments after -- only fill ${{{{ run.args }}}} of a task")
-        return submit_fleet(_client(args), args.file, text, doc)
+        return submit_fleet(client_for(args), args.file, text, doc)
     if kind == "task":
-        return submit_task(_client(args), args, text, doc)
+        return submit_task(client_for(args), args, text, doc)
     raise CliError(f"{args.file}: type {kind!r} is not supported here: use type: task or type: fleet")
-
-
-def cmd_fleet_apply(args: argparse.Namespace) -> int:
-    text, doc = read_document(args.file)
-    if doc.get("type", "fleet") != "fleet":
-        raise CliError(f"{args.file}: type is {doc.get('type')!r}, not fleet: use `muster apply -f`")
-    return submit_fleet(_client(args), args.file, text, doc)
-
-
-def cmd_fleet_list(args: argparse.Namespace) -> int:
-    fleets = _client(args).get("fleets/")
-    print(render.fleets_table(fleets) if fleets else "No fleets.")
-    return 0
-
-
-def cmd_fleet_delete(args: argparse.Namespace) -> int:
-    client = _client(args)
-    if not confirm(f"Delete fleet {args.name}{' (force)' if args.force else ''}?", args.yes):
-        print("Not deleted.")
-        return 0
-    client.delete(f"fleets/{segment(args.name)}/", force="true" if args.force else None)
-    print(f"Fleet {args.name}: deleting")
-    return 0
 
 
 def select_runs(runs: list[dict[str, Any]], show_all: bool, finished_shown: int = 10) -> list[dict[str, Any]]:
@@ -197,7 +125,7 @@ def select_runs(runs: list[dict[str, Any]], show_all: bool, finished_shown: int 
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    runs = select_runs(_client(args).get_pages("runs/"), args.all)
+    runs = select_runs(client_for(args).get_pages("runs/"), args.all)
     if not runs:
         print("No runs.")
     else:
@@ -206,17 +134,17 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    return follow.follow_logs(_client(args), args.run, args.job, args.group, follow=not args.no_follow)
+    return follow.follow_logs(client_for(args), args.run, args.job, args.group, follow=not args.no_follow)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from cli.attach import attach, parse_port_maps
 
-    return attach(_client(args), args.run, args.job, parse_port_maps(args.port))
+    return attach(client_for(args), args.run, args.job, parse_port_maps(args.port))
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_for(args)
     follow.get_run(client, args.run)  # a 404 for a run that does not exist, not an empty table
     events = client.get("events/", run=args.run, limit=args.limit)
     print(render.events_table(events) if events else f"No events for run {args.run}.")
@@ -224,7 +152,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_for(args)
     if not confirm(f"Delete run {args.run}?", args.yes):
         print("Not deleted.")
         return 0
@@ -234,18 +162,22 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_for(args)
     verb = "Abort" if args.abort else "Stop"
     if not confirm(f"{verb} run {args.run}?", args.yes):
         print("Not stopped.")
         return 0
     run = client.post(f"runs/{segment(args.run)}/stop", {"abort": args.abort})
-    print(f"run {args.run}: {run.get('status')}")
+    if run.get("status") in RUN_FINISHED:
+        print(f"run {args.run}: {run.get('status')}")  # it had ended already: nothing to stop
+        return 0
+    # the answer still says `running`: the jobs are stopped after it, by the worker
+    print(f"run {args.run}: {'aborting' if args.abort else 'stopping'} (muster ps shows when it has ended)")
     return 0
 
 
 def cmd_instances(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = client_for(args)
     rows = client.get("instances/", fleet=args.fleet, status=args.status)
     if not rows:
         print("No instances.")
@@ -301,7 +233,7 @@ def _add_fleet_commands(subparsers: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="muster", description="Client of a Muster control plane.")
+    parser = Parser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{config,apply,plan,ps,logs,attach,events,stop,delete,fleet,instances,serve}")
@@ -387,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"muster: error: {exc}", file=sys.stderr)
         return exc.code
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # one shape for every error, the server's (one line per problem, its field path first) too
+        for line in str(exc).splitlines() or [""]:
+            print(f"error: {line}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

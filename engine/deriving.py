@@ -80,7 +80,7 @@ def _derive(run: Run) -> None:
     master = jobs[0]
     stop_criteria = run.configuration.get("stop_criteria") or "all-done"
     if stop_criteria == "master-done" and master.status == JobStatus.DONE:
-        _teardown(run, JobReason.DONE_BY_RUNNER, RunStatus.DONE, RunReason.ALL_JOBS_DONE)
+        _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE)
         return
     if all(j.status == JobStatus.DONE for j in jobs):
         move_run(run, RunStatus.DONE, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE)

@@ -1,12 +1,19 @@
-"""`make demo`: start Muster on a scratch data directory, apply the local PD example, show it end.
+"""`make demo`: start Muster on a scratch data directory, apply the local PD example, show it end,
+then keep serving so the run can be looked at, until Ctrl-C.
 
-The router, prefill and decode groups run on the local backend (127.0.0.x addresses); the router
-starts last and prints what it fetched from both workers. Exits with the CLI's status: 0 on done.
+The router, prefill and decode groups run on the local backend; the router starts last and prints
+what it fetched from both workers. The demo's local fleet takes 127.0.0.6 upwards
+(MUSTER_LOCAL_FIRST_ADDRESS), so it runs beside `make run`'s (127.0.0.2-5) on one machine, and its
+server listens on MUSTER_DEMO_BIND (127.0.0.1:8765). Ctrl-C (or SIGTERM) stops the server and
+removes the data directory. Exits with the CLI's status for the run: 0 when it ended done.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,45 +23,108 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIND = os.environ.get("MUSTER_DEMO_BIND", "127.0.0.1:8765")
+FIRST_ADDRESS = "127.0.0.6"
 
 
-def _wait_until_up(url: str, timeout: float = 60) -> None:
+def _say(text: str) -> None:
+    print(f"demo: {text}", flush=True)
+
+
+def _wait_until_up(url: str, server: subprocess.Popen, log: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if server.poll() is not None:
+            break
         try:
             with urllib.request.urlopen(f"{url}/healthz", timeout=2):
                 return
         except OSError:
             time.sleep(0.3)
-    raise SystemExit(f"demo: Muster did not come up at {url}")
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise SystemExit(f"demo: Muster did not come up at {url}:\n{tail}")
+
+
+def _bootstrap(manage: list[str], env: dict) -> tuple[str, str]:
+    """Migrate and bootstrap (project main, admin and its password, the local fleet, a token) before
+    the server starts, so the demo has the password and the token the bootstrap prints once."""
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT, timeout=300)
+    out = subprocess.run([*manage, "muster_bootstrap"], env=env, check=True, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout
+    password = re.search(r"^admin user: admin / (\S+)", out, re.M)
+    token = re.search(r"^token: (\S+)$", out, re.M)
+    if not password or not token:
+        raise SystemExit(f"demo: the bootstrap printed no password or token:\n{out}")
+    return password.group(1), token.group(1)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def _remove(data: str) -> None:
+    # the local runner agents leave once serve has asked them to (agent.stop), within a poll or two;
+    # one still writing its status file makes a single rmtree fail
+    deadline = time.monotonic() + 15
+    while os.path.exists(data):
+        shutil.rmtree(data, ignore_errors=time.monotonic() < deadline)
+        time.sleep(0.2)
+
+
+def _wait_for_stop(server: subprocess.Popen) -> None:
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    while not stop and server.poll() is None:
+        time.sleep(0.5)
+    if server.poll() is not None:
+        _say(f"the server exited with status {server.returncode}")
 
 
 def main() -> int:
     data = tempfile.mkdtemp(prefix="muster-demo-")
-    env = {**os.environ, "MUSTER_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "muster.settings"}
+    env = {**os.environ, "MUSTER_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "muster.settings",
+           "MUSTER_LOCAL_FIRST_ADDRESS": os.environ.get("MUSTER_LOCAL_FIRST_ADDRESS", FIRST_ADDRESS)}
     env.pop("DATABASE_URL", None)
     env.pop("CELERY_BROKER_URL", None)
     manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run([*manage, "muster_token", "admin", "--project", "main"], env=env, check=True,
-                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", BIND], env=env, cwd=ROOT,
-                              start_new_session=True)
     url = f"http://{BIND}"
+    server = None
+    code = 130
     try:
-        _wait_until_up(url)
-        print(f"demo: Muster is up at {url} (data in {data}); applying examples/pd-disagg-local.yml", flush=True)
+        password, token = _bootstrap(manage, env)
+        log = Path(data) / "serve.log"
+        with log.open("ab") as out:
+            server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", BIND], env=env, cwd=ROOT,
+                                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT)
+        _wait_until_up(url, server, log)
+        _say(f"Muster is up at {url} (data in {data}); applying examples/pd-disagg-local.yml")
         client_env = {**env, "MUSTER_URL": url, "MUSTER_TOKEN": token, "MUSTER_PROJECT": "main"}
-        code = subprocess.run([sys.executable, "-m", "cli", "apply", "-f",
-                               str(ROOT / "examples" / "pd-disagg-local.yml"), "-y"], env=client_env, cwd=ROOT).returncode
-        subprocess.run([sys.executable, "-m", "cli", "ps", "-a"], env=client_env, cwd=ROOT)
-        return code
+        cli = [sys.executable, "-m", "cli"]
+        code = subprocess.run([*cli, "apply", "-f", str(ROOT / "examples" / "pd-disagg-local.yml"), "-y"],
+                              env=client_env, cwd=ROOT).returncode
+        subprocess.run([*cli, "ps", "-a"], env=client_env, cwd=ROOT, timeout=60)
+        print(flush=True)
+        _say("Muster keeps serving so you can look at the run:")
+        print(f"  console  {url}/   user admin, password {password}\n"
+              f"  CLI      MUSTER_URL={url} MUSTER_TOKEN={token} {ROOT / '.venv' / 'bin' / 'muster'} ps -v\n"
+              f"  server   its log is {log}\n"
+              f"Ctrl-C stops it and removes {data}.", flush=True)
+        _wait_for_stop(server)
+    except KeyboardInterrupt:
+        print(flush=True)
     finally:
-        os.killpg(server.pid, 15)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, 9)
+        if server is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the directory behind
+            _stop(server)
+        _remove(data)
+        _say(f"stopped; removed {data}")
+    return code
 
 
 if __name__ == "__main__":

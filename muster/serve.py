@@ -161,7 +161,10 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     prepare(bootstrap)
     from django.conf import settings
 
-    print(f"Muster: API http://{bind}/api/  docs http://{bind}/api/docs/  admin http://{bind}/admin/", flush=True)
+    host, _, port = bind.rpartition(":")
+    # a wildcard bind is reached through any of the machine's addresses; this one always works here
+    url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
+    print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/", flush=True)
     logs: dict[str, Path] = {}
     if not verbose:
         log_dir = Path(settings.DATA_DIR) / "serve-logs"

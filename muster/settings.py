@@ -292,6 +292,9 @@ MUSTER = {
     "IMAGE_PULL_TIMEOUT": env_float("MUSTER_IMAGE_PULL_TIMEOUT", 600.0),
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
+    # the loopback address of the first local instance (the next take the addresses after it):
+    # `make demo` starts at 127.0.0.6, so it runs beside `make run` (127.0.0.2-5) on one machine
+    "LOCAL_FIRST_ADDRESS": env_str("MUSTER_LOCAL_FIRST_ADDRESS", "127.0.0.2"),
     # local instances run jobs as the server's own user: off in production unless the operator opts in
     "LOCAL_BACKEND": env_bool("MUSTER_LOCAL_BACKEND", not PRODUCTION),
     "LOCAL_FLEET_MAX": env_int("MUSTER_LOCAL_FLEET_MAX", 16),

@@ -75,7 +75,12 @@ class JobReason(models.TextChoices):
     ABORTED_BY_USER = "aborted_by_user"
     TERMINATED_BY_SERVER = "terminated_by_server"
     DONE_BY_RUNNER = "done_by_runner"
+    # a worker stopped because its master finished under `stop_criteria: master-done` (dstack says
+    # done_by_runner here, which claims the worker's own commands finished)
+    MASTER_DONE = "master_done"
     CONTAINER_EXITED_WITH_ERROR = "container_exited_with_error"
+    # a job without an image: its commands ran as host processes, there was no container
+    PROCESS_EXITED_WITH_ERROR = "process_exited_with_error"
     CREATING_CONTAINER_ERROR = "creating_container_error"
     EXECUTOR_ERROR = "executor_error"
     MAX_DURATION_EXCEEDED = "max_duration_exceeded"
@@ -83,6 +88,7 @@ class JobReason(models.TextChoices):
 
 class RunReason(models.TextChoices):
     ALL_JOBS_DONE = "all_jobs_done"
+    MASTER_JOB_DONE = "master_job_done"  # stop_criteria: master-done, and job 0 finished
     JOB_FAILED = "job_failed"
     RETRY_LIMIT_EXCEEDED = "retry_limit_exceeded"
     STOPPED_BY_USER = "stopped_by_user"
@@ -95,7 +101,8 @@ FAILING_REASONS = frozenset({
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, JobReason.INTERRUPTED_BY_NO_CAPACITY,
     JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR, JobReason.MAX_DURATION_EXCEEDED,
+    JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.PROCESS_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR,
+    JobReason.MAX_DURATION_EXCEEDED,
     JobReason.CREATING_CONTAINER_ERROR,
 })
 
@@ -108,6 +115,7 @@ RETRY_EVENT = {
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: "error",
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: "error",
     JobReason.CONTAINER_EXITED_WITH_ERROR: "error",
+    JobReason.PROCESS_EXITED_WITH_ERROR: "error",
     JobReason.CREATING_CONTAINER_ERROR: "error",
     JobReason.EXECUTOR_ERROR: "error",
     JobReason.MAX_DURATION_EXCEEDED: None,
@@ -115,6 +123,7 @@ RETRY_EVENT = {
     JobReason.ABORTED_BY_USER: None,
     JobReason.TERMINATED_BY_SERVER: None,
     JobReason.DONE_BY_RUNNER: None,
+    JobReason.MASTER_DONE: None,
 }
 
 # The status a job ends in for each reason.
@@ -126,6 +135,7 @@ FINAL_STATUS = {
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.CONTAINER_EXITED_WITH_ERROR: JobStatus.FAILED,
+    JobReason.PROCESS_EXITED_WITH_ERROR: JobStatus.FAILED,
     JobReason.CREATING_CONTAINER_ERROR: JobStatus.FAILED,
     JobReason.EXECUTOR_ERROR: JobStatus.FAILED,
     JobReason.MAX_DURATION_EXCEEDED: JobStatus.TERMINATED,
@@ -133,4 +143,5 @@ FINAL_STATUS = {
     JobReason.ABORTED_BY_USER: JobStatus.ABORTED,
     JobReason.TERMINATED_BY_SERVER: JobStatus.TERMINATED,
     JobReason.DONE_BY_RUNNER: JobStatus.DONE,
+    JobReason.MASTER_DONE: JobStatus.DONE,
 }

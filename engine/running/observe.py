@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from engine import health, messages, runner_status
-from engine.starting import containers
+from engine.starting import cluster, containers
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
 from runs.services import logs
@@ -23,6 +23,9 @@ from runs.transitions import move_job, terminate_job
 
 # the statuses advance_job claims a job in; a job given back after a look is in one of them
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
+# the statuses of a job handed to its runner but not yet seen running: `pulling` with an image,
+# `provisioning` without one (no image, nothing is pulled, and the job never says so)
+STARTING = (JobStatus.PROVISIONING, JobStatus.PULLING)
 RUNNER_END_STATES = {
     RunnerState.DONE: (JobReason.DONE_BY_RUNNER, ""),
     RunnerState.FAILED: (JobReason.CONTAINER_EXITED_WITH_ERROR, "the commands exited with status {exit_status}"),
@@ -93,13 +96,15 @@ def watch_observed(job: Job, status: dict | None) -> None:
              "exit_status": state.get("exit_status")}
     if job.status == JobStatus.PULLING:
         containers.show_pull_progress(job, state)
-    if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.PULLING
+    if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status in STARTING
             and not containers.container_end(state)):
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
         _wake_waiting_peers(job)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
         text = text.format(exit_status=state.get("exit_status"))
+        if reason == JobReason.CONTAINER_EXITED_WITH_ERROR and not cluster.group_image(job):
+            reason = JobReason.PROCESS_EXITED_WITH_ERROR
         reason, text = containers.container_end(state) or (reason, text)
         end_held(job, reason, text, **{k: v for k, v in times.items() if v is not None})
 
@@ -108,7 +113,7 @@ def _wake_waiting_peers(job: Job) -> None:
     if (job.run.configuration.get("startup_order") or "any") == "any":
         return  # peers wait for addresses only, and those were known before this job started
     with transaction.atomic():
-        for peer_id in job.run.current_jobs().filter(status=JobStatus.PULLING).values_list("pk", flat=True):
+        for peer_id in job.run.current_jobs().filter(status__in=STARTING).values_list("pk", flat=True):
             messages.start_job(peer_id)
 
 

@@ -67,13 +67,15 @@ STARTING_RECHECK = 0.25
 
 def next_look(job: Job) -> float:
     """Seconds until advance_job looks at this job again."""
-    if job.status == JobStatus.PULLING and job.runner_submitted:
+    if job.status in observe.STARTING and job.runner_submitted:
         return min(STARTING_RECHECK, observe.poll_interval())
     return observe.poll_interval()
 
 
 def _step(job: Job) -> None:
-    if job.status == JobStatus.PROVISIONING:
+    if job.status == JobStatus.PROVISIONING and job.runner_submitted:
+        _watch(job)  # a job without an image, handed to its runner: it runs next
+    elif job.status == JobStatus.PROVISIONING:
         _wait_for_runner(job)
     elif job.status == JobStatus.PULLING:
         _start_when_ready(job)
@@ -97,7 +99,11 @@ def _wait_for_runner(job: Job) -> None:
         return
     status = _observe(job)
     if status and status.get("agent_alive"):
-        if move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
+        if not cluster.group_image(job):
+            # Nothing to pull: the job stays `provisioning` until its processes run, and waits for
+            # its peers on the peers' clock, counted from when it began provisioning.
+            _start_when_ready(job)
+        elif move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
             _start_when_ready(job)  # peers are often known already: no reason to wait a poll
     elif waited(job) > observe.limit("WAITING_RUNNER_LIMIT"):
         observe.end_held(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,

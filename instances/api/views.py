@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound
@@ -20,7 +19,7 @@ from instances.api.serializers import (
 )
 from instances.models import Fleet, FleetStatus, GroupStatus, Instance, InstanceGroup
 from instances.services import fleets
-from projects.services.access import ProjectScopedMixin
+from projects.services.access import ProjectScopedMixin, named_or_404
 from runs.choices import JOB_ON_HOST
 from runs.models import Job
 
@@ -42,11 +41,11 @@ class FleetListView(ProjectScopedMixin, APIView):
 class FleetDetailView(ProjectScopedMixin, APIView):
     @extend_schema(responses={200: FleetSerializer})
     def get(self, request, project, name):
-        return Response(FleetSerializer(get_object_or_404(Fleet, project=self.project, name=name)).data)
+        return Response(FleetSerializer(named_or_404(Fleet.objects, "fleet", self.project, name)).data)
 
     @extend_schema(parameters=[DeleteQuerySerializer], responses={204: None})
     def delete(self, request, project, name):
-        fleet = get_object_or_404(Fleet, project=self.project, name=name)
+        fleet = named_or_404(Fleet.objects, "fleet", self.project, name)
         fleets.delete_fleet(fleet, force=DeleteQuerySerializer.force_of(request), actor=request.user.username)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -121,7 +121,7 @@ def _next_local_index() -> int:
     # Loopback addresses are machine-wide, so they stay unique across projects.
     used = Instance.objects.filter(backend=FleetBackend.LOCAL).exclude(status=InstanceStatus.TERMINATED).count()
     last = Instance.objects.filter(backend=FleetBackend.LOCAL).order_by("-id").first()
-    return max(used, _index_of(last.internal_ip) + 1 if last else 0)
+    return max(_index_of(settings.MUSTER["LOCAL_FIRST_ADDRESS"]), used, _index_of(last.internal_ip) + 1 if last else 0)
 
 
 def _index_of(address: str) -> int:

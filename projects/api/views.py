@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.shortcuts import get_object_or_404
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -20,7 +19,7 @@ from projects.api.serializers import (
 )
 from projects.models import Membership, Project, Role, Secret
 from projects.services import members
-from projects.services.access import ProjectScopedMixin, project_for, require_admin
+from projects.services.access import ProjectScopedMixin, named_or_404, project_for, require_admin
 
 
 class ProjectListView(APIView):
@@ -117,5 +116,5 @@ class SecretDetailView(ProjectScopedMixin, APIView):
     @extend_schema(responses={204: None})
     def delete(self, request, project, name):
         require_admin(request, self.project)
-        get_object_or_404(Secret, project=self.project, name=name).delete()
+        named_or_404(Secret.objects, "secret", self.project, name).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)

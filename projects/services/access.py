@@ -14,6 +14,15 @@ WRITE_ROLES = (Role.ADMIN, Role.USER)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
+def named_or_404(queryset, what: str, project: Project, name: str):
+    """The object of `queryset` called `name` in `project`, else a 404 that says which one was not
+    found and where (Django's own says `No Run matches the given query.`)."""
+    found = queryset.filter(project=project, name=name).first()
+    if found is None:
+        raise Http404(f"{what} {name} not found in project {project.name}")
+    return found
+
+
 def project_for(request, name: str) -> Project:
     """The project named `name` if the caller belongs to it; 404 otherwise (never reveal it exists)."""
     user = request.user
@@ -24,12 +33,12 @@ def project_for(request, name: str) -> Project:
             Membership.objects.filter(project=OuterRef("pk"), user=user).values("role")[:1]))
     project = projects.first()
     if project is None:
-        raise Http404("project not found")
+        raise Http404(f"project {name} not found")
     if user.is_superuser:
         return project
     role = getattr(project, "caller_role", None)
     if role is None:
-        raise Http404("project not found")
+        raise Http404(f"project {name} not found")  # the same words as for none: never reveal it exists
     if request.method not in SAFE_METHODS and role not in WRITE_ROLES:
         raise PermissionDenied(f"your role in project {name} is {role}: it cannot change anything")
     return project

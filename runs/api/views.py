@@ -3,7 +3,6 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -13,7 +12,7 @@ from rest_framework.views import APIView
 from engine import stopping
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
-from projects.services.access import ProjectScopedMixin
+from projects.services.access import ProjectScopedMixin, named_or_404
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
     LogQuerySerializer,
@@ -30,9 +29,8 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def _run(project, name: str) -> Run:
-    return get_object_or_404(
-        Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance"), project=project, name=name
-    )
+    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance"),
+                        "run", project, name)
 
 
 class RunPlanView(ProjectScopedMixin, APIView):

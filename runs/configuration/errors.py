@@ -6,10 +6,12 @@ configuration root, so the API can return all of them at once and a client can p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import difflib
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 Loc = list[str | int]
 
@@ -61,13 +63,42 @@ def _loc_part(part: object) -> str | int:
     return part
 
 
-def from_validation_error(exc: ValidationError, prefix: Sequence[str | int] = ()) -> ConfigurationError:
-    """Turn pydantic's errors into ours: short human messages, no documentation URLs."""
+def from_validation_error(exc: ValidationError, prefix: Sequence[str | int] = (),
+                          model: type[BaseModel] | None = None) -> ConfigurationError:
+    """Turn pydantic's errors into ours: short human messages, no documentation URLs; an unknown
+    key of `model` (or of a model inside it) says which known key it is closest to."""
     errors = ErrorList()
     for item in exc.errors(include_url=False):
         loc = list(item["loc"])
-        errors.add([*prefix, *loc], _message(item, loc))
+        msg = _message(item, loc)
+        if item["type"] == "extra_forbidden" and model is not None and loc:
+            msg += _did_you_mean(str(loc[-1]), _keys_at(model, loc[:-1]))
+        errors.add([*prefix, *loc], msg)
     return ConfigurationError(errors.items)
+
+
+def _did_you_mean(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    return f": did you mean `{close[0]}`?" if close else ""
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The models an annotation can hold: `list[Group] | None` -> Group."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in get_args(annotation):
+        yield from _models_in(arg)
+
+
+def _keys_at(model: type[BaseModel], path: Sequence[Any]) -> set[str]:
+    """The keys a mapping at `path` inside `model` may have (empty where the path leaves the models)."""
+    models = [model]
+    for part in path:
+        if isinstance(part, int):
+            continue  # a list index: the annotation's list was unwrapped with its item type
+        models = [found for m in models for name, field in m.model_fields.items()
+                  if part in (name, field.alias) for found in _models_in(field.annotation)]
+    return {field.alias or name for m in models for name, field in m.model_fields.items()}
 
 
 # pydantic's wording names Python types and model classes; users wrote YAML.
@@ -90,6 +121,9 @@ def _message(item: dict[str, Any], loc: list[Any]) -> str:
         return f"unknown key `{key}`"
     if kind == "missing":
         return f"`{key}` is required"
+    if kind == "literal_error" and item.get("input") is None:
+        expected = str((item.get("ctx") or {}).get("expected", "")).replace("'", "")
+        return f"missing `{key}:`: write `{key}: {expected}`" if expected else f"`{key}` is empty"
     if kind == "invalid_key":
         return "keys must be strings"
     if kind in _TYPE_MESSAGES:

@@ -33,7 +33,7 @@ def read_model(model: type[M], raw: object, loc: list[str | int], errors: ErrorL
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        errors.extend_from(from_validation_error(exc), loc)
+        errors.extend_from(from_validation_error(exc, model=model), loc)
         return None
 
 
@@ -48,7 +48,7 @@ def read_model_partially(
     try:
         return model.model_validate(raw), set()
     except ValidationError as exc:
-        errors.extend_from(from_validation_error(exc), loc)
+        errors.extend_from(from_validation_error(exc, model=model), loc)
         first = exc
     if not isinstance(raw, dict):
         return None, set()

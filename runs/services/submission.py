@@ -88,6 +88,8 @@ def probed_gpu_names(project: Project) -> list[str]:
 def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
     data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
+    if doc.get("type") is None:
+        raise ConfigurationError([{"loc": ["type"], "msg": "missing `type:`: write `type: task`"}])
     if doc.get("type") != "task":
         raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
     conf = parse_run_configuration(

@@ -79,7 +79,7 @@ def test_an_unknown_key_in_a_fleet_is_a_400_naming_it(api):
     resp = apply_fleet(api, "type: fleet\nname: f1\nbackends: [local]\nnodez: 2\n")
     assert resp.status_code == 400
     errors = resp.json()["errors"]
-    assert errors == [{"loc": ["nodez"], "msg": "unknown key `nodez`"}]
+    assert errors == [{"loc": ["nodez"], "msg": "unknown key `nodez`: did you mean `nodes`?"}]
     assert not Fleet.objects.exists()
 
 

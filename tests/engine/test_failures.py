@@ -54,7 +54,7 @@ def test_a_failing_command_fails_the_run_and_stops_the_other_node(fast_limits, c
     run = _run(fleet, conf)
     assert run.status == "failed" and run.termination_reason == "job_failed"
     master, worker = run.current_jobs()
-    assert (worker.status, worker.termination_reason, worker.exit_status) == ("failed", "container_exited_with_error", 3)
+    assert (worker.status, worker.termination_reason, worker.exit_status) == ("failed", "process_exited_with_error", 3)
     assert master.termination_reason == "terminated_by_server"
     assert runner_processes("sleep 317") == []
     assert _nothing_busy()

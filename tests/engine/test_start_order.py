@@ -50,9 +50,9 @@ commands:
         run = submit_run(fleet.project, None, {"configuration": conf})
         run = wait_for_run(run.name, timeout=60)
     assert run.status == "done", job_summary(run)
-    assert run.termination_reason == "all_jobs_done"
+    assert run.termination_reason == "master_job_done"
     master, *workers = run.current_jobs()
     assert master.termination_reason == "done_by_runner"
-    assert all(w.status == "done" and w.termination_reason == "done_by_runner" for w in workers)
+    assert all(w.status == "done" and w.termination_reason == "master_done" for w in workers)
     assert runner_processes("sleep 313") == [], "the workers' processes were stopped"
     assert not Instance.objects.filter(status="busy").exists()

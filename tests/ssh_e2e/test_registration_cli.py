@@ -79,7 +79,7 @@ def test_fleet_apply_exits_non_zero_naming_the_host_that_failed(muster, pool, tm
                                        {"hostname": pool[1].address, "port": 2222}])
     done = muster("fleet", "apply", "-f", str(path))
     assert done.returncode == 1, (done.stdout, done.stderr)
-    assert f"error: ssh_config -> hosts -> 1: host {pool[1].address}:2222: cannot reach" in done.stderr
+    assert f"error: ssh_config.hosts[1]: host {pool[1].address}:2222: cannot reach" in done.stderr
     assert f"pd-1 ({pool[1].address}:2222): failed" in done.stderr
     assert "fleet pd: failed" in done.stdout
     assert Fleet.objects.get(name="pd").status == "failed"

@@ -1,6 +1,10 @@
 """First-run setup used by `make run`: project `main`, an admin user, a local fleet, a token."""
 
+import os
 import secrets
+import shlex
+import sys
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -37,8 +41,25 @@ class Command(BaseCommand):
         # Only a token's hash is kept, so it is printed when made; later runs cannot show it again.
         live = user.api_tokens.exclude(expires__lte=timezone.now())
         if live.exists():
-            shown = "(printed when it was made; `manage.py muster_token admin` makes another)"
+            shown = "(printed when it was made)"
         else:
             _, shown = tokens.issue(user)
-        password = password_path.read_text().strip() if password_path.exists() else "(set earlier)"
-        self.stdout.write(f"project: main\nadmin user: admin / {password}\ntoken: {shown}")
+        if password_path.exists():
+            password = f"{password_path.read_text().strip()}  (kept in {password_path})"
+        else:  # made by someone else (createsuperuser, muster_token): Muster never knew it
+            password = f"(set outside Muster; `{manage_command('changepassword admin')}` sets a new one)"
+        self.stdout.write(f"project: main\nadmin user: admin / {password}\ntoken: {shown}\n"
+                          f"another token: {manage_command('muster_token admin')}")
+
+
+def manage_command(args: str) -> str:
+    """The whole command line that runs `manage.py ARGS` on this server's data, to paste as it is."""
+    root = Path(__file__).resolve().parents[3]
+
+    def shown(path: str) -> str:
+        relative = os.path.relpath(path)
+        return shlex.quote(path if relative.startswith("..") else relative)
+
+    data = os.environ.get("MUSTER_DATA_DIR")
+    prefix = f"MUSTER_DATA_DIR={shlex.quote(data)} " if data else ""
+    return f"{prefix}{shown(sys.executable)} {shown(str(root / 'manage.py'))} {args}"
