@@ -3,6 +3,7 @@ the work is in dstack_api/services, and every project is resolved by Muster's ow
 
 from __future__ import annotations
 
+from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -12,6 +13,11 @@ from dstack_api.api import serializers as s
 from dstack_api.services import access, errors, fleets, keys, render, runs
 from dstack_api.services.errors import DstackError
 from projects.models import Role
+
+
+def NULL() -> HttpResponse:  # noqa: N802
+    """dstack's answer to a call with nothing to return: JSON null."""
+    return HttpResponse(b"null", content_type="application/json")
 
 
 class DstackView(APIView):
@@ -76,7 +82,7 @@ class RepoInitView(DstackView):
         if self.data()["repo_info"].get("repo_type") != "virtual":
             raise DstackError("Muster runs no repository code: `repos:` and `files:` are not supported; "
                               "run from a directory without them (docs/dstack-cli.md)")
-        return Response(None)
+        return NULL()
 
 
 @extend_schema(exclude=True)
@@ -114,7 +120,7 @@ class RunStopView(DstackView):
     def post(self, request, project):
         d = self.data()
         runs.stop(self.project, request.user, d["runs_names"], d["abort"])
-        return Response(None)
+        return NULL()
 
 
 @extend_schema(exclude=True)
@@ -124,7 +130,7 @@ class RunDeleteView(DstackView):
 
     def post(self, request, project):
         runs.delete(self.project, self.data()["runs_names"])
-        return Response(None)
+        return NULL()
 
 
 @extend_schema(exclude=True)
@@ -176,4 +182,4 @@ class FleetDeleteView(DstackView):
 
     def post(self, request, project):
         fleets.delete(self.project, request.user, self.data()["names"])
-        return Response(None)
+        return NULL()
