@@ -84,13 +84,45 @@ def resources(raw: Any) -> Any:
     return out or None
 
 
+def _fleet_name(ref: Any) -> Any:
+    """dstack's {project, name}: a fleet of another project (dstack's imported fleets) has no place here."""
+    if not isinstance(ref, dict):
+        return ref
+    if ref.get("project") is not None:
+        raise DstackError(f"fleets: {ref.get('project')}/{ref.get('name')} is another project's fleet: Muster "
+                          "places a run only on its own project's fleets")
+    return ref.get("name")
+
+
+def _port(port: Any) -> Any:
+    if not isinstance(port, dict):
+        return port
+    local, inner = port.get("local_port"), port.get("container_port")
+    return inner if local in (None, inner) else f"{local}:{inner}"
+
+
+def _env(env: Any) -> Any:
+    # a key the client left unset arrives as {"key": NAME}: Muster's bare key (request env or a secret)
+    if isinstance(env, dict):
+        return {k: (None if isinstance(v, dict) and set(v) == {"key"} else v) for k, v in env.items()}
+    return env
+
+
+CONVERT = {
+    "resources": resources,
+    "fleets": lambda refs: [_fleet_name(r) for r in refs] if isinstance(refs, list) else refs,
+    "ports": lambda ports: [_port(p) for p in ports] if isinstance(ports, list) else ports,
+    "env": _env,
+}
+
+
 def _keys(conf: dict) -> dict:
     out = {}
     for key, value in conf.items():
         if _unset(value) or (key in CLIENT_KEY_DEFAULTS and value == CLIENT_KEY_DEFAULTS[key]):
             continue
-        if key == "resources":
-            value = resources(value)
+        if key in CONVERT:
+            value = CONVERT[key](value)
             if value is None:
                 continue
         out[key] = value

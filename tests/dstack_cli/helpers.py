@@ -13,9 +13,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DSTACK = ROOT / ".venv-dstack" / "bin" / "dstack"
 
 
-def dstack_runner(tmp_path: Path, url: str, token: str):
+def _installed() -> None:
     if not DSTACK.exists():
         pytest.fail("the dstack CLI is not installed: run `make test-dstack` (it makes .venv-dstack once)")
+
+
+def dstack_python() -> Path:
+    _installed()
+    return DSTACK.parent / "python"
+
+
+def dstack_runner(tmp_path: Path, url: str, token: str):
+    _installed()
     home = tmp_path / "dstack-home"
     # the CLI asks PyPI for a newer version once a day: today's check is marked done
     (home / ".cache" / ".dstack" / "cli").mkdir(parents=True, exist_ok=True)
