@@ -87,7 +87,18 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
 
     logs = dstack("logs", "hello")
     assert logs.returncode == 0, logs.stderr
-    assert "hello from rank 0 of 2" in logs.stdout, logs.stdout
+    assert "hello from rank 0 of 2" in logs.stdout and "rank 1" not in logs.stdout, logs.stdout
+    second = dstack("logs", "hello", "--job", "1")
+    assert second.returncode == 0 and "hello from rank 1 of 2" in second.stdout, second.stdout
+
+    typo = _write(tmp_path / "typo.yml", {"type": "task", "name": "typo", "comands": ["echo"]})
+    refused = dstack("apply", "-f", typo, "-y", "-d")
+    assert refused.returncode != 0 and "comands" in refused.stdout + refused.stderr, (refused.stdout, refused.stderr)
+    aws = _write(tmp_path / "aws.yml", {"type": "task", "name": "aws", "commands": ["echo"], "backends": ["aws"]})
+    refused = dstack("apply", "-f", aws, "-y", "-d")
+    assert refused.returncode != 0, refused.stdout
+    assert "Muster has no `aws` backend" in refused.stdout + refused.stderr, (refused.stdout, refused.stderr)
+    assert not Run.objects.filter(name__in=["typo", "aws"]).exists()
 
     sleeper_yml = _write(tmp_path / "sleeper.yml", {
         "type": "task", "name": "sleeper", "commands": ["echo started", "sleep 333"]})
@@ -103,6 +114,10 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
     for host in pool:
         wait_until(lambda h=host: not any("sleep 333" in c for c in host_commands(h)), timeout=30,
                    what=f"the job's processes to end on {host.address}")
+
+    removed = dstack("delete", "-f", task_yml, "-y")
+    assert removed.returncode == 0, (removed.stdout, removed.stderr)
+    assert not Run.objects.filter(name="hello").exists()
 
     missing = dstack("logs", "no-such-run")
     assert missing.returncode != 0
