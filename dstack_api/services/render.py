@@ -86,7 +86,7 @@ def _provisioning(instance: Instance | None) -> dict | None:
     if instance is None:
         return None
     return {"backend": BACKEND.get(instance.backend, "remote"), "instance_type": _instance_type(instance),
-            "instance_id": instance.name, "hostname": instance.internal_ip or instance.hostname,
+            "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip,
             "internal_ip": instance.internal_ip or None, "region": instance.region or instance.backend,
             "price": instance.price, "username": instance.username or "root", "ssh_port": instance.port,
             "dockerized": False, "backend_data": None}

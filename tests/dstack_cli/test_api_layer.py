@@ -154,6 +154,16 @@ def test_a_read_only_member_cannot_apply_but_can_read(make_user):
     assert one_detail(post(reader, "project/main/repos/init", {"repo_id": "none",
                                                                "repo_info": {"repo_type": "virtual"}}), 403, "error")
     assert one_detail(post(reader, "project/main/fleets/apply", {"plan": {"spec": FLEET_SPEC}}), 403, "error")
+    assert one_detail(post(reader, "project/main/runs/get_plan", {"run_spec": RUN_SPEC}), 403, "error")
+    Run.objects.create(project=Project.objects.get(name="main"), name="theirs", configuration={}, status="running")
+    small_fleet()
+    for path, body in (("runs/stop", {"runs_names": ["theirs"]}), ("runs/delete", {"runs_names": ["theirs"]}),
+                       ("fleets/delete", {"names": ["small"]})):
+        assert one_detail(post(reader, f"project/main/{path}", body), 403, "error")
+    assert Run.objects.get(name="theirs").stop_requested == "" and Fleet.objects.filter(name="small").exists()
+    assert post(reader, "project/main/runs/get", {"run_name": "theirs"}).json()["status"] == "running"
+    Run.objects.all().delete()
+    Fleet.objects.all().delete()
     assert not Run.objects.exists() and not Fleet.objects.exists()
     assert post(reader, "project/main/fleets/list", {"include_imported": True}).json() == []
     assert post(reader, "runs/list", {"project_name": "main"}).json() == []
@@ -196,3 +206,24 @@ def test_the_fleet_plan_never_answers_the_private_key_in_clear(alice, make_user)
     msg = one_detail(post(bob, "project/main/fleets/apply", {"plan": {"spec": sealed}}), 400, "error")
     assert "not yours" in msg and not Fleet.objects.exists()
     assert json.dumps(sealed).count("muster-sealed:") == 1
+
+
+PATHS = ["projects/main/get", "users/get_my_user", "runs/list", "project/main/repos/init",
+         "project/main/runs/get_plan", "project/main/runs/apply", "project/main/runs/get", "project/main/runs/stop",
+         "project/main/runs/delete", "project/main/logs/poll", "project/main/fleets/list", "project/main/fleets/get",
+         "project/main/fleets/get_plan", "project/main/fleets/apply", "project/main/fleets/delete"]
+HOSTILE = ["null", "[]", '"text"', "12", '{"run_spec": null}', '{"plan": []}', '{"plan": {"run_spec": []}}',
+           '{"plan": {"spec": {"configuration": []}}}', '{"spec": {"configuration": {"type": "fleet"}}}',
+           '{"run_spec": {"configuration": {"type": "task", "nodes": 99999999999999999999}}}',
+           '{"run_spec": {"configuration": {"type": "service"}}}', '{"run_name": "x", "next_token": "-5"}',
+           '{"names": ["' + "n" * 5000 + '"]}', "[" * 5000 + "]" * 5000, '{"limit": 1e400}', "\xff\xfe"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_hostile_bodies_on_every_call_are_a_4xx_in_dstacks_format_never_a_500(alice, path):
+    for body in HOSTILE:
+        answer = alice.post(f"/dstack/api/{path}", data=body, content_type="application/json")
+        assert answer.status_code < 500, (path, body[:80], answer.status_code, answer.content[:300])
+        if answer.status_code >= 400:
+            one_detail(answer, answer.status_code, answer.json()["detail"][0]["code"])
+    assert not Run.objects.exists() and not Fleet.objects.exists()
