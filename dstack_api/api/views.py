@@ -58,8 +58,9 @@ class ProjectGetView(DstackView):
 class MyUserView(DstackView):
     def post(self, request):
         pair = keys.keypair_of(request.user)
-        # dstack's design: the user's own private key, to the user, for the client's SSH (docs/dstack-cli.md)
-        return Response({**render.user_object(request.user, pair.public_key), "creds": {"token": None},
+        # dstack's design: the user's own private key, to the user, for the client's SSH (docs/dstack-cli.md);
+        # the token is kept only as a hash, so `creds.token` is empty (the client has it already)
+        return Response({**render.user_object(request.user, pair.public_key), "creds": {"token": ""},
                          "ssh_private_key": pair.private_key})
 
 
