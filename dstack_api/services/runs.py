@@ -11,6 +11,7 @@ from engine import stopping
 from instances.models import Instance
 from projects.models import Membership, Project
 from runs.choices import RUN_FINISHED
+from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run
 from runs.services import logs
 from runs.services.submission import plan_run, submit_run
@@ -30,7 +31,16 @@ def get(project: Project, user, name: str) -> dict:
 
 
 def _payload(run_spec: dict) -> dict:
-    return {"configuration": translate.task_configuration(run_spec)}
+    """dstack's CLI resolves bare env keys on the client and sends every value in the configuration,
+    so a secret cannot be told from a setting: every value goes as the request's env, which Muster
+    stores encrypted and shows masked, as for a bare key (a `${{ secrets.NAME }}` stays as written)."""
+    conf = translate.task_configuration(run_spec)
+    env = conf.get("env")
+    if not isinstance(env, dict):
+        return {"configuration": conf}
+    values = {k: v for k, v in env.items() if isinstance(v, str) and not secret_names(v)}
+    conf["env"] = {k: (None if k in values else v) for k, v in env.items()}
+    return {"configuration": conf, "env": values}
 
 
 def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:

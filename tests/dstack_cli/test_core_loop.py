@@ -71,8 +71,8 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
         assert any(f"instance={i}" in row and "idle" in row for row in rows), listed.stdout
 
     task_yml = _write(tmp_path / "task.yml", {
-        "type": "task", "name": "hello", "nodes": 2,
-        "commands": ["echo hello from rank $DSTACK_NODE_RANK of $DSTACK_NODES_NUM"]})
+        "type": "task", "name": "hello", "nodes": 2, "env": {"GREETING": "hello"},
+        "commands": ["echo $GREETING from rank $DSTACK_NODE_RANK of $DSTACK_NODES_NUM"]})
     submitted = dstack("apply", "-f", task_yml, "-y", "-d")
     assert submitted.returncode == 0, (submitted.stdout, submitted.stderr)
     assert "hello" in submitted.stdout, submitted.stdout

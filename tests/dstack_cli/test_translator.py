@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from runs.models import Run
+from runs.services.submission import secret_env
 from tests.conftest import example
 from tests.dstack_cli.helpers import ROOT, dstack_python
 from tests.dstack_cli.test_api_layer import dstack_client, one_detail, post
@@ -80,7 +81,10 @@ def test_gpu_names_retry_durations_image_env_and_fleets_carry_over(alice):
     assert post(alice, "project/main/runs/apply", {"plan": {"run_spec": spec}}).status_code == 200
     conf = Run.objects.get(name="pd").configuration
     assert conf["retry"] == {"on_events": ["no-capacity"], "duration": 7200} and conf["max_duration"] == 10800
-    assert conf["fleets"] == ["gpus"] and conf["image"] == "ubuntu:24.04" and conf["env"] == {"MODE": "fast"}
+    assert conf["fleets"] == ["gpus"] and conf["image"] == "ubuntu:24.04"
+    # the CLI sends env values resolved, secrets among them: all stored encrypted, shown masked
+    assert conf["env"] == {"MODE": "***"} and secret_env(Run.objects.get(name="pd")) == {"MODE": "fast"}
+    assert "fast" not in json.dumps(conf)
     prefill, decode = conf["groups"]
     assert prefill["resources"]["gpu"]["names"] == ["H100"] and prefill["resources"]["gpu"]["count"] == {
         "min": 8, "max": 8}
