@@ -12,7 +12,6 @@ from rest_framework.views import APIView
 from dstack_api.api import serializers as s
 from dstack_api.services import access, errors, fleets, keys, render, runs
 from dstack_api.services.errors import DstackError
-from projects.models import Role
 
 
 def NULL() -> HttpResponse:  # noqa: N802
@@ -45,13 +44,7 @@ class DstackView(APIView):
 @extend_schema(exclude=True)
 class ProjectGetView(DstackView):
     def post(self, request, project):
-        owner = access.members_of(self.project).filter(role=Role.ADMIN).first()
-        members = [{"user": render.user_object(m.user), "project_role": access.dstack_role(m.role, m.user.is_superuser),
-                    "permissions": {"can_manage_ssh_fleets": m.role in access.WRITE_ROLES, "can_manage_secrets": False}}
-                   for m in access.members_of(self.project)]
-        return Response({"project_id": render.uuid_of("project", self.project.pk), "project_name": self.project.name,
-                         "owner": render.user_object(owner.user if owner else request.user), "backends": [],
-                         "members": members, "is_public": False})
+        return Response(render.project_object(self.project, access.members_of(self.project), request.user))
 
 
 @extend_schema(exclude=True)

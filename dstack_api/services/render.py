@@ -11,8 +11,10 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from dstack_api.services.access import WRITE_ROLES, dstack_role
 from dstack_api.services.ids import uuid_of
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
+from projects.models import Role
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -35,6 +37,18 @@ def user_object(user, ssh_public_key: str | None = None) -> dict:
     return {"id": uuid_of("user", user.pk), "username": user.username,
             "global_role": "admin" if user.is_superuser else "user", "active": user.is_active,
             "permissions": {"can_create_projects": user.is_superuser}, "ssh_public_key": ssh_public_key}
+
+
+def project_object(project, memberships, caller) -> dict:
+    """dstack's Project: its members with dstack's roles (admin, or user for user and read-only) and
+    whether they may manage SSH fleets (Muster's writers may)."""
+    members = list(memberships)
+    owner = next((m.user for m in members if m.role == Role.ADMIN), caller)
+    return {"project_id": uuid_of("project", project.pk), "project_name": project.name,
+            "owner": user_object(owner), "backends": [], "is_public": False,
+            "members": [{"user": user_object(m.user), "project_role": dstack_role(m.role, m.user.is_superuser),
+                         "permissions": {"can_manage_ssh_fleets": m.role in WRITE_ROLES, "can_manage_secrets": False}}
+                        for m in members]}
 
 
 def _range(low, high) -> dict:
