@@ -130,3 +130,11 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
         wait_until(lambda h=host: not runner_processes(h), timeout=60, what=f"no agent left on {host.address}")
     gone = dstack("fleet")
     assert gone.returncode == 0 and "pd" not in gone.stdout.split(), gone.stdout
+
+    # the other way to delete: by the file, which polls fleets/get until "not found"
+    assert dstack("apply", "-f", fleet_yml, "-y").returncode == 0
+    by_file = dstack("delete", "-f", fleet_yml, "-y")
+    assert by_file.returncode == 0, (by_file.stdout, by_file.stderr)
+    assert not Fleet.objects.filter(name="pd").exists()
+    for host in pool:
+        wait_until(lambda h=host: not runner_processes(h), timeout=60, what=f"no agent left on {host.address}")
