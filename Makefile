@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-containers demo lint bench chaos fuzz clean
+.PHONY: run test test-containers test-dstack demo lint bench chaos fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,22 @@ run: $(STAMP)
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(BIN)/pytest -q -m "not docker" -n $(TEST_WORKERS) --durations=10
+	$(BIN)/pytest -q -m "not docker and not dstack_cli" -n $(TEST_WORKERS) --durations=10
 
 test-containers: $(STAMP)
 	$(BIN)/pytest -q -m docker --durations=5
+
+# The stock dstack CLI (0.22.5 from PyPI) against Muster's /dstack API (docs/dstack-cli.md). dstack is
+# not a Muster dependency: it gets a venv of its own, made once.
+DSTACK_VENV := .venv-dstack
+
+$(DSTACK_VENV)/.installed:
+	$(PYTHON) -m venv $(DSTACK_VENV)
+	$(DSTACK_VENV)/bin/pip install -q dstack==0.22.5
+	touch $@
+
+test-dstack: $(STAMP) $(DSTACK_VENV)/.installed
+	$(BIN)/pytest -q -m dstack_cli -n 2 --durations=5 tests/dstack_cli
 
 demo: $(STAMP)
 	$(BIN)/python -m muster.demo
@@ -49,7 +61,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos
 
 clean:
-	rm -rf $(VENV) .muster-data
+	rm -rf $(VENV) $(DSTACK_VENV) .muster-data
 
 fuzz: $(STAMP)
 	$(BIN)/python scripts/fuzz.py

@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "runs",
     "events",
     "console",
+    "dstack_api",
 ]
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:index"

@@ -31,6 +31,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/", include("projects.api.urls")),
+    # dstack's HTTP API, for the stock dstack CLI (docs/dstack-cli.md)
+    path("dstack/", include("dstack_api.api.urls")),
     path("metrics", metrics_view, name="metrics"),
     path("", include("console.urls")),
 ]

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("backends", "cli", "console", "engine", "events", "instances", "muster", "projects", "runner", "runs")
+PACKAGES = ("backends", "cli", "console", "dstack_api", "engine", "events", "instances", "muster", "projects", "runner", "runs")
 SKIPPED_PARTS = {"migrations", "tests", "bench", "__pycache__"}
 
 

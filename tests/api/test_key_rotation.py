@@ -106,3 +106,15 @@ def test_a_run_whose_secret_env_no_key_opens_fails_saying_so_instead_of_hanging(
         assert "MUSTER_ENCRYPTION_KEYS" in job.termination_message
     finally:
         terminate_fleet_instances(Fleet.objects.get(name="here"))
+
+
+def test_reencrypt_covers_each_users_dstack_key(api, keys, django_user_model):
+    from dstack_api.services import keys as dstack_keys
+
+    made = dstack_keys.keypair_of(django_user_model.objects.get(username="alice"))
+    private = made.private_key
+    keys(NEW, OLD)
+    assert "re-encrypted 1 values" in reencrypt()
+    keys(NEW)
+    made.refresh_from_db()
+    assert made.private_key == private

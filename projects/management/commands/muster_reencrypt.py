@@ -4,6 +4,7 @@ from cryptography.fernet import InvalidToken
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from dstack_api.models import UserSSHKey
 from instances.models import Fleet, Instance
 from muster import crypto
 from projects.models import Secret
@@ -31,6 +32,7 @@ def _rows():
         ("instance", Instance.objects.exclude(private_key_encrypted=""), *column("private_key_encrypted"),
          "private_key_encrypted"),
         ("run", Run.objects.filter(configuration__has_key="secret_env"), *run_env(), "configuration"),
+        ("dstack key", UserSSHKey.objects.all(), *column("private_key_encrypted"), "private_key_encrypted"),
     ]
 
 

@@ -1,0 +1,132 @@
+"""dstack's run calls, each through the service the native API uses for the same action."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+from dstack_api.services import keys, render, translate
+from dstack_api.services.errors import DstackError, NotFound
+from engine import stopping
+from instances.models import Instance
+from projects.models import Membership, Project
+from runs.choices import RUN_FINISHED
+from runs.configuration.interpolation import secret_names
+from runs.models import Job, Run
+from runs.services import logs
+from runs.services.submission import plan_run, submit_run
+
+MAX_LIST = 100
+
+
+def _run(project: Project, name: str) -> Run:
+    run = Run.objects.select_related("fleet", "project", "user").filter(project=project, name=name).first()
+    if run is None:
+        raise NotFound("Run not found")
+    return run
+
+
+def get(project: Project, user, name: str) -> dict:
+    return render.run_object(_run(project, name), keys.public_key_of(user))
+
+
+def _payload(run_spec: dict) -> dict:
+    """dstack's CLI resolves bare env keys on the client and sends every value in the configuration,
+    so a secret cannot be told from a setting: every value goes as the request's env, which Muster
+    stores encrypted and shows masked, as for a bare key (a `${{ secrets.NAME }}` stays as written)."""
+    conf = translate.task_configuration(run_spec)
+    env = conf.get("env")
+    if not isinstance(env, dict):
+        return {"configuration": conf}
+    values = {k: v for k, v in env.items() if isinstance(v, str) and not secret_names(v)}
+    conf["env"] = {k: (None if k in values else v) for k, v in env.items()}
+    return {"configuration": conf, "env": values}
+
+
+def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:
+    ssh_key_pub = keys.public_key_of(user)
+    planned = plan_run(project, _payload(run_spec))
+    conf = planned["configuration"]
+    name = run_spec.get("run_name") or conf.get("name")
+    specs = [{**j, "resources": (conf["groups"][j["node_group_index"]].get("resources"))} for j in planned["jobs"]]
+    hosts = planned["capacity"].get("hosts") or {}
+    fitting = {name_: list(Instance.objects.filter(project=project, name__in=names).order_by("name"))
+               for name_, names in hosts.items()}
+    job_plans = []
+    for spec in specs:
+        offers = fitting.get(spec["node_group_name"], [])
+        job_plans.append({"job_spec": render.job_spec(name or "run", conf, spec, len(specs)),
+                          "offers": [render.offer(i) for i in offers[:max_offers]], "total_offers": len(offers),
+                          "max_price": None})
+    current = Run.objects.select_related("fleet", "project", "user").filter(project=project, name=name).first() \
+        if name else None
+    spec_back = {**run_spec, "ssh_key_pub": ssh_key_pub}
+    return {"project_name": project.name, "user": user.username, "run_spec": spec_back,
+            "effective_run_spec": spec_back, "job_plans": job_plans,
+            "current_resource": render.run_object(current, ssh_key_pub) if current else None, "action": "create"}
+
+
+def apply(project: Project, user, run_spec: dict) -> dict:
+    run = submit_run(project, user, _payload(run_spec))
+    run = Run.objects.select_related("fleet", "project", "user").get(pk=run.pk)
+    return render.run_object(run, keys.public_key_of(user))
+
+
+def stop(project: Project, user, names: list[str], abort: bool) -> None:
+    runs = [_run(project, name) for name in names]  # all found, or nothing stopped
+    for run in runs:
+        stopping.request_stop(run, abort=abort, actor=user.username)
+
+
+def delete(project: Project, names: list[str]) -> None:
+    runs = [_run(project, name) for name in names]
+    active = [r.name for r in runs if not r.finished]
+    if active:
+        raise DstackError(f"Cannot delete active runs: {active}")
+    for run in runs:
+        run.delete()
+
+
+def listed(user, project_name: str | None, only_active: bool, limit: int, prev_submitted_at: datetime | None,
+           ascending: bool) -> list[dict]:
+    """The caller's projects' runs, newest first, a page at a time (dstack's keyset paging)."""
+    runs = Run.objects.select_related("fleet", "project", "user")
+    if not user.is_superuser:
+        runs = runs.filter(project__in=Membership.objects.filter(user=user).values("project"))
+    if project_name:
+        runs = runs.filter(project__name=project_name)
+    if only_active:
+        runs = runs.exclude(status__in=RUN_FINISHED)
+    if prev_submitted_at is not None:
+        runs = runs.filter(submitted_at__gt=prev_submitted_at) if ascending \
+            else runs.filter(submitted_at__lt=prev_submitted_at)
+    runs = runs.order_by("submitted_at" if ascending else "-submitted_at")[:min(limit, MAX_LIST)]
+    key = keys.public_key_of(user)
+    return [render.run_object(run, key) for run in runs]
+
+
+# bytes of log one poll answers at most: dstack pages with next_token until it is null
+POLL_BYTES = 256 << 10
+
+
+def poll_logs(project: Project, name: str, submission_id: str, next_token: str | None) -> dict:
+    run = _run(project, name)
+    job = Job.objects.filter(run=run, uuid=submission_id).first() if submission_id else None
+    if job is None:
+        raise NotFound(f"Run {name} has no job submission {submission_id}")
+    try:
+        start = int(next_token) if next_token else 0
+    except ValueError:
+        raise DstackError("next_token: send the next_token of the previous answer") from None
+    if not 0 <= start <= 2**62:
+        raise DstackError("next_token: send the next_token of the previous answer")
+    data = logs.read(job, start, limit=POLL_BYTES)
+    if not data:
+        return {"logs": [], "next_token": None, "external_url": None}
+    stamp = datetime.fromtimestamp(job.start_time, tz=UTC).isoformat() \
+        if job.start_time else render._iso(job.created)
+    lines = data.splitlines(keepends=True)
+    return {"logs": [{"timestamp": stamp, "log_source": "stdout", "message": base64.b64encode(line).decode()}
+                     for line in lines],
+            "next_token": str(start + len(data)), "external_url": None}
+
