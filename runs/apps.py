@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class RunsConfig(AppConfig):
     name = "runs"
+
+    def ready(self) -> None:
+        from runs import signals
+
+        signals.connect()

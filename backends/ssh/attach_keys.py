@@ -2,12 +2,13 @@
 key forward to the job's ports and do nothing else, added for an attach and removed when the job
 ends (runs/services/attach.py says when).
 
-Each line ends with a marker naming the job, so removal takes exactly that job's lines whatever
+Each line ends with a marker naming the job, the grant and the user, so removal takes exactly those lines whatever
 else the file holds, and both operations can be repeated safely.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from backends.ssh.runner_host import RunnerError, SSHRunnerHost
@@ -35,12 +36,18 @@ def install(host: SSHRunnerHost, path: str, line: str) -> None:
                           f"{(err or out).decode(errors='replace').strip()[:300]}")
 
 
-def remove(host: SSHRunnerHost, path: str, marker: str) -> None:
-    """Drop every line ending with ` marker`, keeping the file itself (its owner and mode)."""
-    if not marker.replace("-", "").isalnum():
-        raise ValueError(f"bad marker {marker!r}")
+SAFE_NEEDLE = re.compile(r" ?muster-attach-[A-Za-z0-9@.+_-]{1,200}")
+
+
+def remove(host: SSHRunnerHost, path: str, needles: list[str]) -> None:
+    """Drop every line holding one of `needles` (fixed strings), keeping the file itself (its
+    owner and mode)."""
+    bad = [n for n in needles if not SAFE_NEEDLE.fullmatch(n)]
+    if bad or not needles:
+        raise ValueError(f"bad attach markers {bad!r}")
+    patterns = " ".join(f"-e {shlex.quote(n)}" for n in needles)
     script = (f'P={_path_expr(path)}; [ -f "$P" ] || exit 0; T="$P.muster-$$"; '
-              f'grep -v -- " {marker}$" "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"')
+              f'grep -vF {patterns} -- "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"')
     status, out, err = host._exec(f"sh -c {shlex.quote(script)}")
     if status != 0:
         raise RunnerError(f"{host.target.where}: cannot remove the attach key from {path}: "
