@@ -126,9 +126,10 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
     host = compute_for_instance(inst).runner_host(inst)
     try:
         attach_keys.install(host, authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
-        # Looked at after the line is in: a revoke that marked the grant before this removes
-        # nothing yet, so the line goes here; one that marks it after removes it itself.
-        if AttachGrant.objects.filter(pk=grant.pk, revoke_due=True).exists():
+        # Looked at after the line is in: a revoke that marked the grant (or even removed its
+        # row) before this found no line yet, so the line goes here; one that marks it after
+        # this look removes the line itself.
+        if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
             remove_grants(host, [grant])
             raise InvalidInput(["job"], f"job {job_num} of run {run.name} ended while attaching")
     finally:
