@@ -23,13 +23,26 @@ def _path_expr(path: str) -> str:
     return shlex.quote(path)
 
 
+# Installs and removals of one file take turns where the host has flock(1): a removal rewrites the
+# file, and a line appended meanwhile (another user's attach) would be lost. Best effort: after the
+# wait, or without flock, the edit goes ahead (a lost line is a failed attach, never a kept one).
+def _lock(host: SSHRunnerHost) -> str:
+    wait = max(1, int(host.timeout / 2))  # within the command's own timeout
+    return f'if command -v flock >/dev/null 2>&1; then exec 9>>"$P.muster-lock" && flock -w {wait} 9; fi; '
+
+
 def install(host: SSHRunnerHost, path: str, line: str) -> None:
     """Append `line` unless it is there already; the file and its directory are made private."""
     if "\n" in line or len(line) > MAX_LINE:
         raise ValueError("an authorized_keys entry is one line")
+    # A line appended after the caller gave up would have no caller to take it off again: past
+    # half the SSH timeout the script appends nothing (the caller then marks its grant due).
+    late = max(1, int(host.timeout / 2))
     # the line comes on stdin: no quoting of key material into a shell command
-    script = (f'umask 077; P={_path_expr(path)}; mkdir -p "$(dirname "$P")" && touch "$P" && '
-              'IFS= read -r L && { grep -qxF -- "$L" "$P" || printf "%s\\n" "$L" >> "$P"; }')
+    script = (f'umask 077; S=$(date +%s); P={_path_expr(path)}; mkdir -p "$(dirname "$P")" && {_lock(host)}touch "$P" && '
+              'IFS= read -r L && { grep -qxF -- "$L" "$P" || '
+              f'{{ [ $(($(date +%s) - S)) -le {late} ] || {{ echo "took over {late}s: not added" >&2; exit 3; }}; '
+              'printf "%s\\n" "$L" >> "$P"; }; }')
     status, out, err = host._exec(f"sh -c {shlex.quote(script)}", stdin=line.encode() + b"\n")
     if status != 0:
         raise RunnerError(f"{host.target.where}: cannot add the attach key to {path}: "
@@ -46,7 +59,7 @@ def remove(host: SSHRunnerHost, path: str, needles: list[str]) -> None:
     if bad or not needles:
         raise ValueError(f"bad attach markers {bad!r}")
     patterns = " ".join(f"-e {shlex.quote(n)}" for n in needles)
-    script = (f'P={_path_expr(path)}; [ -f "$P" ] || exit 0; T="$P.muster-$$"; '
+    script = (f'umask 077; P={_path_expr(path)}; [ -f "$P" ] || exit 0; {_lock(host)}T="$P.muster-$$"; '
               f'grep -vF {patterns} -- "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"')
     status, out, err = host._exec(f"sh -c {shlex.quote(script)}")
     if status != 0:

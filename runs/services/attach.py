@@ -94,6 +94,10 @@ def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], hos
 ATTACH_EVENT = "attach key installed"
 
 
+class HostDidNotAnswer(InvalidInput):
+    status_code = 503
+
+
 def attach(run: Run, job_num: int, public_key: object, actor: str = "server", user=None) -> dict:
     """Where the CLI connects to reach job `job_num`'s ports, after allowing its key there."""
     key = parse_public_key(public_key)
@@ -117,8 +121,10 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
         ipaddress.ip_address(inst.internal_ip or "")
     except ValueError:
         raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
+    from backends.base import BackendError
     from backends.registry import compute_for_instance
     from backends.ssh import attach_keys
+    from engine import messages
     from events.services import record
 
     grant = _grant(job, run, user, actor)
@@ -127,7 +133,14 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
            job_id=job.pk, instance_id=inst.pk)
     host = compute_for_instance(inst).runner_host(inst)
     try:
-        attach_keys.install(host, authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
+        try:
+            attach_keys.install(host, authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
+        except BackendError as exc:
+            # the line may be there (the answer was lost): it goes with the grant, by a worker
+            AttachGrant.objects.filter(pk=grant.pk).update(revoke_due=True)
+            messages.revoke_attach_keys(inst.pk)
+            raise HostDidNotAnswer(["job"], f"the key could not be installed on {inst.name}: {exc}; "
+                                   "try again") from None
         # Looked at after the line is in: a revoke that marked the grant (or even removed its
         # row) before this found no line yet, so the line goes here; one that marks it after
         # this look removes the line itself.

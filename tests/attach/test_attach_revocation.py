@@ -127,6 +127,9 @@ def test_an_attach_whose_install_lands_after_the_jobs_end_leaves_no_line(pool, m
     finally:
         gate.touch()
         attaching.join(60)
-    assert answers and answers[0].status_code == 400, answers and answers[0].content
+    # refused either way: the line landed after the job's end and was taken off again (400), or
+    # the install gave up waiting for the host and left its grant to a worker (503)
+    assert answers and answers[0].status_code in (400, 503), answers and answers[0].content
+    assert answers[0].json()["errors"][0]["loc"] == ["job"]
+    wait_until(lambda: sweep() and not grants().exists(), timeout=60, interval=1, what="the grant's line removed")
     assert "muster-attach-" not in pool.authorized_keys.read_text()
-    assert not grants().exists()
