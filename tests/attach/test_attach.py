@@ -2,7 +2,7 @@
 
 The router serves HTTP on port 8000 at its host's own address, which the user's machine (here, the
 root namespace) reaches only through the forward. The user's key is their own (made by the CLI);
-on the host it may forward to the job's port and nothing else, and it is gone once the run ends.
+on the host it reaches the job's port and nothing else, and it is gone once the run ends.
 """
 
 from __future__ import annotations
