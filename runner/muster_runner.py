@@ -1388,7 +1388,15 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
 FORWARD_BUFFER = 64 << 10
 
 
-def cmd_forward(ip: str, ports: str) -> int:
+def _granted(keys: str, grant: str) -> bool:
+    try:
+        with open(os.path.expanduser(keys), encoding="utf-8", errors="replace") as f:
+            return any(line.rstrip("\n").endswith(" " + grant) for line in f)
+    except OSError:
+        return False
+
+
+def cmd_forward(ip: str, ports: str, keys: str = "", grant: str = "") -> int:
     """The forced command of an attach key (runs/services/attach.py): stdin/stdout to ip:PORT,
     PORT being what the client asked to run, and only one of `ports`.
 
@@ -1398,6 +1406,10 @@ def cmd_forward(ip: str, ports: str) -> int:
     """
     wanted = os.environ.get("SSH_ORIGINAL_COMMAND", "").strip()
     allowed = [p for p in ports.split(",") if p.isdigit()]
+    if keys and grant and not _granted(keys, grant):
+        # the line is gone (revoked) but this SSH connection was made before: no new session
+        sys.stderr.write("muster attach: this key was revoked\n")
+        return 2
     if wanted not in allowed:
         sys.stderr.write(f"muster attach: this key reaches port {','.join(allowed)} of {ip} only\n")
         return 2
@@ -1467,6 +1479,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "forward":
             command.add_argument("--to", required=True)
             command.add_argument("--ports", required=True)
+            command.add_argument("--keys", default="", help="the authorized_keys file holding the grant's line")
+            command.add_argument("--grant", default="", help="the line's marker: gone means revoked")
         if name == "log":
             command.add_argument("--offset", type=non_negative, default=0)
             command.add_argument("--limit", type=non_negative, default=DEFAULT_LOG_LIMIT)
@@ -1495,7 +1509,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "job":
             return run_job(paths.home, args.job)
         if args.command == "forward":
-            return cmd_forward(args.to, args.ports)
+            return cmd_forward(args.to, args.ports, args.keys, args.grant)
     except ValueError as e:
         emit({"error": str(e)})
         return 2

@@ -17,7 +17,7 @@ from backends.ssh.runner_host import RunnerError, SSHRunnerHost
 MAX_LINE = 16 << 10
 
 
-def _path_expr(path: str) -> str:
+def path_expr(path: str) -> str:
     if path == "~" or path.startswith("~/"):
         return '"$HOME"' + shlex.quote(path[1:]) if path != "~" else '"$HOME"'
     return shlex.quote(path)
@@ -39,7 +39,7 @@ def install(host: SSHRunnerHost, path: str, line: str) -> None:
     # half the SSH timeout the script appends nothing (the caller then marks its grant due).
     late = max(1, int(host.timeout / 2))
     # the line comes on stdin: no quoting of key material into a shell command
-    script = (f'umask 077; S=$(date +%s); P={_path_expr(path)}; mkdir -p "$(dirname "$P")" && {_lock(host)}touch "$P" && '
+    script = (f'umask 077; S=$(date +%s); P={path_expr(path)}; mkdir -p "$(dirname "$P")" && {_lock(host)}touch "$P" && '
               'IFS= read -r L && { grep -qxF -- "$L" "$P" || '
               f'{{ [ $(($(date +%s) - S)) -le {late} ] || {{ echo "took over {late}s: not added" >&2; exit 3; }}; '
               'printf "%s\\n" "$L" >> "$P"; }; }')
@@ -59,8 +59,13 @@ def remove(host: SSHRunnerHost, path: str, needles: list[str]) -> None:
     if bad or not needles:
         raise ValueError(f"bad attach markers {bad!r}")
     patterns = " ".join(f"-e {shlex.quote(n)}" for n in needles)
-    script = (f'umask 077; P={_path_expr(path)}; [ -f "$P" ] || exit 0; {_lock(host)}T="$P.muster-$$"; '
-              f'grep -vF {patterns} -- "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"')
+    # sessions the key opened before stay up when its line goes: their forwarders go too
+    # (`--grant <marker>` on their command line; needles are digits, letters and dashes)
+    # ("[-]-grant": the pattern must not match this script's own command line)
+    kills = "; ".join(f"pkill -f -- {shlex.quote('[-]-grant ' + n.strip())}" for n in needles)
+    script = (f'umask 077; P={path_expr(path)}; [ -f "$P" ] || exit 0; {_lock(host)}T="$P.muster-$$"; '
+              f'grep -vF {patterns} -- "$P" > "$T"; cat "$T" > "$P"; rm -f "$T"; '
+              f'if command -v pkill >/dev/null 2>&1; then {kills}; fi; true')
     status, out, err = host._exec(f"sh -c {shlex.quote(script)}")
     if status != 0:
         raise RunnerError(f"{host.target.where}: cannot remove the attach key from {path}: "

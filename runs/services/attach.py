@@ -41,7 +41,7 @@ def marker(job_id: int, grant_id: int, username: str) -> str:
 
 def needle(grant: AttachGrant) -> str:
     # " muster-attach-<job>-<grant>-": the dashes around the numbers keep grant 1 from matching 12
-    return " " + grant.marker.rsplit("-", 1)[0] + "-" if grant.marker.count("-") >= 4 else " " + grant.marker
+    return " " + "-".join(grant.marker.split("-")[:4]) + "-"
 
 
 def parse_public_key(text: object) -> str:
@@ -86,7 +86,9 @@ def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], hos
     say. docs/cli.md has the design."""
     # the address comes from the host's own probe: only a plain IP goes into the command
     ip = str(ipaddress.ip_address(ip))
-    forward = host.forward_command(ip, ports)
+    from backends.ssh import attach_keys
+
+    forward = host.forward_command(ip, ports, attach_keys.path_expr(authorized_keys_path()), grant.marker)
     # sshd's own quoting of a command="..." option: a double quote is written \"
     return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {public_key} {grant.marker}'
 

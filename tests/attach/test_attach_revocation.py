@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import threading
 
+import paramiko
 import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
@@ -38,6 +39,15 @@ def key_accepted(pool, key) -> bool | None:
     return True if done.returncode in (0, 1, 2) else None
 
 
+def connect(pool, key):
+    host = pool[0]
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(host.address, port=host.port, username=pool.user, key_filename=str(key),
+                   look_for_keys=False, allow_agent=False, timeout=10)
+    return client.get_transport()
+
+
 def lose_access(way: str) -> None:
     writer = get_user_model().objects.get(username="writer")
     if way == "membership":
@@ -55,9 +65,22 @@ def test_an_attach_key_stops_working_when_its_member_loses_access(pool, make_use
     key = attached_key(pool, make_user, project, tmp_path)
     assert wait_until(lambda: key_accepted(pool, key), timeout=60, what="the key accepted")
     [line] = [x for x in pool.authorized_keys.read_text().splitlines() if "muster-attach-" in x]
+    # a connection made before (a `muster attach` still running): its open session and new ones
+    wait_until(lambda: b"router says hi" in run(ssh(pool, key, command="8000"), REQUEST).stdout, timeout=90,
+               what="the router listening")
+    transport = connect(pool, key)
+    before = transport.open_session(timeout=10)
+    before.exec_command("8000")
 
     lose_access(way)
     wait_until(lambda: key_accepted(pool, key) is False, timeout=60, what="the key refused")
+    wait_until(lambda: before.exit_status_ready() or before.closed, timeout=30, what="the open session ended")
+    assert b"Connection refused" not in before.recv_stderr(500)  # it was connected, and was ended
+    after = transport.open_session(timeout=10)
+    after.exec_command("8000")
+    after.sendall(REQUEST)
+    assert b"router says hi" not in after.makefile("rb").read() and after.recv_exit_status() == 2
+    transport.close()
     assert line.endswith("-writer")  # the line said whose it was
     assert Run.objects.get(name="routed").current_jobs().get().status == "running"  # the job goes on
     assert "muster-attach-" not in pool.authorized_keys.read_text()
