@@ -1,8 +1,8 @@
 """`muster attach RUN`: the job's ports on localhost, and every job's log, until Ctrl-C.
 
 The key pair is the user's own, made here on first use (~/.muster/attach_key, 0600); only its
-public half goes to the server, which allows it on the job's host for forwarding to the job's ports
-only, until the job ends (runs/services/attach.py). paramiko is imported only here: the other commands stay
+public half goes to the server, which allows it on the job's host to reach the job's ports only (one
+session per connection, its command naming the port), until the job ends (runs/services/attach.py). paramiko is imported only here: the other commands stay
 standard library + PyYAML.
 """
 
@@ -153,12 +153,14 @@ class Forward:
     def _accept(self) -> None:
         while True:
             try:
-                conn, peer = self.listener.accept()
+                conn, _ = self.listener.accept()
             except OSError:
                 return
             try:
-                channel = self.transport.open_channel("direct-tcpip", (self.ip, self.port), peer,
-                                                      timeout=SSH_TIMEOUT)
+                # the key may not forward: its forced command carries this session's bytes to the
+                # port named as the command (runs/services/attach.py)
+                channel = self.transport.open_session(timeout=SSH_TIMEOUT)
+                channel.exec_command(str(self.port))
             except Exception as exc:  # noqa: BLE001  (paramiko raises several kinds; the user needs the line)
                 say(f"forward to {self.ip}:{self.port} refused: {exc}")
                 conn.close()

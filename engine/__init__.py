@@ -23,6 +23,7 @@ pods          engine/pods.py                     poll_pod: a slice being created
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
+attach keys   engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed
 sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own seems lost
 
 Business rules of the tables stay with their apps: runs/transitions.py and instances/transitions.py

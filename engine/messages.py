@@ -86,3 +86,8 @@ def poll_pod(group_id: int, countdown: float) -> None:
 def register_fleet(fleet_id: int, actor: str = "server") -> None:
     """A pending SSH fleet's hosts may be contacted and the fleet activated or failed (register_ssh_fleet)."""
     transaction.on_commit(lambda: registered.register_ssh_fleet.delay(fleet_id, actor))
+
+
+def revoke_attach_keys(instance_id: int) -> None:
+    """Attach lines on this host are due to go (revoke_attach_keys)."""
+    transaction.on_commit(lambda: registered.revoke_attach_keys.delay(instance_id))

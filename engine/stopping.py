@@ -62,6 +62,8 @@ def _finish(held) -> bool:
     """False while the runner's job still runs (the caller looks again soon)."""
     job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
+    # whatever happens next (the host may never answer), the job's attach lines are due to go
+    attach.end_job_grants(job)
     try:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job):
             return False

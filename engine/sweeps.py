@@ -94,6 +94,10 @@ def _re_enqueue(now, old) -> dict[str, int]:
     fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=FleetBackend.SSH,
                                   created__lt=old).values_list("pk", flat=True)[:BATCH]
     found["fleets"] = _enqueue(messages.register_fleet, fleets)
+    from engine import attach_revokes
+
+    # attach lines whose removal failed (the host was down): once it answers again
+    found["attach_revokes"] = _enqueue(messages.revoke_attach_keys, attach_revokes.instances_with_due_revokes(now))
     return found
 
 

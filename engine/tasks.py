@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from engine import deriving, groups, pods, registration, stopping, sweeps
+from engine import attach_revokes, deriving, groups, pods, registration, stopping, sweeps
 from engine.running import watch
 from engine.starting import advance
 from engine.submitted import provision
@@ -67,3 +67,8 @@ def poll_pod(group_id: int) -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
     registration.register_fleet(fleet_id, actor=actor)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
+def revoke_attach_keys(instance_id: int) -> None:
+    attach_revokes.revoke_attach_keys(instance_id)

@@ -54,6 +54,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1426,6 +1427,62 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Attach forwarding
+
+FORWARD_BUFFER = 64 << 10
+
+
+def _granted(keys: str, grant: str) -> bool:
+    try:
+        with open(os.path.expanduser(keys), encoding="utf-8", errors="replace") as f:
+            return any(line.rstrip("\n").endswith(" " + grant) for line in f)
+    except OSError:
+        return False
+
+
+def cmd_forward(ip: str, ports: str, keys: str = "", grant: str = "") -> int:
+    """The forced command of an attach key (runs/services/attach.py): stdin/stdout to ip:PORT,
+    PORT being what the client asked to run, and only one of `ports`.
+
+    The key has no port forwarding at all: sshd's permitlisten cannot hold a Unix-socket -R
+    (OpenSSH 9.2 matches any path against a non-empty list), so the bytes go through this
+    session's own stdin/stdout instead of a forwarded channel.
+    """
+    wanted = os.environ.get("SSH_ORIGINAL_COMMAND", "").strip()
+    allowed = [p for p in ports.split(",") if p.isdigit()]
+    if keys and grant and not _granted(keys, grant):
+        # the line is gone (revoked) but this SSH connection was made before: no new session
+        sys.stderr.write("muster attach: this key was revoked\n")
+        return 2
+    if wanted not in allowed:
+        sys.stderr.write(f"muster attach: this key reaches port {','.join(allowed)} of {ip} only\n")
+        return 2
+    try:
+        conn = socket.create_connection((ip, int(wanted)), timeout=10)
+    except OSError as e:
+        sys.stderr.write(f"muster attach: cannot connect to {ip}:{wanted}: {e}\n")
+        return 1
+    conn.settimeout(None)
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    reading = [stdin, conn]
+    while reading:
+        for ready in select.select(reading, [], [])[0]:
+            if ready is conn:
+                data = conn.recv(FORWARD_BUFFER)
+                if not data:
+                    return 0
+                while data:
+                    data = data[os.write(stdout, data):]
+            else:
+                data = os.read(stdin, FORWARD_BUFFER)
+                if not data:  # the client is done sending: the job may still answer
+                    conn.shutdown(socket.SHUT_WR)
+                    reading.remove(stdin)
+                else:
+                    conn.sendall(data)
+    return 0
+
+
 # CLI
 
 
@@ -1446,6 +1503,7 @@ COMMANDS = {
     "log": (True, "write raw bytes of a job's output.log to stdout"),
     "cleanup": (True, "remove a job's directory unless it is running; prints {removed}"),
     "job": (True, "internal: run one job (spawned by the agent)"),
+    "forward": (False, "internal: an attach key's forced command, stdin/stdout to --to:$SSH_ORIGINAL_COMMAND"),
 }
 
 
@@ -1462,6 +1520,11 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--poll", type=float, default=0.2)
         if name == "ensure-agent":
             command.add_argument("--revive", action="store_true", help="start it even in a retired home")
+        if name == "forward":
+            command.add_argument("--to", required=True)
+            command.add_argument("--ports", required=True)
+            command.add_argument("--keys", default="", help="the authorized_keys file holding the grant's line")
+            command.add_argument("--grant", default="", help="the line's marker: gone means revoked")
         if name == "log":
             command.add_argument("--offset", type=non_negative, default=0)
             command.add_argument("--limit", type=non_negative, default=DEFAULT_LOG_LIMIT)
@@ -1489,6 +1552,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_cleanup(paths, args.job)
         if args.command == "job":
             return run_job(paths.home, args.job)
+        if args.command == "forward":
+            return cmd_forward(args.to, args.ports, args.keys, args.grant)
     except ValueError as e:
         emit({"error": str(e)})
         return 2

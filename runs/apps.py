@@ -17,3 +17,7 @@ class RunsConfig(AppConfig):
                            weak=False, dispatch_uid="runs.logs_go_with_the_run")
         pre_delete.connect(lambda instance, **_: log_storage.forget_project_on_commit(instance.pk), sender=Project,
                            weak=False, dispatch_uid="runs.logs_go_with_the_project")
+
+        from runs import signals  # attach keys go when their member's access does
+
+        signals.connect()

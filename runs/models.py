@@ -110,3 +110,25 @@ class SubmissionKey(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "user", "key"], name="one_run_per_submission_key")]
+
+
+class AttachGrant(Claimable):
+    """One user's attach key line on one job's host (runs/services/attach.py).
+
+    Written before the line is installed and deleted only once the line is gone from the host, so
+    a line is never on a host without its row: `revoke_due` rows are the lines still to remove (the
+    job ended, the member left, the user lost every token), retried by the sweep until the host
+    answers. The job and user may go first; the row keeps what it needs to find the line.
+    """
+
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="attach_grants")
+    instance = models.ForeignKey("instances.Instance", on_delete=models.CASCADE, related_name="attach_grants")
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="attach_grants")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="attach_grants")
+    marker = models.CharField(max_length=120, blank=True, default="")  # the line's comment (unique per grant)
+    revoke_due = models.BooleanField(default=False, db_index=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.marker

@@ -105,6 +105,13 @@ class SSHRunnerHost(RunnerHost):
     def _runner_command(self, args: str, prefix: str = "") -> str:
         return f'H={self._home_expr()}; {prefix}exec python3 "$H/bin/muster_runner.py" {args} --home "$H"'
 
+    def forward_command(self, ip: str, ports: list[int], keys_expr: str, grant: str) -> str:
+        """The shell command that carries one attach connection to ip:$SSH_ORIGINAL_COMMAND
+        (runs/services/attach.py puts it in an attach key's command="..."), while the line marked
+        `grant` is still in the file `keys_expr` (a shell word) names."""
+        return self._runner_command(f"forward --to {shlex.quote(ip)} --ports {','.join(map(str, ports))} "
+                                    f"--keys {keys_expr} --grant {shlex.quote(grant)}")
+
     def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "", max_output: int | None = None) -> bytes:
         status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin, max_output=max_output)
         if status != 0:

@@ -116,5 +116,6 @@ class RunAttachView(ProjectScopedMixin, APIView):
         job = body.get("job", 0)
         if not isinstance(job, int) or isinstance(job, bool) or not 0 <= job <= settings.MUSTER["MAX_NODES"]:
             raise InvalidInput(["job"], f"a job number from 0 to {settings.MUSTER['MAX_NODES']}")
-        info = attach.attach(_run(self.project, name), job, body.get("public_key"), actor=request.user.username)
+        info = attach.attach(_run(self.project, name), job, body.get("public_key"),
+                                  actor=request.user.username, user=request.user)
         return Response(info)

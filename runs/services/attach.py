@@ -3,8 +3,11 @@
 The CLI makes the key pair on the user's machine and sends only the public key; the private key
 never leaves that machine, and nobody needs a copy of the fleet's key. The public key goes into the
 fleet user's authorized_keys on the job's host, restricted to forwarding to the job's address and
-ports (`restrict,port-forwarding,permitopen=...,command="/bin/false"`), and is removed when the job
-ends (engine/stopping.py, where every job's end passes). docs/cli.md has the design.
+ports (`restrict,command="... muster_runner.py forward --to IP --ports P"`: no forwarding, a
+forced command that carries one connection per session). Each line has its AttachGrant row,
+written first; the line is removed when the job ends (engine/stopping.py, where every job's end
+passes) or its user loses access (runs/signals.py, then engine/attach_revokes.py), and the row
+only once the line is gone. docs/cli.md has the design.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import logging
 import re
 
 from django.conf import settings
+from django.db import transaction
 
 from instances.models import FleetBackend
 from muster.api_errors import InvalidInput
 from runs.choices import JobStatus
-from runs.models import Job, Run
+from runs.models import AttachGrant, Job, Run
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +33,15 @@ PUBLIC_KEY = re.compile(r"(?P<type>[a-z0-9-]{1,40}) (?P<data>[A-Za-z0-9+/]{16,40
 ATTACHABLE = (JobStatus.PULLING, JobStatus.RUNNING)
 
 
-def marker(job: Job) -> str:
-    return f"muster-attach-{job.pk}"
+def marker(job_id: int, grant_id: int, username: str) -> str:
+    """The line's comment: which job and grant it is (what removal matches, up to the last dash)
+    and whose key it is (for whoever reads the file); only characters safe in a shell word."""
+    return f"muster-attach-{job_id}-{grant_id}-{re.sub(r'[^A-Za-z0-9@.+_-]', '_', username)[:60]}"
+
+
+def needle(grant: AttachGrant) -> str:
+    # " muster-attach-<job>-<grant>-": the dashes around the numbers keep grant 1 from matching 12
+    return " " + "-".join(grant.marker.split("-")[:4]) + "-"
 
 
 def parse_public_key(text: object) -> str:
@@ -67,17 +78,29 @@ def authorized_keys_path() -> str:
     return settings.MUSTER.get("ATTACH_AUTHORIZED_KEYS") or "~/.ssh/authorized_keys"
 
 
-def key_line(job: Job, public_key: str, ip: str, ports: list[int]) -> str:
-    # the address comes from the host's own probe: only a plain IP goes into the options
-    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip  # sshd's form for IPv6
-    opens = ",".join(f'permitopen="{host}:{port}"' for port in ports)
-    return f'restrict,port-forwarding,{opens},command="/bin/false" {public_key} {marker(job)}'
+def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], host) -> str:
+    """`restrict` with no forwarding at all, and a forced command that carries one connection to
+    one of the job's ports over the session itself (the runner's `forward`). A `port-forwarding`
+    key cannot be held to the job's ports: `permitopen` leaves -R open, `permitlisten` bounds TCP
+    listeners only, and OpenSSH (9.2 here) lets any Unix-socket -R or -L through whatever the lists
+    say. docs/cli.md has the design."""
+    # the address comes from the host's own probe: only a plain IP goes into the command
+    ip = str(ipaddress.ip_address(ip))
+    from backends.ssh import attach_keys
+
+    forward = host.forward_command(ip, ports, attach_keys.path_expr(authorized_keys_path()), grant.marker)
+    # sshd's own quoting of a command="..." option: a double quote is written \"
+    return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {public_key} {grant.marker}'
 
 
 ATTACH_EVENT = "attach key installed"
 
 
-def attach(run: Run, job_num: int, public_key: object, actor: str = "server") -> dict:
+class HostDidNotAnswer(InvalidInput):
+    status_code = 503
+
+
+def attach(run: Run, job_num: int, public_key: object, actor: str = "server", user=None) -> dict:
     """Where the CLI connects to reach job `job_num`'s ports, after allowing its key there."""
     key = parse_public_key(public_key)
     job = run.current_jobs().select_related("instance", "instance__fleet").filter(job_num=job_num).first()
@@ -100,17 +123,32 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server") ->
         ipaddress.ip_address(inst.internal_ip or "")
     except ValueError:
         raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
+    from backends.base import BackendError
     from backends.registry import compute_for_instance
     from backends.ssh import attach_keys
+    from engine import messages
     from events.services import record
 
-    # recorded before the install, so a key whose install answer was lost is still removed at the end
+    grant = _grant(job, run, user, actor)
     record(run.project_id, f"job {run.name}/{job_num}", f"{ATTACH_EVENT} on {inst.name} by {actor}: "
            f"forwarding to {inst.internal_ip}:{','.join(map(str, ports))}", actor=actor, run_id=run.pk,
            job_id=job.pk, instance_id=inst.pk)
     host = compute_for_instance(inst).runner_host(inst)
     try:
-        attach_keys.install(host, authorized_keys_path(), key_line(job, key, inst.internal_ip, ports))
+        try:
+            attach_keys.install(host, authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
+        except BackendError as exc:
+            # the line may be there (the answer was lost): it goes with the grant, by a worker
+            AttachGrant.objects.filter(pk=grant.pk).update(revoke_due=True)
+            messages.revoke_attach_keys(inst.pk)
+            raise HostDidNotAnswer(["job"], f"the key could not be installed on {inst.name}: {exc}; "
+                                   "try again") from None
+        # Looked at after the line is in: a revoke that marked the grant (or even removed its
+        # row) before this found no line yet, so the line goes here; one that marks it after
+        # this look removes the line itself.
+        if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
+            remove_grants(host, [grant])
+            raise InvalidInput(["job"], f"job {job_num} of run {run.name} ended while attaching")
     finally:
         host.close()
     target = inst.ssh_target()
@@ -118,14 +156,55 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server") ->
                             "host_key": target.host_key}}
 
 
-def revoke(job: Job, host) -> None:
-    """Remove the attach keys of `job` from its host, if anyone attached to it (one more SSH
-    command only for jobs that were attached to)."""
-    if job.instance is None or job.instance.backend != FleetBackend.SSH:
-        return
-    from backends.ssh import attach_keys
-    from events.models import Event
+def _grant(job: Job, run: Run, user, actor: str) -> AttachGrant:
+    """The grant row, written (and committed) before its line goes to the host, and only while the
+    job is attachable: the job's row lock orders this against the job's end (engine/stopping.py),
+    which marks every grant of the job due after its status has left ATTACHABLE."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.status not in ATTACHABLE:
+            raise InvalidInput(["job"], f"job {job.job_num} of run {run.name} is {locked.status}: attach once it is running")
+        user = user if getattr(user, "pk", None) else None
+        grant = AttachGrant.objects.create(job=job, instance_id=job.instance_id, project_id=run.project_id, user=user)
+        grant.marker = marker(job.pk, grant.pk, getattr(user, "username", "") or actor)
+        grant.save(update_fields=["marker"])
+    return grant
 
-    if Event.objects.filter(job_id=job.pk, message__startswith=ATTACH_EVENT).exists():
-        attach_keys.remove(host, authorized_keys_path(), marker(job))
+
+def remove_grants(host, grants: list[AttachGrant]) -> None:
+    """Take the grants' lines off their host, then their rows (a failure leaves both for a retry)."""
+    from backends.ssh import attach_keys
+
+    if grants:
+        attach_keys.remove(host, authorized_keys_path(), [needle(g) for g in grants])
+        AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
+
+
+def end_job_grants(job: Job) -> None:
+    """The job is ending: its lines are due to go (engine/stopping.py removes them while it talks
+    to the host; the sweep does if the host does not answer)."""
+    AttachGrant.objects.filter(job=job).update(revoke_due=True)
+
+
+def revoke(job: Job, host) -> None:
+    """Remove the attach lines of `job` from its host, in the step that ends the job."""
+    end_job_grants(job)
+    grants = list(AttachGrant.objects.filter(job=job, revoke_due=True))
+    if grants:
+        remove_grants(host, grants)
         log.info("attach keys of %s removed from %s", job, job.instance.name)
+
+
+def revoke_for(user_id: int, project_id: int | None = None) -> int:
+    """A user lost access (left the project, lost every token, was deactivated or deleted): their
+    lines are due to go; a worker removes them from each host (engine/attach_revokes.py)."""
+    from engine import messages
+
+    grants = AttachGrant.objects.filter(user_id=user_id)
+    if project_id is not None:
+        grants = grants.filter(project_id=project_id)
+    instances = set(grants.values_list("instance_id", flat=True))
+    grants.update(revoke_due=True)
+    for instance_id in instances:
+        messages.revoke_attach_keys(instance_id)
+    return len(instances)

@@ -2,12 +2,11 @@
 
 The router serves HTTP on port 8000 at its host's own address, which the user's machine (here, the
 root namespace) reaches only through the forward. The user's key is their own (made by the CLI);
-on the host it may forward to the job's port and nothing else, and it is gone once the run ends.
+on the host it reaches the job's port and nothing else, and it is gone once the run ends.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,43 +17,17 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from instances.services.fleets import apply_fleet
 from runs.models import Run
-from tests.conftest import client_for, token_for
+from tests.attach.conftest import ROUTER
+from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
-from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
+from tests.ssh_e2e.helpers import needs_netns
 from tests.waiting import wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
-ROUTER = """\
-type: task
-name: routed
-fleets: [hosts]
-ports: [8000]
-commands:
-  - echo "router says hi from $DSTACK_NODE_IP" > answer.txt
-  - python3 -m http.server 8000 --bind $DSTACK_NODE_IP
-"""
-
-
-@pytest.fixture
-def pool(ssh_hosts, project, settings, fast_limits):
-    pool = ssh_hosts(1, mode="netns")
-    # the test sshd reads the pool's one authorized_keys file, not ~/.ssh/authorized_keys
-    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 5, "ATTACH_AUTHORIZED_KEYS": str(pool.authorized_keys)}
-    apply_fleet(project, {"configuration": fleet_configuration(pool, name="hosts", placement="any")}, actor="test")
-    return pool
-
-
-@pytest.fixture
-def cli_env(live_server, make_user, tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    return {**os.environ, "HOME": str(home), "MUSTER_URL": live_server.url,
-            "MUSTER_TOKEN": token_for(make_user("bob")), "MUSTER_PROJECT": "main"}
 
 
 def muster(env, *args: str) -> subprocess.CompletedProcess[str]:
@@ -120,7 +93,7 @@ def test_attach_forwards_the_routers_port_and_the_key_is_gone_after_the_run(pool
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"
         public = (key_file.parent / "attach_key.pub").read_text().split()[1]
         [line] = attach_lines(pool)
-        assert line.startswith(f'restrict,port-forwarding,permitopen="{ip}:8000",command="/bin/false" ')
+        assert line.startswith('restrict,command="') and f"forward --to {ip} --ports 8000" in line
         assert public in line
         assert_the_key_reaches_nothing_else(pool, key_file, ip)
 

@@ -1,0 +1,37 @@
+"""Removing attach lines whose grants are due (runs/services/attach.py): one host per step.
+
+The rows are claimed, so two workers never edit one host's authorized_keys for the same grants;
+a host that does not answer backs the rows off, and the sweep sends the step again once the host's
+health check has it reachable (engine/sweeps.py).
+"""
+
+from __future__ import annotations
+
+from backends.registry import compute_for_instance
+from engine import claims
+from instances.models import Instance
+from runs.models import AttachGrant
+from runs.services import attach
+
+BATCH = 200
+
+
+def revoke_attach_keys(instance_id: int) -> int:
+    due = AttachGrant.objects.filter(instance_id=instance_id, revoke_due=True)
+    with claims.claimed_batch(due, BATCH, "revoke_attach_keys") as held:
+        if not held.pks:
+            return 0
+        instance = Instance.objects.select_related("fleet").get(pk=instance_id)
+        host = compute_for_instance(instance).runner_host(instance)
+        try:
+            attach.remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
+        finally:
+            host.close()
+        claims.forget(AttachGrant, held.token, held.pks)
+    return len(held.pks)
+
+
+def instances_with_due_revokes(now):
+    """Reachable hosts with lines due to go that nobody is removing (for the sweep)."""
+    return (AttachGrant.objects.filter(claims.unleased(now), revoke_due=True, instance__unreachable=False)
+            .values_list("instance_id", flat=True).distinct()[:BATCH])
