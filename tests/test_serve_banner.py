@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import ROOT, ServeProcess, free_port
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_make_run_serves_on_the_bind_it_is_given(tmp_path):
         assert f"console http://127.0.0.1:{port}/" in log.read_text()
     finally:
         os.killpg(make.pid, signal.SIGTERM)
-        make.wait(60)
+        make.wait(patient(60))
 
 
 def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans_up(tmp_path):
@@ -110,7 +110,7 @@ def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans
         assert sorted(j["instance_ip"] for j in run["jobs"]) == ["127.0.0.6", "127.0.0.7", "127.0.0.8"]
 
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(90) == 0, log.read_text()
+        assert demo.wait(patient(90)) == 0, log.read_text()
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)

@@ -64,7 +64,9 @@ def test_two_worker_processes_on_postgresql_never_put_two_jobs_on_one_instance(f
     env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
            "MUSTER_TEST_QUEUE": celery_config["task_default_queue"], "CELERY_TASK_DEFAULT_QUEUE":
            celery_config["task_default_queue"],
-           "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10"}
+           "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10",
+           # the runs are submitted without a user, and local fleets take only superusers' runs by default
+           "MUSTER_LOCAL_FLEET_MEMBERS": "1"}
     workers = [_worker_process(f"w{i}", env) for i in range(2)]
     try:
         with Beat(watch=True):
