@@ -197,14 +197,15 @@ def take_gang(fleet: Fleet, groups: list[GangGroup]) -> tuple[dict[int, list[Ins
     Gang takers of one fleet lock the fleet's row first, always that one row, so two runs racing
     for the same hosts go one after the other: the first takes all it needs, the second sees what
     is left. Neither can hold part of the hosts while waiting for the rest, and with one lock in
-    one order there is no deadlock. Groups that ask for GPUs go first, so a CPU group never takes
+    one order there is no deadlock. FOR NO KEY UPDATE: a transaction placing a run on the fleet
+    holds a KEY SHARE on its row (the run's foreign key), which this lock need not wait for. Groups that ask for GPUs go first, so a CPU group never takes
     the GPU host a later group needed.
     """
     order = sorted(groups, key=lambda g: (not (g[2].get("gpu") or {}), g[0]))
     taken: dict[int, list[Instance]] = {}
     short: list[str] = []
     with transaction.atomic():
-        list(Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("pk", flat=True))
+        list(Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk).values_list("pk", flat=True))
         for index, name, req, count in order:
             got = take_instances(fleet, req, count)
             if got:

@@ -99,8 +99,7 @@ def test_two_runs_racing_for_four_hosts_never_both_hold_hosts_and_both_finish(su
     db = connection.settings_dict
     env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
            "MUSTER_TEST_QUEUE": celery_config["task_default_queue"], "CELERY_TASK_DEFAULT_QUEUE":
-           celery_config["task_default_queue"], "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10",
-           "MUSTER_RETRY_BACKOFF": "1,1,2"}
+           celery_config["task_default_queue"], "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10"}
     workers = [_worker_process(f"w{i}", env) for i in range(2)]
     finished: list[Run] = []
     try:
