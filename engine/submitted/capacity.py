@@ -166,8 +166,22 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
             lines.append(f"fleet {fleet.name} can hold {', '.join(held)} but not {', '.join(lacking)} ({why})")
         else:
             lines.append(f"fleet {fleet.name} can hold each group on its own but not all {total} nodes at once "
-                         "(a host takes one job)")
+                         f"(a host takes one job): {_short_groups(fleet, hosts.get(fleet.pk) or [], groups)}")
     return lines
+
+
+def _short_groups(fleet: Fleet, hosts: list[tuple[dict, bool]], groups: list[Group]) -> str:
+    """Which groups come up short when the run's groups take the idle hosts in the order the gang
+    take uses (GPU groups first): the part of the run that waits."""
+    used: set[int] = set()
+    short = []
+    for name, req, count in sorted(groups, key=lambda g: not (g[1].get("gpu") or {})):
+        tests = [test for _, test in parts_of(req)]
+        fit = [i for i, (res, free) in enumerate(hosts) if free and i not in used and all(t(res) for t in tests)]
+        used.update(fit[:count])
+        if len(fit) < count:
+            short.append(f"{name} is {count - len(fit)} short (needs {count}, {len(fit)} idle left)")
+    return "; ".join(short) or f"fleet {fleet.name}'s idle hosts change meanwhile"
 
 
 def groups_of(jobs: list[Any], name: Callable, index: Callable, resources: Callable) -> list[Group]:

@@ -187,6 +187,39 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
     return taken
 
 
+GangGroup = tuple[int, str, dict, int]  # (group index, name, requirements, node count)
+
+
+def take_gang(fleet: Fleet, groups: list[GangGroup]) -> tuple[dict[int, list[Instance]], list[str]]:
+    """Take hosts for every group of a run in one transaction, or none at all.
+
+    Returns ({group index: instances}, []) or ({}, one line per group that came up short).
+    Gang takers of one fleet lock the fleet's row first, always that one row, so two runs racing
+    for the same hosts go one after the other: the first takes all it needs, the second sees what
+    is left. Neither can hold part of the hosts while waiting for the rest, and with one lock in
+    one order there is no deadlock. FOR NO KEY UPDATE: a transaction placing a run on the fleet
+    holds a KEY SHARE on its row (the run's foreign key), which this lock need not wait for. Groups that ask for GPUs go first, so a CPU group never takes
+    the GPU host a later group needed.
+    """
+    order = sorted(groups, key=lambda g: (not (g[2].get("gpu") or {}), g[0]))
+    taken: dict[int, list[Instance]] = {}
+    short: list[str] = []
+    with transaction.atomic():
+        list(Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk).values_list("pk", flat=True))
+        for index, name, req, count in order:
+            got = take_instances(fleet, req, count)
+            if got:
+                taken[index] = got
+                continue
+            left = sum(1 for _ in islice(candidates(fleet, req, page_for(count)), count))
+            after = f" once {', '.join(g[1] for g in order if g[0] in taken)} took theirs" if taken else ""
+            short.append(f"{name}: needs {count} idle hosts of fleet {fleet.name}, {left} left{after}")
+        if short:
+            transaction.set_rollback(True)  # nothing of the run stays taken
+            return {}, short
+    return taken, []
+
+
 def take_instance(job: Job, fleet: Fleet) -> Instance | None:
     """Claim one idle instance that fits the job (never two jobs on one)."""
     picked = take_instances(fleet, job.spec["resources"], 1)

@@ -89,15 +89,27 @@ def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
 
 
 def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
-    """A group master takes a host for every waiting member of its group at once; others take one."""
-    members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
-               and j.status == JobStatus.SUBMITTED and j.instance_id is None]
-    instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
-    if not instances:
-        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
-                      held=True)
-        return
+    """Job 0 takes a host for every waiting job of the run at once (the gang); a later group master
+    (a group placed again) takes its whole group; others take one."""
+    if job.job_num == 0:
+        members = sorted((j for j in siblings or [] if j.pk != job.pk and j.status == JobStatus.SUBMITTED
+                          and j.instance_id is None), key=lambda j: j.job_num)
+        instances, short = _take_gang(fleet, job, members)
+        if short:
+            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                          f"gang not placed, no host taken: {' | '.join(short)}", held=True)
+            return
+        what = f"the run's {len({j.node_group_index for j in [job, *members]})} groups"
+    else:
+        members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
+                   and j.status == JobStatus.SUBMITTED and j.instance_id is None]
+        instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
+        if not instances:
+            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                          f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
+                          held=True)
+            return
+        what = f"its group {job.node_group_name}"
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
@@ -108,8 +120,23 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
         unused = fanout.place_members(job, members, theirs)
         hand_back(unused, job, "not used: its job ended before it was placed")
         record_taken([i for i in instances if i not in unused], job,
-                     f"taken by job {job.run.name}/{job.job_num} for its group {job.node_group_name}")
+                     f"taken by job {job.run.name}/{job.job_num} for {what}")
         fanout.unlock_after_attempt(job, siblings)
+
+
+def _take_gang(fleet, master: Job, members: list[Job]) -> tuple[list, list[str]]:
+    """Hosts for `master` and `members` from one all-or-nothing take (placement.take_gang), in the
+    order [master's, then each member's in the order given]; or ([], the short groups)."""
+    jobs = [master, *members]
+    groups: dict[int, list[Job]] = {}
+    for j in jobs:
+        groups.setdefault(j.node_group_index, []).append(j)
+    taken, short = placement.take_gang(fleet, [(g, js[0].node_group_name, js[0].spec["resources"], len(js))
+                                              for g, js in sorted(groups.items())])
+    if short:
+        return [], short
+    given = {g: iter(insts) for g, insts in taken.items()}
+    return [next(given[j.node_group_index]) for j in jobs], []
 
 
 def _provision_cloud_group(job: Job, fleet) -> None:

@@ -33,7 +33,8 @@ groups:
   - {name: b, nodes: 1, commands: [echo]}
 """
     assert plan(api, text)["reasons"] == [
-        "fleet two can hold each group on its own but not all 3 nodes at once (a host takes one job)"]
+        "fleet two can hold each group on its own but not all 3 nodes at once (a host takes one job): "
+        "b is 1 short (needs 1, 0 idle left)"]
 
 
 def test_a_run_naming_fleets_the_project_does_not_have_is_told_so(api, project):
