@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -51,8 +52,14 @@ def build(directory: str | Path, package: Path = PACKAGE) -> Path:
     if path.is_file() and path.read_bytes() == data:
         return path
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.")  # one per builder, thread or process
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return path

@@ -17,7 +17,7 @@ from typing import Any
 import paramiko
 
 from backends.base import BackendError, RunnerHost
-from backends.runner_archive import runner_archive
+from backends.runner_archive import runner_archive_bytes
 from backends.ssh import commands, connection
 from backends.ssh.connection import SSHTarget
 from backends.ssh.errors import HostUnreachable
@@ -138,7 +138,7 @@ class SSHRunnerHost(RunnerHost):
         """Start the runner agent unless it runs. `revive`: also in a home whose instance was deleted
         (only a registration asks for that; a look at a job must not bring a stopped agent back)."""
         command = "ensure-agent --revive" if revive else "ensure-agent"
-        data = (self.runner_path or runner_archive()).read_bytes()
+        data = self.runner_path.read_bytes() if self.runner_path else runner_archive_bytes()
         digest = hashlib.sha256(data).hexdigest()
         # One round trip when the runner is current: compare hashes, then start the agent.
         script = (
