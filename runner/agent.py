@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .cgroups import kill_job_tree
-from .cluster_env import _int, base_env
+from .cluster_env import as_int, base_env
 from .containers import remove_container
 from .files import JobPaths, Paths, log_err, program, read_json, write_json_atomic
 from .lifecycle import StopFlag
@@ -142,7 +142,7 @@ class Agent:
             if not isinstance(status, dict):
                 continue
             if status.get("state") in ("running", "pulling") and not is_runner_process(
-                _int(status.get("runner_pid")), "job", job_id
+                as_int(status.get("runner_pid")), "job", job_id
             ):
                 self.fail_if_unfinished(job, "job runner died")
             elif status.get("state") == "starting" and not job_is_active(job, status):
@@ -153,7 +153,7 @@ class Agent:
         status = read_json(job.status)
         if not isinstance(status, dict) or status.get("state") in FINAL_STATES:
             return
-        kill_job_tree(job.marker, _int(status.get("pgid")), 0.5, cgroup=_job_cgroup(status))
+        kill_job_tree(job.marker, as_int(status.get("pgid")), 0.5, cgroup=job_cgroup(status))
         if isinstance(status.get("container"), str):
             remove_container(status["container"])
         failed = dict(status, state="failed", error=error, end_time=time.time())
@@ -176,7 +176,7 @@ class Agent:
 
 
 def read_agent_pid(paths: Paths) -> int:
-    return _int(read_json(paths.agent_pid))
+    return as_int(read_json(paths.agent_pid))
 
 
 def heartbeat_fresh(agent: Any, now: float) -> bool:
@@ -214,10 +214,10 @@ def job_is_active(job: JobPaths, status: dict[str, Any] | None) -> bool:
         return False
     if status.get("state") == "starting":
         return time.time() - float(status.get("time") or 0) < STARTING_ABANDONED_AFTER
-    return is_runner_process(_int(status.get("runner_pid")), "job", job.job_id)
+    return is_runner_process(as_int(status.get("runner_pid")), "job", job.job_id)
 
 
-def _job_cgroup(status: dict[str, Any]) -> str:
+def job_cgroup(status: dict[str, Any]) -> str:
     cgroup = status.get("cgroup")
     # status.json is ours, but only a job cgroup we named is ever signalled or removed.
     return cgroup if isinstance(cgroup, str) and os.path.basename(cgroup).startswith("muster-") else ""

@@ -2,6 +2,12 @@
 
 A verb is declared in protocol.COMMANDS (its name, whether it takes ``--job``, its help); here it
 gets its extra arguments (ARGUMENTS) and its handler (HANDLERS), which returns the exit code.
+
+Every verb runs under umask 077: the home, job directories and files are the runner user's alone
+(a spec holds secret values until its job starts; the output may print them).  Agents, job
+runners and jobs start from a minimal environment (cluster_env.base_env), never the caller's: the
+caller is a server worker or an SSH session whose variables (SECRET_KEY, DATABASE_URL) are not the
+job's.
 """
 
 from __future__ import annotations

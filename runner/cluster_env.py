@@ -10,7 +10,7 @@ from typing import Any
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def _int(value: Any, default: int = 0) -> int:
+def as_int(value: Any, default: int = 0) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -26,8 +26,8 @@ def node_gpu_counts(spec: dict[str, Any]) -> list[int]:
     """GPUs of every node in rank order; without gpus_per_node every node is assumed like this one."""
     ips = cluster_info(spec).get("job_ips") or []
     per_node = cluster_info(spec).get("gpus_per_node") or []
-    own = _int(spec.get("gpus"))
-    return [_int(per_node[i]) if i < len(per_node) else own for i in range(len(ips))]
+    own = as_int(spec.get("gpus"))
+    return [as_int(per_node[i]) if i < len(per_node) else own for i in range(len(ips))]
 
 
 def hostfile_content(spec: dict[str, Any]) -> str:
@@ -44,8 +44,8 @@ def hostfile_content(spec: dict[str, Any]) -> str:
 def total_gpus(spec: dict[str, Any]) -> int:
     per_node = cluster_info(spec).get("gpus_per_node") or []
     if per_node:
-        return sum(_int(g) for g in per_node)
-    return _int(spec.get("nodes_num"), 1) * _int(spec.get("gpus"))
+        return sum(as_int(g) for g in per_node)
+    return as_int(spec.get("nodes_num"), 1) * as_int(spec.get("gpus"))
 
 
 def _text(value: Any) -> str:
@@ -60,7 +60,7 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
         "DSTACK_NODES_NUM": _text(spec.get("nodes_num", 1)),
         "DSTACK_NODES_IPS": "\n".join(_text(ip) for ip in info.get("job_ips") or []),
         "DSTACK_MASTER_NODE_IP": _text(info.get("master_job_ip")),
-        "DSTACK_GPUS_PER_NODE": _text(_int(spec.get("gpus"))),
+        "DSTACK_GPUS_PER_NODE": _text(as_int(spec.get("gpus"))),
         "DSTACK_GPUS_NUM": _text(total_gpus(spec)),
         "DSTACK_MPI_HOSTFILE": os.path.abspath(hostfile_path),
         "DSTACK_RUN_NAME": _text(spec.get("run_name")),

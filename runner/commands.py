@@ -1,5 +1,4 @@
-"""The verbs the server calls (protocol.COMMANDS): each prints one JSON document, except ``log``.
-"""
+"""The verbs the server calls (protocol.COMMANDS): each prints one JSON document, except ``log``."""
 
 from __future__ import annotations
 
@@ -12,9 +11,9 @@ import sys
 import time
 from typing import Any
 
-from .agent import _job_cgroup, heartbeat_fresh, job_is_active, job_status, live_agent_pid, private_home
+from .agent import heartbeat_fresh, job_cgroup, job_is_active, job_status, live_agent_pid, private_home
 from .cgroups import kill_job_tree
-from .cluster_env import _int, base_env
+from .cluster_env import as_int, base_env
 from .containers import remove_container
 from .files import Paths, create_exclusively, emit, program, read_json, touch
 from .processes import is_runner_process
@@ -104,7 +103,7 @@ def status_report(paths: Paths) -> dict[str, Any]:
     """What ``status`` prints; reads files and /proc only (the local backend calls it in-process)."""
     now = time.time()
     agent = read_json(paths.agent_json)
-    pid = _int(agent.get("pid")) if isinstance(agent, dict) else 0
+    pid = as_int(agent.get("pid")) if isinstance(agent, dict) else 0
     alive = pid > 0 and is_runner_process(pid, "agent") and heartbeat_fresh(agent, now)
     jobs: dict[str, Any] = {}
     if os.path.isdir(paths.jobs):
@@ -166,8 +165,8 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     # the job may outlive its directory.
     status = status or {}
     # A finished job's group id may belong to someone else by now; its marker cannot.
-    pgid = _int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
-    kill_job_tree(job.marker, pgid, 0.5, cgroup=_job_cgroup(status))
+    pgid = as_int(status.get("pgid")) if status.get("state") not in FINAL_STATES else 0
+    kill_job_tree(job.marker, pgid, 0.5, cgroup=job_cgroup(status))
     if isinstance(status.get("container"), str):
         remove_container(status["container"])
     shutil.rmtree(job.dir, ignore_errors=True)

@@ -1,5 +1,20 @@
 """Files under the runner home: where each one lives, and how they are written and read.
 
+Layout under the runner home directory HOME::
+
+    HOME/bin/muster_runner.pyz        this package as one zipapp (put there by the server)
+    HOME/agent.json, agent.pid, agent.lock, agent.log, agent.stop, retired
+    HOME/jobs/<job_id>/spec.json      written by the server (through ``submit``); the job runner
+                                      rewrites it without env values once it has read them
+    HOME/jobs/<job_id>/spec.sha256    digest of the spec as submitted (tells a resubmit from a clash)
+    HOME/jobs/<job_id>/status.json    written by the runner, always atomically
+    HOME/jobs/<job_id>/output.log     the commands' stdout + stderr, appended as produced
+    HOME/jobs/<job_id>/runner.log     the job runner's own diagnostics
+    HOME/jobs/<job_id>/mpi/hostfile
+    HOME/jobs/<job_id>/workdir/       cwd of the commands
+    HOME/jobs/<job_id>/stop           created by the server to request a stop
+    HOME/jobs/<job_id>/container.env  a container job's env while ``docker create`` reads it (0600)
+
 Every write a reader may race with is atomic (a temporary file, then a rename), so a reader sees
 the old document or the new one, never a torn one.
 """
