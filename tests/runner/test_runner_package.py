@@ -110,3 +110,25 @@ def test_the_server_builds_only_specs_the_runner_reads():
         assert "container.mounts" in str(exc)
     else:
         raise AssertionError("an unknown container field must be refused")
+
+
+def _verbs_sent(path: Path) -> set[str]:
+    """First words of the command lines a backend hands to its runner calls."""
+    sent = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                and node.func.attr in ("_runner", "_runner_json", "_runner_command", "_call")):
+            first = node.args[0]
+            if isinstance(first, ast.JoinedStr):
+                first = first.values[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                sent.add(first.value.split()[0])
+    return sent
+
+
+def test_every_verb_the_server_sends_is_one_the_runner_declares():
+    root = PACKAGE.parent
+    sent = _verbs_sent(root / "backends" / "ssh" / "runner_host.py") | _verbs_sent(
+        root / "backends" / "local" / "runner_host.py")
+    assert {"submit", "status", "stop", "log", "cleanup", "ensure-agent"} <= sent, "the check reads the calls"
+    assert sent <= set(protocol.COMMANDS), sorted(sent - set(protocol.COMMANDS))
