@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from runner import protocol
+
 
 class RunStatus(models.TextChoices):
     PENDING = "pending"
@@ -32,17 +34,17 @@ class JobStatus(models.TextChoices):
 
 
 class RunnerState(models.TextChoices):
-    """A job's state as its runner reports it (runner/muster_runner.py writes these into each job's
-    status.json; tests/engine/test_claimed_steps.py checks that its FINAL_STATES are the same)."""
+    """A job's state as its runner reports it: the words of runner/protocol.py, which the runner
+    writes into each job's status.json (tests/test_vocabulary.py holds the two together)."""
 
-    SUBMITTED = "submitted"
-    STARTING = "starting"
-    PULLING = "pulling"  # a job with an image: its runner is pulling the image (engine/starting/containers.py)
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    TERMINATED = "terminated"
-    MAX_DURATION_EXCEEDED = "max_duration_exceeded"
+    SUBMITTED = protocol.SUBMITTED
+    STARTING = protocol.STARTING
+    PULLING = protocol.PULLING  # a job with an image: its runner is pulling the image (engine/starting/containers.py)
+    RUNNING = protocol.RUNNING
+    DONE = protocol.DONE
+    FAILED = protocol.FAILED
+    TERMINATED = protocol.TERMINATED
+    MAX_DURATION_EXCEEDED = protocol.MAX_DURATION_EXCEEDED
 
 
 RUNNER_LIVE = (RunnerState.RUNNING, RunnerState.PULLING, RunnerState.STARTING, RunnerState.SUBMITTED)  # its processes may be alive

@@ -9,10 +9,8 @@ an ``__init__.py``), found here rather than listed so a new package such as
 ``engine/`` is held to the rule the day it appears; tests, bench/ and
 migrations are not product code and stay out, as in test_import_graph.py.
 
-The one exception is ``runner/muster_runner.py``: it is copied to each host
-as a single file and run there with only the standard library of whatever
-Python the host has, so it cannot be split into modules that import each
-other.
+There is no exception: the runner, which reaches each host as one file, is a
+package like the others, shipped as a zipapp built from it (runner/shipping.py).
 """
 
 from pathlib import Path
@@ -23,8 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 400
 NOT_PRODUCT = {"tests", "bench"}
 SKIPPED_PARTS = {"migrations", "tests", "bench", "__pycache__"}
-# Shipped to hosts as one stdlib-only file (see the module docstring).
-EXEMPT = {"runner/muster_runner.py"}
 
 
 def product_packages():
@@ -55,13 +51,8 @@ def test_every_package_of_the_import_graph_test_is_walked():
     assert not any(name.split("/")[0] in NOT_PRODUCT or "/migrations/" in name for name in line_counts())
 
 
-def test_the_exempt_runner_file_exists():
-    # An exemption for a file that moved would silently exempt nothing.
-    assert all((ROOT / name).is_file() for name in EXEMPT)
-
-
 def test_no_product_module_is_over_the_limit():
-    over = {name: n for name, n in line_counts().items() if n > LIMIT and name not in EXEMPT}
+    over = {name: n for name, n in line_counts().items() if n > LIMIT}
     assert not over, f"product modules over {LIMIT} lines (split them by responsibility):\n" + "\n".join(
         f"  {name}: {n}" for name, n in sorted(over.items(), key=lambda item: -item[1])
     )

@@ -16,9 +16,9 @@ writes one:
 
 The known values are read from the enums themselves, so a status added to an enum is held to the
 rule the day it appears. Left out: cli/ (an HTTP client that must not import Django; it reads the
-API's documented values), runner/muster_runner.py (stdlib-only, copied to hosts; its states are
-tied to RunnerState by test_the_runner_and_the_server_share_the_runners_states below), tests,
-migrations and bench/.
+API's documented values), runner/ (stdlib-only, shipped to hosts; RunnerState is made of the
+words of runner/protocol.py, see test_the_runner_and_the_server_share_the_runners_states below),
+tests, migrations and bench/.
 """
 
 from __future__ import annotations
@@ -172,28 +172,27 @@ def test_the_check_finds_each_kind_of_bare_word(tmp_path):
 
 
 def test_the_runner_and_the_server_share_the_runners_states():
-    """The runner (stdlib only, so it cannot import the enum) declares its states; RunnerState
-    holds the same words, and every state the runner writes is one of them."""
-    from backends.local.runner_host import runner_module
+    """The runner's protocol module (stdlib only, shipped to hosts) declares its states; RunnerState
+    is made of the same words, and every state the runner writes is one of them."""
+    from runner import protocol
     from runs.choices import RUNNER_FINAL, RUNNER_LIVE, RunnerState
 
-    runner = runner_module()
-    assert set(runner.STATES) == set(RunnerState.values)
-    assert set(runner.FINAL_STATES) == set(RUNNER_FINAL)
-    assert set(runner.LIVE_STATES) == set(RUNNER_LIVE)
-    assert set(runner.STATES) == set(RUNNER_LIVE) | set(RUNNER_FINAL)
-    path = ROOT / "runner" / "muster_runner.py"
+    assert set(protocol.STATES) == set(RunnerState.values)
+    assert set(protocol.FINAL_STATES) == set(RUNNER_FINAL)
+    assert set(protocol.LIVE_STATES) == set(RUNNER_LIVE)
+    assert set(protocol.STATES) == set(RUNNER_LIVE) | set(RUNNER_FINAL)
     written = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values, strict=True):
-                if isinstance(key, ast.Constant) and key.value == "state" and isinstance(value, ast.Constant):
-                    written.append((node.lineno, value.value))
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and ast.unparse(
-                node.left).endswith('.get("state")'):
-            for comparator in node.comparators:
-                written += [(node.lineno, literal.value) for literal in _literals(comparator)]
+    for path in sorted((ROOT / "runner").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "state" and isinstance(value, ast.Constant):
+                        written.append((path.name, node.lineno, value.value))
+            elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and ast.unparse(
+                    node.left).endswith('.get("state")'):
+                for comparator in node.comparators:
+                    written += [(path.name, node.lineno, literal.value) for literal in _literals(comparator)]
     assert written, "the check reads the runner's state words"
-    unknown = [f"runner/muster_runner.py:{line}: {state!r}" for line, state in written
-               if state not in runner.STATES]
+    unknown = [f"runner/{name}:{line}: {state!r}" for name, line, state in written
+               if state not in protocol.STATES]
     assert not unknown, "states the runner writes or reads that RunnerState does not know:\n" + "\n".join(unknown)

@@ -1,6 +1,6 @@
-"""The runner agent on an SSH host, driven through short `muster_runner.py` CLI calls.
+"""The runner agent on an SSH host, driven through short `muster_runner.pyz` CLI calls.
 
-Each method is one SSH exec (ensure_agent is two when the runner file has to be uploaded) over one
+Each method is one SSH exec (ensure_agent is two when the runner's zipapp has to be uploaded) over one
 paramiko connection kept per object. The runner home is resolved on the host: the target's
 `runner_home`, else `${MUSTER_HOME:-$HOME/.muster}`.
 """
@@ -17,13 +17,15 @@ from typing import Any
 import paramiko
 
 from backends.base import BackendError, RunnerHost
+from backends.runner_archive import runner_archive_bytes
 from backends.ssh import commands, connection
 from backends.ssh.connection import SSHTarget
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.output_limit import output_limit
 from backends.ssh.probe import probe, probe_docker
 
-DEFAULT_RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+# Where the zipapp (runner/shipping.py) lives under the runner home on the host.
+REMOTE_RUNNER = "bin/muster_runner.pyz"
 
 # Exit codes of the ensure-agent preamble (outside the runner's own 0/1/2).
 _NEEDS_UPLOAD = 91
@@ -36,9 +38,10 @@ class RunnerError(BackendError):
 
 
 class SSHRunnerHost(RunnerHost):
-    def __init__(self, target: SSHTarget, runner_path: str | Path = DEFAULT_RUNNER_PATH, timeout: float = 30):
+    def __init__(self, target: SSHTarget, runner_path: str | Path | None = None, timeout: float = 30):
         self.target = target
-        self.runner_path = Path(runner_path)
+        # None: the zipapp built from this checkout's runner package
+        self.runner_path = Path(runner_path) if runner_path is not None else None
         self.timeout = timeout
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.RLock()
@@ -103,7 +106,7 @@ class SSHRunnerHost(RunnerHost):
         return shlex.quote(home)
 
     def _runner_command(self, args: str, prefix: str = "") -> str:
-        return f'H={self._home_expr()}; {prefix}exec python3 "$H/bin/muster_runner.py" {args} --home "$H"'
+        return f'H={self._home_expr()}; {prefix}exec python3 "$H/{REMOTE_RUNNER}" {args} --home "$H"'
 
     def forward_command(self, ip: str, ports: list[int], keys_expr: str, grant: str) -> str:
         """The shell command that carries one attach connection to ip:$SSH_ORIGINAL_COMMAND
@@ -142,11 +145,11 @@ class SSHRunnerHost(RunnerHost):
         """Start the runner agent unless it runs. `revive`: also in a home whose instance was deleted
         (only a registration asks for that; a look at a job must not bring a stopped agent back)."""
         command = "ensure-agent --revive" if revive else "ensure-agent"
-        data = self.runner_path.read_bytes()
+        data = self.runner_path.read_bytes() if self.runner_path else runner_archive_bytes()
         digest = hashlib.sha256(data).hexdigest()
         # One round trip when the runner is current: compare hashes, then start the agent.
         script = (
-            f'H={self._home_expr()}; R="$H/bin/muster_runner.py"; '
+            f'H={self._home_expr()}; R="$H/{REMOTE_RUNNER}"; '
             f"command -v python3 >/dev/null 2>&1 || exit {_NO_PYTHON}; "
             f'mkdir -p "$H/bin" || exit {_NO_HOME}; '
             f'if [ "$(sha256sum "$R" 2>/dev/null | cut -d\' \' -f1)" = {digest} ]; then '
@@ -156,7 +159,7 @@ class SSHRunnerHost(RunnerHost):
         status, out, err = self._exec(script)
         if status == _NEEDS_UPLOAD:
             home = out.decode()
-            remote = f"{home}/bin/muster_runner.py"
+            remote = f"{home}/{REMOTE_RUNNER}"
             self._with_client(
                 lambda c: commands.put_file(c, data, remote, mode=0o755, timeout=self.timeout)
             )
@@ -176,12 +179,12 @@ class SSHRunnerHost(RunnerHost):
         self._runner_json(f"submit --job {shlex.quote(job_id)}", stdin=json.dumps(spec).encode())
 
     def status(self) -> dict[str, Any]:
-        # A host without the runner file (never set up, or reinstalled) has no agent and no jobs;
+        # A host without the runner's zipapp (never set up, or reinstalled) has no agent and no jobs;
         # saying so lets the caller run ensure_agent instead of treating it as an error.
         missing = '{"now": %s, "agent": null, "agent_alive": false, "jobs": {}, "installed": false}'
         out = self._runner(
             "status",
-            prefix=f'[ -f "$H/bin/muster_runner.py" ] || {{ printf {shlex.quote(missing)} "$(date +%s)"; exit 0; }}; ',
+            prefix=f'[ -f "$H/{REMOTE_RUNNER}" ] || {{ printf {shlex.quote(missing)} "$(date +%s)"; exit 0; }}; ',
         )
         return self._parse_json("status", out)
 

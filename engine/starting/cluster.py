@@ -6,6 +6,7 @@ from django.conf import settings
 
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
+from runner import protocol
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.configuration.container_policy import fleet_policy
 from runs.models import Job
@@ -49,7 +50,7 @@ def group_commands_and_env(job: Job) -> tuple[list[str], dict[str, str]]:
 
 
 def runner_spec(job: Job, jobs: list[Job]) -> dict:
-    """The spec the runner receives (runner/muster_runner.py documents each field)."""
+    """The spec the runner receives (runner/protocol.py: SPEC_FIELDS documents each field)."""
     run = job.run
     ips = peer_ips(jobs)
     commands, env = group_commands_and_env(job)
@@ -80,7 +81,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)
         spec["tpu"] = {"worker_id": instance.index, "worker_hostnames": ",".join(hosts)}
     spec["container"] = container_spec(job, tpu=spec["tpu"] is not None)
-    return spec
+    return protocol.job_spec(**spec)
 
 
 def group_image(job: Job) -> str | None:
@@ -90,7 +91,7 @@ def group_image(job: Job) -> str | None:
 
 
 def container_spec(job: Job, tpu: bool = False) -> dict | None:
-    """How the runner starts the job's container (runner/muster_runner.py), or None: no image, so
+    """How the runner starts the job's container (runner/containers.py), or None: no image, so
     the commands run on the host."""
     image = group_image(job)
     if not image:

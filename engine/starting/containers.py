@@ -1,6 +1,6 @@
 """What the server reads from a container job's runner status: pull progress and container errors.
 
-The runner (runner/muster_runner.py) pulls the image while its job is in state `pulling` and
+The runner (runner/images.py) pulls the image while its job is in state `pulling` and
 reports the progress as `message`; a failed pull or container creation ends the job with
 `reason: creating_container_error` and Docker's own message.
 """

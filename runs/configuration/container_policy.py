@@ -4,7 +4,7 @@ volume may mount (`volumes.allowed_prefixes`).
 Whoever can start a container with `--privileged` or with a bind mount of the host's `/` is root
 on that host, so these are the operator's, written on the fleet, and checked twice: here, at
 plan, submit and placement (host paths normalized: `..` cannot climb out of a prefix), and by
-the runner on the host, which also resolves symlinks (runner/muster_runner.py).
+the runner on the host, which also resolves symlinks (runner/containers.py: policy_refusal).
 
 Defaults: no host paths anywhere; privileged containers only on gcp fleets, whose TPU containers
 need them (the TPU runtime opens the chips' devices directly, engine/starting/cluster.py).

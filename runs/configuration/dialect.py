@@ -39,7 +39,7 @@ CONTAINER_KEYS = (
     "registry_auth", "docker", "home_dir",
 )  # fmt: skip
 WHY_CONTAINERS = "takes effect once jobs run in containers; until then the commands run on the host"
-# Container keys the runner applies (runner/muster_runner.py, container mode): no warning for them.
+# Container keys the runner applies (runner/containers.py): no warning for them.
 CONTAINER_KEYS_IN_EFFECT = ("image", "privileged", "user", "entrypoint", "working_dir", "shell", "registry_auth")
 WITHOUT_IMAGE = "takes effect only for jobs with `image`: this task has none, so its commands run on the host"
 

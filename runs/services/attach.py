@@ -3,7 +3,7 @@
 The CLI makes the key pair on the user's machine and sends only the public key; the private key
 never leaves that machine, and nobody needs a copy of the fleet's key. The public key goes into the
 fleet user's authorized_keys on the job's host, restricted to forwarding to the job's address and
-ports (`restrict,command="... muster_runner.py forward --to IP --ports P"`: no forwarding, a
+ports (`restrict,command="... muster_runner.pyz forward --to IP --ports P"`: no forwarding, a
 forced command that carries one connection per session). Each line has its AttachGrant row,
 written first; the line is removed when the job ends (engine/stopping.py, where every job's end
 passes) or its user loses access (runs/signals.py, then engine/attach_revokes.py), and the row

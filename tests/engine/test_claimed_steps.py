@@ -126,8 +126,8 @@ def test_an_unexpected_exception_in_a_step_gives_its_claim_back_and_the_row_is_d
 
 
 def test_the_server_knows_every_state_the_runner_ends_a_job_in():
-    from backends.local.runner_host import runner_module
     from engine.running.observe import RUNNER_END_STATES
+    from runner import protocol
     from runs.choices import RUNNER_FINAL
 
-    assert set(runner_module().FINAL_STATES) == set(RUNNER_FINAL) == set(RUNNER_END_STATES)
+    assert set(protocol.FINAL_STATES) == set(RUNNER_FINAL) == set(RUNNER_END_STATES)

@@ -1,8 +1,8 @@
-"""Shared helpers for the runner tests: load the single-file runner and drive its CLI."""
+"""Shared helpers for the runner tests: the runner package's functions, and its zipapp's CLI."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import signal
@@ -10,21 +10,26 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from backends.runner_archive import runner_archive
 from tests.waiting import wait_until
 
-RUNNER_PATH = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+# The zipapp the hosts get (runner/shipping.py): the CLI is always driven through it, as they run it.
+RUNNER_PATH = runner_archive()
 # Hosts run the file with whatever python3 they have (3.8+); point this at an old interpreter to check it.
 RUNNER_PYTHON = os.environ.get("MUSTER_RUNNER_PYTHON", sys.executable)
+RUNNER_MODULES = ("agent", "cgroups", "cluster_env", "commands", "containers", "files", "images", "job",
+                  "lifecycle", "processes", "protocol")
 
 
 def load_runner_module() -> Any:
-    # Loaded by path, as the hosts run it: the file must work without the muster package around it.
-    spec = importlib.util.spec_from_file_location("muster_runner_under_test", RUNNER_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The runner package's modules as one namespace, for tests of single functions."""
+    found: dict[str, Any] = {}
+    for name in RUNNER_MODULES:
+        found.update(vars(importlib.import_module(f"runner.{name}")))
+    return SimpleNamespace(**found)
 
 
 def cli(

@@ -8,12 +8,14 @@ import shutil
 import socket
 import time
 import uuid
+import zipfile
 from typing import Any
 
 import pytest
 
+from backends.runner_archive import runner_archive
 from backends.ssh.errors import HostUnreachable
-from backends.ssh.runner_host import DEFAULT_RUNNER_PATH, RunnerError, SSHRunnerHost
+from backends.ssh.runner_host import RunnerError, SSHRunnerHost
 from tests.sshhosts import SSHHostPool
 from tests.waiting import patient, wait_until
 
@@ -21,7 +23,6 @@ pytestmark = [
     pytest.mark.netns,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"),
     pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs OpenSSH sshd"),
-    pytest.mark.skipif(not DEFAULT_RUNNER_PATH.exists(), reason="runner/muster_runner.py is missing"),
 ]
 
 
@@ -66,8 +67,8 @@ def test_status_of_a_host_without_the_runner_reports_no_agent(pool):
 
 
 def test_ensure_agent_installs_the_runner_into_the_host_home_once(pool, runner):
-    installed = pool[0].muster_home / "bin" / "muster_runner.py"
-    assert installed.read_bytes() == DEFAULT_RUNNER_PATH.read_bytes()
+    installed = pool[0].muster_home / "bin" / "muster_runner.pyz"
+    assert installed.read_bytes() == runner_archive().read_bytes()
     inode = installed.stat().st_ino
     runner.ensure_agent()  # current runner: no upload (an upload would replace the file)
     assert installed.stat().st_ino == inode
@@ -77,16 +78,18 @@ def test_ensure_agent_installs_the_runner_into_the_host_home_once(pool, runner):
 
 
 def test_a_changed_runner_file_is_uploaded_again(pool, tmp_path):
-    changed = tmp_path / "muster_runner.py"
-    changed.write_bytes(DEFAULT_RUNNER_PATH.read_bytes() + b"\n# changed\n")
+    changed = tmp_path / "muster_runner.pyz"
+    changed.write_bytes(runner_archive().read_bytes())
+    with zipfile.ZipFile(changed, "a") as archive:  # still a runnable zipapp, with another checksum
+        archive.comment = b"changed"
     home = pool[1].home / "upgrade"
-    for path in (DEFAULT_RUNNER_PATH, changed):
+    for path in (runner_archive(), changed):
         rh = SSHRunnerHost(pool[1].target(runner_home=str(home)), runner_path=path)
         try:
             rh.ensure_agent()
         finally:
             rh.close()
-        assert (home / "bin" / "muster_runner.py").read_bytes() == path.read_bytes()
+        assert (home / "bin" / "muster_runner.pyz").read_bytes() == path.read_bytes()
 
 
 def test_job_runs_to_done_inside_the_host_namespace(pool, runner):
@@ -176,7 +179,7 @@ def test_runner_home_with_tilde_is_expanded_on_the_host(pool):
     finally:
         rh.close()
     # HOME of a test host's sessions is the host's directory.
-    assert (pool[1].home / "custom home" / "bin" / "muster_runner.py").exists()
+    assert (pool[1].home / "custom home" / "bin" / "muster_runner.pyz").exists()
 
 
 def _fake_docker(host, body: str) -> None:

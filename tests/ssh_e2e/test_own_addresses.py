@@ -74,7 +74,7 @@ def _fleet(pool, hostnames: list[str], name: str = "cp") -> dict:
 
 def _agents_started(pool) -> list[str]:
     home = pool[0].muster_home / "instances"
-    return [str(p) for p in home.glob("*/bin/muster_runner.py")] if home.exists() else []
+    return [str(p) for p in home.glob("*/bin/muster_runner.pyz")] if home.exists() else []
 
 
 def test_a_member_cannot_register_the_control_plane_as_host_0_0_0_0(member, production_policy, server_sshd):

@@ -238,7 +238,7 @@ def test_a_cluster_over_two_networks_is_refused_naming_both(api, pool, far_pool)
     msg = refused(api, conf, ["placement"])
     assert str(pool.network) in msg and str(far_pool.network) in msg
     far = Instance.objects.filter(hostname=far_pool[0].address).latest("id")
-    assert (far_pool[0].muster_home / far.backend_data["runner_home"] / "bin" / "muster_runner.py").exists(), \
+    assert (far_pool[0].muster_home / far.backend_data["runner_home"] / "bin" / "muster_runner.pyz").exists(), \
         "the runner was started there while registering"
     host = SSHRunnerHost(far.ssh_target(), timeout=10)
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.runner_archive import runner_archive
 from backends.ssh.errors import HostNotAllowed
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Instance
@@ -102,7 +103,7 @@ def test_each_registration_gets_a_runner_home_no_other_fleet_can_share(api, ssh_
     second = Instance.objects.get(project__name="main", name="f-0")
     home2 = second.backend_data["runner_home"]
     assert home1 != home2 and "f" not in home2.split("/")
-    assert (pool[0].muster_home / home2 / "bin" / "muster_runner.py").exists()
+    assert (pool[0].muster_home / home2 / "bin" / "muster_runner.pyz").exists()
     assert agent_alive(second)
 
 
@@ -134,8 +135,8 @@ def test_a_host_without_the_sftp_subsystem_registers_and_runs_its_agent(api, ssh
     pool[0].reconfigure_sshd(sftp=False)
     assert register(api, fleet_configuration(pool))["status"] == "active"
     inst = Instance.objects.get(name="pd-0")
-    runner = pool[0].muster_home / inst.backend_data["runner_home"] / "bin" / "muster_runner.py"
-    source = Path(__file__).resolve().parents[2] / "runner" / "muster_runner.py"
+    runner = pool[0].muster_home / inst.backend_data["runner_home"] / "bin" / "muster_runner.pyz"
+    source = runner_archive()
     assert runner.read_bytes() == source.read_bytes()
     assert oct(runner.stat().st_mode & 0o777) == oct(0o755)
     assert agent_alive(inst)
