@@ -22,6 +22,13 @@ class NoCapacityError(BackendError):
     reason = "failed_to_start_due_to_no_capacity"
 
 
+class SliceInterruptedError(BackendError):
+    """The provider took the capacity back (a spot slice preempted, a queued resource suspended):
+    an interruption, which `retry: {on_events: [interruption]}` covers, not an executor error."""
+
+    reason = "interrupted_by_no_capacity"
+
+
 @dataclass
 class InstanceOffer:
     backend: str
@@ -57,6 +64,9 @@ class GroupProgress:
 
     records: list[ProvisioningData] | None
     backend_data: dict[str, Any] = field(default_factory=dict)
+    # Still queued at the provider (a queued resource not ACTIVE yet): the request's own
+    # valid_until bounds the wait, not WAITING_INSTANCE_LIMIT.
+    queued: bool = False
 
 
 class RunnerHost(ABC):

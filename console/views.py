@@ -17,6 +17,7 @@ from console import picture
 from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
+from instances.services.queued import queued_view
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES
 from runs.api.serializers import RunSerializer
@@ -139,7 +140,8 @@ def fleets_page(request, project):
     for inst in instances:
         entry = fleets.setdefault(inst.fleet_id, {"fleet": None, "pods": {}, "hosts": []})
         if inst.group is not None and inst.group.kind == GroupKind.TPU_POD:
-            entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": []})["hosts"].append(inst)
+            entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": [],
+                                                     "queued": queued_view(inst.group)})["hosts"].append(inst)
         else:
             entry["hosts"].append(inst)
     for entry in fleets.values():

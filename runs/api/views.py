@@ -30,7 +30,7 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 def _run(project, name: str) -> Run:
     return get_object_or_404(
-        Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance"), project=project, name=name
+        Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group"), project=project, name=name
     )
 
 
@@ -43,7 +43,7 @@ class RunPlanView(ProjectScopedMixin, APIView):
 class RunListView(ProjectScopedMixin, GenericAPIView):
     """A GenericAPIView for its filter backend: RunFilter reads the query and the schema shows it."""
 
-    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance")
+    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group")
     filterset_class = RunFilter
     serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it
 
