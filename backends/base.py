@@ -18,6 +18,15 @@ class BackendError(Exception):
     reason = "executor_error"
 
 
+@dataclass(frozen=True)
+class GroupWatch:
+    """One look at a live group at its provider: `lost` says why the capacity is gone ("" while
+    it is there); `maintenance` is set while the provider says the group is under maintenance."""
+
+    lost: str = ""
+    maintenance: str = ""
+
+
 class NoCapacityError(BackendError):
     reason = "failed_to_start_due_to_no_capacity"
 
@@ -137,6 +146,11 @@ class Compute(ABC):
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         """Delete a whole group (a pod slice) with one call; a missing group is success."""
         raise NotImplementedError
+
+    def watch_groups(self, groups: dict[str, dict[str, Any]]) -> dict[str, GroupWatch]:
+        """How each of these live groups ({name: backend_data}) stands at the provider, in as few
+        calls as it takes (one list per zone); groups it cannot tell about are left out."""
+        return {}
 
     @abstractmethod
     def runner_host(self, instance: Any) -> RunnerHost:

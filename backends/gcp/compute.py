@@ -20,6 +20,7 @@ from backends.base import (
     BackendError,
     Compute,
     GroupProgress,
+    GroupWatch,
     InstanceOffer,
     ProvisioningData,
     RunnerHost,
@@ -155,6 +156,20 @@ class GcpTpuCompute(Compute):
             node_name = tpu_client.node_name(self.tpu, found[0], group_name)
         tpu_nodes.delete_slice(self.client, self.tpu, node_name)
 
+    def watch_groups(self, groups: dict[str, dict[str, Any]]) -> dict[str, GroupWatch]:
+        by_zone: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for name, data in groups.items():
+            if data.get("node_name"):
+                by_zone.setdefault(tpu_client.zone_of(data["node_name"]), []).append((name, data))
+        out = {}
+        for zone, members in by_zone.items():
+            nodes = {s.name: s for s in tpu_nodes.list_slices(self.client, self.tpu, zone)}
+            requests = (tpu_queued.list_queued(self.client, self.tpu, zone)
+                        if any(d.get("queued_resource") for _, d in members) else {})
+            for name, data in members:
+                out[name] = _watch(nodes.get(data["node_name"]), data, requests)
+        return out
+
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
         """Deletes the whole slice the host belongs to.
 
@@ -193,6 +208,21 @@ class GcpTpuCompute(Compute):
             )
             for h in status.hosts[: shape.hosts]
         ]
+
+
+def _watch(node: SliceStatus | None, data: dict[str, Any], requests: dict[str, str]) -> GroupWatch:
+    request = data.get("queued_resource")
+    if request and requests.get(request) in tpu_queued.LOST_STATES:
+        return GroupWatch(lost=f"queued resource {request} is {requests[request]}")
+    if request and request not in requests:
+        return GroupWatch(lost=f"queued resource {request} is gone")
+    if node is None:
+        return GroupWatch(lost=f"TPU node {data['node_name']} is gone")
+    if node.state in tpu_nodes.LOST_STATES:
+        return GroupWatch(lost=f"TPU node {data['node_name']} is {node.state}")
+    if node.health == "UNHEALTHY_MAINTENANCE":
+        return GroupWatch(maintenance=f"TPU node {data['node_name']} is {node.health}")
+    return GroupWatch()
 
 
 def _labels(group: str) -> dict[str, str]:
