@@ -36,9 +36,11 @@ def pod_watch(gcp, settings) -> Iterator[None]:
                        "UNREACHABLE_GRACE": 300}  # the SSH path cannot be what notices
     stop = threading.Event()
 
+    watch = getattr(tasks, "watch_pods", None)  # (absent before pods were watched: nothing to send)
+
     def tick() -> None:
-        while not stop.wait(WATCH_INTERVAL):
-            tasks.watch_pods.delay()
+        while watch is not None and not stop.wait(WATCH_INTERVAL):
+            watch.delay()
 
     thread = threading.Thread(target=tick, name="pod-watch-ticks", daemon=True)
     thread.start()
