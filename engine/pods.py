@@ -258,7 +258,18 @@ def _poll_once(group: InstanceGroup) -> bool:
         log.warning("deleting TPU slice %s: %s", group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED)
         return False
+    if queued and not _awaited(group):
+        # A request may wait at Google for hours; once no job waits for it (the run was stopped)
+        # it is withdrawn rather than left to turn into a billed slice nobody asked for.
+        _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER)
+        return False
     return True
+
+
+def _awaited(group: InstanceGroup) -> bool:
+    from runs.models import Job
+
+    return Job.objects.filter(instance__group=group, status__in=_WAITING).exists()
 
 
 def _say_queued(group: InstanceGroup, before: dict | None) -> None:
