@@ -76,6 +76,9 @@ class GroupProgress:
     # Still queued at the provider (a queued resource not ACTIVE yet): the request's own
     # valid_until bounds the wait, not WAITING_INSTANCE_LIMIT.
     queued: bool = False
+    # Epoch seconds the provider started making the group once it was no longer queued (None: it
+    # was never queued); WAITING_INSTANCE_LIMIT counts from there instead of from the group's row.
+    started_at: float | None = None
 
 
 class RunnerHost(ABC):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -240,6 +241,8 @@ def _poll_once(group: InstanceGroup) -> bool:
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
         _keep(group, progress)
         records, queued = progress.records, progress.queued
+        if progress.started_at is not None:  # a queued request went ACTIVE: its node counts from then
+            waited = time.time() - progress.started_at
         _say_queued(group, before)
     except BackendError as exc:
         if not getattr(exc, "transient", False):

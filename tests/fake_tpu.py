@@ -31,7 +31,7 @@ Behaviour worth knowing when writing tests:
   request: `queued_script[zone]` is a list of QueuedResourceState names (default
   CREATING, ACCEPTED, PROVISIONING, ACTIVE), a step may be ("FAILED", google.rpc code, message)
   for `failedData.error`, and the last step repeats; ACTIVE creates the node (READY, its
-  `queuedResource` naming the request). `queued_expire_zones`: the request waits
+  `queuedResource` naming the request; READY after `queued_node_polls` GETs of it). `queued_expire_zones`: the request waits
   (WAITING_FOR_RESOURCES) until its `queueingPolicy.validUntilDuration` is over, then FAILED with
   the expiry (code 4). A duplicate id in a zone is 409 ALREADY_EXISTS; delete without force is
   refused while the request still has a node (as Google does); `queued_overlaps` lists every
@@ -125,6 +125,7 @@ class FakeTpuServer:
         self.queued: dict[str, _QueuedRecord] = {}
         self.queued_script: dict[str, list[QueuedStep]] = {}
         self.queued_expire_zones: set[str] = set()
+        self.queued_node_polls = 0  # GETs of its node before a queued resource's node is READY
         self.queued_overlaps: list[tuple[str, str]] = []  # (new request, the live one elsewhere)
         self._op_seq = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -445,7 +446,7 @@ class FakeTpuServer:
         node.name = name
         node.queued_resource = rec.qr.name
         node.state = tpu_v2.Node.State.CREATING
-        self.nodes[name] = _NodeRecord(node, 0, "")
+        self.nodes[name] = _NodeRecord(node, self.queued_node_polls, "")
         self._maybe_ready(self.nodes[name], count_poll=False)
 
     def _record(self, name: str) -> _NodeRecord:

@@ -129,8 +129,9 @@ class GcpTpuCompute(Compute):
         records = self._records(created.zone, created.node_name, created.status) if created.status else None
         for rec in records or []:
             rec.backend_data.update({k: data[k] for k in ("queued_resource",) if k in data})
-        waiting = queued and created.state.get("qr_state") != "ACTIVE"
-        return GroupProgress(records or None, data, queued=waiting)
+        active = queued and created.state.get("qr_state") == "ACTIVE"
+        return GroupProgress(records or None, data, queued=queued and not active,
+                             started_at=created.state.get("since") if active else None)
 
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         backend_data = backend_data or {}

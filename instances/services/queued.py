@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instances.models import InstanceGroup
+from instances.models import Instance, InstanceGroup, InstanceStatus
 
 
 def queued_view(group: InstanceGroup) -> dict | None:
@@ -20,3 +20,10 @@ def queued_message(view: dict | None, now: float) -> str:
         return ""
     minutes = int((now - (view["since"] or now)) // 60)
     return f"queued in {view['zone']}: {view['state']} for {minutes} min"
+
+
+def waits_in_queue(instance: Instance | None) -> bool:
+    """A host of a pod still being made from a queued request (whose poll bounds the wait)."""
+    if instance is None or instance.group_id is None or instance.status != InstanceStatus.PROVISIONING:
+        return False
+    return bool((instance.group.backend_data.get("create") or {}).get("queued"))

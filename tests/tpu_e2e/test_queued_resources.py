@@ -71,6 +71,22 @@ def test_a_queued_spot_slice_waits_for_resources_says_so_then_runs_rank_k_on_hos
     assert pod.backend_data["queued_resource"] == request_name(ZONES[0], pod.name)
 
 
+def test_a_request_queued_longer_than_the_instance_limit_still_gets_its_slice_made_and_used(
+        gcp, make_fleet, submit, settings, celery_worker):
+    # WAITING_INSTANCE_LIMIT bounds making a slice, not Google's queue: it counts from ACTIVE.
+    settings.MUSTER = {**settings.MUSTER, "WAITING_INSTANCE_LIMIT": 3}
+    gcp.queued_script[ZONES[0]] = ["CREATING", *["WAITING_FOR_RESOURCES"] * 20, "ACTIVE"]
+    gcp.queued_node_polls = 2  # the node shows READY a couple of looks after the request is ACTIVE
+    make_fleet()
+
+    run = wait_for_run(submit(queued_task("queued-long")), timeout=90)
+
+    assert run.status == "done", [(j.job_num, j.status, j.termination_message) for j in run.current_jobs()]
+    [pod] = InstanceGroup.objects.filter(kind="tpu_pod")
+    assert (pod.updated - pod.created).total_seconds() > 3, "the request waited past the limit"
+    assert gcp.queued_delete_calls == []
+
+
 def test_failed_for_capacity_in_one_zone_deletes_that_request_then_the_next_zone_runs_it_never_two_live(
         gcp, make_fleet, submit, celery_worker):
     gcp.queued_script[ZONES[0]] = ["CREATING", "WAITING_FOR_RESOURCES", ("FAILED", 8, "no v4-16 capacity left")]
