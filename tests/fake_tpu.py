@@ -36,6 +36,8 @@ Behaviour worth knowing when writing tests:
   the expiry (code 4). A duplicate id in a zone is 409 ALREADY_EXISTS; delete without force is
   refused while the request still has a node (as Google does); `queued_overlaps` lists every
   create made while another request of that id was live in another zone (it must stay empty);
+  `queued_invisible_gets = n` answers the next n GETs of an existing request 404, as a lookup
+  that has not caught up with a create yet;
 - a running slice can be lost the ways Google loses it: `set_state(name, "PREEMPTED")`,
   `preempt(name)` (the node PREEMPTED and its queued resource SUSPENDED by the SERVICE),
   `vanish(name)` (the node is simply gone).
@@ -126,6 +128,7 @@ class FakeTpuServer:
         self.queued_script: dict[str, list[QueuedStep]] = {}
         self.queued_expire_zones: set[str] = set()
         self.queued_node_polls = 0  # GETs of its node before a queued resource's node is READY
+        self.queued_invisible_gets = 0  # the next n GETs of an existing request answer 404 (lag)
         self.queued_overlaps: list[tuple[str, str]] = []  # (new request, the live one elsewhere)
         self._op_seq = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -372,6 +375,9 @@ class FakeTpuServer:
 
     def _get_queued(self, name: str) -> str:
         rec = self.queued.get(name)
+        if rec is not None and self.queued_invisible_gets > 0:
+            self.queued_invisible_gets -= 1
+            rec = None
         if rec is None:
             raise FakeApiError(HTTPStatus.NOT_FOUND, f"queued resource {name} not found")
         self._advance_queued(rec, count_poll=True)

@@ -157,7 +157,9 @@ def _submit(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
                 state["refused"].append([zone, api_message(exc)[:300]])
                 continue
             if verdict == EXISTS:
-                return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)  # ours: adopted
+                # Ours, adopted; a lookup that does not show it yet gets the lost-create grace again.
+                state["lost_at"] = time.time()
+                return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)
             if verdict == FATAL:
                 raise TpuRefusedError(f"creating queued resource {queued_name(cfg, zone, qr_id)} failed: "
                                       f"{api_message(exc)}. {fix_for(exc, cfg, zone)}{_before(state)}") from exc

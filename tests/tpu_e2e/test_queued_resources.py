@@ -4,6 +4,8 @@ the slice's hosts as namespace sshd hosts."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 
@@ -136,6 +138,27 @@ def test_a_queued_create_whose_answer_is_lost_is_found_by_its_id_and_adopted_not
     [pod] = InstanceGroup.objects.filter(kind="tpu_pod")
     assert gcp.queued_create_calls == [request_name(ZONES[0], pod.name)], "adopted, not made again"
     assert list(gcp.queued) == [request_name(ZONES[0], pod.name)]
+
+
+def test_a_lost_create_that_a_lookup_cannot_see_yet_is_sent_again_and_adopted_on_409(
+        gcp, settings, make_fleet, submit, celery_worker):
+    settings.MUSTER = {**settings.MUSTER, "GCP": {**settings.MUSTER["GCP"], "timeout": 1}}
+    gcp.lost_answers["queued_create"] = 1
+    make_fleet(queued_resource=True)
+    name = submit(queued_task("queued-409"))
+    wait_until(lambda: gcp.queued_create_calls, 30, "the first create")
+    gcp.queued_invisible_gets = 100  # lookups miss it past the lost-create grace (2 x the timeout)
+    wait_until(lambda: len(gcp.queued_create_calls) == 2, 30, "the create sent again")
+    time.sleep(1)  # lookups still miss it for a while after the 409
+    gcp.queued_invisible_gets = 0
+
+    run = wait_for_run(name, timeout=90)
+
+    assert run.status == "done", [(j.job_num, j.status, j.termination_message) for j in run.current_jobs()]
+    [pod] = InstanceGroup.objects.filter(kind="tpu_pod")
+    assert gcp.queued_create_calls == [request_name(ZONES[0], pod.name)] * 2, "same id, same zone: 409"
+    assert list(gcp.queued) == [request_name(ZONES[0], pod.name)], "one request, adopted"
+    assert gcp.queued_overlaps == []
 
 
 def test_deleting_a_queued_pod_deletes_its_request_with_force(gcp, make_fleet, submit, api, celery_worker):
