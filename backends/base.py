@@ -18,8 +18,24 @@ class BackendError(Exception):
     reason = "executor_error"
 
 
+@dataclass(frozen=True)
+class GroupWatch:
+    """One look at a live group at its provider: `lost` says why the capacity is gone ("" while
+    it is there); `maintenance` is set while the provider says the group is under maintenance."""
+
+    lost: str = ""
+    maintenance: str = ""
+
+
 class NoCapacityError(BackendError):
     reason = "failed_to_start_due_to_no_capacity"
+
+
+class SliceInterruptedError(BackendError):
+    """The provider took the capacity back (a spot slice preempted, a queued resource suspended):
+    an interruption, which `retry: {on_events: [interruption]}` covers, not an executor error."""
+
+    reason = "interrupted_by_no_capacity"
 
 
 @dataclass
@@ -57,6 +73,12 @@ class GroupProgress:
 
     records: list[ProvisioningData] | None
     backend_data: dict[str, Any] = field(default_factory=dict)
+    # Still queued at the provider (a queued resource not ACTIVE yet): the request's own
+    # valid_until bounds the wait, not WAITING_INSTANCE_LIMIT.
+    queued: bool = False
+    # Epoch seconds the provider started making the group once it was no longer queued (None: it
+    # was never queued); WAITING_INSTANCE_LIMIT counts from there instead of from the group's row.
+    started_at: float | None = None
 
 
 class RunnerHost(ABC):
@@ -127,6 +149,11 @@ class Compute(ABC):
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         """Delete a whole group (a pod slice) with one call; a missing group is success."""
         raise NotImplementedError
+
+    def watch_groups(self, groups: dict[str, dict[str, Any]]) -> dict[str, GroupWatch]:
+        """How each of these live groups ({name: backend_data}) stands at the provider, in as few
+        calls as it takes (one list per zone); groups it cannot tell about are left out."""
+        return {}
 
     @abstractmethod
     def runner_host(self, instance: Any) -> RunnerHost:

@@ -245,18 +245,25 @@ def _by_index(inst: dict[str, Any]) -> tuple:
     return (index is None, index if index is not None else 0, inst.get("name") or "")
 
 
-def _group_header(name: str, members: Sequence[dict[str, Any]], shapes: dict[str, str]) -> str:
+def _group_header(name: str, members: Sequence[dict[str, Any]], shapes: dict[str, str],
+                  queued: dict[str, dict[str, Any]] | None = None) -> str:
     kind = members[0].get("group_kind") or "group"
     shape = shapes.get(name) or (members[0].get("resources") or {}).get("tpu")
     label = "pod" if kind == "tpu_pod" else "group"
     details = f"{kind}, {shape}" if shape else kind
     fleet = members[0].get("fleet")
-    return f"{label} {name} ({details})" + (f" in fleet {fleet}" if fleet else "")
+    header = f"{label} {name} ({details})" + (f" in fleet {fleet}" if fleet else "")
+    request = (queued or {}).get(name)
+    if request:
+        header += f"\n  queued resource {request.get('name') or name} in {request.get('zone') or '?'}: " \
+                  f"{request.get('state') or 'requested'}"
+    return header
 
 
 def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] = ()) -> str:
     """Hosts under their instance group (a TPU pod by worker index), then ungrouped hosts by fleet."""
     shapes = {g["name"]: g.get("shape") for g in groups if g.get("name") and g.get("shape")}
+    queued = {g["name"]: g["queued_resource"] for g in groups if g.get("name") and g.get("queued_resource")}
     grouped: dict[str, list[dict[str, Any]]] = {}
     loose: dict[str, list[dict[str, Any]]] = {}
     for inst in instances:
@@ -269,7 +276,7 @@ def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[st
     headers = _HOST_HEADERS + ["docker"] if docker else _HOST_HEADERS
     for name in sorted(grouped):
         members = sorted(grouped[name], key=_by_index)
-        blocks.append(_group_header(name, members, shapes) + "\n"
+        blocks.append(_group_header(name, members, shapes, queued) + "\n"
                       + table(headers, [_host_row(i, docker) for i in members], indent="  "))
     for fleet in sorted(loose):
         members = sorted(loose[fleet], key=lambda i: i.get("name") or "")

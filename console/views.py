@@ -17,6 +17,7 @@ from console import logview, picture, runlist, words
 from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
+from instances.services.queued import queued_view
 from muster.api_errors import InvalidInput
 from muster.throttling import throttled
 from projects.models import Membership, Project
@@ -178,7 +179,8 @@ def fleets_page(request, project):
     for inst in instances:
         entry = fleets.setdefault(inst.fleet_id, {"fleet": None, "pods": {}, "hosts": []})
         if inst.group is not None and inst.group.kind == GroupKind.TPU_POD:
-            entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": []})["hosts"].append(inst)
+            entry["pods"].setdefault(inst.group.pk, {"group": inst.group, "hosts": [],
+                                                     "queued": queued_view(inst.group)})["hosts"].append(inst)
         else:
             entry["hosts"].append(inst)
     for entry in fleets.values():

@@ -20,6 +20,7 @@ stopping      engine/stopping.py                 finish_job: stop on the host, c
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
 groups        engine/groups.py                   terminate_group_now: delete an instance group with its backend
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
+  watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -36,6 +37,7 @@ from instances.models import (
     InstanceReason,
     InstanceStatus,
 )
+from instances.services.queued import queued_view
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 
@@ -231,16 +233,21 @@ def _poll_once(group: InstanceGroup) -> bool:
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
     records, failure, reason = None, "", ""
+    queued = bool((group.backend_data.get("create") or {}).get("queued"))
     try:
         compute = get_compute(group.backend_data.get("backend", "gcp"),
                               fleet_backend_config(group.fleet) if group.fleet else {})
+        before = queued_view(group)
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
         _keep(group, progress)
-        records = progress.records
+        records, queued = progress.records, progress.queued
+        if progress.started_at is not None:  # a queued request went ACTIVE: its node counts from then
+            waited = time.time() - progress.started_at
+        _say_queued(group, before)
     except BackendError as exc:
         if not getattr(exc, "transient", False):
             failure, reason = str(exc), exc.reason
-        elif waited <= limit:
+        elif waited <= limit or queued:
             # The API did not answer this time; that says nothing about the slice.
             log.info("TPU slice %s: poll failed, will look again: %s", group.name, exc)
             return True
@@ -249,12 +256,37 @@ def _poll_once(group: InstanceGroup) -> bool:
     if records:
         apply_ready(group, records)
         return False
-    if failure or waited > limit:
+    if failure or (waited > limit and not queued):
         why = failure or f"not READY within {limit:.0f}s"
         log.warning("deleting TPU slice %s: %s", group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED)
         return False
+    if queued and not _awaited(group):
+        # A request may wait at Google for hours; once no job waits for it (the run was stopped)
+        # it is withdrawn rather than left to turn into a billed slice nobody asked for.
+        _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER)
+        return False
     return True
+
+
+def _awaited(group: InstanceGroup) -> bool:
+    from runs.models import Job
+
+    return Job.objects.filter(instance__group=group, status__in=_WAITING).exists()
+
+
+def _say_queued(group: InstanceGroup, before: dict | None) -> None:
+    # One event per change of the request's state (or zone), on the pod and on each waiting job.
+    from runs.models import Job
+
+    view = queued_view(group)
+    if not view or not view["state"] or (before and (before["state"], before["zone"]) == (view["state"], view["zone"])):
+        return
+    text = f"queued resource in {view['zone']}: {view['state']}"
+    record(group.project_id, f"instance group {group.name}", text, status=GroupStatus.PROVISIONING)
+    for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
+        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=job.status,
+               run_id=job.run_id, job_id=job.pk)
 
 
 def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:

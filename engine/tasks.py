@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from engine import attach_revokes, deriving, groups, pods, registration, stopping, sweeps
+from engine import attach_revokes, deriving, groups, pod_watch, pods, registration, stopping, sweeps
 from engine.running import watch
 from engine.starting import advance
 from engine.submitted import provision
@@ -62,6 +62,11 @@ def terminate_group(group_id: int) -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def poll_pod(group_id: int) -> None:
     pods.poll_pod(group_id)
+
+
+@shared_task(priority=NEXT)
+def watch_pods() -> None:
+    pod_watch.watch_pods()
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)

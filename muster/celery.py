@@ -47,12 +47,16 @@ def _beat_schedule() -> dict:
     every = float(settings.MUSTER["SWEEP_INTERVAL"])
     poll = float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
+    pods = float(settings.MUSTER.get("POD_POLL_INTERVAL") or 5 * poll)
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
         "sweep": {"task": "engine.tasks.sweep", "schedule": every, "options": {"expires": every}},
         # every running job is looked at in batches (engine/running/watch.py), not by one task per job;
         # a tick waits out a short backlog (it is the only thing that watches running jobs)
         "watch": {"task": "engine.tasks.watch_running", "schedule": poll, "options": {"expires": 10 * poll}},
+        # live TPU pods at Google, one list per zone and fleet (engine/pod_watch.py): a preempted
+        # slice is noticed within this interval, not after the SSH grace period
+        "pods": {"task": "engine.tasks.watch_pods", "schedule": pods, "options": {"expires": pods}},
         # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/services/log_storage.py)
         "logs": {"task": "engine.tasks.sweep_logs", "schedule": logs, "options": {"expires": logs}},
     }

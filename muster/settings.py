@@ -288,6 +288,8 @@ MUSTER = {
     "WAITING_RUNNER_LIMIT": env_float("MUSTER_WAITING_RUNNER_LIMIT", 300.0),
     "WAITING_PEERS_LIMIT": env_float("MUSTER_WAITING_PEERS_LIMIT", 600.0),
     "UNREACHABLE_GRACE": env_float("MUSTER_UNREACHABLE_GRACE", 30.0),
+    # how long a TPU slice may stay UNHEALTHY_MAINTENANCE under a run before it counts as lost
+    "TPU_MAINTENANCE_GRACE": env_float("MUSTER_TPU_MAINTENANCE_GRACE", 300.0),
     "STOP_GRACE": env_float("MUSTER_STOP_GRACE", 5.0),
     # seconds a job's image may take to pull before the job fails (creating_container_error)
     "IMAGE_PULL_TIMEOUT": env_float("MUSTER_IMAGE_PULL_TIMEOUT", 600.0),

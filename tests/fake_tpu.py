@@ -25,7 +25,22 @@ Behaviour worth knowing when writing tests:
   `lost_answers[kind] = n` does the work and then drops the connection without an answer, for the
   next n calls of that kind; `dropped_requests[kind] = n` drops the connection without doing the
   work (the call is still listed in `calls` and `create_calls`);
-- delete removes the node at once and answers with a finished Operation.
+- delete removes the node at once and answers with a finished Operation;
+- queued resources (`projects.locations.queuedResources`: create with `queuedResourceId`, get,
+  list, delete with `force`) follow a scripted state sequence per zone, one step per GET of the
+  request: `queued_script[zone]` is a list of QueuedResourceState names (default
+  CREATING, ACCEPTED, PROVISIONING, ACTIVE), a step may be ("FAILED", google.rpc code, message)
+  for `failedData.error`, and the last step repeats; ACTIVE creates the node (READY, its
+  `queuedResource` naming the request; READY after `queued_node_polls` GETs of it). `queued_expire_zones`: the request waits
+  (WAITING_FOR_RESOURCES) until its `queueingPolicy.validUntilDuration` is over, then FAILED with
+  the expiry (code 4). A duplicate id in a zone is 409 ALREADY_EXISTS; delete without force is
+  refused while the request still has a node (as Google does); `queued_overlaps` lists every
+  create made while another request of that id was live in another zone (it must stay empty);
+  `queued_invisible_gets = n` answers the next n GETs of an existing request 404, as a lookup
+  that has not caught up with a create yet;
+- a running slice can be lost the ways Google loses it: `set_state(name, "PREEMPTED")`,
+  `preempt(name)` (the node PREEMPTED and its queued resource SUSPENDED by the SERVICE),
+  `vanish(name)` (the node is simply gone).
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,6 +69,8 @@ HostAddresses = list[str] | Callable[[str, int], list[str]]
 _ZONE = r"projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _NODES_RE = re.compile(rf"^/v2/{_ZONE}/nodes$")
 _NODE_RE = re.compile(rf"^/v2/(?P<name>{_ZONE}/nodes/(?P<node_id>[^/]+))$")
+_QUEUED_LIST_RE = re.compile(rf"^/v2/{_ZONE}/queuedResources$")
+_QUEUED_RE = re.compile(rf"^/v2/(?P<name>{_ZONE}/queuedResources/(?P<qr_id>[^/]+))$")
 _OPERATION_RE = re.compile(rf"^/v2/(?P<name>{_ZONE}/operations/[^/]+)$")
 
 
@@ -70,6 +88,18 @@ class _NodeRecord:
         self.polls_left = polls_left
         self.create_op = create_op
         self.fails_with = fails_with  # (google.rpc code, message) the create operation ends with
+
+
+DEFAULT_QUEUED_SCRIPT = ["CREATING", "ACCEPTED", "PROVISIONING", "ACTIVE"]
+QueuedStep = str | tuple[str, int, str]
+
+
+class _QueuedRecord:
+    def __init__(self, qr: tpu_v2.QueuedResource, script: list[QueuedStep], expires: float | None):
+        self.qr = qr
+        self.script = list(script)
+        self.expires = expires  # epoch seconds when validUntilDuration runs out (expire zones only)
+        self.step = 0
 
 
 class FakeTpuServer:
@@ -91,8 +121,15 @@ class FakeTpuServer:
         self.external_addresses: HostAddresses | None = None
         self.calls: list[tuple[str, str]] = []  # (method, path without the query string)
         self._create_names: list[str] = []
+        self._queued_deletes: list[tuple[str, bool]] = []
         self.nodes: dict[str, _NodeRecord] = {}
         self.operations: dict[str, dict[str, Any]] = {}
+        self.queued: dict[str, _QueuedRecord] = {}
+        self.queued_script: dict[str, list[QueuedStep]] = {}
+        self.queued_expire_zones: set[str] = set()
+        self.queued_node_polls = 0  # GETs of its node before a queued resource's node is READY
+        self.queued_invisible_gets = 0  # the next n GETs of an existing request answer 404 (lag)
+        self.queued_overlaps: list[tuple[str, str]] = []  # (new request, the live one elsewhere)
         self._op_seq = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -132,6 +169,39 @@ class FakeTpuServer:
         with self.lock:
             return [path[4:] for method, path in self.calls if method == "DELETE" and _NODE_RE.match(path)]
 
+    @property
+    def queued_create_calls(self) -> list[str]:
+        """Queued-resource names of every create attempt, in call order."""
+        with self.lock:
+            return [n for n in self._create_names if "/queuedResources/" in n]
+
+    @property
+    def queued_delete_calls(self) -> list[tuple[str, bool]]:
+        """(queued resource name, force) of every delete, in call order."""
+        with self.lock:
+            return list(self._queued_deletes)
+
+    def queued_state(self, name: str) -> str | None:
+        with self.lock:
+            rec = self.queued.get(name)
+            return tpu_v2.QueuedResourceState.State(rec.qr.state.state).name if rec else None
+
+    def preempt(self, node_name: str) -> None:
+        """What Google does to a spot slice: the node PREEMPTED, its queued resource SUSPENDED."""
+        with self.lock:
+            rec = self.nodes[node_name]
+            rec.node.state = tpu_v2.Node.State.PREEMPTED
+            if rec.node.queued_resource in self.queued:
+                self._set_queued(self.queued[rec.node.queued_resource], "SUSPENDED", initiator="SERVICE")
+
+    def vanish(self, node_name: str) -> None:
+        with self.lock:
+            del self.nodes[node_name]
+
+    def set_health(self, node_name: str, health: str) -> None:
+        with self.lock:
+            self.nodes[node_name].node.health = tpu_v2.Node.Health[health]
+
     def node(self, name: str) -> tpu_v2.Node | None:
         with self.lock:
             rec = self.nodes.get(name)
@@ -152,6 +222,10 @@ class FakeTpuServer:
             return "create" if method == "POST" else "list"
         if _NODE_RE.match(path):
             return "delete" if method == "DELETE" else "get"
+        if _QUEUED_LIST_RE.match(path):
+            return "queued_create" if method == "POST" else "queued_list"
+        if _QUEUED_RE.match(path):
+            return "queued_delete" if method == "DELETE" else "queued_get"
         return "operation" if _OPERATION_RE.match(path) else "other"
 
     def answer_fate(self, kind: str) -> tuple[float, bool]:
@@ -173,6 +247,9 @@ class FakeTpuServer:
             self.calls.append((method, url.path))
             if kind == "create":
                 self._create_names.append(f"{url.path[4:]}/{parse_qs(url.query).get('nodeId', [''])[0]}")
+            if kind == "queued_create":
+                qr_id = parse_qs(url.query).get("queuedResourceId", [""])[0]
+                self._create_names.append(f"{url.path[4:]}/{qr_id}")
             return True
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[HTTPStatus, str]:
@@ -191,6 +268,19 @@ class FakeTpuServer:
                 return HTTPStatus.OK, self._delete(m["name"])
             if method == "GET" and (m := _OPERATION_RE.match(url.path)):
                 return HTTPStatus.OK, self._get_operation(m["name"])
+            query = parse_qs(url.query)
+            if method == "POST" and (m := _QUEUED_LIST_RE.match(url.path)):
+                qr_id = query.get("queuedResourceId", [""])[0]
+                self._create_names.append(f"{url.path[4:]}/{qr_id}")
+                return HTTPStatus.OK, self._create_queued(m["project"], m["zone"], qr_id, body)
+            if method == "GET" and (m := _QUEUED_LIST_RE.match(url.path)):
+                return HTTPStatus.OK, self._list_queued(url.path[4:])
+            if method == "GET" and (m := _QUEUED_RE.match(url.path)):
+                return HTTPStatus.OK, self._get_queued(m["name"])
+            if method == "DELETE" and (m := _QUEUED_RE.match(url.path)):
+                force = query.get("force", ["false"])[0].lower() == "true"
+                self._queued_deletes.append((m["name"], force))
+                return HTTPStatus.OK, self._delete_queued(m["name"], force)
         raise FakeApiError(HTTPStatus.NOT_FOUND, f"no such method: {method} {url.path}")
 
     def _create(self, project: str, zone: str, node_id: str, body: bytes) -> str:
@@ -247,6 +337,124 @@ class FakeTpuServer:
             self._maybe_ready(rec, count_poll=True)
         return self._operation_json(name)
 
+    # -- queued resources ----------------------------------------------------------------------
+
+    def _create_queued(self, project: str, zone: str, qr_id: str, body: bytes) -> str:
+        parent = f"projects/{project}/locations/{zone}"
+        name = f"{parent}/queuedResources/{qr_id}"
+        if not qr_id:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "queuedResourceId is required")
+        if zone in self.exhausted_zones:
+            raise FakeApiError(HTTPStatus.TOO_MANY_REQUESTS, f"There is no more capacity in the zone {zone!r}")
+        if zone in self.create_errors:
+            raise FakeApiError(*self.create_errors[zone])
+        if name in self.queued:
+            raise FakeApiError(HTTPStatus.CONFLICT, f"queued resource {name} already exists")
+        qr = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
+        specs = list(qr.tpu.node_spec)
+        if len(specs) != 1 or not specs[0].node_id or parse_slice(specs[0].node.accelerator_type) is None:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "tpu.nodeSpec needs one nodeId and a known acceleratorType")
+        if specs[0].parent != parent:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, f"nodeSpec.parent must be {parent}")
+        for other, rec in self.queued.items():
+            if other.rsplit("/", 1)[1] == qr_id and self._state_of(rec) not in ("FAILED", "SUSPENDED"):
+                self.queued_overlaps.append((name, other))
+        qr.name = name
+        qr.create_time = datetime.now(UTC)
+        expires = None
+        if zone in self.queued_expire_zones:
+            valid = qr.queueing_policy.valid_until_duration
+            seconds = valid.total_seconds() if valid else 7 * 24 * 3600
+            expires = time.time() + seconds
+        rec = _QueuedRecord(qr, self.queued_script.get(zone, DEFAULT_QUEUED_SCRIPT), expires)
+        self.queued[name] = rec
+        self._advance_queued(rec, count_poll=False)
+        op_name = self._new_operation(parent, "create", name)
+        self.operations[op_name]["queued"] = True
+        return self._operation_json(op_name)
+
+    def _get_queued(self, name: str) -> str:
+        rec = self.queued.get(name)
+        if rec is not None and self.queued_invisible_gets > 0:
+            self.queued_invisible_gets -= 1
+            rec = None
+        if rec is None:
+            raise FakeApiError(HTTPStatus.NOT_FOUND, f"queued resource {name} not found")
+        self._advance_queued(rec, count_poll=True)
+        return tpu_v2.QueuedResource.to_json(rec.qr)
+
+    def _list_queued(self, parent: str) -> str:
+        found = [json.loads(tpu_v2.QueuedResource.to_json(r.qr))
+                 for n, r in self.queued.items() if n.startswith(parent + "/")]
+        return json.dumps({"queuedResources": found})
+
+    def _delete_queued(self, name: str, force: bool) -> str:
+        rec = self.queued.get(name)
+        if rec is None:
+            raise FakeApiError(HTTPStatus.NOT_FOUND, f"queued resource {name} not found")
+        owned = [n for n, r in self.nodes.items() if r.node.queued_resource == name]
+        if owned and not force:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST,
+                               f"queued resource {name} has nodes; delete them first or set force")
+        for n in owned:  # force: the nodes first, then the request
+            del self.nodes[n]
+        del self.queued[name]
+        parent = name.rsplit("/queuedResources/", 1)[0]
+        return self._operation_json(self._new_operation(parent, "delete", name))
+
+    @staticmethod
+    def _state_of(rec: _QueuedRecord) -> str:
+        return tpu_v2.QueuedResourceState.State(rec.qr.state.state).name
+
+    def _set_queued(self, rec: _QueuedRecord, state: str, error: tuple[int, str] | None = None,
+                    initiator: str = "") -> None:
+        rec.qr.state = tpu_v2.QueuedResourceState(
+            state=tpu_v2.QueuedResourceState.State[state],
+            state_initiator=tpu_v2.QueuedResourceState.StateInitiator[initiator] if initiator else None,
+            failed_data=tpu_v2.QueuedResourceState.FailedData(
+                error=status_pb2.Status(code=error[0], message=error[1])) if error else None,
+        )
+
+    def set_queued_state(self, name: str, state: str, initiator: str = "SERVICE") -> None:
+        with self.lock:
+            self._set_queued(self.queued[name], state, initiator=initiator)
+
+    def _advance_queued(self, rec: _QueuedRecord, *, count_poll: bool) -> None:
+        current = self._state_of(rec)
+        if current in ("FAILED", "SUSPENDING", "SUSPENDED", "ACTIVE") and rec.step > 0:
+            return  # final for the request (or changed by the test): stays as it is
+        if rec.expires is not None:
+            if time.time() < rec.expires:
+                self._set_queued(rec, "WAITING_FOR_RESOURCES")
+            else:
+                valid = rec.qr.queueing_policy.valid_until_duration
+                self._set_queued(rec, "FAILED", (4, (
+                    f"Queued resource request expired: valid_until_duration {valid.total_seconds():.0f}s "
+                    "reached before the resources became available")))
+            rec.step = 1
+            return
+        step = rec.script[min(rec.step, len(rec.script) - 1)]
+        if count_poll or rec.step == 0:
+            rec.step += 1
+        if isinstance(step, tuple):
+            self._set_queued(rec, step[0], (step[1], step[2]))
+            return
+        self._set_queued(rec, step)
+        if step == "ACTIVE":
+            self._make_queued_node(rec)
+
+    def _make_queued_node(self, rec: _QueuedRecord) -> None:
+        spec = rec.qr.tpu.node_spec[0]
+        name = f"{spec.parent}/nodes/{spec.node_id}"
+        if name in self.nodes:
+            return
+        node = tpu_v2.Node(spec.node)
+        node.name = name
+        node.queued_resource = rec.qr.name
+        node.state = tpu_v2.Node.State.CREATING
+        self.nodes[name] = _NodeRecord(node, self.queued_node_polls, "")
+        self._maybe_ready(self.nodes[name], count_poll=False)
+
     def _record(self, name: str) -> _NodeRecord:
         rec = self.nodes.get(name)
         if rec is None:
@@ -298,6 +506,12 @@ class FakeTpuServer:
             code, message = op["error"]
             msg.done = True
             msg.error.CopyFrom(status_pb2.Status(code=code, message=message))
+        elif op.get("queued"):
+            # Google answers a queued-resource create once the request is recorded.
+            qrec = self.queued.get(op["target"])
+            if qrec is not None:
+                msg.done = True
+                msg.response.Pack(tpu_v2.QueuedResource.pb(qrec.qr))
         else:
             rec = self.nodes.get(op["target"])
             if rec is not None and rec.node.state == tpu_v2.Node.State.READY:

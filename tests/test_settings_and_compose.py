@@ -184,7 +184,8 @@ def test_the_sweep_and_watch_intervals_come_from_the_environment(tmp_path):
     assert done.returncode == 0, done.stderr
     schedule = json.loads(done.stdout.strip().splitlines()[-1])
     assert {name: (e["schedule"], e["options"]["expires"]) for name, e in schedule.items()} == {
-        "sweep": (7.0, 7.0), "watch": (1.5, 15.0), "logs": (3600.0, 3600.0)}, "the batch watch of running jobs ticks at the poll interval"
+        "sweep": (7.0, 7.0), "watch": (1.5, 15.0), "logs": (3600.0, 3600.0),
+        "pods": (7.5, 7.5)}, "the batch watch of running jobs ticks at the poll interval, live TPU pods at 5 times it"
 
 
 # ---- the beat schedule, in this process ---------------------------------------------------------

@@ -16,8 +16,17 @@ from typing import Any
 
 from google.cloud import tpu_v2
 
-from backends.base import BackendError, Compute, GroupProgress, InstanceOffer, ProvisioningData, RunnerHost
-from backends.gcp import tpu_client, tpu_create, tpu_nodes, tpu_offers
+from backends.base import (
+    BackendError,
+    Compute,
+    GroupProgress,
+    GroupWatch,
+    InstanceOffer,
+    ProvisioningData,
+    RunnerHost,
+    SliceInterruptedError,
+)
+from backends.gcp import tpu_client, tpu_create, tpu_nodes, tpu_offers, tpu_queued
 from backends.gcp.tpu_client import TpuConfig
 from backends.gcp.tpu_nodes import SliceStatus
 from backends.tpu_shapes import parse_slice
@@ -73,6 +82,8 @@ class GcpTpuCompute(Compute):
             raise BackendError(f"a {shape.name} slice has {shape.hosts} hosts; asked for {count} instances")
         if not name:
             raise BackendError("gcp backend: no group name given")
+        if self.tpu.queued:
+            return self._progress(tpu_queued.create_queued(self.client, self.tpu, name, shape.name, _labels(name)))
         created = tpu_create.create_slice(self.client, self.tpu, name, shape.name, _labels(name))
         return self._progress(created)
 
@@ -83,6 +94,10 @@ class GcpTpuCompute(Compute):
             # Rows planned but the create's outcome never recorded (the worker died in the call):
             # look the node up by its id, and create it if it is nowhere.
             state = {}
+        if state is None and self.tpu.queued and not backend_data.get("node_name"):
+            state = {"queued": True}
+        if state is not None and state.get("queued"):
+            return self._progress(tpu_queued.advance_queued(self.client, self.tpu, name, shape, _labels(name), state))
         if state is not None:
             created = tpu_create.advance_slice(self.client, self.tpu, name, shape, _labels(name), state)
             return self._progress(created)
@@ -108,17 +123,53 @@ class GcpTpuCompute(Compute):
         data: dict[str, Any] = {"create": created.state}
         if created.zone:
             data.update(zone=created.zone, node_name=created.node_name)
+        queued = bool(created.state.get("queued"))
+        if queued and created.zone:
+            data["queued_resource"] = tpu_client.queued_name(self.tpu, created.zone, created.node_name.rsplit("/", 1)[1])
         records = self._records(created.zone, created.node_name, created.status) if created.status else None
-        return GroupProgress(records or None, data)
+        for rec in records or []:
+            rec.backend_data.update({k: data[k] for k in ("queued_resource",) if k in data})
+        active = queued and created.state.get("qr_state") == "ACTIVE"
+        return GroupProgress(records or None, data, queued=queued and not active,
+                             started_at=created.state.get("since") if active else None)
 
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
-        node_name = (backend_data or {}).get("node_name")
+        backend_data = backend_data or {}
+        if backend_data.get("queued_resource"):
+            tpu_queued.delete_queued(self.client, self.tpu, backend_data["queued_resource"])
+            return
+        node_name = backend_data.get("node_name")
+        if not node_name and self.tpu.queued:
+            # The request's zone was never recorded (the worker died in the create): look in each.
+            found = tpu_queued.find_queued(self.client, self.tpu, group_name)
+            if found is not None:
+                tpu_queued.delete_queued(self.client, self.tpu, found[1].name)
+                return
+        if node_name and self.tpu.queued:
+            owner = tpu_nodes.owning_request(self.client, self.tpu, node_name)
+            if owner:  # a node made by a queued resource goes with its request
+                tpu_queued.delete_queued(self.client, self.tpu, owner)
+                return
         if not node_name:
             found = tpu_nodes.find_slice(self.client, self.tpu, group_name)
             if found is None:
                 return
             node_name = tpu_client.node_name(self.tpu, found[0], group_name)
         tpu_nodes.delete_slice(self.client, self.tpu, node_name)
+
+    def watch_groups(self, groups: dict[str, dict[str, Any]]) -> dict[str, GroupWatch]:
+        by_zone: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for name, data in groups.items():
+            if data.get("node_name"):
+                by_zone.setdefault(tpu_client.zone_of(data["node_name"]), []).append((name, data))
+        out = {}
+        for zone, members in by_zone.items():
+            nodes = {s.name: s for s in tpu_nodes.list_slices(self.client, self.tpu, zone)}
+            requests = (tpu_queued.list_queued(self.client, self.tpu, zone)
+                        if any(d.get("queued_resource") for _, d in members) else {})
+            for name, data in members:
+                out[name] = _watch(nodes.get(data["node_name"]), data, requests)
+        return out
 
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
         """Deletes the whole slice the host belongs to.
@@ -137,6 +188,8 @@ class GcpTpuCompute(Compute):
     def _records(self, zone: str, node_name: str, status: SliceStatus) -> list[ProvisioningData] | None:
         if status.state in _PENDING_STATES:
             return None
+        if status.state in tpu_nodes.LOST_STATES:
+            raise SliceInterruptedError(f"TPU slice {node_name} is {status.state} (taken back by Google)")
         if status.state != "READY":
             raise BackendError(f"TPU slice {node_name} is {status.state}")
         shape = parse_slice(status.accelerator_type)
@@ -156,6 +209,21 @@ class GcpTpuCompute(Compute):
             )
             for h in status.hosts[: shape.hosts]
         ]
+
+
+def _watch(node: SliceStatus | None, data: dict[str, Any], requests: dict[str, str]) -> GroupWatch:
+    request = data.get("queued_resource")
+    if request and requests.get(request) in tpu_queued.LOST_STATES:
+        return GroupWatch(lost=f"queued resource {request} is {requests[request]}")
+    if request and request not in requests:
+        return GroupWatch(lost=f"queued resource {request} is gone")
+    if node is None:
+        return GroupWatch(lost=f"TPU node {data['node_name']} is gone")
+    if node.state in tpu_nodes.LOST_STATES:
+        return GroupWatch(lost=f"TPU node {data['node_name']} is {node.state}")
+    if node.health == "UNHEALTHY_MAINTENANCE":
+        return GroupWatch(maintenance=f"TPU node {data['node_name']} is {node.health}")
+    return GroupWatch()
 
 
 def _labels(group: str) -> dict[str, str]:

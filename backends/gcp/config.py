@@ -2,7 +2,8 @@
 
 1. `MUSTER_GCP_*` environment variables (a container or systemd unit sets these);
 2. `settings.MUSTER["GCP"]` (a settings file, or tests);
-3. what the fleet configuration says at the top level: `zones`, `spot`, `runtime_version`;
+3. what the fleet configuration says at the top level: `zones`, `spot`, `runtime_version`,
+   `queued_resource` and `reservation`;
 4. the fleet configuration's `gcp` mapping, when present (set by code, not by the YAML parser).
 
 The result feeds both `TpuConfig.from_dict` (the API side) and the instances app (`ssh_user`,
@@ -64,6 +65,10 @@ def fleet_settings(configuration: Mapping[str, Any]) -> dict[str, Any]:
         out["spot"] = bool(configuration["spot"])
     if configuration.get("runtime_version"):
         out["runtime_version"] = configuration["runtime_version"]
+    if configuration.get("queued_resource") is not None:
+        out["queued_resource"] = dict(configuration["queued_resource"])
+        if configuration.get("reservation"):
+            out["reservation"] = configuration["reservation"]
     return out
 
 

@@ -38,6 +38,11 @@ class TpuConfig:
     runtime_versions: dict[str, str] = field(default_factory=_default_runtime_versions)
     spot: bool = False
     timeout: float = 30.0
+    # Request slices as queued resources (`queued_resource` on the fleet); `valid_until` in
+    # seconds per zone (None: Google's default), `reservation` a name or a full reservation path.
+    queued: bool = False
+    valid_until: int | None = None
+    reservation: str = ""
 
     def __post_init__(self) -> None:
         if not self.project_id:
@@ -66,6 +71,9 @@ class TpuConfig:
             runtime_versions=runtime_versions,
             spot=bool(config.get("spot", False)),
             timeout=float(config.get("timeout") or 30.0),
+            queued=config.get("queued_resource") is not None,
+            valid_until=(config.get("queued_resource") or {}).get("valid_until"),
+            reservation=config.get("reservation") or "",
         )
 
 
@@ -73,8 +81,12 @@ def node_name(cfg: TpuConfig, zone: str, node_id: str) -> str:
     return f"projects/{cfg.project_id}/locations/{zone}/nodes/{node_id}"
 
 
+def queued_name(cfg: TpuConfig, zone: str, qr_id: str) -> str:
+    return f"projects/{cfg.project_id}/locations/{zone}/queuedResources/{qr_id}"
+
+
 def zone_of(name: str) -> str:
-    m = re.match(r"^projects/[^/]+/locations/([^/]+)/nodes/[^/]+$", name)
+    m = re.match(r"^projects/[^/]+/locations/([^/]+)/(?:nodes|queuedResources)/[^/]+$", name)
     if not m:
         raise BackendError(f"not a TPU node name: {name!r}")
     return m.group(1)

@@ -21,7 +21,10 @@ PENDING_STATES = frozenset(
     {"STATE_UNSPECIFIED", "CREATING", "STARTING", "RESTARTING", "REIMAGING", "REPAIRING", "UNKNOWN"}
 )
 
-# What a refused create means (see the module docstring).
+# A node in one of these was taken back by Google (spot preemption, maintenance or end of life).
+LOST_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+
+
 @dataclass(frozen=True)
 class HostEndpoint:
     worker_index: int
@@ -36,6 +39,7 @@ class SliceStatus:
     accelerator_type: str
     health: str = ""  # tpu_v2.Node.Health name, "" when the API reports none
     name: str = ""
+    queued_resource: str = ""  # the queued resource that made the node, "" for a direct create
 
 
 def find_slice(client: tpu_v2.TpuClient, cfg: TpuConfig, node_id: str) -> tuple[str, SliceStatus] | None:
@@ -128,6 +132,13 @@ def _status(node: tpu_v2.Node) -> SliceStatus:
         accelerator_type=node.accelerator_type,
         health="" if health == "HEALTH_UNSPECIFIED" else health,
         name=node.name,
+        queued_resource=node.queued_resource,
     )
+
+
+def owning_request(client: tpu_v2.TpuClient, cfg: TpuConfig, node_name: str) -> str:
+    """The queued resource the node belongs to ("" for none, or when the node is gone)."""
+    status = get_slice(client, cfg, node_name)
+    return status.queued_resource if status else ""
 
 

@@ -19,6 +19,7 @@ from engine import claims, messages
 from engine.running import observe
 from engine.starting import cluster
 from instances.models import InstanceStatus
+from instances.services.queued import waits_in_queue
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
@@ -94,7 +95,9 @@ def _observe(job: Job) -> dict | None:
 def _wait_for_runner(job: Job) -> None:
     instance = job.instance
     if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
-        if waited(job) > observe.limit("WAITING_INSTANCE_LIMIT"):
+        # A host of a queued TPU request waits at Google for as long as the request may: the pod's
+        # own poll bounds that wait (valid_until, then the limit from ACTIVE), not this one.
+        if waited(job) > observe.limit("WAITING_INSTANCE_LIMIT") and not waits_in_queue(instance):
             observe.end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
     status = _observe(job)

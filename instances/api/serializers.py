@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
+from instances.services.queued import queued_view
 
 
 class DeleteQuerySerializer(serializers.Serializer):
@@ -45,10 +46,14 @@ class InstanceSerializer(serializers.ModelSerializer):
 class InstanceGroupSerializer(serializers.ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     instances = serializers.SerializerMethodField()
+    queued_resource = serializers.SerializerMethodField()
 
     class Meta:
         model = InstanceGroup
-        fields = ["name", "kind", "status", "shape", "fleet", "instances", "created"]
+        fields = ["name", "kind", "status", "shape", "fleet", "instances", "queued_resource", "created"]
+
+    def get_queued_resource(self, group: InstanceGroup) -> dict | None:
+        return queued_view(group)
 
     def get_instances(self, group: InstanceGroup) -> list[dict]:
         rows = sorted(group.instances.all(), key=lambda i: i.index)

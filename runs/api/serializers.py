@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from rest_framework import serializers
 
+from instances.services.queued import queued_message, queued_view
+from runs.choices import JobStatus
 from runs.models import Job, Run
 
 
@@ -46,14 +50,22 @@ class JobSerializer(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, read_only=True)
     instance_ip = serializers.CharField(source="instance.internal_ip", default=None, read_only=True)
     resources = serializers.JSONField(source="spec.resources", read_only=True)
+    status_message = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
-            "job_num", "submission_num", "status", "termination_reason", "termination_message",
+            "job_num", "submission_num", "status", "status_message", "termination_reason", "termination_message",
             "node_group_name", "node_group_index", "node_group_rank", "waiting_master_job",
             "instance", "instance_ip", "resources", "start_time", "end_time", "exit_status",
         ]
+
+
+    def get_status_message(self, job: Job) -> str:
+        # What a provisioning job waits for, when the wait is the cloud's (a queued TPU slice).
+        if job.status != JobStatus.PROVISIONING or job.instance is None or job.instance.group is None:
+            return ""
+        return queued_message(queued_view(job.instance.group), time.time())
 
 
 class RunSerializer(serializers.ModelSerializer):

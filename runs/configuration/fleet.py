@@ -25,7 +25,8 @@ from .resources import Warnings, parse_resources
 # How long an idle cloud instance (a whole TPU pod) is kept before it is deleted.
 DEFAULT_IDLE_DURATION = 72 * 3600
 # Keys that describe instances to create; an SSH fleet is exactly its hosts.
-CLOUD_KEYS = ("nodes", "resources", "spot", "zones", "regions", "idle_duration", "runtime_version")
+CLOUD_KEYS = ("nodes", "resources", "spot", "zones", "regions", "idle_duration", "runtime_version",
+              "queued_resource")
 
 Backend = Literal["gcp", "local"]
 
@@ -50,6 +51,8 @@ class FleetConfiguration(CheckedModel):
     spot_policy: SpotPolicy | None = None  # as written; `spot` is what it means for gcp
     allow_privileged: bool = False  # whether runs' containers may be privileged (gcp: true by default)
     volumes: VolumePolicy = VolumePolicy()
+    queued_resource: dict[str, int | None] | None = None  # gcp: {valid_until: seconds or None}
+    reservation: str | None = None  # gcp with queued_resource: the QueuedResource's reservation_name
     # what the written configuration asks for that does not take effect here (not stored)
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
 
@@ -59,7 +62,7 @@ _FLEET_NOTES = {
     "regions": "gcp fleets try the zones listed in `zones`; regions are kept but not used",
     "availability_zones": "write the gcp zones to try as `zones`",
     "instance_types": "TPU slices are chosen by `resources.gpu`",
-    "reservation": "Muster has no cloud reservations",
+    "reservation": "a reservation is used by a gcp fleet with queued_resource only",
     "blocks": "a host is not shared between runs",
     "retry": "a gcp fleet creates slices when a run needs them; the run's own `retry` applies",
     "max_price": "Muster does not know instance prices",
@@ -104,7 +107,10 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
     spot = fleet.spot
     if fleet.ssh_config is not None:
         for key in CLOUD_KEYS:
-            if key in fleet.model_fields_set:
+            if key == "queued_resource" and key in fleet.model_fields_set:
+                errors.add([key], "`queued_resource` is for gcp fleets (`backends: [gcp]`), which request TPU "
+                           "slices; an SSH fleet is just its hosts: remove it")
+            elif key in fleet.model_fields_set:
                 errors.add([key], f"`{key}` is for cloud fleets (`backends`); an ssh fleet is just its hosts")
         if fleet.spot_policy is not None:
             warnings.append({"field": ["spot_policy"], "message": (
@@ -134,7 +140,12 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
     if default_allow_privileged(backend) and fleet.allow_privileged is False:
         errors.add(["allow_privileged"], "a gcp fleet's containers run privileged: the TPU runtime opens the "
                    "chips' devices directly; leave allow_privileged out (true) or remove `image` from its runs")
+    queued = fleet.backends is not None and "gcp" in fleet.backends and fleet.queued_resource is not None
+    if fleet.queued_resource is not None and fleet.backends is not None and "gcp" not in fleet.backends:
+        errors.add(["queued_resource"], "queued_resource is for gcp fleets (backends: [gcp]): remove it here")
     for key, note in _FLEET_NOTES.items():
+        if key == "reservation" and queued:
+            continue  # it takes effect: the queued resource asks for it
         if key in fleet.model_fields_set and getattr(fleet, key) not in (None, []):
             warnings.append({"field": [key], "message": f"{key}: has no effect here: {note}"})
     errors.raise_if_any()
@@ -154,6 +165,8 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
         spot_policy=fleet.spot_policy,
         allow_privileged=allow_privileged,
         volumes=VolumePolicy(allowed_prefixes=list(dict.fromkeys(fleet.volumes.allowed_prefixes)) if fleet.volumes else []),
+        queued_resource=fleet.queued_resource if queued else None,
+        reservation=fleet.reservation if queued else None,
         warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )
 

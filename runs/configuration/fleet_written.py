@@ -7,6 +7,7 @@ user may write and what Muster keeps are each read in one place.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, field_validator
@@ -90,6 +91,7 @@ class _FleetInput(WrittenModel):
     # Muster's: what the runs' containers may do to the hosts (container_policy)
     allow_privileged: bool | None = None
     volumes: _VolumePolicyInput | None = None
+    queued_resource: Any = None  # Muster's own (gcp): `true` or {valid_until: DURATION}
     # dstack's other fleet keys: read with its types; each written one takes effect or warns
     env: Any = None
     spot_policy: SpotPolicy | None = None
@@ -138,6 +140,19 @@ class _FleetInput(WrittenModel):
             return value
         raise ValueError("retry must be true, false or a mapping with on_events and duration")
 
+    @field_validator("queued_resource")
+    @classmethod
+    def _queued(cls, value: object) -> dict[str, int | None] | None:
+        return check_queued_resource(value)
+
+    @field_validator("reservation")
+    @classmethod
+    def _reservation(cls, value: str | None) -> str | None:
+        if value is not None and not _RESERVATION.fullmatch(value):
+            raise ValueError("reservation is a reservation's name (e.g. r1) or its full name "
+                             "projects/PROJECT/locations/ZONE/reservations/NAME")
+        return value
+
     @field_validator("max_price")
     @classmethod
     def _price(cls, value: float | None) -> float | None:
@@ -157,6 +172,28 @@ class _FleetInput(WrittenModel):
     @classmethod
     def _idle(cls, value: object) -> object:
         return None if value is None else parse_optional_duration(value)
+
+
+# Google fails a queued request that is still waiting when its valid_until is over; Muster asks
+# for at most this long per zone, so a request never outlives what a fleet can reasonably mean.
+MAX_VALID_UNTIL = 30 * 86400
+_RESERVATION = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/\s]+/locations/[^/\s]+/reservations/[^/\s]+")
+
+
+def check_queued_resource(value: object) -> dict[str, int | None] | None:
+    """`queued_resource` as written -> None (off) or {"valid_until": seconds or None}."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {"valid_until": None}
+    if isinstance(value, dict) and set(value) <= {"valid_until"}:
+        written = value.get("valid_until")
+        seconds = None if written is None else parse_duration(written)
+        if seconds is not None and not 1 <= seconds <= MAX_VALID_UNTIL:
+            raise ValueError(f"valid_until {written} is out of range: Google queues a request for at most "
+                             f"30d (write e.g. valid_until: 2h, or leave it out for no limit)")
+        return {"valid_until": seconds}
+    raise ValueError("queued_resource must be true, false or a mapping with valid_until (e.g. {valid_until: 2h})")
 
 
 def _check_ssh_port(value: int | None) -> int | None:

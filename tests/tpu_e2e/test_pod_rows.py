@@ -235,3 +235,22 @@ def test_reserving_again_for_the_same_attempt_takes_the_planned_pod_and_creates_
     assert InstanceGroup.objects.filter(kind="tpu_pod").count() == 1
     assert len(gcp_settings.create_calls) == 1, "the node the first try made was found by its id"
     assert len(gcp_settings.nodes) == 1
+
+
+def test_one_watch_tick_lists_each_zone_of_a_fleet_once_whatever_the_number_of_pods(fleet, gcp_settings):
+    from engine import pod_watch
+
+    for name in ("one", "two", "three"):
+        reserve(fleet, "v4-16", name=name)
+    gcp_settings.creation_polls = 0
+    for pod in InstanceGroup.objects.filter(kind="tpu_pod"):
+        pods.poll_pod(pod.pk)
+        pods.poll_pod(pod.pk)
+    assert InstanceGroup.objects.filter(kind="tpu_pod", status="active").count() == 3
+    mark = len(gcp_settings.calls)
+
+    assert pod_watch.watch_pods() == 3
+
+    calls = gcp_settings.calls[mark:]
+    assert calls == [("GET", "/v2/projects/test-project/locations/us-central1-a/nodes")], \
+        "one list of the zone for the fleet's three pods, no call per node"

@@ -1,0 +1,100 @@
+"""Watching live TPU pods at Google: a slice taken back ends its group's jobs as one unit.
+
+A spot slice is preempted whole, a queued resource is SUSPENDED, a slice reaches end of life
+(TERMINATED) or simply disappears. The hosts may still answer SSH for a while, or never again;
+either way waiting for the SSH grace period would say "host unreachable" late and would leave the
+slice billed. So beat sends `watch_pods` every POD_POLL_INTERVAL: it claims the active pods, asks
+the backend with one list per zone and fleet (not one call per node), and for each pod that is
+lost ends every job on it with `interrupted_by_no_capacity` (the `interruption` retry event) and
+deletes the pod (with force for a queued resource). A pod in maintenance counts as lost once it
+has been so for TPU_MAINTENANCE_GRACE.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import transaction
+
+from backends.base import BackendError
+from backends.registry import fleet_backend_config, get_compute
+from engine import claims
+from events.services import record
+from instances.models import GroupKind, GroupStatus, InstanceGroup
+from runs.choices import JOB_ACTIVE, JobReason
+
+log = logging.getLogger(__name__)
+BATCH = 500
+
+
+def watch_pods() -> int:
+    """Task body: one look at every active pod; returns how many were looked at."""
+    due = InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE, fleet__isnull=False)
+    with claims.claimed_batch(due, BATCH, "watch_pods") as held:
+        if not held.pks:
+            return 0
+        groups = list(InstanceGroup.objects.filter(pk__in=held.pks, lease_token=held.token).select_related("fleet"))
+        by_fleet: dict[int, list[InstanceGroup]] = {}
+        for group in groups:
+            by_fleet.setdefault(group.fleet_id, []).append(group)
+        for members in by_fleet.values():
+            _watch_fleet(members, held)
+    return len(held.pks)
+
+
+def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> None:
+    fleet = groups[0].fleet
+    try:
+        compute = get_compute(groups[0].backend_data.get("backend", "gcp"), fleet_backend_config(fleet))
+        seen = compute.watch_groups({g.name: g.backend_data for g in groups})
+    except BackendError as exc:
+        # An API that does not answer says nothing about the slices: the next tick looks again.
+        log.info("fleet %s: could not watch its TPU pods: %s", fleet.name, exc)
+        return
+    grace = float(settings.MUSTER["TPU_MAINTENANCE_GRACE"])
+    for group in groups:
+        watch = seen.get(group.name)
+        if watch is None:
+            continue
+        with held.row(group.pk):
+            why = watch.lost or _maintenance_over(group, watch.maintenance, grace)
+            if why:
+                interrupt_pod(group, why, held.token)
+
+
+def _maintenance_over(group: InstanceGroup, maintenance: str, grace: float) -> str:
+    """The maintenance message once it has lasted past the grace; "" before (or without one)."""
+    since = group.backend_data.get("maintenance_since")
+    if not maintenance:
+        if since is not None:
+            _store(group, maintenance_since=None)
+        return ""
+    if since is None:
+        _store(group, maintenance_since=time.time())
+        return ""
+    return f"{maintenance} for {time.time() - since:.0f}s" if time.time() - since > grace else ""
+
+
+def _store(group: InstanceGroup, **changes) -> None:
+    group.backend_data = {**group.backend_data, **changes}
+    InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
+
+
+def interrupt_pod(group: InstanceGroup, why: str, token: str) -> None:
+    """Google took the slice back: every job on it ends as an interruption, and the pod is deleted.
+
+    The pod's lease (`token`) goes in the same transaction, so the delete sent after commit finds
+    the pod claimable."""
+    from engine.groups import delete_group
+    from runs.models import Job
+    from runs.transitions import terminate_job
+
+    log.warning("TPU slice %s lost: %s", group.name, why)
+    with transaction.atomic():
+        record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
+        for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
+            terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"TPU slice {group.name}: {why}")
+        claims.release(InstanceGroup, group.pk, token)
+        delete_group(group, actor="server", force=True)
