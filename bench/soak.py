@@ -56,7 +56,7 @@ class ServeProcess:
         self.log_path = self.data_dir / "serve.log"
         clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
         self.env = {**clean, "MUSTER_DATA_DIR": str(self.data_dir), "DJANGO_SETTINGS_MODULE": "muster.settings",
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "PYTHONUNBUFFERED": "1", "MUSTER_DSTACK_SSH_BIND": f"127.0.0.1:{free_port()}", **(env or {})}
         self.concurrency = concurrency
         self.proc: subprocess.Popen | None = None
         self.token = ""
@@ -104,7 +104,7 @@ class ServeProcess:
         return self.api("GET", f"runs/{run}/")["status"]
 
     def children(self) -> dict[int, str]:
-        """pid -> what it is, for the processes serve started (web, worker, beat)."""
+        """pid -> what it is, for the processes serve started (web, worker, beat, gateway)."""
         found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -116,6 +116,7 @@ class ServeProcess:
                 continue
             if ppid == self.proc.pid:
                 found[int(entry.name)] = ("worker" if " worker " in cmd else "beat" if " beat " in cmd
+                                          else "gateway" if "dstack_gateway" in cmd
                                           else "web" if "runserver" in cmd or "gunicorn" in cmd else cmd)
         return found
 

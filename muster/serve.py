@@ -52,6 +52,8 @@ def commands(bind: str, concurrency: int, dev: bool = False) -> dict[str, list[s
                    "--without-mingle"],
         "beat": [*celery, "beat", "--loglevel=WARNING", "--schedule",
                  os.path.join(os.environ.get("MUSTER_DATA_DIR", ".muster-data"), "celerybeat-schedule")],
+        # the SSH gateway the dstack CLI follows logs through (MUSTER_DSTACK_SSH_BIND)
+        "gateway": _manage("dstack_gateway"),
     }
 
 
@@ -169,7 +171,7 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     if not verbose:
         log_dir = Path(settings.DATA_DIR) / "serve-logs"
         log_dir.mkdir(mode=0o700, exist_ok=True)
-        logs = {name: log_dir / f"{name}.log" for name in ("web", "worker", "beat")}
+        logs = {name: log_dir / f"{name}.log" for name in ("web", "worker", "beat", "gateway")}
         print(f"logs: web, worker and beat write to {log_dir}/; here: warnings and run state changes "
               "(--verbose shows everything)", flush=True)
     # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)

@@ -356,6 +356,11 @@ MUSTER = {
     # where `muster attach` puts a user's key on an SSH host: the file the host's sshd reads for the
     # fleet user (its AuthorizedKeysFile); `~/` is that user's home
     "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS", "~/.ssh/authorized_keys"),
+    # the SSH gateway the dstack CLI reaches jobs through (docs/dstack-cli.md): where `muster serve`
+    # binds it, and the host and port the CLI is told to dial (empty: the web's host, the bound port)
+    "DSTACK_SSH_BIND": env_str("MUSTER_DSTACK_SSH_BIND", "127.0.0.1:2222"),
+    "DSTACK_SSH_PUBLIC_HOST": env_str("MUSTER_DSTACK_SSH_PUBLIC_HOST"),
+    "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
 }
 
 LOGGING = {

@@ -11,12 +11,14 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from dstack_api.services import gateway
 from dstack_api.services.access import WRITE_ROLES, dstack_role
 from dstack_api.services.ids import uuid_of
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
 from projects.models import Role
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
+from runs.services.attach import job_ports
 
 FLEET_STATUS = {FleetStatus.PENDING: "submitted", FleetStatus.ACTIVE: "active", FleetStatus.FAILED: "failed",
                 FleetStatus.TERMINATING: "terminating"}
@@ -72,13 +74,16 @@ def requirements(resources: dict | None) -> dict:
     return {"resources": out, "spot": False, "max_price": None}
 
 
-def job_spec(run_name: str, configuration: dict, spec: dict, jobs_per_replica: int) -> dict:
+def job_spec(run_name: str, configuration: dict, spec: dict, jobs_per_replica: int,
+             ports: list[int] | None = None) -> dict:
     groups = configuration.get("groups") or [{}]
     index = spec.get("node_group_index", 0)
     group = groups[index] if 0 <= index < len(groups) else {}
     return {
         "replica_num": 0, "job_num": spec["job_num"], "job_name": f"{run_name}-{spec['job_num']}-0",
-        "jobs_per_replica": jobs_per_replica, "app_specs": [],
+        "jobs_per_replica": jobs_per_replica,
+        # the CLI forwards each app's port through the gateway (`dstack attach`)
+        "app_specs": [{"port": p, "app_name": f"port-{p}"} for p in ports or []],
         "commands": list(group.get("commands") or []), "env": {},  # env values stay out of answers
         "image_name": group.get("image") or "", "requirements": requirements(spec.get("resources")),
         "node_group_index": index, "node_group_name": spec.get("node_group_name", ""),
@@ -140,8 +145,10 @@ def run_spec_of(run: Run, ssh_key_pub: str) -> dict:
 def run_object(run: Run, ssh_key_pub: str, jobs: list[Job] | None = None) -> dict:
     jobs = sorted(jobs if jobs is not None else run.current_jobs().select_related("instance"),
                   key=lambda j: j.job_num)
-    rendered = [{"job_spec": job_spec(run.name, run.configuration, {**j.spec, "job_num": j.job_num}, len(jobs)),
-                 "job_submissions": [job_submission(j)], "job_connection_info": None} for j in jobs]
+    rendered = [{"job_spec": job_spec(run.name, run.configuration, {**j.spec, "job_num": j.job_num}, len(jobs),
+                                      job_ports(j)),
+                 "job_submissions": [job_submission(j)], "job_connection_info": gateway.connection_info(j)}
+                for j in jobs]
     latest = rendered[0]["job_submissions"][-1] if rendered else None
     message = run.status if run.status != RunStatus.SUBMITTED else "pending"
     return {

@@ -23,7 +23,7 @@ def dstack_python() -> Path:
     return DSTACK.parent / "python"
 
 
-def dstack_runner(tmp_path: Path, url: str, token: str):
+def dstack_runner(tmp_path: Path, url: str, token: str, prefix: tuple[str, ...] = ()):
     _installed()
     home = tmp_path / "dstack-home"
     # the CLI asks PyPI for a newer version once a day: today's check is marked done
@@ -33,7 +33,7 @@ def dstack_runner(tmp_path: Path, url: str, token: str):
     env.update({"HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"})
 
     def run(*args: str, cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(DSTACK), *args], env=env, capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run([*prefix, str(DSTACK), *args], env=env, capture_output=True, text=True, timeout=timeout,
                               cwd=cwd or tmp_path)
         return done
 

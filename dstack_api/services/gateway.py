@@ -1,0 +1,99 @@
+"""Who may use the dstack SSH gateway, for which job, and which forwards it opens.
+
+The gateway (dstack_api/gateway/) asks these at each connection and again at each channel it opens,
+so a key deleted, a user deactivated or a member removed stops working at once, not at the next login.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import uuid
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from django.conf import settings
+from django.http import Http404
+
+from dstack_api.models import UserSSHKey
+from projects.services import access
+from runs.models import Job
+from runs.services.attach import ATTACHABLE, job_ports
+
+# the dstack-runner's HTTP port: the CLI forwards it and reads the log WebSocket there
+RUNNER_HTTP_PORT = 10999
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+USER_SUFFIX = "_root"  # the CLI logs in to the proxy as `<upstream_id>_root`
+
+
+def upstream_id(job: Job) -> str:
+    return job.uuid.hex
+
+
+def connection_info(job: Job) -> dict:
+    """dstack's job_connection_info for the sshproxy path: where the CLI dials and whom it names."""
+    conf = settings.MUSTER
+    bind_host, _, bind_port = conf["DSTACK_SSH_BIND"].rpartition(":")
+    # a wildcard bind has no one address to tell the CLI: the operator names it (PUBLIC_HOST)
+    host = conf["DSTACK_SSH_PUBLIC_HOST"] or ("127.0.0.1" if bind_host in ("", "0.0.0.0", "[::]") else bind_host)
+    port = conf["DSTACK_SSH_PUBLIC_PORT"] or int(bind_port)
+    return {"sshproxy_hostname": host, "sshproxy_port": port, "sshproxy_upstream_id": upstream_id(job)}
+
+
+def user_of_key(key_type: str, blob: bytes):
+    """The active user whose dstack key this is, or None (a host's or a fleet's key is never one)."""
+    wanted = f"{key_type} {base64.b64encode(blob).decode()}"
+    for key in UserSSHKey.objects.select_related("user").filter(public_key__startswith=wanted + " "):
+        if key.user.is_active:
+            return key.user
+    return None
+
+
+def job_for(user, username: str) -> Job | None:
+    """The job `<upstream_id>_root` names if `user` may read its project (Muster's own check), else None."""
+    if not username.endswith(USER_SUFFIX):
+        return None
+    try:
+        job_uuid = uuid.UUID(hex=username[: -len(USER_SUFFIX)])
+    except ValueError:
+        return None
+    job = Job.objects.select_related("run__project", "instance").filter(uuid=job_uuid).first()
+    if job is None:
+        return None
+    try:
+        access.project_for(SimpleNamespace(user=user, method="GET"), job.run.project.name)
+    except Http404:
+        return None
+    return job
+
+
+def still_allowed(user_pk: int, key_type: str, blob: bytes, username: str) -> Job | None:
+    """Checked again at each channel: the key must still be the same user's, the user still a member."""
+    user = user_of_key(key_type, blob)
+    if user is None or user.pk != user_pk:
+        return None
+    return job_for(user, username)
+
+
+@dataclass(frozen=True)
+class Target:
+    logs: bool
+    ip: str = ""
+    port: int = 0
+
+
+def forward_target(job: Job, host: str, port: int) -> Target | None:
+    """Where a `-L` to host:port goes: the runner log endpoint, or the job's own port on its host;
+    None for anything else (another host, another port, a job not on a host)."""
+    if host not in LOCAL_NAMES:
+        return None
+    if port == RUNNER_HTTP_PORT:
+        return Target(logs=True)
+    if port not in job_ports(job) or job.status not in ATTACHABLE or job.instance is None:
+        return None
+    ip = job.instance.internal_ip or ""
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    return Target(logs=False, ip=ip, port=port)
