@@ -4,7 +4,7 @@
                              [--rounds 1] [--skip-placement]
 
 Muster: the bench harness's (PostgreSQL database muster_bench_peer, Redis db 13, gunicorn 2 x 4,
-one worker x 4 children at nice 10 as `muster serve` runs it, beat; hollow instances). dstack: its
+one worker x 4 children (at normal priority unless --worker-nice), beat; hollow instances). dstack: its
 server from .venv-peer on its own SQLite in a scratch dir. Each workload runs on both, one system
 after the other, the order swapped every round, so the machine's load falls on both. Prints both
 columns and the ratio per figure with the load average, and writes bench/results/peer-<time>.json.
@@ -101,6 +101,9 @@ def parse(argv=None):
     p.add_argument("--rounds", type=int, default=1, help="each workload this many times on each system")
     p.add_argument("--skip-placement", action="store_true")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--worker-nice", type=int, default=None,
+                   help="MUSTER_WORKER_NICE for Muster's worker (default: unset, the priority dstack's server "
+                        "runs its scheduler at; `muster serve` uses 10)")
     return p.parse_args(argv)
 
 
@@ -110,14 +113,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("BENCH_REDIS_DB", "13")
     session = harness.Session()
     info = machine()
-    print(f"bench-peer: Muster (PostgreSQL + Redis, gunicorn 2x4, worker 1x4 at nice 10) against dstack "
+    nice = "unset" if args.worker_nice is None else args.worker_nice
+    print(f"bench-peer: Muster (PostgreSQL + Redis, gunicorn 2x4, worker 1x4, MUSTER_WORKER_NICE {nice}) against dstack "
           f"{dstack.VERSION} (SQLite); {info['nproc']} CPUs ({info['cpu']}); load average {loadavg()}; "
           "the machine is shared, so the absolute figures move with its load, the ratios less", flush=True)
     per: dict = {"dstack": {"runs": []}, "muster": {"runs": []}}
     sizes = [] if args.skip_placement else args.sizes
     try:
         session.setup()
-        systems = {"muster": targets.Muster(session), "dstack": targets.Dstack(session)}
+        systems = {"muster": targets.Muster(session, args.worker_nice), "dstack": targets.Dstack(session)}
         for s in systems.values():
             s.start()
         steps = [("submit", submit), ("no-capacity", no_capacity)]

@@ -12,18 +12,17 @@ from bench.peer import dstack_api as dstack
 from bench.peer import dstack_seed
 from bench.peer.workloads import Target
 
-NICE = 10  # as `muster serve` runs its worker (muster/serve.py)
-
 
 class Muster:
     name = "muster"
 
-    def __init__(self, session: harness.Session):
-        self.session = session
+    def __init__(self, session: harness.Session, worker_nice: int | None = None):
+        self.session, self.worker_nice = session, worker_nice
 
     def start(self) -> None:
         _, self.port = self.session.start_web()
-        self.session.start_worker("worker0", 4, nice=NICE)
+        # None: the priority of dstack's server, whose scheduler runs in the process that serves the API
+        self.session.start_worker("worker0", 4, nice=self.worker_nice)
         self.session.start_beat()
 
     def _target(self, label: str, doc: str, hosts: int) -> Target:
