@@ -56,7 +56,7 @@ def placement(system, args, hosts: int) -> dict:
     target = system.placement_target(hosts)
     runs = max(1, hosts // 16)  # a quarter of the hosts, in 4-node runs, as bench/scenarios/place.py
     got = clients(target, runs, min(args.clients, runs), plan=False)
-    jobs = runs * 4
+    jobs = len(got["names"]) * 4  # the runs an apply was answered for
     placed = harness.wait_until(lambda: system.placed(got["names"]) >= jobs, args.timeout, every=0.1)
     seconds = time.perf_counter() - got["started_at"]
     return {"hosts": hosts, "runs": runs, "jobs": jobs, "complete": bool(placed), "seconds": seconds,

@@ -38,9 +38,14 @@ def pct(values: list[float], p: float) -> float:
 
 def _post(conn: http.client.HTTPConnection, path: str, body: dict, headers: dict) -> tuple[int, bytes, float]:
     t = time.perf_counter()
-    conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
-    resp = conn.getresponse()
-    data = resp.read()
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        # counted as an error, not retried (an apply may have landed); the next request reconnects
+        conn.close()
+        return 599, repr(exc).encode(), (time.perf_counter() - t) * 1000
     return resp.status, data, (time.perf_counter() - t) * 1000
 
 
