@@ -101,6 +101,8 @@ def parse(argv=None):
     p.add_argument("--rounds", type=int, default=1, help="each workload this many times on each system")
     p.add_argument("--skip-placement", action="store_true")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--settle", type=float, default=120,
+                   help="before each step, wait up to this long for the system's earlier runs to end")
     p.add_argument("--worker-nice", type=int, default=None,
                    help="MUSTER_WORKER_NICE for Muster's worker (default: unset, the priority dstack's server "
                         "runs its scheduler at; `muster serve` uses 10)")
@@ -132,9 +134,15 @@ def main(argv=None) -> int:
                 order = ["dstack", "muster"] if i % 2 == 0 else ["muster", "dstack"]
                 i += 1
                 for name in order:
-                    print(f"[round {rnd + 1}] {step} on {name} (load average {loadavg()})", flush=True)
+                    # the previous step's runs first: their tail would take the CPU and the engine of this one
+                    t = time.perf_counter()
+                    harness.wait_until(lambda s=systems[name]: s.unfinished() == 0, args.settle, every=0.5)
+                    waited, left = time.perf_counter() - t, systems[name].unfinished()
+                    print(f"[round {rnd + 1}] {step} on {name} (load average {loadavg()}; waited {waited:.0f} s "
+                          f"for earlier runs to end, {left} not ended)", flush=True)
                     try:
                         got = fn(systems[name], args)
+                        got.update(settle_s=waited, earlier_runs_not_ended=left)
                     except Exception as exc:  # noqa: BLE001 - report it, go on with the other system
                         got = {"failed": str(exc)[:2000]}
                     print(f"   {({k: v for k, v in got.items() if k not in ('names',)})}", flush=True)

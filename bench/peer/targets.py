@@ -58,6 +58,13 @@ class Muster:
 
         return self._target(f"place{hosts}", task_yaml(4), hosts)
 
+    def unfinished(self) -> int:
+        """Runs of earlier steps still in the engine's hands (the settle before a step waits for them)."""
+        from runs.choices import RUN_FINISHED
+        from runs.models import Run
+
+        return Run.objects.exclude(status__in=RUN_FINISHED).count()
+
     def terminal(self, names: list[str]) -> int:
         from runs.choices import RUN_FINISHED
         from runs.models import Run
@@ -119,6 +126,14 @@ class Dstack:
         try:
             marks = ",".join("?" * len(names))
             return conn.execute(where.format(marks=marks), names).fetchone()[0]
+        finally:
+            conn.close()
+
+    def unfinished(self) -> int:
+        conn = sqlite3.connect(f"file:{self.server.db}?mode=ro", uri=True, timeout=30)
+        try:
+            return conn.execute("SELECT count(*) FROM runs WHERE NOT deleted AND upper(status) NOT IN "
+                                "('TERMINATED', 'FAILED', 'DONE')").fetchone()[0]
         finally:
             conn.close()
 
