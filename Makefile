@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-containers test-dstack demo lint bench chaos fuzz clean
+.PHONY: run test test-containers test-dstack demo lint bench bench-peer chaos fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,11 +57,23 @@ bench: $(STAMP)
 	test -x $(BIN)/locust || $(BIN)/pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench.run
 
+# Muster and dstack side by side (bench/peer/README.md): dstack's server (with its server extra, which
+# test-dstack's client-only venv lacks) in a venv of its own, made once; not a Muster dependency
+PEER_VENV := .venv-peer
+
+$(PEER_VENV)/.installed:
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q "dstack[server]==0.22.5"
+	touch $@
+
+bench-peer: $(STAMP) $(PEER_VENV)/.installed
+	$(BIN)/python -m bench.peer.run
+
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos
 
 clean:
-	rm -rf $(VENV) $(DSTACK_VENV) .muster-data
+	rm -rf $(VENV) $(DSTACK_VENV) $(PEER_VENV) .muster-data
 
 fuzz: $(STAMP)
 	$(BIN)/python scripts/fuzz.py

@@ -1,0 +1,182 @@
+"""`make bench-peer` / `python -m bench.peer.run`: Muster and dstack 0.22.5 side by side, one run.
+
+    python -m bench.peer.run [--submit-runs 100] [--clients 4] [--nocap-runs 100] [--sizes 100,1000]
+                             [--rounds 1] [--skip-placement]
+
+Muster: the bench harness's (PostgreSQL database muster_bench_peer, Redis db 13, gunicorn 2 x 4,
+one worker x 4 children (at normal priority unless --worker-nice), beat; hollow instances). dstack: its
+server from .venv-peer on its own SQLite in a scratch dir. Each workload runs on both, one system
+after the other, the order swapped every round, so the machine's load falls on both. Prints both
+columns and the ratio per figure with the load average, and writes bench/results/peer-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from bench import harness
+from bench.peer import dstack_api as dstack
+from bench.peer import targets
+from bench.peer.workloads import clients, warm
+from bench.run import machine, save
+
+FIGURES = [  # (key, label, higher is better)
+    ("submit_runs_per_s", "submit, runs/s (plan + apply)", True),
+    ("plan_p50_ms", "plan p50 ms", False), ("plan_p99_ms", "plan p99 ms", False),
+    ("apply_p50_ms", "apply p50 ms", False), ("apply_p99_ms", "apply p99 ms", False),
+    ("nocap_runs_per_s", "no capacity, runs/s to terminal", True),
+]
+
+
+def loadavg() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def submit(system, args) -> dict:
+    warm(system.target)
+    got = clients(system.target, args.submit_runs, args.clients)
+    got["load_after"] = loadavg()
+    return got
+
+
+def no_capacity(system, args) -> dict:
+    target = system.nocap_target()
+    got = clients(target, args.nocap_runs, args.clients, plan=False)
+    ended = harness.wait_until(lambda: system.terminal(got["names"]) >= len(got["names"]), args.timeout, every=0.2)
+    seconds = time.perf_counter() - got["started_at"]
+    return {"runs": got["runs"], "seconds": seconds, "complete": bool(ended),
+            "runs_per_s": got["runs"] / seconds if ended else 0.0, "errors": got["errors"],
+            "error_count": got["error_count"], "load_after": loadavg()}
+
+
+def placement(system, args, hosts: int) -> dict:
+    target = system.placement_target(hosts)
+    runs = max(1, hosts // 16)  # a quarter of the hosts, in 4-node runs, as bench/scenarios/place.py
+    got = clients(target, runs, min(args.clients, runs), plan=False)
+    jobs = len(got["names"]) * 4  # the runs an apply was answered for
+    placed = harness.wait_until(lambda: system.placed(got["names"]) >= jobs, args.timeout, every=0.1)
+    seconds = time.perf_counter() - got["started_at"]
+    return {"hosts": hosts, "runs": runs, "jobs": jobs, "complete": bool(placed), "seconds": seconds,
+            # cut short: the rate of what was placed by the cap, marked as such in the table
+            "jobs_per_s": (jobs if placed else system.placed(got["names"])) / seconds, "placed": system.placed(got["names"]),
+            "errors": got["errors"], "error_count": got["error_count"], "load_after": loadavg(),
+            **system.placement_check(got["names"])}
+
+
+def ratio(d, m, higher_better: bool) -> str:
+    if not d or not m:
+        return "-"
+    return f"{(m / d if higher_better else d / m):.1f}x"
+
+
+def print_table(results: dict) -> str:
+    rows = []
+    for key, label, hb in FIGURES:
+        d, m = results["dstack"].get(key), results["muster"].get(key)
+        rows.append((label, d, m, ratio(d, m, hb)))
+    for hosts in results["sizes"]:
+        d, m = results["dstack"].get(f"place_{hosts}"), results["muster"].get(f"place_{hosts}")
+        cut = [f"{n}: {results[n][f'place_{hosts}_cut']}" for n in ("dstack", "muster")
+               if results[n].get(f"place_{hosts}_cut")]
+        label = f"placement, jobs/s, {hosts} idle hosts" + (f" (cut short: {'; '.join(cut)})" if cut else "")
+        rows.append((label, d, m, ratio(d, m, True)))
+    fmt = lambda v: "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")  # noqa: E731
+    lines = ["| figure | dstack 0.22.5 | Muster | ratio (Muster ahead) |", "|---|---|---|---|"]
+    lines += [f"| {label} | {fmt(d)} | {fmt(m)} | {r} |" for label, d, m, r in rows]
+    text = "\n".join(lines)
+    print("\n" + text, flush=True)
+    return text
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.peer.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--submit-runs", type=int, default=100)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--nocap-runs", type=int, default=100)
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1000])
+    p.add_argument("--rounds", type=int, default=1, help="each workload this many times on each system")
+    p.add_argument("--skip-placement", action="store_true")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--settle", type=float, default=120,
+                   help="before each step, wait up to this long for the system's earlier runs to end")
+    p.add_argument("--worker-nice", type=int, default=None,
+                   help="MUSTER_WORKER_NICE for Muster's worker (default: unset, the priority dstack's server "
+                        "runs its scheduler at; `muster serve` uses 10)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    os.environ.setdefault("BENCH_DB_NAME", "muster_bench_peer")
+    os.environ.setdefault("BENCH_REDIS_DB", "13")
+    session = harness.Session()
+    info = machine()
+    nice = "unset" if args.worker_nice is None else args.worker_nice
+    print(f"bench-peer: Muster (PostgreSQL + Redis, gunicorn 2x4, worker 1x4, MUSTER_WORKER_NICE {nice}) against dstack "
+          f"{dstack.VERSION} (SQLite); {info['nproc']} CPUs ({info['cpu']}); load average {loadavg()}; "
+          "the machine is shared, so the absolute figures move with its load, the ratios less", flush=True)
+    per: dict = {"dstack": {"runs": []}, "muster": {"runs": []}}
+    sizes = [] if args.skip_placement else args.sizes
+    try:
+        session.setup()
+        systems = {"muster": targets.Muster(session, args.worker_nice), "dstack": targets.Dstack(session)}
+        for s in systems.values():
+            s.start()
+        steps = [("submit", submit), ("no-capacity", no_capacity)]
+        steps += [(f"place-{h}", lambda s, a, h=h: placement(s, a, h)) for h in sizes]
+        i = 0
+        for rnd in range(args.rounds):
+            for step, fn in steps:
+                order = ["dstack", "muster"] if i % 2 == 0 else ["muster", "dstack"]
+                i += 1
+                for name in order:
+                    # the previous step's runs first: their tail would take the CPU and the engine of this one
+                    t = time.perf_counter()
+                    harness.wait_until(lambda s=systems[name]: s.unfinished() == 0, args.settle, every=0.5)
+                    waited, left = time.perf_counter() - t, systems[name].unfinished()
+                    print(f"[round {rnd + 1}] {step} on {name} (load average {loadavg()}; waited {waited:.0f} s "
+                          f"for earlier runs to end, {left} not ended)", flush=True)
+                    try:
+                        got = fn(systems[name], args)
+                        got.update(settle_s=waited, earlier_runs_not_ended=left)
+                    except Exception as exc:  # noqa: BLE001 - report it, go on with the other system
+                        got = {"failed": str(exc)[:2000]}
+                    print(f"   {({k: v for k, v in got.items() if k not in ('names',)})}", flush=True)
+                    per[name]["runs"].append({"round": rnd + 1, "step": step, **got})
+        for name in per:
+            best = per[name]
+            for entry in best["runs"]:
+                step = entry["step"]
+                if "failed" in entry or not entry.get("runs"):
+                    continue
+                if step == "submit":
+                    for k in ("runs_per_s", "plan_p50_ms", "plan_p99_ms", "apply_p50_ms", "apply_p99_ms"):
+                        best.setdefault("submit_" + k if k == "runs_per_s" else k, []).append(entry.get(k))
+                elif step == "no-capacity" and entry["complete"]:
+                    best.setdefault("nocap_runs_per_s", []).append(entry["runs_per_s"])
+                elif step.startswith("place-"):
+                    best.setdefault(f"place_{entry['hosts']}", []).append(entry["jobs_per_s"])
+                    if not entry["complete"]:
+                        best[f"place_{entry['hosts']}_cut"] = f"{entry['placed']} of {entry['jobs']} placed by the cap"
+
+            for k, v in list(best.items()):
+                if k != "runs" and isinstance(v, list):
+                    vals = sorted(x for x in v if x is not None)
+                    best[k] = vals[len(vals) // 2] if vals else None  # median over the rounds
+        per["sizes"] = sizes
+        per["table"] = print_table(per)
+        per["load_average_end"] = loadavg()
+        print(f"load average at the end: {per['load_average_end']} on {info['nproc']} CPUs", flush=True)
+        save("peer", {"scenario": "peer", "machine": info, "args": vars(args), "result": per})
+    finally:
+        leftovers = session.teardown()
+        print(f"cleanup: processes left after stop: {len(leftovers)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
