@@ -36,7 +36,7 @@ def _lower_priority(**_) -> None:
     # when the machine is otherwise idle.
     from django.conf import settings
 
-    nice = int(settings.MUSTER.get("WORKER_NICE", 0))
+    nice = int(settings.MUSTER["WORKER_NICE"])
     if nice > 0:
         os.nice(nice)
 
@@ -45,7 +45,7 @@ def _beat_schedule() -> dict:
     from django.conf import settings
 
     every = float(settings.MUSTER["SWEEP_INTERVAL"])
-    poll = float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+    poll = float(settings.MUSTER["JOB_POLL_INTERVAL"])
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {

@@ -26,6 +26,6 @@ class ProjectsConfig(AppConfig):
 
         post_migrate.connect(_create_cache_table, sender=self, dispatch_uid="muster-cache-table")
 
-        if settings.PRODUCTION and settings.MUSTER.get("LOCAL_BACKEND"):
+        if settings.PRODUCTION and settings.MUSTER["LOCAL_BACKEND"]:
             log.warning("MUSTER_LOCAL_BACKEND is on in production: superusers can run commands on the control "
                         "plane's own machine as its user (docs/security.md)")
