@@ -81,3 +81,23 @@ def test_the_source_check_sees_a_fallback_an_undeclared_key_an_alias_and_an_over
     got = sorted(_problems(bad, {"SWEEP_INTERVAL"}, root=tmp_path))
     assert [g.split(":")[1] for g in got] == ["2", "3", "5", "7"], got
     assert "NEVER_DECLARED" in got[1] and "ALSO_NEW" in got[3]
+
+
+def _number_constants(path: Path) -> list[str]:
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        numeric = isinstance(value, ast.Constant) and type(value.value) in (int, float) or (
+            isinstance(value, ast.BinOp) and all(isinstance(side, ast.Constant) for side in (value.left, value.right)))
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {t.id}" for t in targets
+                  if numeric and isinstance(t, ast.Name) and t.id.isupper()]
+    return found
+
+
+def test_the_engines_tuning_values_live_in_engine_tuning():
+    # a batch size, thread count or delay found in one place, each with its reason; what an operator
+    # may change is a MUSTER setting instead
+    stray = [c for path in sorted((ROOT / "engine").rglob("*.py")) if path.name != "tuning.py"
+             for c in _number_constants(path)]
+    assert not stray, "move these to engine/tuning.py (with the reason for each):\n" + "\n".join(stray)
