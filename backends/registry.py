@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from backends.base import Compute
 
 
@@ -31,7 +33,6 @@ def _extra_backends() -> dict[str, type[Compute]]:
 
     The benchmarks use this for their hollow instances; the product's own backends are above.
     """
-    from django.conf import settings
     from django.utils.module_loading import import_string
 
     return {name: import_string(path) for name, path in settings.MUSTER["EXTRA_BACKENDS"].items()}

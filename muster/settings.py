@@ -7,6 +7,7 @@ instance directories and stored logs. DATABASE_URL / CELERY_BROKER_URL switch to
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -263,8 +264,6 @@ CELERY_TIMEZONE = "UTC"
 CELERY_IMPORTS = ("engine.tasks",)
 
 def _cidrs(name: str, default: str = "") -> list[str]:
-    import ipaddress
-
     items = [c.strip() for c in env_str(name, default).split(",") if c.strip()]
     for item in items:
         try:

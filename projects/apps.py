@@ -1,6 +1,7 @@
 import logging
 
 from django.apps import AppConfig
+from django.conf import settings
 
 log = logging.getLogger("muster.security")
 
@@ -16,7 +17,6 @@ class ProjectsConfig(AppConfig):
     name = "projects"
 
     def ready(self) -> None:
-        from django.conf import settings
         from django.db.models.signals import post_migrate, post_save
 
         from projects.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)

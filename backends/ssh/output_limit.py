@@ -8,14 +8,13 @@ live here so the runner host (which raises it for large reads) and the command l
 from __future__ import annotations
 
 import paramiko
+from django.conf import settings
 
 from backends.ssh.connection import peer
 from backends.ssh.errors import OutputTooLarge
 
 
 def output_limit() -> int:
-    from django.conf import settings
-
     return int(settings.MUSTER["SSH_OUTPUT_LIMIT"])
 
 
