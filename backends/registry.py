@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from backends.base import Compute
 
 
@@ -31,10 +33,9 @@ def _extra_backends() -> dict[str, type[Compute]]:
 
     The benchmarks use this for their hollow instances; the product's own backends are above.
     """
-    from django.conf import settings
     from django.utils.module_loading import import_string
 
-    return {name: import_string(path) for name, path in settings.MUSTER.get("EXTRA_BACKENDS", {}).items()}
+    return {name: import_string(path) for name, path in settings.MUSTER["EXTRA_BACKENDS"].items()}
 
 
 def creates_groups(backend: str) -> bool:
@@ -54,5 +55,5 @@ def fleet_backend_config(fleet) -> dict[str, Any]:
         from backends.gcp.config import merged
 
         # the fleet's own zones/spot/runtime_version win over the server-wide GCP settings
-        return merged(settings.MUSTER.get("GCP", {}), fleet.configuration)
+        return merged(settings.MUSTER["GCP"], fleet.configuration)
     return {}

@@ -67,10 +67,6 @@ class SliceShape:
         return self.chips // self.hosts
 
     @property
-    def multi_host(self) -> bool:
-        return self.hosts > 1
-
-    @property
     def hbm_gb(self) -> int:
         return self.chips * self.family.hbm_gb_per_chip
 

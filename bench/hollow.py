@@ -33,7 +33,7 @@ def state_dir() -> Path:
 
 
 def run_seconds() -> float:
-    return float(settings.MUSTER.get("HOLLOW_RUN_SECONDS", 2.0))
+    return float(settings.MUSTER["HOLLOW_RUN_SECONDS"])
 
 
 class HollowRunnerHost(RunnerHost):

@@ -117,19 +117,19 @@ class _DatabaseCollector:
 
 
 def allowed(request) -> bool:
-    token = settings.MUSTER.get("METRICS_TOKEN") or ""
+    token = settings.MUSTER["METRICS_TOKEN"] or ""
     if token:
         sent = request.headers.get("Authorization", "")
         return sent.startswith("Bearer ") and hmac.compare_digest(sent[len("Bearer "):].encode(), token.encode())
-    return bool(settings.MUSTER.get("METRICS_OPEN"))
+    return bool(settings.MUSTER["METRICS_OPEN"])
 
 
 @require_GET
 def metrics_view(request):
     if not allowed(request):
-        why = ("send Authorization: Bearer <MUSTER_METRICS_TOKEN>" if settings.MUSTER.get("METRICS_TOKEN")
+        why = ("send Authorization: Bearer <MUSTER_METRICS_TOKEN>" if settings.MUSTER["METRICS_TOKEN"]
                else "set MUSTER_METRICS_TOKEN (and send it as a bearer token) or MUSTER_METRICS_OPEN=1")
-        return HttpResponse(f"metrics: {why}\n", status=401 if settings.MUSTER.get("METRICS_TOKEN") else 403,
+        return HttpResponse(f"metrics: {why}\n", status=401 if settings.MUSTER["METRICS_TOKEN"] else 403,
                             content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_DatabaseCollector())

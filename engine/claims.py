@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,9 +74,6 @@ class _Renewer:
                 del self.held[(model, token)]
 
     def _run(self) -> None:
-        import logging
-        import time
-
         from django.db import connection as own
 
         while True:

@@ -11,6 +11,7 @@ from django.db.models import Q
 from backends.base import BackendError
 from backends.registry import compute_for_instance, fleet_backend_config, get_compute
 from engine import claims, messages
+from engine.tuning import STOP_THREADS
 from events.services import record
 from instances.models import (
     LIVE_INSTANCE_STATUSES,
@@ -87,9 +88,6 @@ def terminate_group_now(group_id: int) -> bool:
             claims.release(InstanceGroup, group_id, held.token, status=GroupStatus.TERMINATED)
             record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
     return not held.failed
-
-
-STOP_THREADS = 16
 
 
 def stop_agents(instances: list[Instance]) -> None:

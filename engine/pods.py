@@ -27,6 +27,7 @@ from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
 from engine import claims, messages
 from engine.claims import unleased
+from engine.tuning import POD_BATCH
 from events.services import record
 from instances.models import (
     Fleet,
@@ -55,7 +56,7 @@ def _slice_of(job) -> str | None:
 def poll_interval() -> float:
     """Seconds between looks at a slice being created (creation takes minutes on Google Cloud)."""
     muster = settings.MUSTER
-    return float(muster.get("POD_POLL_INTERVAL") or 5 * float(muster.get("JOB_POLL_INTERVAL", 1.0)))
+    return float(muster["POD_POLL_INTERVAL"] or 5 * float(muster["JOB_POLL_INTERVAL"]))
 
 
 def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, int]:
@@ -307,9 +308,9 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
 
 def pods_to_poll(now):
     """Provisioning pods whose self-rescheduled poll looks lost (not looked at for a while)."""
-    quiet = max(3 * poll_interval(), 3 * float(settings.MUSTER.get("SWEEP_INTERVAL", 2.0)))
+    quiet = max(3 * poll_interval(), 3 * float(settings.MUSTER["SWEEP_INTERVAL"]))
     return InstanceGroup.objects.filter(unleased(now), kind=GroupKind.TPU_POD, status=GroupStatus.PROVISIONING,
-                                        updated__lt=now - timedelta(seconds=quiet)).values_list("pk", flat=True)[:200]
+                                        updated__lt=now - timedelta(seconds=quiet)).values_list("pk", flat=True)[:POD_BATCH]
 
 
 def expire_idle_pods(now) -> int:

@@ -20,11 +20,10 @@ from instances.models import Fleet, FleetBackend, FleetStatus
 
 # Retries of a registration that keeps hitting an unexpected error stop here, so the user's hosts
 # are not contacted for ever and `muster fleet apply` (which waits 15 min) sees the failure.
-GIVE_UP_AFTER = 600.0  # seconds since the fleet was applied (MUSTER_SSH_REGISTER_GIVE_UP)
 
 
 def give_up_after() -> float:
-    return float(settings.MUSTER.get("SSH_REGISTER_GIVE_UP", GIVE_UP_AFTER))
+    return float(settings.MUSTER["SSH_REGISTER_GIVE_UP"])
 
 
 def register_fleet(fleet_id: int, actor: str = "server") -> bool:

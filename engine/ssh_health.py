@@ -2,10 +2,10 @@
 
 Busy hosts are looked at on every poll of their job (engine/running/observe.py), which keeps `last_seen`
 fresh. Idle hosts are not, so a host that went away would only be noticed when a run lands on it.
-`check_ssh_hosts` (called by the sweep) connects to every live SSH host not seen for CHECK_EVERY
+`check_ssh_hosts` (called by the sweep) connects to every live SSH host not seen for SSH_HEALTH_INTERVAL
 seconds and asks its runner for status: one short round trip each, in parallel threads.
 
-Each checked instance is leased for CHECK_EVERY seconds, so concurrent sweeps never check a host
+Each checked instance is leased for SSH_HEALTH_INTERVAL seconds, so concurrent sweeps never check a host
 twice, and a host that stays unreachable (its `last_seen` never moves) is retried at that pace,
 not on every sweep.
 
@@ -25,36 +25,29 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.ssh.runner_host import SSHRunnerHost
 from engine import claims, health
+from engine.tuning import HEALTH_BATCH, HEALTH_THREADS
 from instances.models import FleetBackend, Instance, InstanceStatus
 from instances.services import docker_facts
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY = 10.0  # seconds between looks at one host
-CHECK_TIMEOUT = 5.0  # one connect + one status command
-BATCH = 200
-PARALLEL = 16
-
-
-def _setting(name: str, default: float) -> float:
-    return float(settings.MUSTER.get(name, default))
 
 
 def check_ssh_hosts(now: datetime | None = None) -> int:
     """Look at live SSH hosts not seen recently; mark them reachable or not. Returns how many were checked."""
     now = now or timezone.now()
-    every = _setting("SSH_HEALTH_INTERVAL", CHECK_EVERY)
+    every = float(settings.MUSTER["SSH_HEALTH_INTERVAL"])
     due = Instance.objects.filter(
         Q(last_seen__isnull=True) | Q(last_seen__lt=now - timedelta(seconds=every)),
         backend=FleetBackend.SSH, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
     )
     # Not released afterwards on purpose: the lease is what spaces the checks of one host.
-    _token, pks = claims.claim_batch(due, BATCH, seconds=every, renew=False)
+    _token, pks = claims.claim_batch(due, HEALTH_BATCH, seconds=every, renew=False)
     if not pks:
         return 0
     instances = list(Instance.objects.filter(pk__in=pks).select_related("fleet"))
-    timeout = _setting("SSH_HEALTH_TIMEOUT", CHECK_TIMEOUT)
-    with ThreadPoolExecutor(max_workers=min(PARALLEL, len(instances)), thread_name_prefix="ssh-health") as pool:
+    timeout = float(settings.MUSTER["SSH_HEALTH_TIMEOUT"])
+    with ThreadPoolExecutor(max_workers=min(HEALTH_THREADS, len(instances)), thread_name_prefix="ssh-health") as pool:
         # Threads only talk SSH; every database write happens here, on the caller's connection.
         outcomes = list(pool.map(lambda inst: _check_host(inst, timeout), instances))
     for inst, (error, docker) in zip(instances, outcomes, strict=True):

@@ -10,6 +10,7 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, messages, runner_status
+from engine.tuning import STOP_RECHECK
 from events.services import record
 from instances.transitions import hand_back
 from runs.choices import (
@@ -28,9 +29,6 @@ from runs.services import attach, logs
 from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
-# A runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most jobs
-# (servers, shells) exit on SIGTERM at once, so the stop is checked again after this.
-STOP_RECHECK = 0.25
 
 
 def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:

@@ -16,21 +16,16 @@ from django.utils import timezone
 
 from engine import messages
 from engine.claims import unleased
+from engine.tuning import SWEEP_BACKLOG as BACKLOG
+from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
-
-BATCH = 500
 
 
 def stale_after() -> timedelta:
     # three sweep intervals: long enough that a healthy chain has moved the row on already
     return timedelta(seconds=3 * float(settings.MUSTER["SWEEP_INTERVAL"]))
-
-
-# Above this many queued messages the workers are behind: a row's own message is late, not lost,
-# and a copy would only lengthen the line (and the next sweep would add another).
-BACKLOG = 100
 
 
 def queued_messages() -> int | None:

@@ -16,22 +16,29 @@ from engine.submitted import provision
 FIRST, NEXT = 0, 3
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, priority=FIRST)
+def step_task(**options):
+    """A claimed step's task: acknowledged once it ran, and delivered again when its worker was lost
+    mid-step (the claim makes a second delivery safe). The beat's periodic tasks are not: the next
+    tick does their work anyway."""
+    return shared_task(acks_late=True, reject_on_worker_lost=True, **options)
+
+
+@step_task(priority=FIRST)
 def provision_job(job_id: int) -> None:
     provision.provision_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
+@step_task(priority=NEXT)
 def advance_job(job_id: int) -> None:
     advance.advance_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
+@step_task(priority=NEXT)
 def finish_job(job_id: int) -> None:
     stopping.finish_job(job_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
+@step_task(priority=NEXT)
 def process_run(run_id: int) -> None:
     deriving.process_run(run_id)
 
@@ -54,12 +61,12 @@ def sweep_logs() -> int:
     return log_storage.sweep_retention()
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@step_task()
 def terminate_group(group_id: int) -> None:
     groups.terminate_group_now(group_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@step_task()
 def poll_pod(group_id: int) -> None:
     pods.poll_pod(group_id)
 
@@ -69,11 +76,11 @@ def watch_pods() -> None:
     pod_watch.watch_pods()
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@step_task()
 def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
     registration.register_fleet(fleet_id, actor=actor)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, priority=NEXT)
+@step_task(priority=NEXT)
 def revoke_attach_keys(instance_id: int) -> None:
     attach_revokes.revoke_attach_keys(instance_id)

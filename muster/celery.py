@@ -7,6 +7,7 @@ import os
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_init
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muster.settings")
 
@@ -34,18 +35,14 @@ def _lower_priority(**_) -> None:
     # throughput work and the API is what a user waits on: a niced worker (and its prefork
     # children, which inherit it) gives way to the web when both want the CPU, and costs nothing
     # when the machine is otherwise idle.
-    from django.conf import settings
-
-    nice = int(settings.MUSTER.get("WORKER_NICE", 0))
+    nice = int(settings.MUSTER["WORKER_NICE"])
     if nice > 0:
         os.nice(nice)
 
 
 def _beat_schedule() -> dict:
-    from django.conf import settings
-
     every = float(settings.MUSTER["SWEEP_INTERVAL"])
-    poll = float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+    poll = float(settings.MUSTER["JOB_POLL_INTERVAL"])
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
     pods = float(settings.MUSTER.get("POD_POLL_INTERVAL") or 5 * poll)
     # `expires`: a tick that could not run in its own period is dropped, never piled up.

@@ -31,7 +31,7 @@ def depth_over(value, limit: int) -> bool:
 
 class JSONParser(DRFJSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
-        limit = int(settings.MUSTER.get("MAX_JSON_DEPTH", 64))
+        limit = int(settings.MUSTER["MAX_JSON_DEPTH"])
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:

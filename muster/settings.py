@@ -7,6 +7,7 @@ instance directories and stored logs. DATABASE_URL / CELERY_BROKER_URL switch to
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -263,8 +264,6 @@ CELERY_TIMEZONE = "UTC"
 CELERY_IMPORTS = ("engine.tasks",)
 
 def _cidrs(name: str, default: str = "") -> list[str]:
-    import ipaddress
-
     items = [c.strip() for c in env_str(name, default).split(",") if c.strip()]
     for item in items:
         try:
@@ -284,6 +283,8 @@ MUSTER = {
     # niceness of the Celery worker (0: as started); `muster serve` runs its worker at 10
     "WORKER_NICE": env_int("MUSTER_WORKER_NICE", 0),
     "JOB_POLL_INTERVAL": env_float("MUSTER_JOB_POLL_INTERVAL", 1.0),
+    # seconds between looks at a TPU slice being created (0: 5 × JOB_POLL_INTERVAL; creation takes minutes)
+    "POD_POLL_INTERVAL": env_float("MUSTER_POD_POLL_INTERVAL", 0.0),
     "WAITING_INSTANCE_LIMIT": env_float("MUSTER_WAITING_INSTANCE_LIMIT", 600.0),
     "WAITING_RUNNER_LIMIT": env_float("MUSTER_WAITING_RUNNER_LIMIT", 300.0),
     "WAITING_PEERS_LIMIT": env_float("MUSTER_WAITING_PEERS_LIMIT", 600.0),
@@ -342,7 +343,16 @@ MUSTER = {
     # (CIDRs) a fleet host may still have, e.g. a GPU host that also runs the control plane
     "SSH_DENY_OWN_ADDRESSES": env_bool("MUSTER_SSH_DENY_OWN_ADDRESSES", PRODUCTION),
     "SSH_OWN_ADDRESSES_ALLOW": _cidrs("MUSTER_SSH_OWN_ADDRESSES_ALLOW"),
-    "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes one probe/status command may print
+    # seconds for one SSH connect or one command (short: the engine looks at a host once per poll, and
+    # an unreachable host should cost one short wait), and for all of one host's registration
+    # (connect, probe, upload, start the agent)
+    "SSH_TIMEOUT": env_float("MUSTER_SSH_TIMEOUT", 10.0),
+    "SSH_REGISTER_TIMEOUT": env_float("MUSTER_SSH_REGISTER_TIMEOUT", 60.0),
+    # the sweep's health check of live SSH hosts (engine/ssh_health.py): seconds between looks at one
+    # host, and for one look (a connect and one status command)
+    "SSH_HEALTH_INTERVAL": env_float("MUSTER_SSH_HEALTH_INTERVAL", 10.0),
+    "SSH_HEALTH_TIMEOUT": env_float("MUSTER_SSH_HEALTH_TIMEOUT", 5.0),
+    "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes of stdout+stderr one command may print
     # seconds between Docker probes of one SSH host by the health check (instances/services/docker_facts.py)
     "SSH_DOCKER_PROBE_INTERVAL": env_float("MUSTER_SSH_DOCKER_PROBE_INTERVAL", 300.0),
     # seconds a pending SSH fleet is registered again (after unexpected errors) before it is failed
@@ -355,12 +365,16 @@ MUSTER = {
     "METRICS_PROJECTS": env_int("MUSTER_METRICS_PROJECTS", 20),
     # where `muster attach` puts a user's key on an SSH host: the file the host's sshd reads for the
     # fleet user (its AuthorizedKeysFile); `~/` is that user's home
-    "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS", "~/.ssh/authorized_keys"),
+    "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS") or "~/.ssh/authorized_keys",
     # the SSH gateway the dstack CLI reaches jobs through (docs/dstack-cli.md): where `muster serve`
     # binds it, and the host and port the CLI is told to dial (empty: the web's host, the bound port)
     "DSTACK_SSH_BIND": env_str("MUSTER_DSTACK_SSH_BIND", "127.0.0.1:2222"),
     "DSTACK_SSH_PUBLIC_HOST": env_str("MUSTER_DSTACK_SSH_PUBLIC_HOST"),
     "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
+    # set in a settings file, not the environment: the gcp backend's defaults (the MUSTER_GCP_*
+    # variables win, backends/gcp/config.py), and backends a deployment adds (name -> dotted class path)
+    "GCP": {},
+    "EXTRA_BACKENDS": {},
 }
 
 LOGGING = {

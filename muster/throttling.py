@@ -17,12 +17,12 @@ from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 class UserThrottle(UserRateThrottle):
     def get_rate(self):
-        return settings.MUSTER.get("THROTTLE_USER") or None
+        return settings.MUSTER["THROTTLE_USER"] or None
 
 
 class AnonThrottle(AnonRateThrottle):
     def get_rate(self):
-        return settings.MUSTER.get("THROTTLE_ANON") or None
+        return settings.MUSTER["THROTTLE_ANON"] or None
 
 
 def throttled(view):

@@ -1,6 +1,7 @@
 import logging
 
 from django.apps import AppConfig
+from django.conf import settings
 
 log = logging.getLogger("muster.security")
 
@@ -16,7 +17,6 @@ class ProjectsConfig(AppConfig):
     name = "projects"
 
     def ready(self) -> None:
-        from django.conf import settings
         from django.db.models.signals import post_migrate, post_save
 
         from projects.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
@@ -26,6 +26,6 @@ class ProjectsConfig(AppConfig):
 
         post_migrate.connect(_create_cache_table, sender=self, dispatch_uid="muster-cache-table")
 
-        if settings.PRODUCTION and settings.MUSTER.get("LOCAL_BACKEND"):
+        if settings.PRODUCTION and settings.MUSTER["LOCAL_BACKEND"]:
             log.warning("MUSTER_LOCAL_BACKEND is on in production: superusers can run commands on the control "
                         "plane's own machine as its user (docs/security.md)")

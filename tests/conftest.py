@@ -99,7 +99,7 @@ def celery_worker(celery_worker, settings):
     stop = threading.Event()
 
     def tick() -> None:
-        while not stop.wait(float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))):
+        while not stop.wait(float(settings.MUSTER["JOB_POLL_INTERVAL"])):
             tasks.watch_running.delay()
 
     thread = threading.Thread(target=tick, name="watch-ticks", daemon=True)

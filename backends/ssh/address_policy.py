@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
+
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -122,17 +124,9 @@ def refusal(address: str, policy: HostPolicy) -> str:
     return ""
 
 
-def address_allowed(address: str, allow: Iterable[str], deny: Iterable[str]) -> bool:
-    """The lists alone, without the own-address rule."""
-    return not refusal(address, HostPolicy(list(allow), list(deny)))
-
-
 def host_policy() -> HostPolicy:
     """MUSTER_SSH_HOSTS_ALLOW / _DENY and the own-address rule; applied to every SSH connection, not
     only at registration, so a name that later resolves elsewhere is held to the same rule."""
-    from django.conf import settings
-
     muster = settings.MUSTER
-    return HostPolicy(list(muster.get("SSH_HOSTS_ALLOW") or []), list(muster.get("SSH_HOSTS_DENY") or []),
-                      bool(muster.get("SSH_DENY_OWN_ADDRESSES", False)),
-                      list(muster.get("SSH_OWN_ADDRESSES_ALLOW") or []))
+    return HostPolicy(list(muster["SSH_HOSTS_ALLOW"]), list(muster["SSH_HOSTS_DENY"]),
+                      bool(muster["SSH_DENY_OWN_ADDRESSES"]), list(muster["SSH_OWN_ADDRESSES_ALLOW"]))

@@ -13,13 +13,9 @@ from django.conf import settings
 from backends.base import BackendError, Compute, InstanceOffer, ProvisioningData
 from backends.ssh.runner_host import SSHRunnerHost
 
-# Seconds for one connect or one runner command. Short on purpose: the engine looks at a host once
-# per poll, and an unreachable host should cost one short wait, not a worker blocked for minutes.
-DEFAULT_SSH_TIMEOUT = 10.0
-
 
 def ssh_timeout() -> float:
-    return float(settings.MUSTER.get("SSH_TIMEOUT", DEFAULT_SSH_TIMEOUT))
+    return float(settings.MUSTER["SSH_TIMEOUT"])
 
 
 class SSHCompute(Compute):

@@ -8,19 +8,14 @@ live here so the runner host (which raises it for large reads) and the command l
 from __future__ import annotations
 
 import paramiko
+from django.conf import settings
 
 from backends.ssh.connection import peer
 from backends.ssh.errors import OutputTooLarge
 
-# Bytes of stdout + stderr one remote command may print before its channel is closed.
-# MUSTER["SSH_OUTPUT_LIMIT"] overrides it.
-DEFAULT_OUTPUT_LIMIT = 4 << 20
-
 
 def output_limit() -> int:
-    from django.conf import settings
-
-    return int(settings.MUSTER.get("SSH_OUTPUT_LIMIT", DEFAULT_OUTPUT_LIMIT))
+    return int(settings.MUSTER["SSH_OUTPUT_LIMIT"])
 
 
 def check_output_size(client: paramiko.SSHClient, command: str, out: bytearray, err: bytearray, cap: int) -> None:

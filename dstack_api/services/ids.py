@@ -16,14 +16,3 @@ MAX_PK = (1 << 48) - 1
 
 def uuid_of(kind: str, pk: int) -> str:
     return str(uuid.UUID(f"{_TAG}{KINDS[kind]:04x}40008000{int(pk):012x}"))
-
-
-def pk_of(kind: str, value: object) -> int | None:
-    """The pk a uuid_of(kind, pk) came from, or None for anything else."""
-    try:
-        text = uuid.UUID(str(value)).hex
-    except (ValueError, TypeError, AttributeError):
-        return None
-    if text[:8] != _TAG or text[8:12] != f"{KINDS[kind]:04x}" or text[12:20] != "40008000":
-        return None
-    return int(text[20:], 16)

@@ -34,12 +34,8 @@ RUNNER_END_STATES = {
 }
 
 
-def limit(name: str) -> float:
-    return float(settings.MUSTER[name])
-
-
 def poll_interval() -> float:
-    return float(settings.MUSTER.get("JOB_POLL_INTERVAL", 1.0))
+    return float(settings.MUSTER["JOB_POLL_INTERVAL"])
 
 
 def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
@@ -121,6 +117,6 @@ def _maybe_unreachable(job: Job) -> None:
     instance = job.instance
     instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
     since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
-    if since and (timezone.now() - since).total_seconds() > limit("UNREACHABLE_GRACE"):
+    if since and (timezone.now() - since).total_seconds() > settings.MUSTER["UNREACHABLE_GRACE"]:
         end_held(job, JobReason.INSTANCE_UNREACHABLE,
-                      f"{instance.name} has not answered for {limit('UNREACHABLE_GRACE'):.0f}s")
+                      f"{instance.name} has not answered for {settings.MUSTER['UNREACHABLE_GRACE']:.0f}s")

@@ -3,7 +3,7 @@
 A job in `running` has nothing to do but be looked at until its runner reports an end. One task
 per job per poll interval made the watch loop the control plane's main cost (a message, a claim
 and a release for each look). Instead beat sends `watch_running` every JOB_POLL_INTERVAL: it
-claims the due jobs BATCH at a time (claim_batch, SKIP LOCKED on PostgreSQL, so several workers
+claims the due jobs WATCH_BATCH (engine/tuning.py) at a time (claim_batch, SKIP LOCKED on PostgreSQL, so several workers
 share the work without waiting on each other), asks their runners in threads that only do network
 I/O, acts on each answer on this task's connection, and gives the leases of the jobs that are
 still running back in one UPDATE. A job that ended is handed to finish_job as advance_job would.
@@ -25,14 +25,13 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims
 from engine.running import observe
+from engine.tuning import WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
 from runs.models import Job
 from runs.services import logs
 from runs.transitions import release_job
 
 log = logging.getLogger(__name__)
-BATCH = 200
-THREADS = 16
 
 
 def watch_running() -> int:
@@ -46,7 +45,7 @@ def watch_running() -> int:
     while True:
         n = _watch_batch()
         total += n
-        if n < BATCH or time.monotonic() - started > observe.poll_interval():
+        if n < WATCH_BATCH or time.monotonic() - started > observe.poll_interval():
             return total
 
 
@@ -55,7 +54,7 @@ def _watch_batch() -> int:
     # never looked at (NULL): a worker that moved the job to running died before giving it back
     due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
                              status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
-    with claims.claimed_batch(due, BATCH, "watch_running") as held:
+    with claims.claimed_batch(due, WATCH_BATCH, "watch_running") as held:
         if not held.pks:
             return 0
         jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
@@ -87,7 +86,7 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, logs.Fol
             hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
         return {pk: observe.look(host, follows[pk]) for pk, host in hosts.items()}
-    with ThreadPoolExecutor(max_workers=min(THREADS, len(hosts)), thread_name_prefix="watch") as pool:
+    with ThreadPoolExecutor(max_workers=min(WATCH_THREADS, len(hosts)), thread_name_prefix="watch") as pool:
         answers = pool.map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
         return dict(zip(hosts, answers, strict=True))
 

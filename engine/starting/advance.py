@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from backends.base import BackendError
@@ -18,6 +19,7 @@ from backends.registry import compute_for_instance
 from engine import claims, messages
 from engine.running import observe
 from engine.starting import cluster
+from engine.tuning import STARTING_RECHECK
 from instances.models import InstanceStatus
 from instances.services.queued import waits_in_queue
 from muster import crypto
@@ -61,11 +63,6 @@ def advance_job(job_id: int) -> bool:
     return True
 
 
-# A runner that accepted a job starts it within one agent poll (0.2 s) plus a process start, so a
-# submitted job is looked at again this soon rather than a whole poll interval later.
-STARTING_RECHECK = 0.25
-
-
 def next_look(job: Job) -> float:
     """Seconds until advance_job looks at this job again."""
     if job.status in observe.STARTING and job.runner_submitted:
@@ -97,7 +94,7 @@ def _wait_for_runner(job: Job) -> None:
     if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
         # A host of a queued TPU request waits at Google for as long as the request may: the pod's
         # own poll bounds that wait (valid_until, then the limit from ACTIVE), not this one.
-        if waited(job) > observe.limit("WAITING_INSTANCE_LIMIT") and not waits_in_queue(instance):
+        if waited(job) > settings.MUSTER["WAITING_INSTANCE_LIMIT"] and not waits_in_queue(instance):
             observe.end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
     status = _observe(job)
@@ -108,9 +105,9 @@ def _wait_for_runner(job: Job) -> None:
             _start_when_ready(job)
         elif move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
             _start_when_ready(job)  # peers are often known already: no reason to wait a poll
-    elif waited(job) > observe.limit("WAITING_RUNNER_LIMIT"):
+    elif waited(job) > settings.MUSTER["WAITING_RUNNER_LIMIT"]:
         observe.end_held(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
-                      f"the runner on {instance.name} did not come up within {observe.limit('WAITING_RUNNER_LIMIT'):.0f}s")
+                      f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s")
 
 
 def _started(job: Job) -> bool:
@@ -132,7 +129,7 @@ def _start_when_ready(job: Job) -> None:
     if not job.runner_submitted:
         ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
         if not ready:
-            if waited(job) > observe.limit("WAITING_PEERS_LIMIT"):
+            if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"]:
                 observe.end_held(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
                               "peers' addresses or start order not satisfied in time")
             return

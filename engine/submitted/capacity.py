@@ -12,12 +12,12 @@ from typing import Any
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine.submitted import placement
+from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances.models import Fleet, Instance, InstanceStatus, Placement
 from runs.configuration import fits
 
 Group = tuple[str, dict, int]  # (group name, normalized resources requirement, node count)
 Part = tuple[str, Callable[[dict], bool]]
-MESSAGE_LIMIT = 4000
 DOCKER = "Docker"
 
 
@@ -195,4 +195,4 @@ def groups_of(jobs: list[Any], name: Callable, index: Callable, resources: Calla
 
 def no_capacity_message(lines: list[str]) -> str:
     text = "no fleet can hold every group of this run: " + " | ".join(lines)
-    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT - 3] + "..."
+    return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."

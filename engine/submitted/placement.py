@@ -102,7 +102,7 @@ def local_allowed(user) -> bool:
     """Whether `user`'s runs may go to local fleets. A local job is a shell on the control plane as
     the server's user (its database, keys and every token), so: superusers' runs, and every
     writer's only where the operator opened them with MUSTER_LOCAL_FLEET_MEMBERS=1."""
-    return bool(settings.MUSTER.get("LOCAL_FLEET_MEMBERS")) or bool(user is not None and user.is_superuser)
+    return bool(settings.MUSTER["LOCAL_FLEET_MEMBERS"]) or bool(user is not None and user.is_superuser)
 
 
 def candidate_fleets(run: Run):

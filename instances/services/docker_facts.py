@@ -28,13 +28,12 @@ from instances.models import Instance
 
 log = logging.getLogger(__name__)
 
-PROBE_EVERY = 300.0  # seconds between Docker probes of one host
 PROBE_TIMEOUT = 15.0  # `docker info` is given 10 s on the host
 UNCHANGED = object()  # not probed this time (not due, or the probe failed)
 
 
 def interval() -> float:
-    return float(settings.MUSTER.get("SSH_DOCKER_PROBE_INTERVAL", PROBE_EVERY))
+    return float(settings.MUSTER["SSH_DOCKER_PROBE_INTERVAL"])
 
 
 def due(instance: Instance, now: float | None = None) -> bool:

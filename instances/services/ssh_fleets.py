@@ -44,8 +44,6 @@ from projects.models import Project
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONNECT_TIMEOUT = 10.0  # one connect / one command
-DEFAULT_REGISTER_TIMEOUT = 60.0  # everything for one host: connect, probe, upload, start the agent
 MAX_PARALLEL = 32
 
 
@@ -241,8 +239,7 @@ def _common_network(placement: str, hosts: list[dict], facts: list[HostFacts]) -
 
 def _timeouts() -> tuple[float, float]:
     muster = settings.MUSTER
-    return (float(muster.get("SSH_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)),
-            float(muster.get("SSH_REGISTER_TIMEOUT", DEFAULT_REGISTER_TIMEOUT)))
+    return float(muster["SSH_TIMEOUT"]), float(muster["SSH_REGISTER_TIMEOUT"])
 
 
 def _examine(runner: SSHRunnerHost) -> HostFacts:

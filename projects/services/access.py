@@ -65,12 +65,12 @@ def check_local_fleet(user, count: int) -> None:
     server's user: whoever runs a job there can read the database, the encryption keys and every
     token. So only superusers (who could do that anyway) may make one, and production turns the
     backend off unless the operator says otherwise (docs/security.md)."""
-    if not settings.MUSTER.get("LOCAL_BACKEND", True):
+    if not settings.MUSTER["LOCAL_BACKEND"]:
         raise NotAllowed(["backends"], "the local backend is disabled on this server (MUSTER_ENV=production); "
                                        "an operator can enable it with MUSTER_LOCAL_BACKEND=1")
     if user is None or not user.is_superuser:
         raise NotAllowed(["backends"], "local fleets run commands on the control plane itself: only superusers "
                                        "may create them; use an ssh or gcp fleet")
-    cap = int(settings.MUSTER.get("LOCAL_FLEET_MAX", 16))
+    cap = int(settings.MUSTER["LOCAL_FLEET_MAX"])
     if count > cap:
         raise InvalidInput(["nodes"], f"a local fleet has at most {cap} instances (MUSTER_LOCAL_FLEET_MAX)")

@@ -18,8 +18,8 @@ from django.core.cache import caches
 
 def _limits() -> dict:
     m = settings.MUSTER
-    return {"window": float(m.get("THROTTLE_LOGIN_WINDOW", 900)), "lock": float(m.get("THROTTLE_LOGIN_LOCK", 60)),
-            "lock_max": float(m.get("THROTTLE_LOGIN_LOCK_MAX", 3600))}
+    return {"window": float(m["THROTTLE_LOGIN_WINDOW"]), "lock": float(m["THROTTLE_LOGIN_LOCK"]),
+            "lock_max": float(m["THROTTLE_LOGIN_LOCK_MAX"])}
 
 
 def _address_key(address: str) -> str:
@@ -40,8 +40,8 @@ def _user_key(username: str) -> str:
 
 def _keys(address: str, username: str) -> list[tuple[str, int]]:
     m = settings.MUSTER
-    return [(_address_key(address), int(m.get("THROTTLE_LOGIN_ADDRESS_FAILURES", 20))),
-            (_user_key(username), int(m.get("THROTTLE_LOGIN_FAILURES", 5)))]
+    return [(_address_key(address), int(m["THROTTLE_LOGIN_ADDRESS_FAILURES"])),
+            (_user_key(username), int(m["THROTTLE_LOGIN_FAILURES"]))]
 
 
 def retry_after(address: str, username: str) -> int:

@@ -27,7 +27,7 @@ def issue(user, lifetime_days: float | None = None) -> tuple[ApiToken, str]:
 
     lifetime_days: None takes MUSTER_TOKEN_LIFETIME_DAYS; 0 (either way) never expires.
     """
-    days = settings.MUSTER.get("TOKEN_LIFETIME_DAYS", 90) if lifetime_days is None else lifetime_days
+    days = settings.MUSTER["TOKEN_LIFETIME_DAYS"] if lifetime_days is None else lifetime_days
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     expires = timezone.now() + timedelta(days=days) if days else None
     token = ApiToken.objects.create(user=user, prefix=key[:12], digest=digest_of(key), expires=expires)

@@ -38,10 +38,6 @@ _CPU_OBJECT_KEYS = ("arch", "count")
 Warnings = list[dict[str, Any]]
 
 
-def default_resources() -> Resources:
-    return parse_resources(None)
-
-
 def parse_resources(
     raw: object, *, warnings: Warnings | None = None, probed_gpu_names: ProbedNames | None = None
 ) -> Resources:

@@ -75,7 +75,7 @@ def job_ports(job: Job) -> list[int]:
 
 
 def authorized_keys_path() -> str:
-    return settings.MUSTER.get("ATTACH_AUTHORIZED_KEYS") or "~/.ssh/authorized_keys"
+    return settings.MUSTER["ATTACH_AUTHORIZED_KEYS"]
 
 
 def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], host) -> str:

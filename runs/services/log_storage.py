@@ -45,12 +45,6 @@ def _unlink(paths: list[Path]) -> int:
     return freed
 
 
-def delete_run_logs(run_ids: list[int]) -> int:
-    """Delete the copies of every job (every submission) of these runs; the bytes freed."""
-    rows = Job.objects.filter(run_id__in=run_ids).values_list("run__project_id", "uuid")
-    return _unlink([path_for(project_id, uuid) for project_id, uuid in rows])
-
-
 def forget_run_on_commit(run: Run) -> None:
     """Before a run's rows go: its jobs' copies go once the deletion is committed (a rolled back
     deletion keeps them)."""

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import secrets as pysecrets
+from itertools import islice
 from typing import Any
 
 from django.conf import settings
@@ -194,8 +195,6 @@ PLAN_HOSTS_PER_GROUP = 32
 def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
     """Each group's idle hosts that fit it now (a host may fit several groups); empty lists for a
     fleet that makes its hosts for the run."""
-    from itertools import islice
-
     from engine.submitted import placement
 
     if not placement.is_static(fleet):

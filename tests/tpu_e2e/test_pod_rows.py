@@ -190,7 +190,7 @@ def test_a_pod_with_one_busy_host_is_neither_reused_nor_expired(fleet, gcp_setti
 
 
 def test_the_gcp_backend_says_it_creates_groups_without_any_settings_and_checks_them_on_use(settings):
-    settings.MUSTER = {k: v for k, v in settings.MUSTER.items() if k != "GCP"}
+    settings.MUSTER = {**settings.MUSTER, "GCP": {}}
     compute = get_compute("gcp")
 
     assert compute.creates_groups is True

@@ -34,7 +34,7 @@ class Command(BaseCommand):
             user = User.objects.create_superuser("admin", password=password)
             write_private(password_path, password)
         Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
-        if not settings.MUSTER.get("LOCAL_BACKEND"):
+        if not settings.MUSTER["LOCAL_BACKEND"]:
             no_fleet = True  # production without MUSTER_LOCAL_BACKEND: no shell on the control plane
         if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
             create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement=Placement.CLUSTER)

@@ -1,0 +1,45 @@
+"""The engine's fixed tuning values, each with the reason for it; what an operator may change is a
+setting (settings.MUSTER), not here.
+
+Batches bound one statement and one claim, so a worker holds few rows at once and a long batch
+never outlives its lease; thread counts bound the SSH connections one task opens at a time.
+"""
+
+from __future__ import annotations
+
+# -- the sweep (engine/sweeps.py) --
+# rows per kind the sweep re-sends messages for in one pass: a burst of lost messages is caught up
+# over a few passes instead of one pass queueing thousands
+SWEEP_BATCH = 500
+# above this many queued messages the workers are behind: a row's own message is late, not lost,
+# and a copy would only lengthen the line (and the next sweep would add another)
+SWEEP_BACKLOG = 100
+# TPU slices being created whose lost poll the sweep sends again in one pass (engine/pods.py)
+POD_BATCH = 200
+
+# -- watching running jobs (engine/running/watch.py) --
+# jobs one claim takes: one status command per host, so a batch is one round of SSH calls
+WATCH_BATCH = 200
+# hosts looked at in parallel by one watch task
+WATCH_THREADS = 16
+
+# -- the SSH health check of idle hosts (engine/ssh_health.py) --
+HEALTH_BATCH = 200
+HEALTH_THREADS = 16
+
+# -- stopping (engine/groups.py, engine/stopping.py) --
+# hosts whose runner agent is asked to exit in parallel when a group goes
+STOP_THREADS = 16
+# seconds: a runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most
+# jobs (servers, shells) exit on SIGTERM at once, so the stop is checked again after this
+STOP_RECHECK = 0.25
+
+# -- starting (engine/starting/advance.py) --
+# seconds: a runner that accepted a job starts it within one agent poll (0.2 s) plus a process
+# start, so a submitted job is looked at again this soon rather than a whole poll interval later
+STARTING_RECHECK = 0.25
+
+# -- placement (engine/submitted/capacity.py) --
+# characters of a no-capacity explanation kept on the job: the whole of it for any real project,
+# while a run with thousands of groups cannot make every job row (and API answer) megabytes long
+NO_CAPACITY_MESSAGE_LIMIT = 4000
