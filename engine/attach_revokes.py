@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from backends.registry import compute_for_instance
 from engine import claims
+from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
 from runs.models import AttachGrant
 from runs.services import attach
-
-BATCH = 200
 
 
 def revoke_attach_keys(instance_id: int) -> int:

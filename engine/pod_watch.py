@@ -21,12 +21,12 @@ from django.db import transaction
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims
+from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
 from runs.choices import JOB_ACTIVE, JobReason
 
 log = logging.getLogger(__name__)
-BATCH = 500
 
 
 def watch_pods() -> int:

@@ -17,6 +17,13 @@ SWEEP_BACKLOG = 100
 # TPU slices being created whose lost poll the sweep sends again in one pass (engine/pods.py)
 POD_BATCH = 200
 
+# live TPU pods one watch tick claims (engine/pod_watch.py): one TPU API list per zone and fleet
+# covers them all, so a batch is a few calls however many pods it holds
+POD_WATCH_BATCH = 500
+# attach grants due for removal one revoke step claims on one host (engine/attach_revokes.py):
+# one SSH command removes them all
+REVOKE_BATCH = 200
+
 # -- watching running jobs (engine/running/watch.py) --
 # jobs one claim takes: one status command per host, so a batch is one round of SSH calls
 WATCH_BATCH = 200

@@ -44,7 +44,7 @@ def _beat_schedule() -> dict:
     every = float(settings.MUSTER["SWEEP_INTERVAL"])
     poll = float(settings.MUSTER["JOB_POLL_INTERVAL"])
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
-    pods = float(settings.MUSTER.get("POD_POLL_INTERVAL") or 5 * poll)
+    pods = float(settings.MUSTER["POD_POLL_INTERVAL"] or 5 * poll)
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
         "sweep": {"task": "engine.tasks.sweep", "schedule": every, "options": {"expires": every}},
