@@ -23,3 +23,10 @@ def kill_everything_under(local_dir: Path) -> None:
             os.kill(int((home / "agent.pid").read_text().strip()), signal.SIGKILL)
         except (OSError, ValueError):
             pass
+
+
+def as_from_a_terminal() -> None:
+    """Popen's preexec_fn for a process a test sends Ctrl-C (SIGINT): a shell started in the
+    background without job control (`cmd &`, nohup, some CI runners) hands its children SIGINT
+    ignored, and Python then keeps ignoring it; a user's terminal does not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import ROOT, ServeProcess, free_port
+from tests.local_processes import as_from_a_terminal
 from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,8 @@ def test_make_run_serves_on_the_bind_it_is_given(tmp_path):
     log = tmp_path / "make.log"
     with log.open("wb") as out:
         make = subprocess.Popen(["make", "run", f"BIND=127.0.0.1:{port}"], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=as_from_a_terminal)
     try:
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}") or make.poll() is not None, timeout=180,
                    what="make run answering on its BIND")

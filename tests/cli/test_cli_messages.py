@@ -16,7 +16,8 @@ import pytest
 from runs.models import Run
 from tests.cli.test_cli_live import MUSTER, local_fleet, muster, write  # noqa: F401 - fixtures
 from tests.engine.helpers import runner_processes, wait_for_run
-from tests.waiting import wait_until
+from tests.local_processes import as_from_a_terminal
+from tests.waiting import patient, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -28,13 +29,14 @@ def _errors(result: subprocess.CompletedProcess[str]) -> list[str]:
 def test_ctrl_c_during_apply_exits_130_and_says_the_run_goes_on(muster, local_fleet, celery_worker, tmp_path):  # noqa: F811
     conf = "type: task\nname: goes-on\nnodes: 1\ncommands: [echo started, sleep 431]\n"
     apply = subprocess.Popen([*MUSTER, "apply", "-f", write(tmp_path, conf), "-y"], env=muster.env, text=True,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=as_from_a_terminal)
     try:
         wait_for_run("goes-on", statuses=("running",), timeout=90)
         wait_until(lambda: runner_processes("sleep 431"), timeout=90, what="the run's command running")
         time.sleep(1.5)  # a follow tick has seen it running
         apply.send_signal(signal.SIGINT)
-        out, err = apply.communicate(timeout=30)
+        out, err = apply.communicate(timeout=patient(30))
     finally:
         apply.kill()
 
