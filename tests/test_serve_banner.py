@@ -113,7 +113,7 @@ def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans
         # its own loopback addresses, apart from make run's 127.0.0.2-5
         assert sorted(j["instance_ip"] for j in run["jobs"]) == ["127.0.0.6", "127.0.0.7", "127.0.0.8"]
 
-        demo.send_signal(signal.SIGINT)
+        demo.send_signal(signal.SIGTERM)  # as a supervisor stops it; Ctrl-C is the same path (finally)
         assert demo.wait(patient(90)) == 0, log.read_text()
     finally:
         if demo.poll() is None:
