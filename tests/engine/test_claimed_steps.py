@@ -22,12 +22,13 @@ from projects.models import Project
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run
+from tests.waiting import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def _until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         value = predicate()
         if value:
@@ -57,9 +58,13 @@ def test_a_malformed_runner_status_on_one_host_leaves_every_other_job_watched(st
     other = create_local_fleet(Project.objects.create(name="other"), "local", 2)
     with Beat():
         victim = submit_run(main.project, None, {"configuration": _task("victim", 1, "sleep 60")})
-        near = submit_run(main.project, None, {"configuration": _task("near", 2, "sleep 4")})
-        far = submit_run(other.project, None, {"configuration": _task("far", 2, "sleep 4")})
-        _until(lambda: Job.objects.filter(status="running").count() == 5, what="every job running")
+        near = submit_run(main.project, None, {"configuration": _task("near", 2, "sleep 8")})
+        far = submit_run(other.project, None, {"configuration": _task("far", 2, "sleep 8")})
+        # every job past its start (on a loaded machine the first ones may be done before the last
+        # starts: what counts is that the others are watched while the victim's status is corrupt)
+        _until(lambda: victim.current_jobs().filter(status="running").exists()
+               and not Job.objects.filter(status__in=("submitted", "provisioning", "pulling")).exists(),
+               what="every job started")
 
         # the victim's runner now says something about its job that the runner never prints
         job = victim.current_jobs().get()
@@ -117,8 +122,11 @@ def test_an_unexpected_exception_in_a_step_gives_its_claim_back_and_the_row_is_d
     monkeypatch.setattr(module, name, fault)
     fleet = local_project_fleet(size=2)
     with Beat():
+        # the watch must see the jobs running at least once: on a loaded machine a half-second job
+        # can be over before the first watch, and its fault would never be met
+        command = "sleep 5" if step == "watch_running" else "sleep 0.5"
         run = submit_run(fleet.project, None, {"configuration": _task(f"fault-{step.replace('_', '-')}", 2,
-                                                                      "sleep 0.5")})
+                                                                      command)})
         done = wait_for_run(run.name, timeout=60)
     assert fault.calls >= 2, "the step failed once and was done again"
     assert done.status == "done", job_summary(done)
