@@ -15,7 +15,7 @@ from runs.services.submission import submit_run
 from tests.conftest import token_for
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import L40S, Beat, fleet_configuration, host_commands, needs_netns
-from tests.waiting import job_states, wait_until
+from tests.waiting import job_states, patient, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -107,7 +107,7 @@ def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it
     assert any("sleep 307" in c for c in host_commands(host)), "the orphan still runs while the host is away"
 
     host.start_sshd()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patient(60)
     while Instance.objects.get(pk=instance.pk).unreachable:
         assert time.monotonic() < deadline, "the host never became reachable again"
         time.sleep(0.1)
