@@ -1,4 +1,4 @@
-"""The API's JSON parser: DRF's, with a bound on nesting.
+"""The API's JSON parser: DRF's, with a bound on nesting, and no NUL in any string (muster/text.py).
 
 json.loads recurses once per level: a body of 100,000 `[` raises RecursionError (a 500), and a
 body just under the interpreter's limit parses but leaves no stack for whatever walks it next
@@ -10,6 +10,9 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser as DRFJSONParser
+
+from muster.text import NUL_MESSAGE, nul_at
+from runs.configuration import ConfigurationError
 
 
 def depth_over(value, limit: int) -> bool:
@@ -38,4 +41,7 @@ class JSONParser(DRFJSONParser):
             raise ParseError(f"JSON parse error - nested too deeply (more than {limit} levels)") from None
         if depth_over(data, limit):
             raise ParseError(f"JSON parse error - nested too deeply (more than {limit} levels)")
+        where = nul_at(data)
+        if where is not None:
+            raise ConfigurationError([{"loc": where, "msg": NUL_MESSAGE}])  # a 400 located like any bad input
         return data

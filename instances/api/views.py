@@ -19,6 +19,7 @@ from instances.api.serializers import (
 )
 from instances.models import Fleet, FleetStatus, GroupStatus, Instance, InstanceGroup
 from instances.services import fleets
+from muster.text import NUL
 from projects.services.access import ProjectScopedMixin, named_or_404
 from runs.choices import JOB_ON_HOST
 from runs.models import Job
@@ -80,7 +81,7 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     """`name` is the group's name or the name of any of its instances: both mean the whole group."""
 
     def _group(self, name: str) -> InstanceGroup:
-        group = groups.find_group(self.project, name)
+        group = groups.find_group(self.project, name) if NUL not in name else None  # muster/text.py
         if group is None:
             raise NotFound(f"no instance group or group member named {name}")
         return group

@@ -8,6 +8,7 @@ from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
 from muster.api_errors import InvalidInput, NotAllowed
+from muster.text import NUL
 from projects.models import Membership, Project, Role
 
 WRITE_ROLES = (Role.ADMIN, Role.USER)
@@ -17,7 +18,8 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 def named_or_404(queryset, what: str, project: Project, name: str):
     """The object of `queryset` called `name` in `project`, else a 404 that says which one was not
     found and where (Django's own says `No Run matches the given query.`)."""
-    found = queryset.filter(project=project, name=name).first()
+    # a NUL cannot be in a stored name, and PostgreSQL refuses it in a query (muster/text.py)
+    found = queryset.filter(project=project, name=name).first() if NUL not in name else None
     if found is None:
         raise Http404(f"{what} {name} not found in project {project.name}")
     return found
@@ -26,6 +28,8 @@ def named_or_404(queryset, what: str, project: Project, name: str):
 def project_for(request, name: str) -> Project:
     """The project named `name` if the caller belongs to it; 404 otherwise (never reveal it exists)."""
     user = request.user
+    if NUL in name:
+        raise Http404(f"project {name!r} not found")
     projects = Project.objects.filter(name=name)
     if user.is_authenticated:
         # the caller's role comes with the project: one statement per request, not two

@@ -6,6 +6,8 @@ from typing import Any
 
 import yaml
 
+from muster.text import NUL_MESSAGE, nul_at
+
 from .errors import ConfigurationError
 
 
@@ -50,7 +52,7 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 def load_document(data: str | dict) -> dict:
     """YAML or JSON text (or a dict) -> dict; anything but a mapping at the top is an error."""
     if isinstance(data, dict):
-        return data
+        return _without_nul(data)
     if not isinstance(data, str):
         raise _error(f"expected YAML or JSON text, got {type(data).__name__}")
     try:
@@ -65,7 +67,15 @@ def load_document(data: str | dict) -> dict:
         raise _error("the configuration is empty")
     if not isinstance(parsed, dict):
         raise _error(f"the configuration must be a mapping of keys to values, not a {_kind(parsed)}")
-    return parsed
+    return _without_nul(parsed)
+
+
+def _without_nul(doc: dict) -> dict:
+    # YAML's "\0" escape makes a NUL, which PostgreSQL cannot store (muster/text.py)
+    where = nul_at(doc)
+    if where is not None:
+        raise ConfigurationError([{"loc": where, "msg": NUL_MESSAGE}])
+    return doc
 
 
 def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:

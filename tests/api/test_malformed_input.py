@@ -49,6 +49,29 @@ def test_a_yaml_integer_over_4300_digits_is_a_400(raw):
     assert "line 2" in errors[0]["msg"] and "too large" in errors[0]["msg"], errors
 
 
+@pytest.mark.parametrize("body, loc", [
+    ({"configuration": {"type": "task", "commands": ["echo \x00"]}}, ["configuration", "commands", 0]),
+    ({"configuration": "type: task\ncommands: [echo]\n", "env": {"A": "x\x00"}}, ["env", "A"]),
+    ({"configuration": "type: task\ncommands: [\"echo \\0\"]\n"}, ["commands", 0]),
+    ({"configuration": "type: task\nenv: [\"A=\\x00\"]\ncommands: [echo]\n"}, ["env", 0]),
+])
+def test_a_nul_character_in_a_body_is_a_400_naming_where(raw, body, loc):
+    """PostgreSQL cannot store a NUL (U+0000): it was a 500 once the value reached a write."""
+    from runs.models import Run
+
+    for path in (PLAN, "/api/projects/main/runs/"):
+        (error,) = assert_errors(raw.post(path, json.dumps(body), content_type="application/json"), 400, loc)
+        assert "NUL" in error["msg"], error
+    assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["/api/projects/ma%00in/runs/", "/api/projects/main/runs/r%00/",
+                                  "/api/projects/main/fleets/f%00/", "/api/projects/main/instance-groups/g%00/"])
+def test_a_nul_in_a_name_of_the_path_is_a_404(raw, path):
+    resp = raw.get(path)
+    assert resp.status_code == 404 and resp["Content-Type"].startswith("application/json"), resp.content[:300]
+
+
 @pytest.mark.parametrize("param,value", [("start", 10**30), ("job", 10**30), ("start", -1), ("job", "²")])
 def test_a_huge_or_odd_number_on_the_logs_endpoint_is_a_400_naming_it(raw, param, value):
     body = json.dumps({"configuration": "type: task\nname: r1\ncommands: [echo]\n"})

@@ -12,8 +12,8 @@ import pytest
 from instances.models import FleetStatus
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
+from tests.dstack_cli.bodies import FLEET_SPEC, RUN_SPEC, dstack_client, post, small_fleet
 from tests.dstack_cli.helpers import ROOT, dstack_python
-from tests.dstack_cli.test_api_layer import FLEET_SPEC, RUN_SPEC, dstack_client, post, small_fleet
 
 pytestmark = [pytest.mark.dstack_cli, pytest.mark.django_db]
 

@@ -14,8 +14,8 @@ import yaml
 from runs.models import Run
 from runs.services.submission import secret_env
 from tests.conftest import example
+from tests.dstack_cli.bodies import one_detail, post
 from tests.dstack_cli.helpers import ROOT, dstack_python
-from tests.dstack_cli.test_api_layer import dstack_client, one_detail, post
 
 pytestmark = [pytest.mark.dstack_cli, pytest.mark.django_db]
 
@@ -35,11 +35,6 @@ def run_spec(text: str) -> dict:
     conf = dstack_dump(text)
     return {"run_name": conf.get("name"), "repo_id": "none", "repo_data": {"repo_type": "virtual"},
             "configuration": conf, "profile": {"name": "default"}, "ssh_key_pub": ""}
-
-
-@pytest.fixture
-def alice(make_user):
-    return dstack_client(make_user("alice"))
 
 
 def jobs_of(plan) -> list[tuple]:
