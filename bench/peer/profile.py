@@ -11,6 +11,7 @@ from __future__ import annotations
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -73,7 +74,8 @@ def buckets(stats: pstats.Stats) -> dict[str, float]:
 
 
 def main() -> int:
-    session = harness.Session(db_name="muster_bench_profile")
+    # BENCH_PROFILE_DB: another name, so two sessions on one machine do not drop each other's database
+    session = harness.Session(db_name=os.environ.get("BENCH_PROFILE_DB", "muster_bench_profile"))
     try:
         session.setup()
         from django.test import Client

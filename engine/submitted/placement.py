@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 
 from django.conf import settings
@@ -75,18 +76,25 @@ def candidates(fleet: Fleet, req: dict, page: int = 32):
         after = Q(gpu_count__gt=last.gpu_count) | Q(gpu_count=last.gpu_count, id__gt=last.id)
 
 
-def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
+def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]], pools: list | None = None,
+                      at_least: Callable[[int], int] | None = None) -> bool:
     """Can the fleet's idle instances hold every group at once (each instance one job)?
 
     Each group looks at no more candidates than the run has nodes: a group with that many can
-    always be served whatever the other groups take, so the greedy answer stays exact.
+    always be served whatever the other groups take, so the greedy answer stays exact. `at_least`
+    (a group's node count -> candidates) reads more per group, for a caller that shows them
+    (`pools` gets what was read): a group that has more still goes after the scarce ones, so the
+    answer is the same.
     """
     total = sum(n for _, n in demands)
-    pools = [list(islice(candidates(fleet, req, page_for(total)), total)) for req, _ in demands]
+    read = [max(total, at_least(n)) if at_least else total for _, n in demands]
+    found = [list(islice(candidates(fleet, req, page_for(k)), k)) for (req, _), k in zip(demands, read, strict=True)]
+    if pools is not None:
+        pools[:] = found
     taken: set[int] = set()
-    for g in sorted(range(len(demands)), key=lambda g: len(pools[g])):
+    for g in sorted(range(len(demands)), key=lambda g: min(len(found[g]), total)):
         need = demands[g][1]
-        pick = [i for i in pools[g] if i.id not in taken][:need]
+        pick = [i for i in found[g] if i.id not in taken][:need]
         if len(pick) < need:
             return False
         taken.update(i.id for i in pick)
@@ -141,13 +149,15 @@ def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
     return first_fitting_fleet(candidate_fleets(run), group_demands(run, jobs))
 
 
-def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]]) -> Fleet | None:
+def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]], pools: list | None = None,
+                        at_least: Callable[[int], int] | None = None) -> Fleet | None:
+    """`pools`, `at_least`: as static_fleet_fits, for the fleet returned."""
     multi_node = sum(n for _, n in demands) > 1
     for fleet in fleets:
         static = is_static(fleet)
         if multi_node and static and fleet.placement != Placement.CLUSTER:
             continue  # nodes of one run must reach each other on a private network
-        if static and static_fleet_fits(fleet, demands):
+        if static and static_fleet_fits(fleet, demands, pools, at_least):
             return fleet
         if not static and cloud_fleet_fits(fleet, demands):
             return fleet

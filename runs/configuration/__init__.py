@@ -10,7 +10,7 @@ from typing import Any
 from .documents import load_document
 from .durations import parse_duration
 from .errors import ConfigurationError
-from .expansion import JobSpec, expand_jobs
+from .expansion import JobSpec, expand_jobs, group_requirements, stored_specs
 from .fleet import FleetConfiguration, parse_fleet_configuration
 from .interpolation import ip_references, substitute_ips
 from .matching import fits, gpu_count_for
@@ -49,6 +49,7 @@ __all__ = [
     "expand_jobs",
     "fits",
     "gpu_count_for",
+    "group_requirements",
     "ip_references",
     "load_document",
     "parse_any_configuration",
@@ -56,5 +57,6 @@ __all__ = [
     "parse_fleet_configuration",
     "parse_resources",
     "parse_run_configuration",
+    "stored_specs",
     "substitute_ips",
 ]

@@ -49,12 +49,31 @@ def expanded_sizes(conf: TaskConfiguration) -> list[tuple[int, int]]:
     return [(len(json.dumps({"commands": group.commands, "env": group.env})), group.nodes) for group in conf.groups]
 
 
-def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:
-    jobs: list[JobSpec] = []
+def group_requirements(conf: TaskConfiguration) -> list[tuple[str, int, dict[str, Any], int]]:
+    """(name, index, requirements, nodes) per group: what placement needs, without a row per job."""
+    out = []
     for group in conf.groups:
         resources = group.resources.as_dict()
         if group.image:
             resources["docker"] = True  # the job runs in a container: only on hosts with Docker
+        out.append((group.name, group.index, resources, group.nodes))
+    return out
+
+
+def stored_specs(conf: TaskConfiguration) -> list[dict[str, Any]]:
+    """JobSpec.stored_dict of every job, without the JobSpecs and their copies of the commands and
+    env (a submit stores only these)."""
+    specs: list[dict[str, Any]] = []
+    for name, index, resources, nodes in group_requirements(conf):
+        for rank in range(nodes):
+            specs.append({"job_num": len(specs), "node_group_name": name, "node_group_index": index,
+                          "node_group_rank": rank, "nodes_in_group": nodes, "resources": _copy(resources)})
+    return specs
+
+
+def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:
+    jobs: list[JobSpec] = []
+    for group, (_, _, resources, _) in zip(conf.groups, group_requirements(conf), strict=True):
         for rank in range(group.nodes):
             jobs.append(
                 JobSpec(

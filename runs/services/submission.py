@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import json
 import secrets as pysecrets
-from itertools import islice
 from typing import Any
 
 from django.conf import settings
@@ -21,9 +20,10 @@ from runs.choices import RunStatus
 from runs.configuration import (
     ConfigurationError,
     TaskConfiguration,
-    expand_jobs,
+    group_requirements,
     load_document,
     parse_run_configuration,
+    stored_specs,
 )
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
@@ -86,7 +86,8 @@ def probed_gpu_names(project: Project) -> list[str]:
 
 
 @sensitive_variables()  # the configuration, its env and the project's secrets (muster/debug.py)
-def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, list, set[str]]:
+def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration, set[str]]:
+    """The checked configuration and its bare env keys; the document is read once per request."""
     data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
     if doc.get("type") is None:
@@ -100,7 +101,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
     _check_expanded_size(conf)
     local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
     container_policy.check(project, conf)  # privileged or host volumes that no candidate fleet allows
-    return conf, expand_jobs(conf), _bare_env_keys(doc)
+    return conf, _bare_env_keys(doc)
 
 
 def _mb(n: int) -> str:
@@ -143,34 +144,43 @@ PLAN_JOB_KEYS = ("job_num", "node_group_name", "node_group_index", "node_group_r
 def plan_run(project: Project, payload: Any, user=None) -> dict:
     """The plan: every job by its place in the run; what it runs (commands, env, resources, image,
     ports) is its group's, stated once in `configuration.groups[node_group_index]`, so the answer
-    does not grow with nodes x commands."""
-    conf, jobs, hidden = parse_for_project(project, payload)
-    specs = [j.stored_dict() for j in jobs]
+    does not grow with nodes x commands. Built from the groups: no job rows, no per-job specs."""
+    conf, hidden = parse_for_project(project, payload)
+    groups = group_requirements(conf)
     dumped = json.loads(conf.model_dump_json())
+    jobs, num = [], 0
+    for name, index, _, nodes in groups:
+        for rank in range(nodes):
+            jobs.append({"job_num": num, "node_group_name": name, "node_group_index": index, "node_group_rank": rank})
+            num += 1
     return {
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(dumped, hidden),
-        "jobs": [{k: s[k] for k in PLAN_JOB_KEYS} for s in specs],
-        "capacity": plan_capacity(project, conf.fleets or [], specs, dumped, user),
+        "jobs": jobs,
+        "capacity": plan_capacity(project, conf.fleets or [], [(name, req, n) for name, _, req, n in groups],
+                                  dumped, user),
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
     }
 
 
-def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None,
-                  user=None) -> dict:
-    """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes)."""
+def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, dict, int]],
+                  configuration: dict | None = None, user=None) -> dict:
+    """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes).
+
+    Two statements when it fits (the fleets, then one page of idle hosts per group): the hosts the
+    plan names are those the fit test read, not read again."""
     from engine.submitted import capacity, placement
 
-    groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
-                                lambda s: s["resources"])
     local = placement.local_allowed(user)
     fleets = placement.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
         fleets = placement.allowing_fleets(fleets, configuration)
-    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
+    pools: list[list] = []
+    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups], pools=pools,
+                                          at_least=shown_hosts)
     if fleet is not None:
-        return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
+        return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups, pools)}
     return {"fits": False, "fleet": None,
             "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
 
@@ -192,15 +202,18 @@ def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
 PLAN_HOSTS_PER_GROUP = 32
 
 
-def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
-    """Each group's idle hosts that fit it now (a host may fit several groups); empty lists for a
-    fleet that makes its hosts for the run."""
+def shown_hosts(nodes: int) -> int:
+    return min(max(nodes, 8), PLAN_HOSTS_PER_GROUP)
+
+
+def fitting_hosts(fleet, groups, pools: list[list]) -> dict[str, list[str]]:
+    """Each group's idle hosts that fit it now (a host may fit several groups), from the pools the
+    fit test read; empty lists for a fleet that makes its hosts for the run."""
     from engine.submitted import placement
 
     if not placement.is_static(fleet):
         return {name: [] for name, _, _ in groups}
-    return {name: [i.name for i in islice(placement.candidates(fleet, req), min(max(n, 8), PLAN_HOSTS_PER_GROUP))]
-            for name, req, n in groups}
+    return {name: [i.name for i in pool[:shown_hosts(n)]] for (name, _, n), pool in zip(groups, pools, strict=True)}
 
 
 def _generated_name() -> str:
@@ -257,13 +270,13 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
         replay = _replayed(project, user, idempotency_key, digest)
         if replay is not None:
             return replay
-    conf, jobs, hidden = parse_for_project(project, payload)
+    conf, hidden = parse_for_project(project, payload)
     check_local_fleets(project, user, conf.fleets or [])
     data, env_values, _ = _payload_parts(payload)
     text = submitted_text.submitted(data, hidden, env_values)
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
     # the stored configuration (engine/starting/cluster.py puts them together when the job starts).
-    specs = [j.stored_dict() for j in jobs]
+    specs = stored_specs(conf)
     hidden_values = {key: group.env[key] for group in conf.groups for key in hidden & set(group.env)}
     configuration = _masked_configuration(json.loads(conf.model_dump_json()), hidden)
     # the masked keys, filled from the encrypted store when a job starts

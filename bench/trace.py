@@ -1,0 +1,98 @@
+"""`python -m bench.trace`: every statement each engine step runs for one run, from submit to done.
+
+The steps run in this process, one message at a time (the engine's messages are caught instead of
+sent), on hollow instances of the bench's PostgreSQL database; beat's watch tick is called when
+nothing else is due. Prints each task call with its statements, and the statements per job by task,
+the stable figure of the placement path on a loaded machine (bench/README.md, trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+from bench import harness
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.trace")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--hosts", type=int, default=100)
+    p.add_argument("--quiet", action="store_true", help="totals only, not every statement")
+    args = p.parse_args(argv)
+    session = harness.Session(db_name=os.environ.get("BENCH_TRACE_DB", "muster_bench_trace"),
+                              extra_env={"BENCH_HOLLOW_RUN_SECONDS": "0.3"})
+    try:
+        session.setup()
+        return trace(args)
+    finally:
+        session.teardown()
+
+
+def trace(args) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.hollow import make_hollow_fleet
+    from bench.scenarios.common import project_with_user, task_yaml
+    from engine import messages, stopping
+    from engine.deriving import process_run
+    from engine.running.watch import watch_running
+    from engine.starting.advance import advance_job
+    from engine.submitted.provision import provision_job
+    from runs.models import Job
+    from runs.services.submission import submit_run
+
+    queue: collections.deque = collections.deque()
+    steps = {"place_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
+             "derive_run": process_run}
+    for name in steps:  # caught: each becomes one call below, in the order sent, countdowns ignored
+        setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
+            lambda: queue.append((n, pk))))(name))
+    project, user, _ = project_with_user("trace")
+    make_hollow_fleet(project, "hollow", args.hosts)
+    with CaptureQueriesContext(connection) as q:
+        run = submit_run(project, user, {"configuration": task_yaml(args.nodes)})
+    per_task: dict[str, int] = collections.Counter({"submit_run": len(q)})
+    show("submit_run", run.pk, q, args.quiet)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.finished and not queue:
+            break
+        if not queue:
+            with CaptureQueriesContext(connection) as q:
+                looked = watch_running()
+            if looked:
+                per_task["watch_running"] += len(q)
+                show("watch_running", looked, q, args.quiet)
+            time.sleep(0.1)
+            continue
+        name, pk = queue.popleft()
+        with CaptureQueriesContext(connection) as q:
+            steps[name](pk)
+        label = steps[name].__name__
+        per_task[label] += len(q)
+        show(label, pk, q, args.quiet)
+    jobs = Job.objects.filter(run=run).count()
+    print(f"\nrun {run.name}: {run.status}; {jobs} jobs on {args.hosts} hollow hosts")
+    for label, n in sorted(per_task.items()):
+        print(f"  {label:16} {n:4} statements  {n / jobs:6.2f} per job")
+    engine = sum(n for k, n in per_task.items() if k != "submit_run")
+    print(f"  {'engine total':16} {engine:4} statements  {engine / jobs:6.2f} per job")
+    return 0
+
+
+def show(label: str, pk, queries, quiet: bool) -> None:
+    if quiet:
+        return
+    print(f"-- {label}({pk}): {len(queries)} statements")
+    for query in queries:
+        print(f"     {query['sql'][:230]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
