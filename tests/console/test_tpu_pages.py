@@ -1,6 +1,6 @@
 """A TPU slice in the console: its run's nodes drawn inside one pod box, its hosts grouped under the
 pod on the fleets page. The slice is made by the real google-cloud-tpu client against
-tests/fake_tpu.py, its hosts are namespace sshd hosts (tests/tpu_e2e/conftest.py)."""
+tests/fake_tpu/, its hosts are namespace sshd hosts (tests/tpu_e2e/conftest.py)."""
 
 from __future__ import annotations
 

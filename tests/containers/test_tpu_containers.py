@@ -1,4 +1,4 @@
-"""A TPU slice (the real google-cloud-tpu client against tests/fake_tpu.py) whose hosts run Docker:
+"""A TPU slice (the real google-cloud-tpu client against tests/fake_tpu/) whose hosts run Docker:
 a task with `image` runs privileged containers, host k runs rank k with TPU_WORKER_ID = k."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""tests/fake_tpu.py speaks queued resources as Google's REST v2 does, to the real tpu_v2 client."""
+"""tests/fake_tpu/ speaks queued resources as Google's REST v2 does, to the real tpu_v2 client."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fixtures for TPU pod-slice tests: the fake TPU API whose endpoints are namespace SSH hosts.
 
-The real `google-cloud-tpu` client talks REST to tests/fake_tpu.py; the slice it creates reports
+The real `google-cloud-tpu` client talks REST to tests/fake_tpu/; the slice it creates reports
 one network endpoint per host, and those addresses are real sshd hosts in network namespaces, so
 the engine reaches the runner on "TPU host k" exactly as it would reach a TPU VM.
 """
