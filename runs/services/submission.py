@@ -28,7 +28,7 @@ from runs.configuration import (
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
-from runs.services import container_policy, local_images, submitted_text
+from runs.services import container_policy, group_fleets, local_images, submitted_text
 
 MASK = "***"
 
@@ -98,6 +98,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
         run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     _check_expanded_size(conf)
+    group_fleets.check(project, conf)  # a group's own `fleets:` names fleets of this project
     local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
     container_policy.check(project, conf)  # privileged or host volumes that no candidate fleet allows
     return conf, expand_jobs(conf), _bare_env_keys(doc)
@@ -160,7 +161,7 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
 def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None,
                   user=None) -> dict:
     """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes)."""
-    from engine.submitted import capacity, placement
+    from engine.submitted import capacity, placement, spanning
 
     groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
                                 lambda s: s["resources"])
@@ -168,10 +169,14 @@ def plan_capacity(project: Project, wanted: list[str], specs: list[dict], config
     fleets = placement.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
         fleets = placement.allowing_fleets(fleets, configuration)
-    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
-    if fleet is not None:
-        return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
-    return {"fits": False, "fleet": None,
+    chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
+                             [(req, n) for _, req, n in groups])
+    if chosen is not None:
+        # `fleet`: group 0's (the whole run's unless it spans fleets); `fleets`: each group's
+        return {"fits": True, "fleet": chosen[0].name, "reasons": [],
+                "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
+                "hosts": fitting_hosts(chosen, groups)}
+    return {"fits": False, "fleet": None, "fleets": {},
             "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
 
 
@@ -192,15 +197,14 @@ def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
 PLAN_HOSTS_PER_GROUP = 32
 
 
-def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
-    """Each group's idle hosts that fit it now (a host may fit several groups); empty lists for a
-    fleet that makes its hosts for the run."""
+def fitting_hosts(fleets: list, groups) -> dict[str, list[str]]:
+    """Each group's idle hosts that fit it now on its fleet (a host may fit several groups); an
+    empty list for a group on a fleet that makes its hosts for the run."""
     from engine.submitted import placement
 
-    if not placement.is_static(fleet):
-        return {name: [] for name, _, _ in groups}
     return {name: [i.name for i in islice(placement.candidates(fleet, req), min(max(n, 8), PLAN_HOSTS_PER_GROUP))]
-            for name, req, n in groups}
+            if placement.is_static(fleet) else []
+            for (name, req, n), fleet in zip(groups, fleets, strict=True)}
 
 
 def _generated_name() -> str:
