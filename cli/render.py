@@ -311,8 +311,13 @@ def events_table(events: Sequence[dict[str, Any]]) -> str:
 
 
 def plan_placement(capacity: dict[str, Any]) -> str:
-    """Where a run would go now: the fleet, and the idle hosts that fit each group."""
-    lines = [f"Fits fleet {capacity.get('fleet')} now."]
+    """Where a run would go now: the fleet (each group's, when the run spans fleets), and the idle
+    hosts that fit each group."""
+    fleets = capacity.get("fleets") or {}
+    spans = len(set(fleets.values())) > 1
+    lines = [f"Fits fleets {', '.join(dict.fromkeys(fleets.values()))} now (the run spans fleets)." if spans
+             else f"Fits fleet {capacity.get('fleet')} now."]
     for group, hosts in (capacity.get("hosts") or {}).items():
-        lines.append(f"  {group}: {', '.join(hosts) if hosts else 'new hosts (the fleet creates them)'}")
+        where = f" (fleet {fleets[group]})" if spans and group in fleets else ""
+        lines.append(f"  {group}{where}: {', '.join(hosts) if hosts else 'new hosts (the fleet creates them)'}")
     return "\n".join(lines)

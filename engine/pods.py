@@ -27,6 +27,7 @@ from backends.registry import fleet_backend_config, get_compute
 from backends.tpu_shapes import SliceShape, parse_slice
 from engine import claims, messages
 from engine.claims import unleased
+from engine.submitted import gang
 from engine.tuning import POD_BATCH
 from events.services import record
 from instances.models import (
@@ -297,8 +298,12 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
 
     with transaction.atomic():
         # Every waiting job ends (none may fall back to creating another slice of its own).
+        gangs = {}
         for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
             terminate_job(job, reason, f"TPU slice {group.name}: {why}")
+            gangs[(job.run_id, job.submission_num)] = job
+        for job in gangs.values():  # their runs' static hosts go back in this same step
+            gang.release(job.run, job.submission_num, job.node_group_name, f"TPU slice {group.name}: {why}")
         InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATING)
         group.instances.exclude(status=InstanceStatus.TERMINATED).update(
             status=InstanceStatus.TERMINATING, termination_reason=reason[:64])

@@ -63,6 +63,9 @@ class Job(Claimable):
     node_group_index = models.IntegerField(default=0)
     node_group_rank = models.IntegerField(default=0)
     spec = models.JSONField()  # resources, commands, env, image, ports of the job's group
+    # The fleet job 0's placement chose for this job's group: a run's groups may go to different
+    # fleets (a CPU router on an SSH fleet, a TPU slice on a gcp fleet). Null until placed.
+    fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     instance = models.ForeignKey(
         "instances.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )

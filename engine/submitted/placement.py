@@ -201,28 +201,37 @@ GangGroup = tuple[int, str, dict, int]  # (group index, name, requirements, node
 
 
 def take_gang(fleet: Fleet, groups: list[GangGroup]) -> tuple[dict[int, list[Instance]], list[str]]:
-    """Take hosts for every group of a run in one transaction, or none at all.
+    """take_gang_across with every group on one fleet."""
+    return take_gang_across([(fleet, g) for g in groups])
+
+
+def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, list[Instance]], list[str]]:
+    """Take hosts for every static group of a run in one transaction, or none at all; the groups
+    may be on different fleets (a run that spans fleets).
 
     Returns ({group index: instances}, []) or ({}, one line per group that came up short).
-    Gang takers of one fleet lock the fleet's row first, always that one row, so two runs racing
-    for the same hosts go one after the other: the first takes all it needs, the second sees what
-    is left. Neither can hold part of the hosts while waiting for the rest, and with one lock in
-    one order there is no deadlock. FOR NO KEY UPDATE: a transaction placing a run on the fleet
-    holds a KEY SHARE on its row (the run's foreign key), which this lock need not wait for. Groups that ask for GPUs go first, so a CPU group never takes
-    the GPU host a later group needed.
+    Gang takers lock the rows of the fleets they take from first, always in the order of their
+    ids, so two runs racing for the same hosts go one after the other: the first takes all it
+    needs, the second sees what is left. Neither can hold part of the hosts while waiting for the
+    rest, and with the locks taken in one order there is no deadlock. FOR NO KEY UPDATE: a
+    transaction placing a run on the fleet holds a KEY SHARE on its row (the run's foreign key),
+    which this lock need not wait for. Groups that ask for GPUs go first, so a CPU group never
+    takes the GPU host a later group needed.
     """
-    order = sorted(groups, key=lambda g: (not (g[2].get("gpu") or {}), g[0]))
+    order = sorted(groups, key=lambda fg: (not (fg[1][2].get("gpu") or {}), fg[1][0]))
     taken: dict[int, list[Instance]] = {}
     short: list[str] = []
     with transaction.atomic():
-        list(Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk).values_list("pk", flat=True))
-        for index, name, req, count in order:
+        list(Fleet.objects.select_for_update(no_key=True).filter(pk__in={f.pk for f, _ in groups})
+             .order_by("pk").values_list("pk", flat=True))
+        for fleet, (index, name, req, count) in order:
             got = take_instances(fleet, req, count)
             if got:
                 taken[index] = got
                 continue
             left = sum(1 for _ in islice(candidates(fleet, req, page_for(count)), count))
-            after = f" once {', '.join(g[1] for g in order if g[0] in taken)} took theirs" if taken else ""
+            before = [g[1] for f, g in order if g[0] in taken and f.pk == fleet.pk]
+            after = f" once {', '.join(before)} took theirs" if before else ""
             short.append(f"{name}: needs {count} idle hosts of fleet {fleet.name}, {left} left{after}")
         if short:
             transaction.set_rollback(True)  # nothing of the run stays taken

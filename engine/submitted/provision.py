@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Case, Value, When
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
-from engine.submitted import fanout, placement
+from engine.submitted import fanout, gang, placement, spanning
+from instances.models import Fleet
 from instances.transitions import hand_back, record_taken
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
@@ -28,7 +30,7 @@ def provision_job(job_id: int) -> bool:
     with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
         if held is None:
             return False
-        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
+        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance", "fleet").get(pk=job_id)
         _attempt(job)
         status = release_job(job, held.token, AFTER_ATTEMPT)
     if held.failed:
@@ -57,23 +59,47 @@ def _attempt(job: Job) -> None:
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
     if run.fleet_id is None:
-        fleet = placement.choose_fleet(run, siblings)
-        if fleet is None:
+        fleets = spanning.choose(run, siblings)
+        if fleets is None:
             terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings), held=True)
             return
-        if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleet,
-                        message=f"placed on fleet {fleet.name}"):
-            Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleet)
-            run.refresh_from_db(fields=["fleet"])
-    fleet = run.fleet
-    if placement.is_static(fleet):
-        _take_static_instance(job, fleet, siblings)
+        _record_placement(run, job, fleets, siblings)
+    fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
+    if job.job_num == 0:
+        if not _take_gang(job, fleet, siblings or []):
+            return
+        if not placement.is_static(fleet):
+            _provision_cloud_group(job, fleet)
+    elif placement.is_static(fleet):
+        _take_group(job, fleet, siblings)
     else:
         _provision_cloud_group(job, fleet)
 
 
 SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_rank", "node_group_name", "status",
-                  "instance_id", "waiting_master_job", "spec")
+                  "instance_id", "waiting_master_job", "spec", "fleet_id")
+
+
+def _record_placement(run: Run, job: Job, fleets: list, siblings: list[Job] | None) -> None:
+    """Put the run on its fleets: group g's jobs on fleets[g]; the run's own `fleet` is group 0's."""
+    names = {f.name for f in fleets}
+    groups = run.configuration.get("groups") or []
+    if len(names) == 1:
+        said = f"placed on fleet {fleets[0].name}"
+    else:
+        said = "placed across fleets: " + ", ".join(
+            f"{groups[g]['name'] if g < len(groups) else g} on {f.name}" for g, f in enumerate(fleets))
+    with transaction.atomic():
+        if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleets[0], message=said):
+            Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleets[0])
+            run.refresh_from_db(fields=["fleet"])
+        current = Job.objects.filter(run=run, submission_num=job.submission_num)
+        if len(names) == 1:
+            current.update(fleet=fleets[0])
+        else:
+            current.update(fleet_id=Case(*[When(node_group_index=g, then=Value(f.pk)) for g, f in enumerate(fleets)]))
+    for j in [job, *(siblings or [])]:
+        j.fleet = fleets[j.node_group_index]
 
 
 def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
@@ -88,59 +114,78 @@ def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
                                                          local=placement.local_allowed(run.user)))
 
 
-def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
-    """Job 0 takes a host for every waiting job of the run at once (the gang); a later group master
-    (a group placed again) takes its whole group; others take one."""
-    if job.job_num == 0:
-        members = sorted((j for j in siblings or [] if j.pk != job.pk and j.status == JobStatus.SUBMITTED
-                          and j.instance_id is None), key=lambda j: j.job_num)
-        instances, short = _take_gang(fleet, job, members)
-        if short:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          f"gang not placed, no host taken: {' | '.join(short)}", held=True)
-            return
-        what = f"the run's {len({j.node_group_index for j in [job, *members]})} groups"
-    else:
-        members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
-                   and j.status == JobStatus.SUBMITTED and j.instance_id is None]
-        instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
-        if not instances:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
-                          held=True)
-            return
-        what = f"its group {job.node_group_name}"
+def _on_static_fleet(job: Job, fleets: dict, default: int) -> bool:
+    fleet = fleets.get(job.fleet_id or default)
+    return fleet is not None and placement.is_static(fleet)
+
+
+def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
+    """Job 0 takes a host for every waiting job of the run's static groups at once, on whichever
+    fleets they go to (the gang); a job 0 whose own group is a cloud group takes only the others'.
+    False when job 0 ended (a group was short: nothing is taken)."""
+    fleets = {f.pk: f for f in Fleet.objects.filter(pk__in={j.fleet_id for j in siblings if j.fleet_id})}
+    fleets.setdefault(fleet.pk, fleet)
+    members = sorted((j for j in siblings if j.pk != master.pk and j.status == JobStatus.SUBMITTED
+                      and j.instance_id is None and _on_static_fleet(j, fleets, fleet.pk)), key=lambda j: j.job_num)
+    gang = [master, *members] if placement.is_static(fleet) else members
+    if not gang:
+        return True
+    groups: dict[int, list[Job]] = {}
+    for j in gang:
+        groups.setdefault(j.node_group_index, []).append(j)
+    taken, short = placement.take_gang_across([
+        (fleets[js[0].fleet_id or fleet.pk], (g, js[0].node_group_name, js[0].spec["resources"], len(js)))
+        for g, js in sorted(groups.items())])
+    if short:
+        terminate_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                      f"gang not placed, no host taken: {' | '.join(short)}", held=True)
+        return False
+    given = {g: iter(insts) for g, insts in taken.items()}
+    instances = [next(given[j.node_group_index]) for j in gang]
+    what = f"the run's {len(groups)} groups" if len(groups) > 1 else f"its group {gang[0].node_group_name}"
+    if gang[0] is master:
+        return _hold(master, instances, members, what, siblings)
+    with transaction.atomic():  # job 0 makes a slice next: the static groups wait on their hosts meanwhile
+        unused = fanout.place_members(master, members, instances)
+        hand_back(unused, master, "not used: its job ended before it was placed")
+        record_taken([i for i in instances if i not in unused], master,
+                     f"taken by job {master.run.name}/{master.job_num} for {what}")
+    return True
+
+
+def _take_group(job: Job, fleet, siblings: list[Job] | None) -> None:
+    """A later group master (its group placed again) takes its whole group."""
+    members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
+               and j.status == JobStatus.SUBMITTED and j.instance_id is None]
+    instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
+    if not instances:
+        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
+                      held=True)
+        return
+    _hold(job, instances, members, f"its group {job.node_group_name}", siblings)
+
+
+def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: list[Job] | None) -> bool:
+    """`job` takes instances[0] and its members the rest, in one transaction with the fan-out."""
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
                         message=f"provisioning on {mine.name} ({mine.internal_ip})"):
             # the job moved on under us (stopped): give the hosts back
             hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
-            return
+            return False
         unused = fanout.place_members(job, members, theirs)
         hand_back(unused, job, "not used: its job ended before it was placed")
         record_taken([i for i in instances if i not in unused], job,
                      f"taken by job {job.run.name}/{job.job_num} for {what}")
         fanout.unlock_after_attempt(job, siblings)
-
-
-def _take_gang(fleet, master: Job, members: list[Job]) -> tuple[list, list[str]]:
-    """Hosts for `master` and `members` from one all-or-nothing take (placement.take_gang), in the
-    order [master's, then each member's in the order given]; or ([], the short groups)."""
-    jobs = [master, *members]
-    groups: dict[int, list[Job]] = {}
-    for j in jobs:
-        groups.setdefault(j.node_group_index, []).append(j)
-    taken, short = placement.take_gang(fleet, [(g, js[0].node_group_name, js[0].spec["resources"], len(js))
-                                              for g, js in sorted(groups.items())])
-    if short:
-        return [], short
-    given = {g: iter(insts) for g, insts in taken.items()}
-    return [next(given[j.node_group_index]) for j in jobs], []
+    return True
 
 
 def _provision_cloud_group(job: Job, fleet) -> None:
-    """A backend that creates groups makes the whole group in one call (a TPU pod slice)."""
+    """A backend that creates groups makes the whole group in one call (a TPU pod slice). A slice
+    that cannot be had ends the job and lets the run's static hosts go in the same step."""
     from engine import pods
 
     compute = get_compute(fleet.backend, fleet_backend_config(fleet))
@@ -148,11 +193,11 @@ def _provision_cloud_group(job: Job, fleet) -> None:
     try:
         assigned = pods.reserve_pod(fleet, compute, group_jobs)
     except BackendError as exc:
-        terminate_job(job, exc.reason, str(exc), held=True)
+        _fail_for_good(job, exc.reason, str(exc))
         return
     if not assigned:
-        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, f"fleet {fleet.name} has no offer for "
-                      f"{job.node_group_name}", held=True)
+        _fail_for_good(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                       f"fleet {fleet.name} has no offer for {job.node_group_name}")
         return
     with transaction.atomic():
         for other in group_jobs:
@@ -160,3 +205,9 @@ def _provision_cloud_group(job: Job, fleet) -> None:
         move_job(job, JobStatus.PROVISIONING, instance_id=assigned[job.pk],
                  message=f"provisioning {len(group_jobs)} hosts as one group")
         fanout.unlock_after_attempt(job)
+
+
+def _fail_for_good(job: Job, reason: str, why: str) -> None:
+    with transaction.atomic():
+        terminate_job(job, reason, why, held=True)
+        gang.release(job.run, job.submission_num, job.node_group_name, why)

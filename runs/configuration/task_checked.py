@@ -31,6 +31,7 @@ class NodeGroup(CheckedModel):
     env: dict[str, str]
     image: str | None
     ports: list[int | str]
+    fleets: list[str] = []  # the group's own `fleets:`; empty: any fleet the task may use
 
 
 class TaskConfiguration(CheckedModel):

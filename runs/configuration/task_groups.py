@@ -38,6 +38,7 @@ class Part:
     env: dict[str, str | None]
     image: str | None
     ports: list[int | str]
+    fleets: list[str] | None = None
 
 
 def read_parts(
@@ -122,6 +123,7 @@ def _read_group(
         env=parse_env(group.env, errors, [*loc, "env"]),
         image=group.image,
         ports=group.ports,
+        fleets=group.fleets,
     )
 
 
@@ -194,6 +196,11 @@ def check_part(
         nodes = 1
     own_env = fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
     env = top_env | resolve_env(own_env, env_values, secrets, errors, [*part.loc, "env"])
+    fleets = part.fleets or []
+    for f, name in enumerate(fleets):
+        if task.fleets and name not in task.fleets:
+            errors.add([*part.loc, "fleets", f], f"fleet `{name}` is not in the task's `fleets` "
+                       f"({', '.join(task.fleets)}): add it there or name one of those")
     if len(errors.items) > before or resources is None:
         return None
     return NodeGroup(
@@ -205,6 +212,7 @@ def check_part(
         env=env,
         image=image,
         ports=part.ports,
+        fleets=fleets,
     )
 
 

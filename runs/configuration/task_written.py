@@ -66,11 +66,17 @@ class _GroupInput(_GroupShape):
     env: Any = None
     image: str | None = None
     ports: list[Port] = []
+    fleets: list[str] = []  # the group's own choice among the task's fleets (a run may span fleets)
 
     @field_validator("name")
     @classmethod
     def _group_name(cls, value: str | None) -> str | None:
         return check_group_name(value)
+
+    @field_validator("fleets")
+    @classmethod
+    def _group_fleet_names(cls, value: list[str]) -> list[str]:
+        return fleet_names(value)
 
 
 class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
@@ -114,8 +120,12 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     @field_validator("fleets")
     @classmethod
     def _fleet_names(cls, value: list[str]) -> list[str]:
-        if any(not name.strip() for name in value):
-            raise ValueError("a fleet name cannot be empty")
-        return value
+        return fleet_names(value)
+
+
+def fleet_names(value: list[str]) -> list[str]:
+    if any(not name.strip() for name in value):
+        raise ValueError("a fleet name cannot be empty")
+    return list(dict.fromkeys(value))
 
 

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import secrets as pysecrets
+from itertools import islice
 from typing import Any
 
 from django.conf import settings
@@ -28,7 +29,7 @@ from runs.configuration import (
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run, SubmissionKey
-from runs.services import container_policy, local_images, submitted_text
+from runs.services import container_policy, group_fleets, local_images, submitted_text
 
 MASK = "***"
 
@@ -99,6 +100,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
         run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     _check_expanded_size(conf)
+    group_fleets.check(project, conf)  # a group's own `fleets:` names fleets of this project
     local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
     container_policy.check(project, conf)  # privileged or host volumes that no candidate fleet allows
     return conf, _bare_env_keys(doc)
@@ -170,18 +172,21 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
 
     Two statements when it fits (the fleets, then one page of idle hosts per group): the hosts the
     plan names are those the fit test read, not read again."""
-    from engine.submitted import capacity, placement
+    from engine.submitted import capacity, placement, spanning
 
     local = placement.local_allowed(user)
     fleets = placement.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
         fleets = placement.allowing_fleets(fleets, configuration)
     pools: list[list] = []
-    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups], pools=pools,
-                                          at_least=shown_hosts)
-    if fleet is not None:
-        return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups, pools)}
-    return {"fits": False, "fleet": None,
+    chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
+                             [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts)
+    if chosen is not None:
+        # `fleet`: group 0's (the whole run's unless it spans fleets); `fleets`: each group's
+        return {"fits": True, "fleet": chosen[0].name, "reasons": [],
+                "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
+                "hosts": fitting_hosts(chosen, groups, pools)}
+    return {"fits": False, "fleet": None, "fleets": {},
             "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
 
 
@@ -206,14 +211,20 @@ def shown_hosts(nodes: int) -> int:
     return min(max(nodes, 8), PLAN_HOSTS_PER_GROUP)
 
 
-def fitting_hosts(fleet, groups, pools: list[list]) -> dict[str, list[str]]:
-    """Each group's idle hosts that fit it now (a host may fit several groups), from the pools the
-    fit test read; empty lists for a fleet that makes its hosts for the run."""
+def fitting_hosts(fleets: list, groups, pools: list[list]) -> dict[str, list[str]]:
+    """Each group's idle hosts that fit it now on its fleet (a host may fit several groups), from
+    the pools the fit test read when one fleet holds the run; an empty list for a group on a fleet
+    that makes its hosts for the run."""
     from engine.submitted import placement
 
-    if not placement.is_static(fleet):
-        return {name: [] for name, _, _ in groups}
-    return {name: [i.name for i in pool[:shown_hosts(n)]] for (name, _, n), pool in zip(groups, pools, strict=True)}
+    def shown(g: int, fleet, req: dict, n: int) -> list[str]:
+        if not placement.is_static(fleet):
+            return []
+        found = pools[g] if pools else placement.candidates(fleet, req)
+        return [i.name for i in islice(found, shown_hosts(n))]
+
+    return {name: shown(g, fleet, req, n)
+            for g, ((name, req, n), fleet) in enumerate(zip(groups, fleets, strict=True))}
 
 
 def _generated_name() -> str:

@@ -299,6 +299,7 @@ commands: [echo hi]
     resp = api.post(f"{RUNS}plan", {"configuration": text.replace("[pd-disagg]", "[pd-disagg, pd]")},
                     format="json")
     assert resp.json()["capacity"] == {"fits": True, "fleet": "pd", "reasons": [],
+                                       "fleets": {"default": "pd"},
                                        "hosts": {"default": ["pd-0", "pd-1", "pd-2"]}}, resp.json()
 
 

@@ -18,6 +18,7 @@ def plan(api, text: str) -> dict:
 def test_a_multi_node_run_is_told_that_a_fleet_without_cluster_placement_cannot_hold_it(api, project):
     create_local_fleet(project, "loose", 2, placement="any")
     assert plan(api, "type: task\ncommands: [echo]\n") == {"fits": True, "fleet": "loose", "reasons": [],
+                                                           "fleets": {"default": "loose"},
                                                            "hosts": {"default": ["loose-0", "loose-1"]}}
     assert plan(api, "type: task\nnodes: 2\ncommands: [echo]\n")["reasons"] == [
         "default: needs 2 hosts: fleet loose has placement any: the nodes of a multi-node run need a fleet "

@@ -1,0 +1,72 @@
+"""Which fleet each group of a run goes to: one fleet for the whole run when one can hold it (as
+always), else each group on a fleet of its own choice, so a run may span fleets (a CPU router on
+an SSH fleet beside a TPU slice on a gcp fleet).
+
+A group's candidates are the run's (its `fleets:`, or every active fleet it may use) narrowed by
+the group's own `fleets:`, in the group's order when it gives one. Groups that share a static
+fleet must fit on it together (each host takes one job), which the same greedy test as a single
+fleet answers; a cloud fleet makes each group's hosts, so it only needs an offer.
+"""
+
+from __future__ import annotations
+
+from instances.models import Fleet, Placement
+from runs.models import Job, Run
+
+from . import placement
+
+Demand = tuple[dict, int]  # (requirements, node count)
+
+
+def group_fleet_names(configuration: dict) -> list[list[str]]:
+    """Each group's own `fleets:` (empty: no choice of its own), in group order."""
+    return [list(g.get("fleets") or []) for g in configuration.get("groups") or []]
+
+
+def candidates_per_group(fleets: list[Fleet], own: list[list[str]], groups: int) -> list[list[Fleet]]:
+    by_name = {f.name: f for f in fleets}
+    out = []
+    for g in range(groups):
+        names = own[g] if g < len(own) else []
+        out.append([by_name[n] for n in names if n in by_name] if names else list(fleets))
+    return out
+
+
+def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], pools: list | None = None,
+           at_least=None) -> list[Fleet] | None:
+    """A fleet per group (in group order), or None when some group has nowhere to go.
+
+    `pools`, `at_least`: as placement.static_fleet_fits, filled only when one fleet holds the whole
+    run (the plan then shows the hosts the fit test read instead of reading them again)."""
+    per_group = candidates_per_group(fleets, own, len(demands))
+    allowed_by_all = [f for f in fleets if all(f in c for c in per_group)]
+    whole = placement.first_fitting_fleet(allowed_by_all, demands, pools, at_least)
+    if whole is not None:
+        return [whole] * len(demands)
+    if pools is not None:
+        pools.clear()  # what a fleet that did not fit left there is no group's answer
+    multi_node = sum(n for _, n in demands) > 1
+    chosen: list[Fleet | None] = [None] * len(demands)
+    # groups with the fewest choices first, then GPU/TPU groups: the scarce hosts go to who needs them
+    order = sorted(range(len(demands)), key=lambda g: (len(per_group[g]), not (demands[g][0].get("gpu") or {}), g))
+    for g in order:
+        for fleet in per_group[g]:
+            if placement.is_static(fleet):
+                if multi_node and fleet.placement != Placement.CLUSTER:
+                    continue  # the run's nodes must reach each other on a private network
+                sharing = [demands[o] for o in range(len(demands)) if chosen[o] is not None and chosen[o].pk == fleet.pk]
+                if placement.static_fleet_fits(fleet, [*sharing, demands[g]]):
+                    chosen[g] = fleet
+                    break
+            elif placement.cloud_fleet_fits(fleet, [demands[g]]):
+                chosen[g] = fleet
+                break
+        if chosen[g] is None:
+            return None
+    return chosen  # type: ignore[return-value]
+
+
+def choose(run: Run, jobs: list[Job] | None = None) -> list[Fleet] | None:
+    """The fleet of each group of the run's current submission (placement.group_demands order)."""
+    return assign(placement.candidate_fleets(run), group_fleet_names(run.configuration),
+                  placement.group_demands(run, jobs))
