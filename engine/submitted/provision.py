@@ -9,18 +9,16 @@ from django.db import transaction
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
+from engine.job_leases import release_job
 from engine.submitted import fanout, placement
+from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
+from instances import fitting
 from instances.transitions import hand_back, record_taken
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, release_job, terminate_job
+from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
-
-
-def on_run_submitted(run: Run, master: Job) -> None:
-    """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
-    messages.place_job(master.pk)
 
 
 def provision_job(job_id: int) -> bool:
@@ -57,7 +55,7 @@ def _attempt(job: Job) -> None:
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
     if run.fleet_id is None:
-        fleet = placement.choose_fleet(run, siblings)
+        fleet = fitting.choose_fleet(run, siblings)
         if fleet is None:
             terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings), held=True)
             return
@@ -66,7 +64,7 @@ def _attempt(job: Job) -> None:
             Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleet)
             run.refresh_from_db(fields=["fleet"])
     fleet = run.fleet
-    if placement.is_static(fleet):
+    if fitting.is_static(fleet):
         _take_static_instance(job, fleet, siblings)
     else:
         _provision_cloud_group(job, fleet)
@@ -77,15 +75,14 @@ SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_ran
 
 
 def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
-    """The failure message: per group, which requirement no host met (engine/submitted/capacity.py)."""
-    from engine.submitted import capacity
-
+    """The failure message: per group, which requirement no host met (instances/fitting.py `explain`)."""
     jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
-    groups = capacity.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
-                                lambda j: j.spec["resources"])
-    return capacity.no_capacity_message(capacity.explain(run.project_id, run.configuration.get("fleets") or [],
-                                                         groups, run.configuration,
-                                                         local=placement.local_allowed(run.user)))
+    groups = fitting.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
+                               lambda j: j.spec["resources"])
+    lines = fitting.explain(run.project_id, run.configuration.get("fleets") or [], groups, run.configuration,
+                            local=fitting.local_allowed(run.user))
+    text = "no fleet can hold every group of this run: " + " | ".join(lines)
+    return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."
 
 
 def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:

@@ -13,7 +13,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.views.decorators.debug import sensitive_variables
 
+from engine import messages
 from events.services import record
+from instances import fitting
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
@@ -27,7 +29,8 @@ from runs.configuration import (
 )
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
-from runs.models import Job, Run, SubmissionKey
+from runs.job_rows import create_jobs
+from runs.models import Run, SubmissionKey
 from runs.services import container_policy, local_images, submitted_text
 
 MASK = "***"
@@ -160,32 +163,26 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
 def plan_capacity(project: Project, wanted: list[str], specs: list[dict], configuration: dict | None = None,
                   user=None) -> dict:
     """Where `user`'s run would go now, or why it fits nowhere now (the same test placement makes)."""
-    from engine.submitted import capacity, placement
-
-    groups = capacity.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
-                                lambda s: s["resources"])
-    local = placement.local_allowed(user)
-    fleets = placement.fleets_for(project.pk, wanted, local=local)
+    groups = fitting.groups_of(specs, lambda s: s["node_group_name"], lambda s: s["node_group_index"],
+                               lambda s: s["resources"])
+    local = fitting.local_allowed(user)
+    fleets = fitting.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
-        fleets = placement.allowing_fleets(fleets, configuration)
-    fleet = placement.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
+        fleets = fitting.allowing_fleets(fleets, configuration)
+    fleet = fitting.first_fitting_fleet(fleets, [(req, n) for _, req, n in groups])
     if fleet is not None:
         return {"fits": True, "fleet": fleet.name, "reasons": [], "hosts": fitting_hosts(fleet, groups)}
     return {"fits": False, "fleet": None,
-            "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
+            "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
 
 
 def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
     """A run that only local fleets could take, from someone whose runs may not go there, is a 403
     now rather than a run that can never be placed."""
-    from engine.submitted import placement
-
-    if placement.local_allowed(user) or placement.fleets_for(project.pk, wanted, local=False):
+    if fitting.local_allowed(user) or fitting.fleets_for(project.pk, wanted, local=False):
         return
-    if placement.fleets_for(project.pk, wanted):
-        from engine.submitted.capacity import LOCAL_REFUSED
-
-        raise NotAllowed(["fleets"], LOCAL_REFUSED)
+    if fitting.fleets_for(project.pk, wanted):
+        raise NotAllowed(["fleets"], fitting.LOCAL_REFUSED)
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
@@ -195,34 +192,14 @@ PLAN_HOSTS_PER_GROUP = 32
 def fitting_hosts(fleet, groups) -> dict[str, list[str]]:
     """Each group's idle hosts that fit it now (a host may fit several groups); empty lists for a
     fleet that makes its hosts for the run."""
-    from engine.submitted import placement
-
-    if not placement.is_static(fleet):
+    if not fitting.is_static(fleet):
         return {name: [] for name, _, _ in groups}
-    return {name: [i.name for i in islice(placement.candidates(fleet, req), min(max(n, 8), PLAN_HOSTS_PER_GROUP))]
+    return {name: [i.name for i in islice(fitting.candidates(fleet, req), min(max(n, 8), PLAN_HOSTS_PER_GROUP))]
             for name, req, n in groups}
 
 
 def _generated_name() -> str:
     return f"run-{pysecrets.token_hex(3)}"
-
-
-def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
-    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
-    jobs = [
-        Job(
-            run=run,
-            job_num=spec["job_num"],
-            submission_num=submission_num,
-            node_group_name=spec["node_group_name"],
-            node_group_index=spec["node_group_index"],
-            node_group_rank=spec["node_group_rank"],
-            waiting_master_job=spec["job_num"] != 0,
-            spec=spec,
-        )
-        for spec in job_specs
-    ]
-    return Job.objects.bulk_create(jobs)
 
 
 @sensitive_variables()
@@ -314,17 +291,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
-        from engine.submitted import provision
-
-        provision.on_run_submitted(run, next(j for j in jobs if j.job_num == 0))
+        # job 0 is claimable at once; the others wait for their master (runs/job_rows.py)
+        messages.place_job(next(j.pk for j in jobs if j.job_num == 0))
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run
-
-
-@sensitive_variables()
-def secret_env(run: Run) -> dict[str, str]:
-    token = run.configuration.get("secret_env", "")
-    if not token:
-        return {}
-    return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",
-                                     fix="submit the run again"))
