@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from django.conf import settings
 
+from runs import log_storage
 from runs.services import logs
 
 
@@ -15,13 +16,13 @@ def whole(job) -> Iterator[bytes]:
     limit = int(settings.MUSTER["LOG_COPY_LIMIT"])
     offset = 0
     while offset < limit:
-        chunk = logs.read(job, offset, min(logs.CHUNK, limit - offset))
+        chunk = logs.read(job, offset, min(log_storage.CHUNK, limit - offset))
         if not chunk:
             return
         offset += len(chunk)
         yield chunk
     if logs.read(job, offset, 1):
-        yield logs.truncated_note(limit)
+        yield log_storage.truncated_note(limit)
 
 
 def prefixed(jobs: Iterable) -> Iterator[bytes]:

@@ -13,6 +13,9 @@ import threading
 import time
 
 from celery.signals import task_failure, task_postrun, task_prerun, worker_process_shutdown, worker_shutdown
+from django.dispatch import receiver
+
+from engine.claims import claim_conflict
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
@@ -93,6 +96,11 @@ def _postrun(task_id=None, task=None, retval=None, state=None, **_) -> None:
             if retval.get(key):
                 add("sweep_routine", kind, "", int(retval[key]))
     flush()
+
+
+@receiver(claim_conflict)
+def _claim_conflict(sender=None, **_) -> None:
+    add("claim_conflict", sender._meta.model_name)
 
 
 @worker_process_shutdown.connect

@@ -17,7 +17,7 @@ from console import logview, picture, runlist, words
 from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
-from instances.services.queued import queued_view
+from instances.queued import queued_view
 from muster.api_errors import InvalidInput
 from muster.throttling import throttled
 from projects.models import Membership, Project

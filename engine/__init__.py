@@ -4,11 +4,12 @@ Each step claims its row (engine/claims.py), does its work, gives the row back a
 next step's message after commit (engine/messages.py); engine/tasks.py holds the Celery tasks,
 one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
-submit        runs/services/submission.py        submit_run, then on_run_submitted sends job 0's provision_job
+submit        runs/services/submission.py        submit_run, then messages.place_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
-  placement   engine/submitted/placement.py      choose_fleet, take_instances: the fleet and hosts a group gets
+  placement   engine/submitted/placement.py      take_instances, take_gang: the hosts a group gets
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
-  capacity    engine/submitted/capacity.py       explain: why no fleet fits (the plan and no-capacity failures)
+  fitting     instances/fitting.py               choose_fleet, explain: which fleet fits, why none does (read-only;
+                                                 the plan reads it too)
   pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
@@ -22,11 +23,14 @@ groups        engine/groups.py                   terminate_group_now: delete an 
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
   watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
+              engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
 attach keys   engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed
 sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own seems lost
 
-Business rules of the tables stay with their apps: runs/transitions.py and instances/transitions.py
-(every status change and its event), runs/models.py, runs/choices.py, runs/services/.
+The engine does all host I/O (log copy: engine/log_copy.py; attach revokes; the Docker probe; SSH
+registration; agent stops). It imports the tables below it (models, choices, transitions, and the
+read-only modules beside them) and never the app services, the API or the console above it;
+tests/test_import_graph.py holds the layer rule.
 """

@@ -1,4 +1,5 @@
-"""Removing attach lines whose grants are due (runs/services/attach.py): one host per step.
+"""Removing attach lines from hosts (runs/services/attach.py installs them): in the step that ends
+a job, and for grants due otherwise (a user lost access) one host per step.
 
 The rows are claimed, so two workers never edit one host's authorized_keys for the same grants;
 a host that does not answer backs the rows off, and the sweep sends the step again once the host's
@@ -7,12 +8,38 @@ health check has it reachable (engine/sweeps.py).
 
 from __future__ import annotations
 
+import logging
+
 from backends.registry import compute_for_instance
+from backends.ssh import attach_keys
 from engine import claims
 from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
-from runs.models import AttachGrant
-from runs.services import attach
+from runs.models import AttachGrant, Job
+
+log = logging.getLogger(__name__)
+
+
+def remove_grants(host, grants: list[AttachGrant]) -> None:
+    """Take the grants' lines off their host, then their rows (a failure leaves both for a retry)."""
+    if grants:
+        attach_keys.remove(host, attach_keys.authorized_keys_path(), [g.needle for g in grants])
+        AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
+
+
+def end_job_grants(job: Job) -> None:
+    """The job is ending: its lines are due to go (engine/stopping.py removes them while it talks
+    to the host; the sweep does if the host does not answer)."""
+    AttachGrant.objects.filter(job=job).update(revoke_due=True)
+
+
+def revoke(job: Job, host) -> None:
+    """Remove the attach lines of `job` from its host, in the step that ends the job."""
+    end_job_grants(job)
+    grants = list(AttachGrant.objects.filter(job=job, revoke_due=True))
+    if grants:
+        remove_grants(host, grants)
+        log.info("attach keys of %s removed from %s", job, job.instance.name)
 
 
 def revoke_attach_keys(instance_id: int) -> int:
@@ -23,7 +50,7 @@ def revoke_attach_keys(instance_id: int) -> int:
         instance = Instance.objects.select_related("fleet").get(pk=instance_id)
         host = compute_for_instance(instance).runner_host(instance)
         try:
-            attach.remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
+            remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
         finally:
             host.close()
         claims.forget(AttachGrant, held.token, held.pks)

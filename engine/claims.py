@@ -27,17 +27,13 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
-
-
-class Claimable(models.Model):
-    lease_until = models.DateTimeField(null=True, blank=True, db_index=True)
-    lease_token = models.CharField(max_length=32, blank=True, default="")
-
-    class Meta:
-        abstract = True
+# sent with the model as sender when a claim lost to another holder; /metrics counts them
+# (console/taskstats.py connects to it: the engine does not know who listens)
+claim_conflict = Signal()
 
 
 def lease_seconds() -> float:
@@ -126,9 +122,7 @@ def _count_conflict(model, pk, now, conditions) -> None:
     """For /metrics: the row is there and in the state asked for, but another holder has it. A row
     that moved on (the usual duplicate nudge) is not a conflict. One query, on the failure path only."""
     if model.objects.filter(pk=pk, **conditions).exclude(unleased(now)).exists():
-        from console import taskstats
-
-        taskstats.add("claim_conflict", model._meta.model_name)
+        claim_conflict.send(sender=model)
 
 
 def release(model: type[models.Model], pk, token: str, where: dict | None = None, **updates) -> bool:

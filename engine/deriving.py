@@ -15,8 +15,8 @@ from django.utils import timezone
 from engine import claims, messages
 from engine.stopping import end_active_jobs
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
+from runs.job_rows import create_jobs
 from runs.models import Job, Run
-from runs.services.submission import create_jobs
 from runs.transitions import move_run
 
 ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING)

@@ -49,10 +49,9 @@ def stop_orphans(instance: Instance) -> bool:
     """
     from backends.base import BackendError
     from backends.registry import compute_for_instance
-    from engine import runner_status
+    from engine import log_copy, runner_status
     from runs.choices import JOB_FINISHED, RUNNER_LIVE
     from runs.models import Job
-    from runs.services import logs
 
     since = instance.unreachable_since
     if since is None:
@@ -73,7 +72,7 @@ def stop_orphans(instance: Instance) -> bool:
                 host.stop(job.runner_job_id)
                 stopping.append(job)
                 continue
-            logs.keep_copy(job, host)  # the log the server could not copy when the job ended
+            log_copy.keep_copy(job, host)  # the log the server could not copy when the job ended
             host.cleanup(job.runner_job_id)
             cleaned.append(job)
     except BackendError as exc:

@@ -39,7 +39,7 @@ from instances.models import (
     InstanceReason,
     InstanceStatus,
 )
-from instances.services.queued import queued_view
+from instances.queued import queued_view
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 

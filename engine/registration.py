@@ -2,7 +2,7 @@
 
 Applying an SSH fleet writes it `pending` and sends `messages.register_fleet`. The step claims the
 pending fleet, contacts, probes and starts the runner on every host, and activates or fails the
-fleet (the rules: instances/services/ssh_fleets.py), then gives the fleet back; nothing is sent
+fleet (the rules: engine/ssh_registration.py), then gives the fleet back; nothing is sent
 after it. A second delivery finds the fleet claimed or no longer pending and does nothing. A lost
 message, a worker that died mid-registration or an unexpected exception leaves the fleet pending
 and unleased (after a backoff), and the sweep sends the message again; the next registration
@@ -35,15 +35,15 @@ def register_fleet(fleet_id: int, actor: str = "server") -> bool:
         # Imported here, not at the top: every process that sends an engine message imports
         # engine.tasks and so this module (engine/messages.py looks tasks up in Celery's registry),
         # and the registration's rules bring paramiko with them (about 60 ms a process).
-        from instances.services import ssh_fleets
+        from engine import ssh_registration
 
         fleet = Fleet.objects.select_related("project").filter(pk=fleet_id).first()
         if fleet is None:
             return False  # deleted since the claim
         limit = give_up_after()
         if (timezone.now() - fleet.created).total_seconds() > limit:
-            ssh_fleets.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
+            ssh_registration.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
                                "failed unexpectedly on every try; see its log): apply the fleet again", actor)
             return False
-        ssh_fleets.complete_registration(fleet, held.token, actor=actor)
+        ssh_registration.complete_registration(fleet, held.token, actor=actor)
     return not held.failed

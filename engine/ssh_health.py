@@ -9,7 +9,7 @@ Each checked instance is leased for SSH_HEALTH_INTERVAL seconds, so concurrent s
 twice, and a host that stays unreachable (its `last_seen` never moves) is retried at that pace,
 not on every sweep.
 
-A host that answers also has its Docker facts refreshed, at a slower pace (instances/services/docker_facts.py).
+A host that answers also has its Docker facts refreshed, at a slower pace (instances/docker_facts.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.ssh.runner_host import SSHRunnerHost
 from engine import claims, health
-from engine.tuning import HEALTH_BATCH, HEALTH_THREADS
+from engine.tuning import DOCKER_PROBE_TIMEOUT, HEALTH_BATCH, HEALTH_THREADS
+from instances import docker_facts
 from instances.models import FleetBackend, Instance, InstanceStatus
-from instances.services import docker_facts
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]
     host = SSHRunnerHost(instance.ssh_target(), timeout=timeout)
     try:
         host.status()
-        return None, docker_facts.probe(instance, host)
+        return None, _probe_docker(instance, host)
     except BackendError as exc:
         return str(exc), docker_facts.UNCHANGED
     except Exception as exc:  # never let one odd host stop the sweep
@@ -73,3 +73,15 @@ def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]
         return f"{type(exc).__name__}: {exc}", docker_facts.UNCHANGED
     finally:
         host.close()
+
+
+def _probe_docker(instance: Instance, host: SSHRunnerHost) -> object:
+    """In a health check's thread, on a host that just answered: its Docker facts when a probe is
+    due and succeeds, else UNCHANGED. Never writes to the database."""
+    if not docker_facts.due(instance):
+        return docker_facts.UNCHANGED
+    try:
+        return host.probe_docker(timeout=DOCKER_PROBE_TIMEOUT)
+    except Exception as exc:  # noqa: BLE001 - a failed probe keeps what is known
+        log.info("Docker probe of %s failed: %s", instance.name, exc)
+        return docker_facts.UNCHANGED

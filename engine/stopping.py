@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, messages, runner_status
+from engine import attach_revokes, claims, log_copy, messages, runner_status
 from engine.tuning import STOP_RECHECK
 from events.services import record
 from instances.transitions import hand_back
@@ -25,7 +25,6 @@ from runs.choices import (
     StopRequest,
 )
 from runs.models import Job, Run
-from runs.services import attach, logs
 from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ def _finish(held) -> bool:
     job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
-    attach.end_job_grants(job)
+    attach_revokes.end_job_grants(job)
     try:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job):
             return False
@@ -88,13 +87,13 @@ def _runner_finished(job: Job) -> bool:
         if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
-                attach.revoke(job, host)
+                attach_revokes.revoke(job, host)
                 return True  # the host does not stop it; the host is handed back regardless
             host.stop(job.runner_job_id)
             return False
-        attach.revoke(job, host)  # before the log copy: the key must not outlive the job
+        attach_revokes.revoke(job, host)  # before the log copy: the key must not outlive the job
         try:
-            logs.keep_copy(job, host)
+            log_copy.keep_copy(job, host)
         except OSError as exc:
             # The server's disk (full, unwritable) must not hold the job and its host forever.
             log.warning("job %s: its log could not be kept: %s", job, exc)

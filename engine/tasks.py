@@ -56,7 +56,7 @@ def sweep() -> dict[str, int]:
 
 @shared_task
 def sweep_logs() -> int:
-    from runs.services import log_storage
+    from runs import log_storage
 
     return log_storage.sweep_retention()
 

@@ -33,6 +33,13 @@ WATCH_THREADS = 16
 # -- the SSH health check of idle hosts (engine/ssh_health.py) --
 HEALTH_BATCH = 200
 HEALTH_THREADS = 16
+# seconds a health check waits for `docker info` (given 10 s on the host itself) before keeping what it knew
+DOCKER_PROBE_TIMEOUT = 15.0
+
+# -- SSH registration (engine/ssh_registration.py) --
+# hosts of one fleet contacted at once (connect, probe, runner start), and runners stopped at once
+# after a refused registration: a fleet of hundreds is done in a few rounds without a thread each
+REGISTER_THREADS = 32
 
 # -- stopping (engine/groups.py, engine/stopping.py) --
 # hosts whose runner agent is asked to exit in parallel when a group goes
@@ -46,7 +53,7 @@ STOP_RECHECK = 0.25
 # start, so a submitted job is looked at again this soon rather than a whole poll interval later
 STARTING_RECHECK = 0.25
 
-# -- placement (engine/submitted/capacity.py) --
+# -- placement (engine/submitted/provision.py: the no-capacity failure) --
 # characters of a no-capacity explanation kept on the job: the whole of it for any real project,
 # while a run with thousands of groups cannot make every job row (and API answer) megabytes long
 NO_CAPACITY_MESSAGE_LIMIT = 4000

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
-from engine.claims import Claimable
 from muster import crypto
+from muster.claimable import Claimable
 
 
 class FleetBackend(models.TextChoices):
@@ -108,7 +108,7 @@ class InstanceReason(models.TextChoices):
     and a slice the cloud refused to create carries the cloud's error text (`_forget`)."""
 
     IDLE = "idle"  # kept idle longer than its fleet's idle_duration (engine/pods.py expire_idle_pods)
-    REGISTRATION_FAILED = "registration_failed"  # its SSH fleet's registration failed (instances/services/ssh_fleets.py)
+    REGISTRATION_FAILED = "registration_failed"  # its SSH fleet's registration failed (engine/ssh_registration.py)
 
 
 class InstanceCondition(models.TextChoices):

@@ -54,7 +54,7 @@ def _beat_schedule() -> dict:
         # live TPU pods at Google, one list per zone and fleet (engine/pod_watch.py): a preempted
         # slice is noticed within this interval, not after the SSH grace period
         "pods": {"task": "engine.tasks.watch_pods", "schedule": pods, "options": {"expires": pods}},
-        # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/services/log_storage.py)
+        # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/log_storage.py)
         "logs": {"task": "engine.tasks.sweep_logs", "schedule": logs, "options": {"expires": logs}},
     }
 

@@ -353,7 +353,7 @@ MUSTER = {
     "SSH_HEALTH_INTERVAL": env_float("MUSTER_SSH_HEALTH_INTERVAL", 10.0),
     "SSH_HEALTH_TIMEOUT": env_float("MUSTER_SSH_HEALTH_TIMEOUT", 5.0),
     "SSH_OUTPUT_LIMIT": env_int("MUSTER_SSH_OUTPUT_LIMIT", 4 << 20),  # bytes of stdout+stderr one command may print
-    # seconds between Docker probes of one SSH host by the health check (instances/services/docker_facts.py)
+    # seconds between Docker probes of one SSH host by the health check (instances/docker_facts.py)
     "SSH_DOCKER_PROBE_INTERVAL": env_float("MUSTER_SSH_DOCKER_PROBE_INTERVAL", 300.0),
     # seconds a pending SSH fleet is registered again (after unexpected errors) before it is failed
     "SSH_REGISTER_GIVE_UP": env_float("MUSTER_SSH_REGISTER_GIVE_UP", 600.0),

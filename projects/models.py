@@ -21,7 +21,7 @@ class Project(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     created = models.DateTimeField(auto_now_add=True)
     # Set by an operator in the admin (project admins may not raise their own): empty takes
-    # MUSTER_LOG_QUOTA, 0 is no quota (runs/services/log_storage.py).
+    # MUSTER_LOG_QUOTA, 0 is no quota (runs/log_storage.py).
     log_quota = models.BigIntegerField(
         null=True, blank=True, help_text="bytes of finished jobs' logs the server keeps for this project; "
                                          "empty: MUSTER_LOG_QUOTA; 0: no quota")

@@ -8,8 +8,8 @@ class RunsConfig(AppConfig):
         from django.db.models.signals import pre_delete
 
         from projects.models import Project
+        from runs import log_storage
         from runs.models import Run
-        from runs.services import log_storage
 
         # Every way a run goes (the API, a new run of its name, the admin, its project's deletion)
         # takes its logs with it: they may hold whatever secrets the job printed.

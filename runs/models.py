@@ -5,7 +5,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
-from engine.claims import Claimable
+from muster.claimable import Claimable
 from runs.choices import JOB_ACTIVE, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
 
 
@@ -135,3 +135,9 @@ class AttachGrant(Claimable):
 
     def __str__(self) -> str:
         return self.marker
+
+    @property
+    def needle(self) -> str:
+        """What finds this grant's line on its host (backends/ssh/attach_keys.remove)."""
+        # " muster-attach-<job>-<grant>-": the dashes around the numbers keep grant 1 from matching 12
+        return " " + "-".join(self.marker.split("-")[:4]) + "-"

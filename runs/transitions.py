@@ -7,7 +7,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine import claims, messages
+from engine import messages
 from events.services import record
 from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
@@ -59,7 +59,7 @@ def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server
     """Ask an active job to end with `reason`; the stop itself happens in engine.stopping.
 
     `held`: the caller holds the job's lease, so finish_job could not claim it yet; the caller hands
-    the job over when it lets go (release_job) instead of a message being sent now for nothing.
+    the job over when it lets go (engine.job_leases.release_job) instead of a message being sent now for nothing.
     """
     from runs.choices import FINAL_STATUS
 
@@ -96,32 +96,3 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     for key, value in fields.items():
         setattr(run, key, value)
     return True
-
-
-def hand_over_if_terminating(job_id: int) -> str | None:
-    """Called after a task gave back its lease: a job it moved to `terminating` meanwhile could not
-    be claimed by the finish_job enqueued at that moment, so enqueue it again now.
-
-    Returns the job's status, so the caller decides its next step without reading the row again.
-    """
-    status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-    if status == JobStatus.TERMINATING:
-        messages.finish_job(job_id)
-    return status
-
-
-def release_job(job: Job, token: str, keep, **updates) -> str | None:
-    """Give back the caller's lease on `job` and return the job's status as it is left.
-
-    One statement in the common case: the job is still in one of `keep`, as the caller left it.
-    A job that is terminating now (moved by the caller, or by another process while the lease was
-    held) is handed to finish_job, whose own claim could not succeed until now.
-    """
-    keep = tuple(keep)
-    if job.status in keep and claims.release(Job, job.pk, token, where={"status__in": keep}, **updates):
-        return job.status
-    claims.release(Job, job.pk, token, **updates)
-    if job.status == JobStatus.TERMINATING:  # the caller moved it (terminate_job(held=True))
-        messages.finish_job(job.pk)
-        return job.status
-    return hand_over_if_terminating(job.pk)

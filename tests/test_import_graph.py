@@ -169,3 +169,85 @@ def test_no_import_circles():
     graph = {name: sorted({t for t, _, _ in found}) for name, found in edges.items()}
     circles = strongly_connected(graph)
     assert not circles, "\n\n".join(describe(c, modules, edges) for c in circles)
+
+
+# ---- layers ------------------------------------------------------------------------------------
+#
+# Imports point one way, down this list (docs/how-it-works.md, "Layers"):
+#   base      muster/ (settings, the Celery app, crypto, errors), runner/, backends/, and the
+#             configuration dialect (runs/configuration/: parsing, no rows): no app code
+#   messages  engine/messages.py: the send-only vocabulary ("look at row X"), which names tasks
+#             by string and imports no step, so every layer above may send
+#   tables    each app's models, choices and transition functions (one per row type, writing its
+#             event), and the read-only modules beside them (instances/fitting.py)
+#   engine    engine/: the claimed steps, and all host I/O
+#   services  each app's services/, api/, admin, signals and apps; console/; dstack_api/; the URLs
+#             and the process entry points: validate, write, send a message
+#   cli       cli/: the HTTP client, which imports no server code at all
+BASE, MESSAGES, TABLES, ENGINE, SERVICES, CLI = range(6)
+LAYER_NAMES = ("base", "messages", "tables", "engine", "services", "cli")
+APPS = ("runs", "instances", "projects", "events", "console", "dstack_api")
+# the parts of an app that sit above the engine
+APP_UPPER_PARTS = {"services", "api", "admin", "management", "apps", "signals", "urls", "views", "gateway"}
+EXACT = {
+    "runs.configuration": BASE,
+    "engine.messages": MESSAGES,
+    # the events table's own write (record, record_many), which every transition function calls
+    "events.services": TABLES,
+    "console.models": TABLES,
+    "dstack_api.models": TABLES,
+    "muster.urls": SERVICES,
+    "muster.serve": SERVICES,
+    "muster.serve_console": SERVICES,
+    "muster.demo": SERVICES,
+}
+
+
+def layer_of(module: str) -> int:
+    for name, layer in EXACT.items():
+        if module == name or module.startswith(name + "."):
+            return layer
+    parts = module.split(".")
+    if parts[0] == "cli":
+        return CLI
+    if parts[0] == "engine":
+        return ENGINE
+    if parts[0] in ("console", "dstack_api"):
+        return SERVICES
+    if parts[0] in APPS:
+        return SERVICES if len(parts) > 1 and parts[1] in APP_UPPER_PARTS else TABLES
+    return BASE
+
+
+def backward_imports(modules, edges):
+    found = []
+    for name, targets in sorted(edges.items()):
+        for target, lineno, text in targets:
+            if modules[target].name == "__init__.py" and not edges.get(target):
+                continue  # `from engine import messages` runs engine/__init__.py, which imports nothing
+            if layer_of(target) > layer_of(name):
+                found.append(f"{modules[name].relative_to(ROOT)}:{lineno} ({LAYER_NAMES[layer_of(name)]}) imports "
+                             f"{target} ({LAYER_NAMES[layer_of(target)]}): {text}")
+    return found
+
+
+def test_the_layer_rule_sees_a_backward_import():
+    # the rule must see what it forbids, or the test below would pass on any code
+    assert layer_of("runs.models") == layer_of("instances.transitions") == layer_of("instances.fitting") == TABLES
+    assert layer_of("engine.stopping") == ENGINE and layer_of("engine.messages") == MESSAGES
+    assert layer_of("runs.services.attach") == layer_of("instances.api.views") == layer_of("console.views") == SERVICES
+    assert layer_of("muster.settings") == layer_of("backends.ssh.connection") == layer_of("runner.agent") == BASE
+    modules = {name: ROOT / (name.replace(".", "/") + ".py")
+               for name in ("engine.stopping", "engine.messages", "runs.services.attach", "runs.models")}
+    edges = {"engine.stopping": [("runs.services.attach", 1, "from runs.services import attach")],
+             "runs.models": [("engine.stopping", 2, "from engine import stopping")],
+             "runs.services.attach": [("engine.messages", 3, "from engine import messages"),
+                                      ("runs.models", 4, "from runs.models import Job")]}
+    found = backward_imports(modules, edges)
+    assert len(found) == 2 and "engine/stopping.py:1 (engine) imports runs.services.attach (services)" in found[0]
+
+
+def test_imports_point_down_the_layers():
+    modules, edges = import_graph()
+    found = backward_imports(modules, edges)
+    assert not found, "imports that point up the layers:\n" + "\n".join(found)

@@ -11,10 +11,16 @@ from __future__ import annotations
 import re
 import shlex
 
+from django.conf import settings
+
 from backends.ssh.runner_host import RunnerError, SSHRunnerHost
 
 # Lines of authorized_keys are short; this bounds what one install may append.
 MAX_LINE = 16 << 10
+
+
+def authorized_keys_path() -> str:
+    return settings.MUSTER["ATTACH_AUTHORIZED_KEYS"]
 
 
 def path_expr(path: str) -> str:

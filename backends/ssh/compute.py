@@ -1,4 +1,4 @@
-"""The ssh backend: hosts a user already has, registered into a fleet (instances/services/ssh_fleets.py).
+"""The ssh backend: hosts a user already has, registered into a fleet (engine/ssh_registration.py).
 
 Nothing is ever created or deleted here. Capacity is exactly the registered hosts, so there are no
 offers; the backend's whole job is handing out the channel to each host's runner agent.

@@ -70,7 +70,7 @@ for a in $(hostname -I 2>/dev/null); do echo "hostname_ip=$a"; done
 echo "python3=$(command -v python3 2>/dev/null)"
 """
 
-# Also run alone by the health checks (instances/services/docker_facts.py), so a host that gets Docker
+# Also run alone by the health checks (instances/docker_facts.py), so a host that gets Docker
 # after registration, or loses it, is known without registering it again.
 DOCKER_SCRIPT = r"""
 if command -v docker >/dev/null 2>&1; then
@@ -98,7 +98,7 @@ def probe_docker(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, A
     """Only the Docker part of the probe: {version, runtimes}, or None where no daemon answers.
 
     A `docker info` that timed out raises SSHError: a hung or restarting daemon is not "no Docker",
-    and the health check keeps what it knew (instances/services/docker_facts.py)."""
+    and the health check keeps what it knew (instances/docker_facts.py)."""
     status, out, err = run(client, "sh -s", timeout=timeout, stdin=DOCKER_SCRIPT.encode())
     if status != 0:
         raise SSHError(f"the Docker probe exited with status {status}: {err.decode(errors='replace')[-300:]}")

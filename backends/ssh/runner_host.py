@@ -101,7 +101,7 @@ class SSHRunnerHost(RunnerHost):
         if home.startswith("~/"):
             return '"$HOME"' + shlex.quote(home[1:])
         if not home.startswith("/"):
-            # Relative: a home of its own under the host's default one (see instances.services.ssh_fleets).
+            # Relative: a home of its own under the host's default one (see engine.ssh_registration).
             return '"${MUSTER_HOME:-$HOME/.muster}"/' + shlex.quote(home)
         return shlex.quote(home)
 

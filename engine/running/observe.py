@@ -14,11 +14,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from backends.base import BackendError
-from engine import health, messages, runner_status
+from engine import health, log_copy, messages, runner_status
 from engine.starting import cluster, containers
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
-from runs.services import logs
 from runs.transitions import move_job, terminate_job
 
 # the statuses advance_job claims a job in; a job given back after a look is in one of them
@@ -43,7 +42,7 @@ def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
     terminate_job(job, reason, message, held=True, **fields)
 
 
-def look(host, follow: logs.Follow | None = None) -> tuple[dict | None, Exception | None]:
+def look(host, follow: log_copy.Follow | None = None) -> tuple[dict | None, Exception | None]:
     """Ask a host's runner how it is (starting its agent if it is not up): network I/O only, no
     database, so the batch watcher can run many of these in threads. With `follow`, then fetch the
     job's new log bytes on the same connection (runs/services/logs.py: readers are served from

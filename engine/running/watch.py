@@ -23,13 +23,12 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims
+from engine import claims, log_copy
+from engine.job_leases import release_job
 from engine.running import observe
 from engine.tuning import WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
 from runs.models import Job
-from runs.services import logs
-from runs.transitions import release_job
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +58,14 @@ def _watch_batch() -> int:
             return 0
         jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
                     .select_related("run", "instance", "instance__fleet", "instance__group"))
-        follows = {job.pk: logs.follow(job) for job in jobs}
+        follows = {job.pk: log_copy.follow(job) for job in jobs}
         looks = _look_at_all(jobs, held, follows)
         seen_before = {job.pk: job.agent_seen_at for job in jobs}
         for job in jobs:
             if job.pk not in looks:
                 continue
             with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
-                logs.take(job, follows[job.pk])
+                log_copy.take(job, follows[job.pk])
                 try:
                     observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
                 except BackendError as exc:
@@ -77,7 +76,7 @@ def _watch_batch() -> int:
     return len(held.pks)
 
 
-def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, logs.Follow | None]) -> dict[int, tuple]:
+def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy.Follow | None]) -> dict[int, tuple]:
     # Hosts are made here, on this thread (they may read settings or decrypt keys); the threads
     # only talk to them. Every database write happens afterwards, on this task's connection.
     hosts = {}

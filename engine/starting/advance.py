@@ -16,17 +16,17 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, messages
+from engine import claims, log_copy, messages
+from engine.job_leases import release_job
 from engine.running import observe
 from engine.starting import cluster
 from engine.tuning import STARTING_RECHECK
 from instances.models import InstanceStatus
-from instances.services.queued import waits_in_queue
+from instances.queued import waits_in_queue
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
-from runs.services import logs
-from runs.transitions import move_job, release_job, terminate_job
+from runs.transitions import move_job, terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,9 @@ def _step(job: Job) -> None:
 
 def _observe(job: Job) -> dict | None:
     """One round trip to the host's runner (and its new log bytes); None when the host cannot be reached."""
-    follow = logs.follow(job)
+    follow = log_copy.follow(job)
     found = observe.look(compute_for_instance(job.instance).runner_host(job.instance), follow)
-    logs.take(job, follow)
+    log_copy.take(job, follow)
     return observe.take_look(job, *found)
 
 

@@ -9,8 +9,8 @@ from muster import crypto
 from runner import protocol
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.configuration.container_policy import fleet_policy
+from runs.job_rows import secret_env
 from runs.models import Job
-from runs.services.submission import secret_env
 
 
 def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:

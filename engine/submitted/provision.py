@@ -10,19 +10,17 @@ from django.db.models import Case, Value, When
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
-from engine.submitted import fanout, gang, placement, spanning
+from engine.job_leases import release_job
+from engine.submitted import fanout, gang, placement
+from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
+from instances import fitting, spanning
 from instances.models import Fleet
 from instances.transitions import hand_back, record_taken
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, release_job, terminate_job
+from runs.transitions import move_job, move_run, terminate_job
 
 log = logging.getLogger(__name__)
-
-
-def on_run_submitted(run: Run, master: Job) -> None:
-    """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
-    messages.place_job(master.pk)
 
 
 def provision_job(job_id: int) -> bool:
@@ -68,9 +66,9 @@ def _attempt(job: Job) -> None:
     if job.job_num == 0:
         if not _take_gang(job, fleet, siblings or []):
             return
-        if not placement.is_static(fleet):
+        if not fitting.is_static(fleet):
             _provision_cloud_group(job, fleet)
-    elif placement.is_static(fleet):
+    elif fitting.is_static(fleet):
         _take_group(job, fleet, siblings)
     else:
         _provision_cloud_group(job, fleet)
@@ -103,20 +101,19 @@ def _record_placement(run: Run, job: Job, fleets: list, siblings: list[Job] | No
 
 
 def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
-    """The failure message: per group, which requirement no host met (engine/submitted/capacity.py)."""
-    from engine.submitted import capacity
-
+    """The failure message: per group, which requirement no host met (instances/fitting.py `explain`)."""
     jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
-    groups = capacity.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
-                                lambda j: j.spec["resources"])
-    return capacity.no_capacity_message(capacity.explain(run.project_id, run.configuration.get("fleets") or [],
-                                                         groups, run.configuration,
-                                                         local=placement.local_allowed(run.user)))
+    groups = fitting.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
+                               lambda j: j.spec["resources"])
+    lines = fitting.explain(run.project_id, run.configuration.get("fleets") or [], groups, run.configuration,
+                            local=fitting.local_allowed(run.user))
+    text = "no fleet can hold every group of this run: " + " | ".join(lines)
+    return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."
 
 
 def _on_static_fleet(job: Job, fleets: dict, default: int) -> bool:
     fleet = fleets.get(job.fleet_id or default)
-    return fleet is not None and placement.is_static(fleet)
+    return fleet is not None and fitting.is_static(fleet)
 
 
 def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
@@ -127,7 +124,7 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
     fleets.setdefault(fleet.pk, fleet)
     members = sorted((j for j in siblings if j.pk != master.pk and j.status == JobStatus.SUBMITTED
                       and j.instance_id is None and _on_static_fleet(j, fleets, fleet.pk)), key=lambda j: j.job_num)
-    gang = [master, *members] if placement.is_static(fleet) else members
+    gang = [master, *members] if fitting.is_static(fleet) else members
     if not gang:
         return True
     groups: dict[int, list[Job]] = {}

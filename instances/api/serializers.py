@@ -3,7 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
-from instances.services.queued import queued_view
+from instances.queued import queued_view
 
 
 class DeleteQuerySerializer(serializers.Serializer):

@@ -5,7 +5,7 @@ import time
 from django.conf import settings
 from rest_framework import serializers
 
-from instances.services.queued import queued_message, queued_view
+from instances.queued import queued_message, queued_view
 from runs.choices import JobStatus
 from runs.models import Job, Run
 

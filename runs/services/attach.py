@@ -18,7 +18,6 @@ import ipaddress
 import logging
 import re
 
-from django.conf import settings
 from django.db import transaction
 
 from instances.models import FleetBackend
@@ -37,11 +36,6 @@ def marker(job_id: int, grant_id: int, username: str) -> str:
     """The line's comment: which job and grant it is (what removal matches, up to the last dash)
     and whose key it is (for whoever reads the file); only characters safe in a shell word."""
     return f"muster-attach-{job_id}-{grant_id}-{re.sub(r'[^A-Za-z0-9@.+_-]', '_', username)[:60]}"
-
-
-def needle(grant: AttachGrant) -> str:
-    # " muster-attach-<job>-<grant>-": the dashes around the numbers keep grant 1 from matching 12
-    return " " + "-".join(grant.marker.split("-")[:4]) + "-"
 
 
 def parse_public_key(text: object) -> str:
@@ -74,10 +68,6 @@ def job_ports(job: Job) -> list[int]:
     return list(dict.fromkeys(ports))
 
 
-def authorized_keys_path() -> str:
-    return settings.MUSTER["ATTACH_AUTHORIZED_KEYS"]
-
-
 def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], host) -> str:
     """`restrict` with no forwarding at all, and a forced command that carries one connection to
     one of the job's ports over the session itself (the runner's `forward`). A `port-forwarding`
@@ -88,7 +78,7 @@ def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], hos
     ip = str(ipaddress.ip_address(ip))
     from backends.ssh import attach_keys
 
-    forward = host.forward_command(ip, ports, attach_keys.path_expr(authorized_keys_path()), grant.marker)
+    forward = host.forward_command(ip, ports, attach_keys.path_expr(attach_keys.authorized_keys_path()), grant.marker)
     # sshd's own quoting of a command="..." option: a double quote is written \"
     return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {public_key} {grant.marker}'
 
@@ -136,7 +126,7 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
     host = compute_for_instance(inst).runner_host(inst)
     try:
         try:
-            attach_keys.install(host, authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
+            attach_keys.install(host, attach_keys.authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
         except BackendError as exc:
             # the line may be there (the answer was lost): it goes with the grant, by a worker
             AttachGrant.objects.filter(pk=grant.pk).update(revoke_due=True)
@@ -147,7 +137,8 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
         # row) before this found no line yet, so the line goes here; one that marks it after
         # this look removes the line itself.
         if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
-            remove_grants(host, [grant])
+            attach_keys.remove(host, attach_keys.authorized_keys_path(), [grant.needle])
+            AttachGrant.objects.filter(pk=grant.pk).delete()
             raise InvalidInput(["job"], f"job {job_num} of run {run.name} ended while attaching")
     finally:
         host.close()
@@ -169,30 +160,6 @@ def _grant(job: Job, run: Run, user, actor: str) -> AttachGrant:
         grant.marker = marker(job.pk, grant.pk, getattr(user, "username", "") or actor)
         grant.save(update_fields=["marker"])
     return grant
-
-
-def remove_grants(host, grants: list[AttachGrant]) -> None:
-    """Take the grants' lines off their host, then their rows (a failure leaves both for a retry)."""
-    from backends.ssh import attach_keys
-
-    if grants:
-        attach_keys.remove(host, authorized_keys_path(), [needle(g) for g in grants])
-        AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
-
-
-def end_job_grants(job: Job) -> None:
-    """The job is ending: its lines are due to go (engine/stopping.py removes them while it talks
-    to the host; the sweep does if the host does not answer)."""
-    AttachGrant.objects.filter(job=job).update(revoke_due=True)
-
-
-def revoke(job: Job, host) -> None:
-    """Remove the attach lines of `job` from its host, in the step that ends the job."""
-    end_job_grants(job)
-    grants = list(AttachGrant.objects.filter(job=job, revoke_due=True))
-    if grants:
-        remove_grants(host, grants)
-        log.info("attach keys of %s removed from %s", job, job.instance.name)
 
 
 def revoke_for(user_id: int, project_id: int | None = None) -> int:

@@ -9,7 +9,7 @@ When some candidate allows it, placement sends the run only there.
 
 from __future__ import annotations
 
-from engine.submitted import placement
+from instances import fitting
 from projects.models import Project
 from runs.configuration import ConfigurationError, TaskConfiguration
 from runs.configuration.container_policy import fleet_policy, policy_problems
@@ -18,7 +18,7 @@ from runs.configuration.container_policy import fleet_policy, policy_problems
 def check(project: Project, conf: TaskConfiguration) -> None:
     if not any(g.image for g in conf.groups):
         return
-    fleets = placement.fleets_for(project.pk, conf.fleets or [])
+    fleets = fitting.fleets_for(project.pk, conf.fleets or [])
     found = []
     for fleet in fleets:
         problems = policy_problems(conf.container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)

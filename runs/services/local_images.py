@@ -4,7 +4,7 @@ A local fleet runs its jobs on the server's own machine, so whether it can run a
 `image` is whether that machine's Docker answers. At plan and at submit of a run with `image`
 whose candidate fleets (those named in `fleets:`, else every active fleet of the project)
 include local ones, the machine's Docker is asked once (`docker info`, backends/local/host.py)
-and the answer is recorded on those fleets' instances (instances/services/docker_facts.py), so placement
+and the answer is recorded on those fleets' instances (instances/docker_facts.py), so placement
 uses what is true now, not what was true when the fleet was made.
 
 When Docker does not answer and every candidate fleet is local, no fleet could ever take the
@@ -16,9 +16,8 @@ other: it goes to a fleet that fits, or the plan's capacity says per fleet why n
 from __future__ import annotations
 
 from backends.local.host import local_docker
-from engine.submitted import placement
+from instances import docker_facts, fitting
 from instances.models import FleetBackend, Instance, InstanceStatus
-from instances.services import docker_facts
 from projects.models import Project
 from runs.configuration import ConfigurationError, TaskConfiguration
 
@@ -29,7 +28,7 @@ def check(project: Project, conf: TaskConfiguration) -> None:
     groups = [g for g in conf.groups if g.image]
     if not groups:
         return
-    fleets = placement.fleets_for(project.pk, conf.fleets or [])
+    fleets = fitting.fleets_for(project.pk, conf.fleets or [])
     local = [f for f in fleets if f.backend == FleetBackend.LOCAL]
     if not local:
         return

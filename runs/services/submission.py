@@ -13,7 +13,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.views.decorators.debug import sensitive_variables
 
+from engine import messages
 from events.services import record
+from instances import fitting, spanning
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
@@ -28,7 +30,8 @@ from runs.configuration import (
 )
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
-from runs.models import Job, Run, SubmissionKey
+from runs.job_rows import create_jobs
+from runs.models import Run, SubmissionKey
 from runs.services import container_policy, group_fleets, local_images, submitted_text
 
 MASK = "***"
@@ -172,12 +175,10 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
 
     Two statements when it fits (the fleets, then one page of idle hosts per group): the hosts the
     plan names are those the fit test read, not read again."""
-    from engine.submitted import capacity, placement, spanning
-
-    local = placement.local_allowed(user)
-    fleets = placement.fleets_for(project.pk, wanted, local=local)
+    local = fitting.local_allowed(user)
+    fleets = fitting.fleets_for(project.pk, wanted, local=local)
     if configuration is not None:
-        fleets = placement.allowing_fleets(fleets, configuration)
+        fleets = fitting.allowing_fleets(fleets, configuration)
     pools: list[list] = []
     chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
                              [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts)
@@ -187,20 +188,16 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups, pools)}
     return {"fits": False, "fleet": None, "fleets": {},
-            "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
+            "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
 
 
 def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
     """A run that only local fleets could take, from someone whose runs may not go there, is a 403
     now rather than a run that can never be placed."""
-    from engine.submitted import placement
-
-    if placement.local_allowed(user) or placement.fleets_for(project.pk, wanted, local=False):
+    if fitting.local_allowed(user) or fitting.fleets_for(project.pk, wanted, local=False):
         return
-    if placement.fleets_for(project.pk, wanted):
-        from engine.submitted.capacity import LOCAL_REFUSED
-
-        raise NotAllowed(["fleets"], LOCAL_REFUSED)
+    if fitting.fleets_for(project.pk, wanted):
+        raise NotAllowed(["fleets"], fitting.LOCAL_REFUSED)
 
 
 # `hosts` of a plan names at most this many hosts per group: a summary, not an inventory
@@ -215,12 +212,10 @@ def fitting_hosts(fleets: list, groups, pools: list[list]) -> dict[str, list[str
     """Each group's idle hosts that fit it now on its fleet (a host may fit several groups), from
     the pools the fit test read when one fleet holds the run; an empty list for a group on a fleet
     that makes its hosts for the run."""
-    from engine.submitted import placement
-
     def shown(g: int, fleet, req: dict, n: int) -> list[str]:
-        if not placement.is_static(fleet):
+        if not fitting.is_static(fleet):
             return []
-        found = pools[g] if pools else placement.candidates(fleet, req)
+        found = pools[g] if pools else fitting.candidates(fleet, req)
         return [i.name for i in islice(found, shown_hosts(n))]
 
     return {name: shown(g, fleet, req, n)
@@ -229,24 +224,6 @@ def fitting_hosts(fleets: list, groups, pools: list[list]) -> dict[str, list[str
 
 def _generated_name() -> str:
     return f"run-{pysecrets.token_hex(3)}"
-
-
-def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
-    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
-    jobs = [
-        Job(
-            run=run,
-            job_num=spec["job_num"],
-            submission_num=submission_num,
-            node_group_name=spec["node_group_name"],
-            node_group_index=spec["node_group_index"],
-            node_group_rank=spec["node_group_rank"],
-            waiting_master_job=spec["job_num"] != 0,
-            spec=spec,
-        )
-        for spec in job_specs
-    ]
-    return Job.objects.bulk_create(jobs)
 
 
 @sensitive_variables()
@@ -338,17 +315,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         jobs = create_jobs(run, specs, submission_num=0)
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
-        from engine.submitted import provision
-
-        provision.on_run_submitted(run, next(j for j in jobs if j.job_num == 0))
+        # job 0 is claimable at once; the others wait for their master (runs/job_rows.py)
+        messages.place_job(next(j.pk for j in jobs if j.job_num == 0))
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run
-
-
-@sensitive_variables()
-def secret_env(run: Run) -> dict[str, str]:
-    token = run.configuration.get("secret_env", "")
-    if not token:
-        return {}
-    return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",
-                                     fix="submit the run again"))

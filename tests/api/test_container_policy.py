@@ -152,10 +152,10 @@ def test_a_run_that_one_candidate_fleet_allows_is_accepted_and_never_placed_on_t
         assert capacity["fleet"] in (None, "open"), capacity
         # these hosts have no Docker, so nothing fits now; the plan says why locked is out anyway
         assert "fleet locked does not allow privileged containers" in " ".join(capacity["reasons"]), capacity
-    from engine.submitted import placement
+    from instances import fitting
 
-    allowed = placement.allowing_fleets(placement.fleets_for(fleets.pk, []),
-                                        {"image": "busybox", "container": {"privileged": True}})
+    allowed = fitting.allowing_fleets(fitting.fleets_for(fleets.pk, []),
+                                      {"image": "busybox", "container": {"privileged": True}})
     assert [f.name for f in allowed] == ["open"]
 
 
@@ -189,9 +189,9 @@ def test_a_local_fleet_keeps_its_policy_and_defaults_to_neither(superuser_api):
     assert superuser_api.post(FLEETS, {"configuration": opened}, format="json").status_code == 201
     assert superuser_api.post(FLEETS, {"configuration": {"type": "fleet", "name": "plain", "backends": ["local"],
                                                          "nodes": 1}}, format="json").status_code == 201
-    from engine.submitted import placement
+    from instances import fitting
 
-    fleets = placement.fleets_for(Project.objects.get(name="main").pk, [])
+    fleets = fitting.fleets_for(Project.objects.get(name="main").pk, [])
     wants = {"image": "busybox", "container": {"privileged": True, "volumes": [
         {"instance_path": "/srv/data/x", "path": "/x", "optional": False}]}}
-    assert [f.name for f in placement.allowing_fleets(fleets, wants)] == ["here"]
+    assert [f.name for f in fitting.allowing_fleets(fleets, wants)] == ["here"]

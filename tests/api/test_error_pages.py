@@ -48,9 +48,7 @@ def failing_submit(make_user, monkeypatch, settings):
     def boom(*args, **kwargs):
         raise Boom("a fault inside the submission")
 
-    from engine.submitted import provision
-
-    monkeypatch.setattr(provision, "on_run_submitted", boom)
+    monkeypatch.setattr(submission, "create_jobs", boom)
     monkeypatch.setattr(submission, "plan_capacity", boom)
     return client, key
 

@@ -10,8 +10,8 @@ from django.core.management import CommandError, call_command
 
 from muster import crypto
 from projects.models import Secret
+from runs.job_rows import secret_env
 from runs.models import Run
-from runs.services.submission import secret_env
 
 pytestmark = pytest.mark.django_db
 

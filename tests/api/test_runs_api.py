@@ -62,7 +62,7 @@ def test_a_project_secret_fills_a_bare_env_key_and_is_not_stored_in_plaintext(ap
     run = Run.objects.get(name="pd-disagg")
     assert "hf_very_secret" not in str(run.configuration)
     assert all("hf_very_secret" not in str(job.spec) for job in run.jobs.all())
-    from runs.services.submission import secret_env
+    from runs.job_rows import secret_env
 
     assert secret_env(run) == {"HF_TOKEN": "hf_very_secret"}
 

@@ -245,8 +245,8 @@ def test_a_secret_reference_in_env_is_filled_from_the_project_and_never_shown(ap
     resp = api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
     assert resp.status_code == 201, resp.json()
     assert "hf_very_secret" not in str(resp.json())
+    from runs.job_rows import secret_env
     from runs.models import Run
-    from runs.services.submission import secret_env
 
     run = Run.objects.get(name="sec")
     assert "hf_very_secret" not in str(run.configuration) and "hf_very_secret" not in str(run.jobs.get().spec)

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 import yaml
 
+from runs.job_rows import secret_env
 from runs.models import Run
-from runs.services.submission import secret_env
 from tests.conftest import example
 from tests.dstack_cli.bodies import one_detail, post
 from tests.dstack_cli.helpers import ROOT, dstack_python

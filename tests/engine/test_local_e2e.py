@@ -4,6 +4,7 @@ import pytest
 
 from instances.models import Instance
 from instances.services.fleets import create_local_fleet
+from runs import log_storage
 from runs.services import logs
 from runs.services.submission import submit_run
 from tests.conftest import example
@@ -54,5 +55,5 @@ def test_a_log_longer_than_the_copy_limit_is_kept_up_to_it_and_says_so(local_fle
     assert wait_for_run("loud", timeout=60).status == "done"
     text = api.get("/api/projects/main/runs/loud/logs?job=0").json()["text"]
     assert text.startswith("line 1\nline 2\n")
-    assert text.endswith(logs.truncated_note(3000).decode())
-    assert len(text) == 3000 + len(logs.truncated_note(3000))
+    assert text.endswith(log_storage.truncated_note(3000).decode())
+    assert len(text) == 3000 + len(log_storage.truncated_note(3000))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from instances.services.fleets import create_local_fleet
+from runs import log_storage
 from runs.models import Job, Run
 from runs.services import logs
 from tests.engine.helpers import wait_for_run
@@ -140,7 +141,7 @@ def test_a_project_over_its_log_quota_loses_its_oldest_runs_logs_first_then_cuts
     assert log_text(api, "second") == "" and log_text(api, "third") == ""
     assert not any(p.exists() for p in files_of(second))
     text = log_text(api, "loud")
-    assert text == "d" * quota + logs.over_quota_note(quota, quota).decode()
+    assert text == "d" * quota + log_storage.over_quota_note(quota, quota).decode()
 
 
 @pytest.fixture

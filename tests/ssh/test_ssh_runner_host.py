@@ -191,8 +191,9 @@ def _fake_docker(host, body: str) -> None:
 def test_a_hung_docker_daemon_is_not_taken_for_no_docker(pool):
     """`docker info` ended by its timeout (124) used to read as "no Docker", and the health check
     then took a host with a slow or restarting daemon out of placement for image jobs."""
+    from engine import ssh_health
+    from instances import docker_facts
     from instances.models import Instance
-    from instances.services import docker_facts
 
     host = pool[1]
     rh = SSHRunnerHost(host.target(), timeout=20)
@@ -202,7 +203,7 @@ def test_a_hung_docker_daemon_is_not_taken_for_no_docker(pool):
         _fake_docker(host, "exit 124")  # what `timeout 10 docker info` exits with when it kills it
         with pytest.raises(Exception, match="did not answer"):
             rh.probe_docker()
-        assert docker_facts.probe(Instance(name="hung", backend_data={}), rh) is docker_facts.UNCHANGED
+        assert ssh_health._probe_docker(Instance(name="hung", backend_data={}), rh) is docker_facts.UNCHANGED
         _fake_docker(host, "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
         assert rh.probe_docker() is None  # no daemon at all is "no Docker"
     finally:

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from engine.ssh_health import check_ssh_hosts
-from engine.submitted.placement import free_instances
 from events.models import Event
+from instances.fitting import free_instances
 from instances.models import Instance
 from instances.services.fleets import apply_fleet
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from backends.ssh.runner_host import SSHRunnerHost
+from engine import ssh_registration
 from events.models import Event
 from instances.models import Fleet, Instance
 from instances.services import ssh_fleets
@@ -154,8 +155,8 @@ def test_a_registration_message_delivered_twice_registers_once_and_keeps_the_age
 
 def test_an_exception_inside_the_registration_gives_the_claim_back_and_the_next_try_registers(
         api, pool, celery_worker, monkeypatch):
-    fault = FailOnce(ssh_fleets._activate)
-    monkeypatch.setattr(ssh_fleets, "_activate", fault)
+    fault = FailOnce(ssh_registration._activate)
+    monkeypatch.setattr(ssh_registration, "_activate", fault)
     with Beat(interval=0.3):
         resp = post_fleet(api, fleet_configuration(pool, name="flaky"))
         assert resp.status_code == 202, resp.content
@@ -177,7 +178,7 @@ def test_a_registration_that_fails_unexpectedly_on_every_try_is_given_up_and_its
         calls.append(1)
         raise RuntimeError("an unexpected fault on every try")
 
-    monkeypatch.setattr(ssh_fleets, "_activate", always_fails)  # after the agents have started
+    monkeypatch.setattr(ssh_registration, "_activate", always_fails)  # after the agents have started
     with Beat(interval=0.3):
         resp = post_fleet(api, fleet_configuration(pool, name="doomed"))
         assert resp.status_code == 202, resp.content

@@ -10,10 +10,9 @@ fleet answers; a cloud fleet makes each group's hosts, so it only needs an offer
 
 from __future__ import annotations
 
+from instances import fitting
 from instances.models import Fleet, Placement
 from runs.models import Job, Run
-
-from . import placement
 
 Demand = tuple[dict, int]  # (requirements, node count)
 
@@ -36,11 +35,11 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
            at_least=None) -> list[Fleet] | None:
     """A fleet per group (in group order), or None when some group has nowhere to go.
 
-    `pools`, `at_least`: as placement.static_fleet_fits, filled only when one fleet holds the whole
+    `pools`, `at_least`: as fitting.static_fleet_fits, filled only when one fleet holds the whole
     run (the plan then shows the hosts the fit test read instead of reading them again)."""
     per_group = candidates_per_group(fleets, own, len(demands))
     allowed_by_all = [f for f in fleets if all(f in c for c in per_group)]
-    whole = placement.first_fitting_fleet(allowed_by_all, demands, pools, at_least)
+    whole = fitting.first_fitting_fleet(allowed_by_all, demands, pools, at_least)
     if whole is not None:
         return [whole] * len(demands)
     if pools is not None:
@@ -51,14 +50,14 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
     order = sorted(range(len(demands)), key=lambda g: (len(per_group[g]), not (demands[g][0].get("gpu") or {}), g))
     for g in order:
         for fleet in per_group[g]:
-            if placement.is_static(fleet):
+            if fitting.is_static(fleet):
                 if multi_node and fleet.placement != Placement.CLUSTER:
                     continue  # the run's nodes must reach each other on a private network
                 sharing = [demands[o] for o in range(len(demands)) if chosen[o] is not None and chosen[o].pk == fleet.pk]
-                if placement.static_fleet_fits(fleet, [*sharing, demands[g]]):
+                if fitting.static_fleet_fits(fleet, [*sharing, demands[g]]):
                     chosen[g] = fleet
                     break
-            elif placement.cloud_fleet_fits(fleet, [demands[g]]):
+            elif fitting.cloud_fleet_fits(fleet, [demands[g]]):
                 chosen[g] = fleet
                 break
         if chosen[g] is None:
@@ -67,6 +66,6 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
 
 
 def choose(run: Run, jobs: list[Job] | None = None) -> list[Fleet] | None:
-    """The fleet of each group of the run's current submission (placement.group_demands order)."""
-    return assign(placement.candidate_fleets(run), group_fleet_names(run.configuration),
-                  placement.group_demands(run, jobs))
+    """The fleet of each group of the run's current submission (fitting.group_demands order)."""
+    return assign(fitting.candidate_fleets(run), group_fleet_names(run.configuration),
+                  fitting.group_demands(run, jobs))

@@ -10,7 +10,8 @@ recorded as an event of the instance; the next placement uses it. A probe that f
 daemon past its timeout, the connection dropped meanwhile) changes nothing and is tried again
 at the next check.
 
-The local backend's machine is looked at when a run with `image` is planned or submitted
+The probe itself is host I/O, so the engine makes it (engine/ssh_health.py); this module keeps
+what it found. The local backend's machine is looked at when a run with `image` is planned or submitted
 (runs/services/local_images.py) and recorded the same way on its local instances.
 """
 
@@ -28,7 +29,6 @@ from instances.models import Instance
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT = 15.0  # `docker info` is given 10 s on the host
 UNCHANGED = object()  # not probed this time (not due, or the probe failed)
 
 
@@ -40,18 +40,6 @@ def due(instance: Instance, now: float | None = None) -> bool:
     probed = (instance.backend_data or {}).get("docker_probed_at")
     now = time.time() if now is None else now
     return not isinstance(probed, int | float) or now - probed >= interval()
-
-
-def probe(instance: Instance, host: Any) -> Any:
-    """In a health check's thread, on a host that just answered: its Docker facts when a probe is
-    due and succeeds, else UNCHANGED. Never writes to the database."""
-    if not due(instance):
-        return UNCHANGED
-    try:
-        return host.probe_docker(timeout=PROBE_TIMEOUT)
-    except Exception as exc:  # noqa: BLE001 - a failed probe keeps what is known
-        log.info("Docker probe of %s failed: %s", instance.name, exc)
-        return UNCHANGED
 
 
 def describe(docker: dict | None) -> str:

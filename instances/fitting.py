@@ -1,20 +1,178 @@
-"""Why a run does not fit: for each group, the requirement no host met and how many hosts met each part.
+"""Which fleets can take a run now, and why none can: the placement reads, in one read-only module.
 
-Used by the plan (so a user sees it before submitting) and by the no-capacity failure of a run.
-Counts are over a fleet's live hosts (idle or busy); only idle, reachable ones can take a job now.
+The plan (runs/services/submission.py: `muster apply` shows where a run would go, or why nowhere)
+and the engine's placement (engine/submitted/placement.py takes the hosts; provision.py writes the
+no-capacity failure) ask the same questions here, so a plan never says "fits" where placement
+would fail, nor the other way round. Nothing here writes: taking hosts is the engine's.
+
+Why a run does not fit (`explain`): for each group, the requirement no host met and how many hosts
+met each part. Counts are over a fleet's live hosts (idle or busy); only idle, reachable ones can
+take a job now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Q
+
 from backends.base import BackendError
-from backends.registry import fleet_backend_config, get_compute
-from engine.submitted import placement
-from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
-from instances.models import Fleet, Instance, InstanceStatus, Placement
+from backends.registry import creates_groups, fleet_backend_config, get_compute
+from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from runs.configuration import fits
+from runs.configuration.container_policy import fleet_policy, policy_problems, run_has_image
+from runs.models import Job, Run
+
+
+def is_static(fleet: Fleet) -> bool:
+    return not creates_groups(fleet.backend)
+
+
+def group_demands(run: Run, jobs: list[Job] | None = None) -> list[tuple[dict, int]]:
+    """(requirements, node count) per group of the run's current submission (or of `jobs`)."""
+    demands: dict[int, tuple[dict, int]] = {}
+    # run_id is loaded too: the related manager sets `job.run`, which would fetch a deferred run_id per row
+    for job in jobs if jobs is not None else run.current_jobs().only("run_id", "node_group_index", "spec"):
+        req, count = demands.get(job.node_group_index, (job.spec["resources"], 0))
+        demands[job.node_group_index] = (req, count + 1)
+    return [demands[k] for k in sorted(demands)]
+
+
+def free_instances(fleet: Fleet):
+    # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
+    # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
+    return Instance.objects.filter(
+        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
+    )
+
+
+def page_for(wanted: int) -> int:
+    # a little more than is wanted, for rows `fits` rejects or other workers take meanwhile
+    return min(64, max(8, 2 * wanted))
+
+
+def candidates(fleet: Fleet, req: dict, page: int = 32):
+    """Free instances that may fit `req`, a page at a time.
+
+    Fewest GPUs first, so a job that does not ask for GPUs (a CPU router) lands on a CPU host
+    and leaves the GPU hosts to the groups that need them.
+
+    The indexed columns narrow the query (so its cost does not grow with the fleet); `fits` has
+    the last word on each row (GPU names and memory, arch, disk).
+    """
+    qs = free_instances(fleet).filter(cpus__gte=(req.get("cpu") or {}).get("min") or 0,
+                                      memory_gb__gte=(req.get("memory") or {}).get("min") or 0)
+    gpu = req.get("gpu")
+    if gpu and gpu.get("tpu"):
+        qs = qs.exclude(tpu="")
+    else:
+        qs = qs.filter(tpu="")
+        if gpu:
+            qs = qs.filter(gpu_count__gte=(gpu.get("count") or {}).get("min") or 0)
+    qs = qs.order_by("gpu_count", "id").only("id", "name", "resources", "gpu_count", "internal_ip")
+    after = Q()
+    while True:
+        # keyset paging: rows other workers claim meanwhile drop out without shifting the pages
+        rows = list(qs.filter(after)[:page])
+        for inst in rows:
+            if fits(req, inst.resources):
+                yield inst
+        if len(rows) < page:
+            return
+        last = rows[-1]
+        after = Q(gpu_count__gt=last.gpu_count) | Q(gpu_count=last.gpu_count, id__gt=last.id)
+
+
+def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]], pools: list | None = None,
+                      at_least: Callable[[int], int] | None = None) -> bool:
+    """Can the fleet's idle instances hold every group at once (each instance one job)?
+
+    Each group looks at no more candidates than the run has nodes: a group with that many can
+    always be served whatever the other groups take, so the greedy answer stays exact. `at_least`
+    (a group's node count -> candidates) reads more per group, for a caller that shows them
+    (`pools` gets what was read): a group that has more still goes after the scarce ones, so the
+    answer is the same.
+    """
+    total = sum(n for _, n in demands)
+    read = [max(total, at_least(n)) if at_least else total for _, n in demands]
+    found = [list(islice(candidates(fleet, req, page_for(k)), k)) for (req, _), k in zip(demands, read, strict=True)]
+    if pools is not None:
+        pools[:] = found
+    taken: set[int] = set()
+    for g in sorted(range(len(demands)), key=lambda g: min(len(found[g]), total)):
+        need = demands[g][1]
+        pick = [i for i in found[g] if i.id not in taken][:need]
+        if len(pick) < need:
+            return False
+        taken.update(i.id for i in pick)
+    return True
+
+
+def cloud_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]]) -> bool:
+    compute = get_compute(fleet.backend, fleet_backend_config(fleet))
+    return all(compute.get_offers(req) for req, _ in demands)
+
+
+def local_allowed(user) -> bool:
+    """Whether `user`'s runs may go to local fleets. A local job is a shell on the control plane as
+    the server's user (its database, keys and every token), so: superusers' runs, and every
+    writer's only where the operator opened them with MUSTER_LOCAL_FLEET_MEMBERS=1."""
+    return bool(settings.MUSTER["LOCAL_FLEET_MEMBERS"]) or bool(user is not None and user.is_superuser)
+
+
+def candidate_fleets(run: Run):
+    return allowing_fleets(fleets_for(run.project_id, run.configuration.get("fleets") or [],
+                                      local=local_allowed(run.user)), run.configuration)
+
+
+def allowing_fleets(fleets: list[Fleet], configuration: dict) -> list[Fleet]:
+    """The fleets whose container policy lets the run's containers do what they ask (privileged,
+    host volumes): a run never goes to a fleet that forbids it, even when that fleet fits."""
+    return [f for f in fleets if not policy_refusals(f, configuration)]
+
+
+def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
+    """What the run's containers ask that the fleet's policy does not allow (none without an image)."""
+    if not run_has_image(configuration):
+        return []
+    container = configuration.get("container") or {}
+    return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
+
+
+def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[Fleet]:
+    """The project's active fleets a run may use: those it names in `fleets:` in that order, else all;
+    local fleets only with `local` (local_allowed of the run's user)."""
+    fleets = Fleet.objects.filter(project_id=project_id, status=FleetStatus.ACTIVE)
+    if not local:
+        fleets = fleets.exclude(backend=FleetBackend.LOCAL)
+    if wanted:
+        fleets = fleets.filter(name__in=wanted)
+        order = {name: i for i, name in enumerate(wanted)}
+        return sorted(fleets, key=lambda f: order[f.name])
+    return list(fleets.order_by("created", "name"))
+
+
+def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
+    return first_fitting_fleet(candidate_fleets(run), group_demands(run, jobs))
+
+
+def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]], pools: list | None = None,
+                        at_least: Callable[[int], int] | None = None) -> Fleet | None:
+    """`pools`, `at_least`: as static_fleet_fits, for the fleet returned."""
+    multi_node = sum(n for _, n in demands) > 1
+    for fleet in fleets:
+        static = is_static(fleet)
+        if multi_node and static and fleet.placement != Placement.CLUSTER:
+            continue  # nodes of one run must reach each other on a private network
+        if static and static_fleet_fits(fleet, demands, pools, at_least):
+            return fleet
+        if not static and cloud_fleet_fits(fleet, demands):
+            return fleet
+    return None
+
 
 Group = tuple[str, dict, int]  # (group name, normalized resources requirement, node count)
 Part = tuple[str, Callable[[dict], bool]]
@@ -112,8 +270,8 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
             local: bool = True) -> list[str]:
     """One line per group that no fleet can hold, else one per fleet saying what it lacks (with the
     run's `configuration`, a fleet whose container policy forbids the run says that)."""
-    fleets = placement.fleets_for(project_id, wanted, local=local)
-    if not fleets and not local and placement.fleets_for(project_id, wanted):
+    fleets = fleets_for(project_id, wanted, local=local)
+    if not fleets and not local and fleets_for(project_id, wanted):
         return [LOCAL_REFUSED]
     if not fleets:
         if wanted:
@@ -123,10 +281,10 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
     fleet_reason: dict[int, str] = {}
     hosts: dict[int, list] = {}
     for fleet in fleets:
-        refused = placement.policy_refusals(fleet, configuration) if configuration is not None else []
+        refused = policy_refusals(fleet, configuration) if configuration is not None else []
         if refused:
             fleet_reason[fleet.pk] = "; ".join(refused)
-        elif placement.is_static(fleet):
+        elif is_static(fleet):
             if total > 1 and fleet.placement != Placement.CLUSTER:
                 fleet_reason[fleet.pk] = (f"fleet {fleet.name} has placement {fleet.placement}: the nodes of a "
                                           "multi-node run need a fleet with placement: cluster")
@@ -191,8 +349,3 @@ def groups_of(jobs: list[Any], name: Callable, index: Callable, resources: Calla
         entry = found.setdefault(index(job), [name(job), resources(job), 0])
         entry[2] += 1
     return [tuple(found[k]) for k in sorted(found)]
-
-
-def no_capacity_message(lines: list[str]) -> str:
-    text = "no fleet can hold every group of this run: " + " | ".join(lines)
-    return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."

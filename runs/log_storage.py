@@ -1,6 +1,7 @@
 """What the server keeps of finished jobs' logs, and for how long.
 
-A finished job's log is copied to LOG_DIR/<project id>/<job uuid>.log (runs/services/logs.py).
+A job's log is copied to LOG_DIR/<project id>/<job uuid>.log by the engine (engine/log_copy.py) and
+read from there (runs/services/logs.py).
 Output may print secrets, so a copy goes with its run (deleted, or replaced by a new run of its
 name) and with its project; the retention sweep deletes the copies of runs that finished more than
 LOG_RETENTION_DAYS ago; and a project holds at most its log quota: a new copy first makes room by
@@ -23,6 +24,7 @@ from runs.choices import RUN_FINISHED
 from runs.models import Job, Run
 
 log = logging.getLogger(__name__)
+CHUNK = 1 << 20
 
 
 def project_dir(project_id: int) -> Path:
@@ -31,6 +33,21 @@ def project_dir(project_id: int) -> Path:
 
 def path_for(project_id: int, job_uuid) -> Path:
     return project_dir(project_id) / f"{job_uuid}.log"
+
+
+def stored_path(job: Job) -> Path:
+    # Keyed by the job's own UUID: a run name is reused by the next run of that name, whose
+    # jobs must never be shown the previous run's output.
+    return path_for(job.run.project_id, job.uuid)
+
+
+def truncated_note(limit: int) -> bytes:
+    return f"\n[muster: the server kept the first {limit} bytes of this log (MUSTER_LOG_COPY_LIMIT)]\n".encode()
+
+
+def over_quota_note(kept: int, quota: int) -> bytes:
+    return (f"\n[muster: the server kept the first {kept} bytes of this log: the project's logs reached their "
+            f"quota of {quota} bytes (MUSTER_LOG_QUOTA)]\n").encode()
 
 
 def _unlink(paths: list[Path]) -> int:

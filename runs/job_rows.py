@@ -1,0 +1,38 @@
+"""What a run's jobs are made of, for the submit (runs/services/submission.py) and for a retry
+(engine/deriving.py): the job rows, and the secret env they start with (sealed at submit)."""
+
+from __future__ import annotations
+
+import json
+
+from django.views.decorators.debug import sensitive_variables
+
+from muster import crypto
+from runs.models import Job, Run
+
+
+def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
+    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
+    jobs = [
+        Job(
+            run=run,
+            job_num=spec["job_num"],
+            submission_num=submission_num,
+            node_group_name=spec["node_group_name"],
+            node_group_index=spec["node_group_index"],
+            node_group_rank=spec["node_group_rank"],
+            waiting_master_job=spec["job_num"] != 0,
+            spec=spec,
+        )
+        for spec in job_specs
+    ]
+    return Job.objects.bulk_create(jobs)
+
+
+@sensitive_variables()
+def secret_env(run: Run) -> dict[str, str]:
+    token = run.configuration.get("secret_env", "")
+    if not token:
+        return {}
+    return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",
+                                     fix="submit the run again"))
