@@ -18,7 +18,7 @@ running       engine/running/watch.py            watch_running: the batch watch 
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
-groups        engine/groups.py                   terminate_group_now: delete an instance group with its backend
+groups        engine/groups.py                   terminate_group: delete an instance group with its backend
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
   watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed

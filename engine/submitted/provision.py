@@ -3,46 +3,42 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
+from engine.job_outcome import job_outcome
 from engine.submitted import fanout, placement
 from instances.transitions import hand_back, record_taken
-from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
+from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, release_job, terminate_job
+from runs.transitions import end_job, move_job, move_run
 
 log = logging.getLogger(__name__)
 
 
 def on_run_submitted(run: Run, master: Job) -> None:
     """Called inside the submit transaction: job 0 (`master`) is claimable at once."""
-    messages.place_job(master.pk)
+    messages.provision_job(master.pk)
 
 
 def provision_job(job_id: int) -> bool:
     """Task body. Returns True when this call did the provisioning attempt."""
-    with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
-        if held is None:
-            return False
-        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
-        _attempt(job)
-        status = release_job(job, held.token, AFTER_ATTEMPT)
-    if held.failed:
-        return True  # due again after the backoff (the sweep sends it)
-    if status == JobStatus.PROVISIONING:
-        # Sent only now that the lease is given back: sent from inside the attempt, the message
-        # could reach an idle worker while this task still held the job, bounce off the claim and
-        # leave the job to the sweep (three sweep intervals later).
-        messages.start_job(job_id)
-    return True
+    return claims.claimed(Job, job_id, "provision_job", _provision, status=JobStatus.SUBMITTED,
+                          waiting_master_job=False) is not None
 
 
-# Where an attempt leaves its job when nobody needs to hand it to finish_job.
-AFTER_ATTEMPT = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, *JOB_FINISHED)
+def _provision(held: claims.Held) -> claims.Outcome:
+    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=held.pk)
+    _attempt(job)
+    # A placed job's advance_job leaves only once the lease is given back: sent from inside the
+    # attempt, it could reach an idle worker while this step still held the job, bounce off the
+    # claim and leave the job to the sweep (three sweep intervals later).
+    then = (partial(messages.start_job, job.pk),) if job.status == JobStatus.PROVISIONING else ()
+    return job_outcome(job, then)
 
 
 def _attempt(job: Job) -> None:
@@ -59,7 +55,7 @@ def _attempt(job: Job) -> None:
     if run.fleet_id is None:
         fleet = placement.choose_fleet(run, siblings)
         if fleet is None:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings), held=True)
+            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings))
             return
         if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleet,
                         message=f"placed on fleet {fleet.name}"):
@@ -96,8 +92,8 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
                           and j.instance_id is None), key=lambda j: j.job_num)
         instances, short = _take_gang(fleet, job, members)
         if short:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          f"gang not placed, no host taken: {' | '.join(short)}", held=True)
+            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                    f"gang not placed, no host taken: {' | '.join(short)}")
             return
         what = f"the run's {len({j.node_group_index for j in [job, *members]})} groups"
     else:
@@ -105,9 +101,8 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
                    and j.status == JobStatus.SUBMITTED and j.instance_id is None]
         instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
         if not instances:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                          f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
-                          held=True)
+            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                    f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}")
             return
         what = f"its group {job.node_group_name}"
     mine, theirs = instances[0], instances[1:]
@@ -148,11 +143,11 @@ def _provision_cloud_group(job: Job, fleet) -> None:
     try:
         assigned = pods.reserve_pod(fleet, compute, group_jobs)
     except BackendError as exc:
-        terminate_job(job, exc.reason, str(exc), held=True)
+        end_job(job, exc.reason, str(exc))
         return
     if not assigned:
-        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, f"fleet {fleet.name} has no offer for "
-                      f"{job.node_group_name}", held=True)
+        end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, f"fleet {fleet.name} has no offer for "
+                f"{job.node_group_name}")
         return
     with transaction.atomic():
         for other in group_jobs:
