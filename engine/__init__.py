@@ -4,7 +4,7 @@ Each step claims its row (engine/claims.py), does its work, gives the row back a
 next step's message after commit (engine/messages.py); engine/tasks.py holds the Celery tasks,
 one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
-submit        runs/services/submission.py        submit_run, then messages.place_job for job 0
+submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      take_instances, take_gang: the hosts a group gets
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
@@ -19,7 +19,7 @@ running       engine/running/watch.py            watch_running: the batch watch 
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
-groups        engine/groups.py                   terminate_group_now: delete an instance group with its backend
+groups        engine/groups.py                   terminate_group: delete an instance group with its backend
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
   watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed

@@ -9,6 +9,7 @@ health check has it reachable (engine/sweeps.py).
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from backends.registry import compute_for_instance
 from backends.ssh import attach_keys
@@ -44,17 +45,17 @@ def revoke(job: Job, host) -> None:
 
 def revoke_attach_keys(instance_id: int) -> int:
     due = AttachGrant.objects.filter(instance_id=instance_id, revoke_due=True)
-    with claims.claimed_batch(due, BATCH, "revoke_attach_keys") as held:
-        if not held.pks:
-            return 0
-        instance = Instance.objects.select_related("fleet").get(pk=instance_id)
-        host = compute_for_instance(instance).runner_host(instance)
-        try:
-            remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
-        finally:
-            host.close()
-        claims.forget(AttachGrant, held.token, held.pks)
-    return len(held.pks)
+    return len(claims.claimed_batch(due, BATCH, "revoke_attach_keys", partial(_revoke, instance_id)).pks)
+
+
+def _revoke(instance_id: int, held: claims.Held) -> dict:
+    instance = Instance.objects.select_related("fleet").get(pk=instance_id)
+    host = compute_for_instance(instance).runner_host(instance)
+    try:
+        remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
+    finally:
+        host.close()
+    return {}  # the rows are gone with their lines: nothing is left to give back
 
 
 def instances_with_due_revokes(now):

@@ -20,13 +20,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -125,20 +126,6 @@ def _count_conflict(model, pk, now, conditions) -> None:
         claim_conflict.send(sender=model)
 
 
-def release(model: type[models.Model], pk, token: str, where: dict | None = None, **updates) -> bool:
-    """Give the row back, applying `updates` only if we still hold it (and it matches `where`)."""
-    touched = model.objects.filter(pk=pk, lease_token=token, **(where or {})).update(
-        lease_until=None, lease_token="", **updates)
-    if touched == 1 or not where:  # with `where` unmet the caller still holds the row and releases it next
-        _renewer.drop(model, token, [pk])
-    return touched == 1
-
-
-def forget(model: type[models.Model], token: str, pks=None) -> None:
-    """Stop renewing rows the caller gave back by other means (one UPDATE for a whole batch)."""
-    _renewer.drop(model, token, pks)
-
-
 def forget_all() -> None:
     """Stop renewing every lease this process holds (a test that starts over with a new database)."""
     _renewer.clear()
@@ -172,12 +159,46 @@ def backoff_seconds() -> float:
     return lease_seconds()
 
 
+
+# ---- the step: process -> outcome -> guarded apply ----------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What a step body leaves for `claimed` to apply once it returns; the step gives nothing back itself.
+
+    `expect`: the statuses the body left the row in (usually one: `(job.status,)` after its moves).
+    The give-back is guarded by them, so a row somebody else moved while it was held (a user stop)
+    is found out in the same statement. Empty: any status.
+    `fields`: what the body learned (`next_check_at`, `agent_seen_at`, ...), written by the same
+    UPDATE that clears the lease.
+    `move`: a status move through the row's transition function, given the lease token; it must
+    guard its UPDATE by pk + token and clear the lease in it (`runs.transitions.move_job(lease=)`),
+    and return whether it moved the row. Used when the step's last move is the give-back itself.
+    `then`: the follow-ups (engine/messages.py calls, or a check that must see the row free), run
+    once the row is given back as the body left it, each sent after commit.
+    `hand_over`: status -> message(pk), for a row found in another status than `expect` (it turned
+    terminating while held: the stop's own message bounced off our lease, so it is sent again).
+    """
+
+    expect: tuple = ()
+    fields: dict = field(default_factory=dict)
+    move: Callable[[str], bool] | None = None
+    then: tuple[Callable[[], object], ...] = ()
+    hand_over: Mapping[str, Callable[[object], object]] = field(default_factory=dict)
+
+    def guard(self) -> dict:
+        return {"status__in": self.expect} if self.expect else {}
+
+
 class Held:
-    """The rows one step holds: given back by the step as it goes, or by `claimed` when it ends."""
+    """The rows one step holds while its body runs (claimed and claimed_batch hand it to the body)."""
 
     def __init__(self, model: type[models.Model], step: str, token: str, pks: list) -> None:
         self.model, self.step, self.token, self.pks = model, step, token, list(pks)
         self.failed: set = set()  # rows backed off after an exception
+        self.applied: set = set()  # rows given back as their outcome said (their follow-ups were sent)
+        self.outcome: Outcome | None = None  # what a one-row body returned
 
     @property
     def pk(self):
@@ -204,48 +225,143 @@ class Held:
                           backoff_seconds())
             self.back_off([pk])
 
-    def close(self) -> None:
-        # Rows the step neither gave back nor backed off go back as they are (one UPDATE, and
-        # none at all in the common case: the step's own release already dropped them).
-        left = _renewer.holding(self.model, self.token)
-        if left:
-            _renewer.drop(self.model, self.token, left)  # first, as in back_off
-            self.model.objects.filter(pk__in=left, lease_token=self.token).update(lease_until=None, lease_token="")
 
+def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step: str = "") -> bool:
+    """Apply one row's outcome: True when the row was given back as the body left it.
 
-@contextmanager
-def _owning(held: Held) -> Iterator[Held]:
+    One UPDATE in the common case (pk + token + expected status; the lease cleared, the fields
+    written); then the follow-ups. A row in another status is given back as it is (a second
+    UPDATE guarded by the token) and handed over if its new status asks for it. A token that
+    touches nothing is stale (the lease ran out and somebody else took the row): logged, dropped.
+    """
     try:
-        yield held
-    except Exception:
-        log.exception("step %s failed on %s %s; due again in %.0fs", held.step, held.model.__name__,
-                      held.pks if len(held.pks) > 1 else held.pk, backoff_seconds())
-        held.back_off(_renewer.holding(held.model, held.token))
+        if outcome.move is not None:
+            applied = outcome.move(token)
+        else:
+            applied = model.objects.filter(pk=pk, lease_token=token, **outcome.guard()).update(
+                lease_until=None, lease_token="", **outcome.fields) == 1
+        if applied:
+            for send in outcome.then:
+                send()
+            return True
+        if not model.objects.filter(pk=pk, lease_token=token).update(lease_until=None, lease_token="",
+                                                                     **outcome.fields):
+            log.warning("step %s: %s %s was no longer held (stale lease): its outcome is dropped", step,
+                        model.__name__, pk)
+            return False
+        _hand_over(model, [pk], outcome.hand_over)
+        return False
     finally:
-        held.close()
+        _renewer.drop(model, token, [pk])
 
 
-@contextmanager
-def claimed(model: type[models.Model], pk, step: str, **conditions) -> Iterator[Held | None]:
-    """The one claimed step: claim row `pk` (None when it is not claimable), renew its lease while
-    the block runs, and give it back when the block ends, whatever happens in it.
+def _hand_over(model, pks, hand_over: Mapping) -> None:
+    if not hand_over:
+        return
+    for pk, status in model.objects.filter(pk__in=pks).values_list("pk", "status"):
+        send = hand_over.get(status)
+        if send is not None:
+            send(pk)
 
-    An exception is logged with the row and the step and is not raised further: the row goes back
-    with a backoff (`Held.back_off`), so the sweep sends its step again once that is over. What the
-    step sends next it sends after the block, once the row is given back (a message sent while the
-    row is held would bounce off the claim).
+
+def give_back_batch(held: Held, outcomes: Mapping) -> None:
+    """Apply a batch's outcomes in one UPDATE (each row guarded by its own expected status, each
+    field a CASE where rows differ); rows of the batch without an outcome go back as they are.
+    Only when that UPDATE touches fewer rows than it was given are the rows still held looked up:
+    those somebody moved are given back as they are and handed over, the others were stale."""
+    model, token = held.model, held.token
+    outcomes = {pk: outcomes.get(pk) or Outcome() for pk in held.pks if pk not in held.failed}
+    moves = {pk: o for pk, o in outcomes.items() if o.move is not None}
+    plain = {pk: o for pk, o in outcomes.items() if o.move is None}
+    for pk, outcome in moves.items():
+        if give_back(model, pk, token, outcome, held.step):
+            held.applied.add(pk)
+    if not plain:
+        return
+    try:
+        guard = Q()
+        by_expect: dict[tuple, list] = {}
+        for pk, outcome in plain.items():
+            by_expect.setdefault(tuple(outcome.expect), []).append(pk)
+        for expect, pks in by_expect.items():
+            guard |= Q(pk__in=pks, status__in=expect) if expect else Q(pk__in=pks)
+        touched = model.objects.filter(guard, lease_token=token).update(
+            lease_until=None, lease_token="", **_fields_by_row(plain))
+        applied = set(plain)
+        if touched != len(plain):
+            rows = dict(model.objects.filter(pk__in=plain).exclude(lease_token="").values_list("pk", "lease_token"))
+            moved = {pk for pk, t in rows.items() if t == token}
+            stale = set(rows) - moved
+            if stale:
+                log.warning("step %s: %s %s no longer held (stale lease): their outcomes are dropped", held.step,
+                            model.__name__, sorted(stale))
+            if moved:
+                model.objects.filter(pk__in=moved, lease_token=token).update(lease_until=None, lease_token="")
+                for pk in moved:
+                    _hand_over(model, [pk], plain[pk].hand_over)
+            applied -= moved | stale
+        held.applied |= applied
+        for pk in sorted(applied):
+            for send in plain[pk].then:
+                send()
+    finally:
+        _renewer.drop(model, token, set(plain))
+
+
+def _fields_by_row(outcomes: Mapping) -> dict:
+    """One value per field for the bulk UPDATE: the value when every row has the same, else a CASE
+    on pk (rows without the field keep theirs)."""
+    names = {name for o in outcomes.values() for name in o.fields}
+    values = {}
+    for name in names:
+        given = {pk: o.fields[name] for pk, o in outcomes.items() if name in o.fields}
+        distinct = set(map(repr, given.values()))
+        if len(given) == len(outcomes) and len(distinct) == 1:
+            values[name] = next(iter(given.values()))
+        else:
+            values[name] = Case(*(When(pk=pk, then=Value(v)) for pk, v in given.items()), default=F(name))
+    return values
+
+
+def _failed(held: Held) -> None:
+    log.exception("step %s failed on %s %s; due again in %.0fs", held.step, held.model.__name__,
+                  held.pks if len(held.pks) > 1 else held.pk, backoff_seconds())
+    held.failed |= set(held.pks) - held.applied
+    held.back_off(_renewer.holding(held.model, held.token))  # rows the give-back had not reached yet
+
+
+def claimed(model: type[models.Model], pk, step: str, body: Callable[[Held], Outcome | None],
+            **conditions) -> Held | None:
+    """The one way to write a step: claim row `pk` (None when it is not claimable: somebody holds it,
+    or it moved on), run `body(held)` with the lease renewed, and apply the Outcome it returns
+    (None: give the row back as it is, nothing sent) with `give_back`.
+
+    An exception in the body is logged with the row and the step and is not raised further: the
+    row goes back with a backoff (`Held.back_off`, `held.failed`), so the sweep sends its step
+    again once that is over; nothing is applied and no follow-up is sent.
     """
     token = claim(model, pk, **conditions)
     if token is None:
-        yield None
-        return
-    with _owning(Held(model, step, token, [pk])) as held:
-        yield held
+        return None
+    held = Held(model, step, token, [pk])
+    try:
+        held.outcome = body(held) or Outcome()
+        if give_back(model, pk, token, held.outcome, step):
+            held.applied.add(pk)
+    except Exception:
+        _failed(held)
+    return held
 
 
-@contextmanager
-def claimed_batch(queryset, limit: int, step: str) -> Iterator[Held]:
-    """`claimed` for up to `limit` rows at once; `Held.row` guards each row's work on its own."""
+def claimed_batch(queryset, limit: int, step: str, body: Callable[[Held], Mapping]) -> Held:
+    """`claimed` for up to `limit` rows at once: `body(held)` returns {pk: Outcome} (guarding each
+    row's work with `held.row`, which backs off that row alone), applied with `give_back_batch`."""
     token, pks = claim_batch(queryset, limit)
-    with _owning(Held(queryset.model, step, token, pks)) as held:
-        yield held
+    held = Held(queryset.model, step, token, pks)
+    if not pks:
+        return held
+    try:
+        give_back_batch(held, body(held) or {})
+    except Exception:
+        _failed(held)
+    return held

@@ -7,6 +7,7 @@ beat. Failure of any job tears the whole run down (or resubmits it under the ret
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -23,29 +24,32 @@ ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, Ru
 
 
 def process_run(run_id: int) -> bool:
-    with claims.claimed(Run, run_id, "process_run", status__in=[*ACTIVE_RUN, RunStatus.PENDING]) as held:
-        if held is None:
-            return False
-        derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
-        run = Run.objects.select_related("project").get(pk=run_id)
-        try:
-            if run.status == RunStatus.PENDING:
-                _resubmit_when_due(run)
-            else:
-                _derive(run)
-        except Exception as exc:
-            _note_failed_derive(run, exc)
-            raise  # the claimed step gives the run back with a backoff
-        # Only a derive that finished is recorded: one that failed half-way and still wrote
-        # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
-        claims.release(Run, run_id, held.token, derived_at=derived_at)
-    if held.failed:
-        return True
+    return claims.claimed(Run, run_id, "process_run", _process,
+                          status__in=[*ACTIVE_RUN, RunStatus.PENDING]) is not None
+
+
+def _process(held: claims.Held) -> claims.Outcome:
+    derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
+    run = Run.objects.select_related("project").get(pk=held.pk)
+    try:
+        if run.status == RunStatus.PENDING:
+            _resubmit_when_due(run)
+        else:
+            _derive(run)
+    except Exception as exc:
+        _note_failed_derive(run, exc)
+        raise  # the claimed step gives the run back with a backoff
+    # Only a derive that finished is recorded: one that failed half-way and still wrote
+    # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
+    return claims.Outcome(fields={"derived_at": derived_at}, then=(partial(_derive_again_if_moved, run, derived_at),))
+
+
+def _derive_again_if_moved(run: Run, derived_at) -> None:
+    """Once the run is free: a job that moved while we held it had its nudge dropped (the run was
+    leased), so derive again."""
     if run.status in ACTIVE_RUN and Job.objects.filter(
-            run_id=run_id, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
-        # a job moved while we held the run: its nudge found the run leased and was dropped
-        messages.derive_run(run_id)
-    return True
+            run_id=run.pk, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
+        messages.derive_run(run.pk)
 
 
 def _note_failed_derive(run: Run, exc: Exception) -> None:
@@ -148,4 +152,4 @@ def _resubmit_when_due(run: Run) -> None:
                         next_retry_at=None, message=f"resubmitted (submission {new_num})"):
             return
         create_jobs(run, [j.spec for j in previous], submission_num=new_num)
-        messages.place_job(Job.objects.get(run=run, submission_num=new_num, job_num=0).pk)
+        messages.provision_job(Job.objects.get(run=run, submission_num=new_num, job_num=0).pk)

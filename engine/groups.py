@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Q
@@ -48,6 +49,12 @@ def group_in_use(group: InstanceGroup) -> bool:
 
 def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:
     """Delete the whole group (a TPU pod: one delete call); its instances all end terminated."""
+    if mark_for_deletion(group, actor, force):
+        messages.terminate_group(group.pk)
+
+
+def mark_for_deletion(group: InstanceGroup, actor: str = "api", force: bool = False) -> bool:
+    """`delete_group` without its message, for a step that holds the group (its Outcome sends it)."""
     if group_in_use(group) and not force:
         raise InvalidInput(["name"], f"{group.name} runs a job: stop the run first (or delete with force=true)")
     if force:
@@ -58,36 +65,46 @@ def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) 
         touched = InstanceGroup.objects.filter(pk=group.pk).exclude(
             status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]).update(status=GroupStatus.TERMINATING)
         if not touched:
-            return
+            return False
         move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
                        frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
         record(group.project_id, f"instance group {group.name}", "deletion requested", status=GroupStatus.TERMINATING, actor=actor)
-        messages.delete_group(group.pk)
+    group.status = GroupStatus.TERMINATING
+    return True
 
 
-def terminate_group_now(group_id: int) -> bool:
-    """Task body: one backend call for the whole group, then every instance is terminated."""
-    with claims.claimed(InstanceGroup, group_id, "terminate_group", status=GroupStatus.TERMINATING) as held:
-        if held is None:
+def terminate_group(group_id: int) -> bool:
+    """Task body: one backend call for the whole group, then every instance is terminated.
+    True when the group was deleted in this call."""
+    held = claims.claimed(InstanceGroup, group_id, "terminate_group", _terminate, status=GroupStatus.TERMINATING)
+    return held is not None and group_id in held.applied and held.outcome.move is not None
+
+
+def _terminate(held: claims.Held) -> claims.Outcome | None:
+    group = InstanceGroup.objects.select_related("fleet").get(pk=held.pk)
+    try:
+        if group.kind == GroupKind.TPU_POD:
+            backend = group.backend_data.get("backend", "gcp")
+            compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
+            compute.terminate_group(group.name, group.backend_data)
+        else:
+            stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
+    except BackendError as exc:
+        log.warning("deleting group %s failed, will retry: %s", group.name, exc)
+        return None  # given back as it is: the sweep sends the delete again
+    return claims.Outcome(move=partial(_terminated, group))
+
+
+def _terminated(group: InstanceGroup, token: str) -> bool:
+    """The give-back is the group's final move, with its instances', in one transaction."""
+    with transaction.atomic():
+        if not InstanceGroup.objects.filter(pk=group.pk, lease_token=token, status=GroupStatus.TERMINATING).update(
+                status=GroupStatus.TERMINATED, lease_until=None, lease_token=""):
             return False
-        group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-        try:
-            if group.kind == GroupKind.TPU_POD:
-                backend = group.backend_data.get("backend", "gcp")
-                compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
-                compute.terminate_group(group.name, group.backend_data)
-            else:
-                stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
-        except BackendError as exc:
-            log.warning("deleting group %s failed, will retry: %s", group.name, exc)
-            claims.release(InstanceGroup, group_id, held.token)
-            return False
-        with transaction.atomic():
-            move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
-                           frm=NOT_TERMINATED, message="terminated with its group")
-            claims.release(InstanceGroup, group_id, held.token, status=GroupStatus.TERMINATED)
-            record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
-    return not held.failed
+        move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
+                       frm=NOT_TERMINATED, message="terminated with its group")
+        record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
+    return True
 
 
 def stop_agents(instances: list[Instance]) -> None:

@@ -34,7 +34,7 @@ registered = _Tasks("engine.tasks")
 # Each message is its own lambda (registered.X.delay), so a callback captured in a test says which task it sends.
 
 
-def place_job(job_id: int) -> None:
+def provision_job(job_id: int) -> None:
     """A submitted job may look for its hosts (provision_job)."""
     transaction.on_commit(lambda: registered.provision_job.delay(job_id))
 
@@ -70,7 +70,7 @@ def derive_run(run_id: int) -> None:
     transaction.on_commit(send)
 
 
-def delete_group(group_id: int) -> None:
+def terminate_group(group_id: int) -> None:
     """An instance group marked terminating may be deleted with its backend (terminate_group)."""
     transaction.on_commit(lambda: registered.terminate_group.delay(group_id))
 
@@ -84,8 +84,8 @@ def poll_pod(group_id: int, countdown: float) -> None:
 
 
 def register_fleet(fleet_id: int, actor: str = "server") -> None:
-    """A pending SSH fleet's hosts may be contacted and the fleet activated or failed (register_ssh_fleet)."""
-    transaction.on_commit(lambda: registered.register_ssh_fleet.delay(fleet_id, actor))
+    """A pending SSH fleet's hosts may be contacted and the fleet activated or failed (register_fleet)."""
+    transaction.on_commit(lambda: registered.register_fleet.delay(fleet_id, actor))
 
 
 def revoke_attach_keys(instance_id: int) -> None:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from engine import claims
+from engine import claims, messages
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
@@ -32,19 +33,22 @@ log = logging.getLogger(__name__)
 def watch_pods() -> int:
     """Task body: one look at every active pod; returns how many were looked at."""
     due = InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE, fleet__isnull=False)
-    with claims.claimed_batch(due, BATCH, "watch_pods") as held:
-        if not held.pks:
-            return 0
-        groups = list(InstanceGroup.objects.filter(pk__in=held.pks, lease_token=held.token).select_related("fleet"))
-        by_fleet: dict[int, list[InstanceGroup]] = {}
-        for group in groups:
-            by_fleet.setdefault(group.fleet_id, []).append(group)
-        for members in by_fleet.values():
-            _watch_fleet(members, held)
-    return len(held.pks)
+    return len(claims.claimed_batch(due, BATCH, "watch_pods", _watch).pks)
 
 
-def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> None:
+def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
+    groups = list(InstanceGroup.objects.filter(pk__in=held.pks, lease_token=held.token).select_related("fleet"))
+    by_fleet: dict[int, list[InstanceGroup]] = {}
+    for group in groups:
+        by_fleet.setdefault(group.fleet_id, []).append(group)
+    outcomes: dict[int, claims.Outcome] = {}
+    for members in by_fleet.values():
+        outcomes.update(_watch_fleet(members, held))
+    return outcomes
+
+
+def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> dict[int, claims.Outcome]:
+    """The outcomes of the pods found lost (the others go back as they are)."""
     fleet = groups[0].fleet
     try:
         compute = get_compute(groups[0].backend_data.get("backend", "gcp"), fleet_backend_config(fleet))
@@ -52,8 +56,9 @@ def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> None:
     except BackendError as exc:
         # An API that does not answer says nothing about the slices: the next tick looks again.
         log.info("fleet %s: could not watch its TPU pods: %s", fleet.name, exc)
-        return
+        return {}
     grace = float(settings.MUSTER["TPU_MAINTENANCE_GRACE"])
+    outcomes = {}
     for group in groups:
         watch = seen.get(group.name)
         if watch is None:
@@ -61,7 +66,8 @@ def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> None:
         with held.row(group.pk):
             why = watch.lost or _maintenance_over(group, watch.maintenance, grace)
             if why:
-                interrupt_pod(group, why, held.token)
+                outcomes[group.pk] = interrupt_pod(group, why)
+    return outcomes
 
 
 def _maintenance_over(group: InstanceGroup, maintenance: str, grace: float) -> str:
@@ -82,12 +88,10 @@ def _store(group: InstanceGroup, **changes) -> None:
     InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
 
 
-def interrupt_pod(group: InstanceGroup, why: str, token: str) -> None:
-    """Google took the slice back: every job on it ends as an interruption, and the pod is deleted.
-
-    The pod's lease (`token`) goes in the same transaction, so the delete sent after commit finds
-    the pod claimable."""
-    from engine.groups import delete_group
+def interrupt_pod(group: InstanceGroup, why: str) -> claims.Outcome:
+    """Google took the slice back: every job on it ends as an interruption, and the pod is deleted
+    (its terminate_group is sent once the watch gives the pod back)."""
+    from engine.groups import mark_for_deletion
     from runs.models import Job
     from runs.transitions import terminate_job
 
@@ -96,5 +100,5 @@ def interrupt_pod(group: InstanceGroup, why: str, token: str) -> None:
         record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"TPU slice {group.name}: {why}")
-        claims.release(InstanceGroup, group.pk, token)
-        delete_group(group, actor="server", force=True)
+        mark_for_deletion(group, actor="server", force=True)
+    return claims.Outcome(expect=(GroupStatus.TERMINATING,), then=(partial(messages.terminate_group, group.pk),))

@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -217,21 +218,24 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
 
 def poll_pod(group_id: int) -> bool:
     """Task body: look at a slice being created; READY fills the hosts, stuck or failed deletes it."""
-    with claims.claimed(InstanceGroup, group_id, "poll_pod", status=GroupStatus.PROVISIONING) as held:
-        if held is None:
-            return False
-        again = False
-        group = InstanceGroup.objects.select_related("fleet").get(pk=group_id)
-        again = _poll_once(group)
-        # `updated` marks the last poll, so the sweep only re-enqueues polls that got lost.
-        claims.release(InstanceGroup, group_id, held.token, updated=timezone.now())
-    if again and not held.failed:
-        schedule_poll(group_id)
-    return True
+    return claims.claimed(InstanceGroup, group_id, "poll_pod", _poll, status=GroupStatus.PROVISIONING) is not None
 
 
-def _poll_once(group: InstanceGroup) -> bool:
-    """One look at the slice; True when it is still on its way and needs another look."""
+# a pod that turned terminating while a poll held it (a user's delete): its delete bounced off the poll
+HAND_OVER = {GroupStatus.TERMINATING: messages.terminate_group}
+
+
+def _poll(held: claims.Held) -> claims.Outcome:
+    group = InstanceGroup.objects.select_related("fleet").get(pk=held.pk)
+    status = _poll_once(group)
+    follow = {GroupStatus.PROVISIONING: (partial(schedule_poll, group.pk),),
+              GroupStatus.TERMINATING: (partial(messages.terminate_group, group.pk),)}.get(status, ())
+    # `updated` marks the last poll, so the sweep only re-enqueues polls that got lost.
+    return claims.Outcome(expect=(status,), fields={"updated": timezone.now()}, then=follow, hand_over=HAND_OVER)
+
+
+def _poll_once(group: InstanceGroup) -> str:
+    """One look at the slice; the status it leaves the pod in (`provisioning`: look again)."""
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
     records, failure, reason = None, "", ""
@@ -252,23 +256,23 @@ def _poll_once(group: InstanceGroup) -> bool:
         elif waited <= limit or queued:
             # The API did not answer this time; that says nothing about the slice.
             log.info("TPU slice %s: poll failed, will look again: %s", group.name, exc)
-            return True
+            return GroupStatus.PROVISIONING
         else:
             failure = f"not READY within {limit:.0f}s (last poll: {exc})"
     if records:
         apply_ready(group, records)
-        return False
+        return GroupStatus.ACTIVE
     if failure or (waited > limit and not queued):
         why = failure or f"not READY within {limit:.0f}s"
         log.warning("deleting TPU slice %s: %s", group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED)
-        return False
+        return GroupStatus.TERMINATING
     if queued and not _awaited(group):
         # A request may wait at Google for hours; once no job waits for it (the run was stopped)
         # it is withdrawn rather than left to turn into a billed slice nobody asked for.
         _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER)
-        return False
-    return True
+        return GroupStatus.TERMINATING
+    return GroupStatus.PROVISIONING
 
 
 def _awaited(group: InstanceGroup) -> bool:
@@ -292,7 +296,8 @@ def _say_queued(group: InstanceGroup, before: dict | None) -> None:
 
 
 def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
-    """Delete a slice that will not become usable, and end the jobs that waited for it."""
+    """Delete a slice that will not become usable, and end the jobs that waited for it (the poll
+    holding the pod sends its terminate_group once it gives the pod back)."""
     from runs.models import Job
     from runs.transitions import terminate_job
 
@@ -308,7 +313,6 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
         group.instances.exclude(status=InstanceStatus.TERMINATED).update(
             status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
         record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status=GroupStatus.TERMINATING)
-        messages.delete_group(group.pk)
 
 
 def pods_to_poll(now):

@@ -1,4 +1,4 @@
-"""Registering an SSH fleet, as a claimed step (`register_ssh_fleet`).
+"""Registering an SSH fleet, as a claimed step (`register_fleet`).
 
 Applying an SSH fleet writes it `pending` and sends `messages.register_fleet`. The step claims the
 pending fleet, contacts, probes and starts the runner on every host, and activates or fails the
@@ -11,6 +11,8 @@ started found running and kept).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from django.conf import settings
 from django.utils import timezone
@@ -28,22 +30,31 @@ def give_up_after() -> float:
 
 def register_fleet(fleet_id: int, actor: str = "server") -> bool:
     """Task body: register a pending SSH fleet's hosts; False when it was not ours to register."""
-    with claims.claimed(Fleet, fleet_id, "register_ssh_fleet", status=FleetStatus.PENDING,
-                        backend=FleetBackend.SSH) as held:
-        if held is None:
-            return False  # registered already (a second delivery), being registered, or deleted
-        # Imported here, not at the top: every process that sends an engine message imports
-        # engine.tasks and so this module (engine/messages.py looks tasks up in Celery's registry),
-        # and the registration's rules bring paramiko with them (about 60 ms a process).
-        from engine import ssh_registration
+    held = claims.claimed(Fleet, fleet_id, "register_fleet", partial(_register, actor=actor),
+                          status=FleetStatus.PENDING, backend=FleetBackend.SSH)
+    # None: registered already (a second delivery), being registered, or deleted
+    return held is not None and not held.failed and held.outcome is not _GONE
 
-        fleet = Fleet.objects.select_related("project").filter(pk=fleet_id).first()
-        if fleet is None:
-            return False  # deleted since the claim
-        limit = give_up_after()
-        if (timezone.now() - fleet.created).total_seconds() > limit:
-            ssh_registration.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
-                               "failed unexpectedly on every try; see its log): apply the fleet again", actor)
-            return False
-        ssh_registration.complete_registration(fleet, held.token, actor=actor)
-    return not held.failed
+
+def _register(held: claims.Held, actor: str) -> claims.Outcome:
+    # Imported here, not at the top: every process that sends an engine message imports
+    # engine.tasks and so this module (engine/messages.py looks tasks up in Celery's registry),
+    # and the registration's rules bring paramiko with them (about 60 ms a process).
+    from engine import ssh_registration
+
+    fleet = Fleet.objects.select_related("project").filter(pk=held.pk).first()
+    if fleet is None:
+        return _GONE  # deleted since the claim
+    limit = give_up_after()
+    if (timezone.now() - fleet.created).total_seconds() > limit:
+        ssh_registration.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
+                                 "failed unexpectedly on every try; see its log): apply the fleet again", actor)
+        return _GONE
+    # The fleet's own move (active or failed) is checked against the claim inside the rules'
+    # transaction, after the hosts answered; what is left here is the lease.
+    ssh_registration.complete_registration(fleet, held.token, actor=actor)
+    return claims.Outcome()
+
+
+# the fleet went away or was given up: given back as it is, and the step says it did not register
+_GONE = claims.Outcome()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
@@ -44,36 +45,35 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
 
 
 def finish_job(job_id: int) -> bool:
-    """Task body for a terminating job: stop the runner's process, keep the log, free the host."""
-    with claims.claimed(Job, job_id, "finish_job", status=JobStatus.TERMINATING) as held:
-        if held is None:
-            return False
-        if not _finish(held):
-            claims.release(Job, job_id, held.token)
-            messages.finish_job(job_id, countdown=STOP_RECHECK)
-            return False
-    return True
+    """Task body for a terminating job: stop the runner's process, keep the log, free the host.
+    True when the job ended in this call."""
+    held = claims.claimed(Job, job_id, "finish_job", _finish, status=JobStatus.TERMINATING)
+    return held is not None and job_id in held.applied and held.outcome.move is not None
 
 
-def _finish(held) -> bool:
-    """False while the runner's job still runs (the caller looks again soon)."""
+def _finish(held: claims.Held) -> claims.Outcome:
     job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
     attach_revokes.end_job_grants(job)
     try:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job):
-            return False
+            # still running on its host: look again soon, once the job is given back
+            return claims.Outcome(expect=(JobStatus.TERMINATING,),
+                                  then=(partial(messages.finish_job, job.pk, countdown=STOP_RECHECK),))
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); handing its host back anyway", job, exc)
+    return claims.Outcome(move=partial(_end, job, final))
+
+
+def _end(job: Job, final: str, token: str) -> bool:
+    """The give-back is the final move: the host goes back and the job ends in one transaction."""
     with transaction.atomic():
         if job.instance_id:
             hand_back([job.instance], job)
-        # the lease goes with the final move (we hold it, so nobody else changed the status)
-        if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
-            claims.forget(Job, held.token, [job.pk])
-        else:
-            claims.release(Job, job.pk, held.token)
+        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease=token):
+            transaction.set_rollback(True)  # not ours any more: its holder hands the host back
+            return False
     return True
 
 

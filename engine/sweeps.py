@@ -64,7 +64,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
     found = {}
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["provision"] = _enqueue(messages.place_job, submitted)
+    found["provision"] = _enqueue(messages.provision_job, submitted)
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
     # the batch watcher's (engine/running/watch.py): it claims whatever is due, so no message of theirs
     # can be lost, and re-enqueueing them here would only add tasks to a backlog.
@@ -83,7 +83,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
     found["retries"] = _enqueue(messages.derive_run, retries)
     groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["groups"] = _enqueue(messages.delete_group, groups)
+    found["groups"] = _enqueue(messages.terminate_group, groups)
     found["pods"] = _enqueue(lambda pk: messages.poll_pod(pk, 0), pods.pods_to_poll(now))
     # an SSH fleet pending that long is not being registered (its registration holds a lease)
     fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=FleetBackend.SSH,

@@ -63,7 +63,7 @@ def sweep_logs() -> int:
 
 @step_task()
 def terminate_group(group_id: int) -> None:
-    groups.terminate_group_now(group_id)
+    groups.terminate_group(group_id)
 
 
 @step_task()
@@ -77,7 +77,7 @@ def watch_pods() -> None:
 
 
 @step_task()
-def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
+def register_fleet(fleet_id: int, actor: str = "server") -> None:
     registration.register_fleet(fleet_id, actor=actor)
 
 

@@ -30,12 +30,20 @@ def may_change_run(job: Job, to: str, reason: str) -> bool:
     return False
 
 
-def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", **fields) -> bool:
-    """Move `job` to status `to` if it is still in one of `frm` (default: its current status)."""
+def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: str | None = None,
+             **fields) -> bool:
+    """Move `job` to status `to` if it is still in one of `frm` (default: its current status).
+
+    `lease`: the token of the step holding the job, whose last move this is (an Outcome's `move`):
+    the UPDATE is guarded by it too and clears the lease in the same statement.
+    """
     frm = tuple(frm) if frm else (job.status,)
     now = timezone.now()
+    held = {"lease_token": lease} if lease is not None else {}
+    freed = {"lease_until": None, "lease_token": ""} if lease is not None else {}
     with transaction.atomic():
-        touched = Job.objects.filter(pk=job.pk, status__in=frm).update(status=to, status_changed_at=now, **fields)
+        touched = Job.objects.filter(pk=job.pk, status__in=frm, **held).update(status=to, status_changed_at=now,
+                                                                               **freed, **fields)
         if touched != 1:
             return False
         reason = fields.get("termination_reason", "")
@@ -54,23 +62,25 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     return True
 
 
-def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server", held: bool = False,
-                  **fields) -> bool:
-    """Ask an active job to end with `reason`; the stop itself happens in engine.stopping.
-
-    `held`: the caller holds the job's lease, so finish_job could not claim it yet; the caller hands
-    the job over when it lets go (engine.job_leases.release_job) instead of a message being sent now for nothing.
-    """
+def end_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:
+    """Move an active job towards its end with `reason`, and send nothing: to `terminating` (its
+    stop is finish_job's, engine/stopping.py), or straight to its final status when nothing of it
+    runs anywhere and no host is held. A step holding the job calls this; its Outcome sends the
+    finish_job (a message sent now would bounce off the step's own lease)."""
     from runs.choices import FINAL_STATUS
 
     if job.instance_id is None and not job.runner_submitted:
-        # nothing runs anywhere and no host is held: end it now instead of via finish_job
         return move_job(job, FINAL_STATUS.get(reason, JobStatus.TERMINATED), frm=JOB_ACTIVE, termination_reason=reason,
                         termination_message=message, message=message, actor=actor, **fields)
-    moved = move_job(job, JobStatus.TERMINATING, frm=JOB_ACTIVE, termination_reason=reason,
-                     termination_message=message, message=message or f"terminating ({reason})", actor=actor,
-                     **fields)
-    if moved and not held:
+    return move_job(job, JobStatus.TERMINATING, frm=JOB_ACTIVE, termination_reason=reason,
+                    termination_message=message, message=message or f"terminating ({reason})", actor=actor,
+                    **fields)
+
+
+def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:
+    """Ask an active job nobody holds to end with `reason` (end_job), and send its finish_job."""
+    moved = end_job(job, reason, message, actor, **fields)
+    if moved and job.status == JobStatus.TERMINATING:
         messages.finish_job(job.pk)
     return moved
 

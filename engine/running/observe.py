@@ -18,7 +18,7 @@ from engine import health, log_copy, messages, runner_status
 from engine.starting import cluster, containers
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
-from runs.transitions import move_job, terminate_job
+from runs.transitions import end_job, move_job
 
 # the statuses advance_job claims a job in; a job given back after a look is in one of them
 WATCHED = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING)
@@ -35,11 +35,6 @@ RUNNER_END_STATES = {
 
 def poll_interval() -> float:
     return float(settings.MUSTER["JOB_POLL_INTERVAL"])
-
-
-def end_held(job: Job, reason: str, message: str = "", **fields) -> None:
-    """End the job this task holds; advance_job hands it to finish_job when it lets go."""
-    terminate_job(job, reason, message, held=True, **fields)
 
 
 def look(host, follow: log_copy.Follow | None = None) -> tuple[dict | None, Exception | None]:
@@ -85,7 +80,7 @@ def watch_observed(job: Job, status: dict | None) -> None:
     state = status.get("jobs", {}).get(job.runner_job_id)
     if state is None:
         if job.status == JobStatus.RUNNING:
-            end_held(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
+            end_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
         return
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
@@ -101,7 +96,7 @@ def watch_observed(job: Job, status: dict | None) -> None:
         if reason == JobReason.CONTAINER_EXITED_WITH_ERROR and not cluster.group_image(job):
             reason = JobReason.PROCESS_EXITED_WITH_ERROR
         reason, text = containers.container_end(state) or (reason, text)
-        end_held(job, reason, text, **{k: v for k, v in times.items() if v is not None})
+        end_job(job, reason, text, **{k: v for k, v in times.items() if v is not None})
 
 
 def _wake_waiting_peers(job: Job) -> None:
@@ -117,5 +112,5 @@ def _maybe_unreachable(job: Job) -> None:
     instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
     since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
     if since and (timezone.now() - since).total_seconds() > settings.MUSTER["UNREACHABLE_GRACE"]:
-        end_held(job, JobReason.INSTANCE_UNREACHABLE,
-                      f"{instance.name} has not answered for {settings.MUSTER['UNREACHABLE_GRACE']:.0f}s")
+        end_job(job, JobReason.INSTANCE_UNREACHABLE,
+                f"{instance.name} has not answered for {settings.MUSTER['UNREACHABLE_GRACE']:.0f}s")

@@ -5,8 +5,8 @@ per job per poll interval made the watch loop the control plane's main cost (a m
 and a release for each look). Instead beat sends `watch_running` every JOB_POLL_INTERVAL: it
 claims the due jobs WATCH_BATCH (engine/tuning.py) at a time (claim_batch, SKIP LOCKED on PostgreSQL, so several workers
 share the work without waiting on each other), asks their runners in threads that only do network
-I/O, acts on each answer on this task's connection, and gives the leases of the jobs that are
-still running back in one UPDATE. A job that ended is handed to finish_job as advance_job would.
+I/O, acts on each answer on this task's connection, and gives the whole batch back in one UPDATE.
+A job that ended is handed to finish_job as advance_job would.
 
 advance_job still drives the short stages before `running` (runner up, peers, start order).
 """
@@ -18,17 +18,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Q
 from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, log_copy
-from engine.job_leases import release_job
+from engine.job_outcome import job_outcome
 from engine.running import observe
 from engine.tuning import WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
 from runs.models import Job
+from runs.transitions import end_job
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +54,34 @@ def _watch_batch() -> int:
     # never looked at (NULL): a worker that moved the job to running died before giving it back
     due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
                              status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
-    with claims.claimed_batch(due, WATCH_BATCH, "watch_running") as held:
-        if not held.pks:
-            return 0
-        jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
-                    .select_related("run", "instance", "instance__fleet", "instance__group"))
-        follows = {job.pk: log_copy.follow(job) for job in jobs}
-        looks = _look_at_all(jobs, held, follows)
-        seen_before = {job.pk: job.agent_seen_at for job in jobs}
-        for job in jobs:
-            if job.pk not in looks:
-                continue
-            with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
-                log_copy.take(job, follows[job.pk])
-                try:
-                    observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
-                except BackendError as exc:
-                    log.warning("job %s: backend error: %s", job, exc)
-                    observe.end_held(job, exc.reason, str(exc))
-        jobs = [job for job in jobs if job.pk not in held.failed]
-        _give_back(jobs, held.token, seen={job.pk for job in jobs if job.agent_seen_at != seen_before[job.pk]})
-    return len(held.pks)
+    return len(claims.claimed_batch(due, WATCH_BATCH, "watch_running", _watch).pks)
+
+
+def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
+    jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
+                .select_related("run", "instance", "instance__fleet", "instance__group"))
+    follows = {job.pk: log_copy.follow(job) for job in jobs}
+    looks = _look_at_all(jobs, held, follows)
+    seen_before = {job.pk: job.agent_seen_at for job in jobs}
+    for job in jobs:
+        if job.pk not in looks:
+            continue
+        with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
+            log_copy.take(job, follows[job.pk])
+            try:
+                observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
+            except BackendError as exc:
+                log.warning("job %s: backend error: %s", job, exc)
+                end_job(job, exc.reason, str(exc))
+    # Due again half an interval from now, so the next tick (one interval after this one began)
+    # finds it due: a full interval would skip a tick and look at each job every other interval.
+    next_at = timezone.now() + timedelta(seconds=observe.poll_interval() / 2)
+    # every job of the batch goes back in one UPDATE (claims.give_back_batch), the ones whose
+    # agent answered with agent_seen_at, the ones that ended with their finish_job sent after
+    return {job.pk: job_outcome(job, next_check_at=next_at,
+                                **({"agent_seen_at": job.agent_seen_at} if job.agent_seen_at != seen_before[job.pk]
+                                   else {}))
+            for job in jobs if job.pk not in held.failed}
 
 
 def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy.Follow | None]) -> dict[int, tuple]:
@@ -88,23 +96,3 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy
     with ThreadPoolExecutor(max_workers=min(WATCH_THREADS, len(hosts)), thread_name_prefix="watch") as pool:
         answers = pool.map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
         return dict(zip(hosts, answers, strict=True))
-
-
-def _give_back(jobs: list[Job], token: str, seen: set[int]) -> None:
-    """Leases of jobs still running go back in one UPDATE; the rest one by one."""
-    now = timezone.now()
-    # Due again half an interval from now, so the next tick (one interval after this one began)
-    # finds it due: a full interval would skip a tick and look at each job every other interval.
-    next_at = now + timedelta(seconds=observe.poll_interval() / 2)
-    running = {job.pk for job in jobs if job.status == JobStatus.RUNNING}
-    released: set[int] = set()
-    # the jobs whose agent answered get agent_seen_at in the same statement as the others' release
-    seen_now = Case(When(pk__in=running & seen, then=Value(now)), default=F("agent_seen_at"))
-    if running and Job.objects.filter(pk__in=running, lease_token=token, status=JobStatus.RUNNING).update(
-            lease_until=None, lease_token="", next_check_at=next_at, agent_seen_at=seen_now) == len(running):
-        released = running
-    claims.forget(Job, token, released)
-    for job in jobs:
-        if job.pk not in released:  # ended, or changed under us: the careful path, hand-over included
-            updates = {"agent_seen_at": job.agent_seen_at} if job.pk in seen else {}
-            release_job(job, token, observe.WATCHED, next_check_at=next_at, **updates)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.utils import timezone
@@ -17,7 +18,7 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, log_copy, messages
-from engine.job_leases import release_job
+from engine.job_outcome import job_outcome
 from engine.running import observe
 from engine.starting import cluster
 from engine.tuning import STARTING_RECHECK
@@ -26,7 +27,7 @@ from instances.queued import waits_in_queue
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
-from runs.transitions import move_job, terminate_job
+from runs.transitions import end_job, move_job
 
 log = logging.getLogger(__name__)
 
@@ -36,31 +37,29 @@ def waited(job: Job) -> float:
 
 
 def advance_job(job_id: int) -> bool:
-    with claims.claimed(Job, job_id, "advance_job", status__in=observe.WATCHED) as held:
-        if held is None:
-            return False
-        job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=job_id)
-        seen_before = job.agent_seen_at
-        try:
-            _step(job)
-        except BackendError as exc:
-            log.warning("job %s: backend error: %s", job, exc)
-            terminate_job(job, exc.reason, str(exc), held=True)
-        now = timezone.now()
-        # A job that just started is due at the watcher's next tick: a short job (a router that
-        # exits after one request) then ends within a tick instead of after one more interval.
-        started = job.status == JobStatus.RUNNING and job.runner_submitted
-        again = next_look(job)
-        updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
-        if job.agent_seen_at != seen_before:
-            updates["agent_seen_at"] = job.agent_seen_at  # written with the release, not on its own
-        status = release_job(job, held.token, observe.WATCHED, **updates)
-    if held.failed:
-        return True  # due again after the backoff (the sweep sends it)
-    if status in observe.WATCHED and not (status == JobStatus.RUNNING and job.runner_submitted):
-        messages.start_job(job_id, countdown=again)  # outside a transaction: sent at once
-    # a started job is looked at by the batch watcher from now on (engine/running/watch.py)
-    return True
+    return claims.claimed(Job, job_id, "advance_job", _advance, status__in=observe.WATCHED) is not None
+
+
+def _advance(held: claims.Held) -> claims.Outcome:
+    job = Job.objects.select_related("run", "instance", "instance__fleet", "instance__group").get(pk=held.pk)
+    seen_before = job.agent_seen_at
+    try:
+        _step(job)
+    except BackendError as exc:
+        log.warning("job %s: backend error: %s", job, exc)
+        end_job(job, exc.reason, str(exc))
+    now = timezone.now()
+    # A job that just started is due at the watcher's next tick: a short job (a router that
+    # exits after one request) then ends within a tick instead of after one more interval, and is
+    # looked at by the batch watcher from now on (engine/running/watch.py), not by this step.
+    started = job.status == JobStatus.RUNNING and job.runner_submitted
+    again = next_look(job)
+    updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
+    if job.agent_seen_at != seen_before:
+        updates["agent_seen_at"] = job.agent_seen_at  # written with the give-back, not on its own
+    then = (partial(messages.start_job, job.pk, countdown=again),) if job.status in observe.WATCHED and not started \
+        else ()
+    return job_outcome(job, then, **updates)
 
 
 def next_look(job: Job) -> float:
@@ -95,7 +94,7 @@ def _wait_for_runner(job: Job) -> None:
         # A host of a queued TPU request waits at Google for as long as the request may: the pod's
         # own poll bounds that wait (valid_until, then the limit from ACTIVE), not this one.
         if waited(job) > settings.MUSTER["WAITING_INSTANCE_LIMIT"] and not waits_in_queue(instance):
-            observe.end_held(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
+            end_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
         return
     status = _observe(job)
     if status and status.get("agent_alive"):
@@ -106,8 +105,8 @@ def _wait_for_runner(job: Job) -> None:
         elif move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
             _start_when_ready(job)  # peers are often known already: no reason to wait a poll
     elif waited(job) > settings.MUSTER["WAITING_RUNNER_LIMIT"]:
-        observe.end_held(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
-                      f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s")
+        end_job(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
+                f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s")
 
 
 def _started(job: Job) -> bool:
@@ -130,8 +129,8 @@ def _start_when_ready(job: Job) -> None:
         ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
         if not ready:
             if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"]:
-                observe.end_held(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-                              "peers' addresses or start order not satisfied in time")
+                end_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+                        "peers' addresses or start order not satisfied in time")
             return
         try:
             spec = cluster.runner_spec(job, jobs)
@@ -139,7 +138,7 @@ def _start_when_ready(job: Job) -> None:
         except crypto.DecryptError as exc:
             # the server's keys no longer open this run's secret env or the host's SSH key:
             # retrying cannot help, and the message says what to set again
-            observe.end_held(job, JobReason.EXECUTOR_ERROR, str(exc))
+            end_job(job, JobReason.EXECUTOR_ERROR, str(exc))
             return
         try:
             host.submit(job.runner_job_id, spec)

@@ -48,7 +48,7 @@ def unlock_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[in
     if ids:
         Job.objects.filter(id__in=ids, waiting_master_job=True).update(waiting_master_job=False)
     for job_id in ids:
-        messages.place_job(job_id)
+        messages.provision_job(job_id)
     return nums
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Case, Value, When
@@ -10,39 +11,33 @@ from django.db.models import Case, Value, When
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
-from engine.job_leases import release_job
+from engine.job_outcome import job_outcome
 from engine.submitted import fanout, gang, placement
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fitting, spanning
 from instances.models import Fleet
 from instances.transitions import hand_back, record_taken
-from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
+from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, terminate_job
+from runs.transitions import end_job, move_job, move_run
 
 log = logging.getLogger(__name__)
 
 
 def provision_job(job_id: int) -> bool:
     """Task body. Returns True when this call did the provisioning attempt."""
-    with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
-        if held is None:
-            return False
-        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance", "fleet").get(pk=job_id)
-        _attempt(job)
-        status = release_job(job, held.token, AFTER_ATTEMPT)
-    if held.failed:
-        return True  # due again after the backoff (the sweep sends it)
-    if status == JobStatus.PROVISIONING:
-        # Sent only now that the lease is given back: sent from inside the attempt, the message
-        # could reach an idle worker while this task still held the job, bounce off the claim and
-        # leave the job to the sweep (three sweep intervals later).
-        messages.start_job(job_id)
-    return True
+    return claims.claimed(Job, job_id, "provision_job", _provision, status=JobStatus.SUBMITTED,
+                          waiting_master_job=False) is not None
 
 
-# Where an attempt leaves its job when nobody needs to hand it to finish_job.
-AFTER_ATTEMPT = (JobStatus.SUBMITTED, JobStatus.PROVISIONING, *JOB_FINISHED)
+def _provision(held: claims.Held) -> claims.Outcome:
+    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance", "fleet").get(pk=held.pk)
+    _attempt(job)
+    # A placed job's advance_job leaves only once the lease is given back: sent from inside the
+    # attempt, it could reach an idle worker while this step still held the job, bounce off the
+    # claim and leave the job to the sweep (three sweep intervals later).
+    then = (partial(messages.start_job, job.pk),) if job.status == JobStatus.PROVISIONING else ()
+    return job_outcome(job, then)
 
 
 def _attempt(job: Job) -> None:
@@ -59,7 +54,7 @@ def _attempt(job: Job) -> None:
     if run.fleet_id is None:
         fleets = spanning.choose(run, siblings)
         if fleets is None:
-            terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings), held=True)
+            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings))
             return
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
@@ -134,8 +129,8 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
         (fleets[js[0].fleet_id or fleet.pk], (g, js[0].node_group_name, js[0].spec["resources"], len(js)))
         for g, js in sorted(groups.items())])
     if short:
-        terminate_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"gang not placed, no host taken: {' | '.join(short)}", held=True)
+        end_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                      f"gang not placed, no host taken: {' | '.join(short)}")
         return False
     given = {g: iter(insts) for g, insts in taken.items()}
     instances = [next(given[j.node_group_index]) for j in gang]
@@ -156,9 +151,8 @@ def _take_group(job: Job, fleet, siblings: list[Job] | None) -> None:
                and j.status == JobStatus.SUBMITTED and j.instance_id is None]
     instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
     if not instances:
-        terminate_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
-                      held=True)
+        end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
+                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}")
         return
     _hold(job, instances, members, f"its group {job.node_group_name}", siblings)
 
@@ -206,5 +200,5 @@ def _provision_cloud_group(job: Job, fleet) -> None:
 
 def _fail_for_good(job: Job, reason: str, why: str) -> None:
     with transaction.atomic():
-        terminate_job(job, reason, why, held=True)
+        end_job(job, reason, why)
         gang.release(job.run, job.submission_num, job.node_group_name, why)

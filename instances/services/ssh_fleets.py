@@ -21,7 +21,7 @@ from projects.models import Project
 def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     """Write the fleet and one pending instance per host after the checks that need no network.
 
-    Nothing is contacted here: `complete_registration` (in the claimed step `register_ssh_fleet`,
+    Nothing is contacted here: `complete_registration` (in the claimed step `register_fleet`,
     engine/registration.py) does that, so a slow or hostile host never holds the web request.
     """
     hosts: list[dict] = conf["ssh_config"]["hosts"]

@@ -316,6 +316,6 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
                actor=getattr(user, "username", "") or "api", run_id=run.id)
         # job 0 is claimable at once; the others wait for their master (runs/job_rows.py)
-        messages.place_job(next(j.pk for j in jobs if j.job_num == 0))
+        messages.provision_job(next(j.pk for j in jobs if j.job_num == 0))
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run

@@ -33,14 +33,14 @@ def test_a_held_row_is_renewed_past_its_lease_and_free_once_released(settings):
     assert claims.claim(Job, job.pk, status="submitted") is None, "a worker still at work keeps its row"
     job.refresh_from_db()
     assert job.lease_token == token
-    assert claims.release(Job, job.pk, token)
+    assert claims.give_back(Job, job.pk, token, claims.Outcome())
     assert claims.claim(Job, job.pk, status="submitted"), "a released row can be claimed at once"
 
 
 def test_a_row_whose_holder_stopped_renewing_is_free_after_one_lease(settings):
     job = _job(settings, lease=1.5)
-    token = claims.claim(Job, job.pk, status="submitted")
-    claims.forget(Job, token)  # what a killed worker amounts to: nobody renews the lease any more
+    assert claims.claim(Job, job.pk, status="submitted")
+    claims.forget_all()  # what a killed worker amounts to: nobody renews the lease any more
     assert claims.claim(Job, job.pk, status="submitted") is None
     time.sleep(2)
     assert claims.claim(Job, job.pk, status="submitted"), "the lease ran out and the row is claimable again"

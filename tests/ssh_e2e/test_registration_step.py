@@ -63,7 +63,7 @@ def _registration_task():
     from muster.celery import app
 
     app.loader.import_default_modules()
-    return app.tasks["engine.tasks.register_ssh_fleet"]
+    return app.tasks["engine.tasks.register_fleet"]
 
 
 class Faulty:

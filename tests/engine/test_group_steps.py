@@ -1,0 +1,211 @@
+"""The run, group and pod steps as process -> outcome -> guarded apply, run in the test process on a
+fake backend (no worker, no cloud): which rows a step takes, what it leaves and sends on success,
+that a stale lease makes it drop its outcome, and what happens when the row moves under it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from backends.base import GroupProgress, GroupWatch
+from engine import claims, deriving, groups, messages, pod_watch, pods
+from instances.models import GroupKind, Instance, InstanceGroup
+from runs.models import Job, Run
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+from tests.engine.outcome_helpers import Sent, around_body, steal
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    fake = Sent()
+    monkeypatch.setattr(messages, "registered", fake)
+    return fake
+
+
+class FakeCloud:
+    """What the steps ask a group backend, answered from the test's script."""
+
+    def __init__(self, lost=(), ready=False):
+        self.lost, self.ready = set(lost), ready
+        self.deleted: list[str] = []
+
+    def terminate_group(self, name, backend_data):
+        self.deleted.append(name)
+
+    def poll_group(self, name, shape, backend_data):
+        return GroupProgress(None, {"polled": True})
+
+    def watch_groups(self, groups):
+        return {name: GroupWatch(lost="preempted" if name in self.lost else "") for name in groups}
+
+
+@pytest.fixture
+def cloud(monkeypatch):
+    fake = FakeCloud()
+    for module in (groups, pods, pod_watch):
+        monkeypatch.setattr(module, "get_compute", lambda *args, **kwargs: fake)
+    return fake
+
+
+def _pod(name: str, status: str, hosts: int = 2) -> InstanceGroup:
+    fleet = local_project_fleet(size=1, name=f"fleet-{name}")
+    group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD,
+                                         shape="v2-16", status=status, backend_data={"backend": "gcp"})
+    instance_status = {"provisioning": "provisioning", "active": "idle", "terminating": "terminating"}[status]
+    for k in range(hosts):
+        Instance.objects.create(project=fleet.project, fleet=fleet, group=group, index=k, name=f"{name}-{k}",
+                                status=instance_status, backend="gcp")
+    return group
+
+
+def _state(row) -> tuple:
+    row.refresh_from_db()
+    return row.status, row.lease_token
+
+
+# ---- terminate_group ----------------------------------------------------------------------------
+
+
+def test_terminate_group_takes_a_terminating_group_only_and_ends_it_with_its_hosts(sent, cloud):
+    active, doomed = _pod("alive", "active"), _pod("doomed", "terminating")
+    assert not groups.terminate_group(active.pk), "a live group is deleted only once marked terminating"
+    assert groups.terminate_group(doomed.pk)
+    assert _state(doomed) == ("terminated", "") and cloud.deleted == ["doomed"]
+    assert set(doomed.instances.values_list("status", flat=True)) == {"terminated"}
+    assert sent.messages == []
+
+
+def test_terminate_group_with_a_stale_lease_leaves_the_group_to_its_holder(sent, cloud, monkeypatch):
+    doomed = _pod("doomed", "terminating")
+    around_body(monkeypatch, groups, "_terminate", steal(InstanceGroup))
+    assert not groups.terminate_group(doomed.pk)
+    assert _state(doomed) == ("terminating", "someone-else")
+    assert set(doomed.instances.values_list("status", flat=True)) == {"terminating"}, "nothing half-applied"
+
+
+def test_terminate_group_does_nothing_while_another_worker_holds_it(sent, cloud):
+    doomed = _pod("doomed", "terminating")
+    token = claims.claim(InstanceGroup, doomed.pk)
+    assert not groups.terminate_group(doomed.pk)
+    assert _state(doomed) == ("terminating", token) and cloud.deleted == []
+    claims.forget_all()
+
+
+# ---- poll_pod -----------------------------------------------------------------------------------
+
+
+def test_poll_pod_takes_a_pod_being_created_and_schedules_its_next_look_once_free(sent, cloud):
+    active, pod = _pod("alive", "active"), _pod("making", "provisioning")
+    assert not pods.poll_pod(active.pk)
+    before = InstanceGroup.objects.get(pk=pod.pk).updated
+    assert pods.poll_pod(pod.pk)
+    pod.refresh_from_db()
+    assert (pod.status, pod.lease_token) == ("provisioning", "") and pod.updated > before
+    assert pod.backend_data["polled"] is True
+    assert sent.messages == [("poll_pod", pod.pk, pods.poll_interval(), False)]
+
+
+def test_poll_pod_with_a_stale_lease_sends_no_next_look(sent, cloud, monkeypatch):
+    pod = _pod("making", "provisioning")
+    around_body(monkeypatch, pods, "_poll", steal(InstanceGroup))
+    assert pods.poll_pod(pod.pk)
+    assert _state(pod) == ("provisioning", "someone-else") and sent.messages == []
+
+
+def test_poll_pod_hands_a_pod_deleted_while_polled_to_terminate_group(sent, cloud, monkeypatch):
+    pod = _pod("making", "provisioning")
+    around_body(monkeypatch, pods, "_poll", lambda held: InstanceGroup.objects.filter(pk=held.pk).update(
+        status="terminating"))
+    assert pods.poll_pod(pod.pk)
+    assert _state(pod) == ("terminating", "")
+    assert sent.messages == [("terminate_group", pod.pk, 0, False)], "its delete, not another poll"
+
+
+def test_poll_pod_that_gives_up_sends_the_delete_after_the_give_back(sent, cloud, settings):
+    settings.MUSTER = {**settings.MUSTER, "WAITING_INSTANCE_LIMIT": 0}
+    pod = _pod("making", "provisioning")
+    InstanceGroup.objects.filter(pk=pod.pk).update(created=timezone.now() - timedelta(seconds=5))
+    assert pods.poll_pod(pod.pk)
+    assert _state(pod) == ("terminating", "")
+    assert sent.messages == [("terminate_group", pod.pk, 0, False)], "sent once, to a free pod"
+
+
+# ---- watch_pods ---------------------------------------------------------------------------------
+
+
+def test_watch_pods_takes_live_pods_and_deletes_a_lost_one_after_the_give_back(sent, cloud):
+    kept, lost, making = _pod("kept", "active"), _pod("lost", "active"), _pod("making", "provisioning")
+    cloud.lost = {"lost"}
+    assert pod_watch.watch_pods() == 2, "a pod still being created is poll_pod's"
+    assert _state(kept) == ("active", "") and _state(lost) == ("terminating", "")
+    assert _state(making) == ("provisioning", "")
+    assert sent.messages == [("terminate_group", lost.pk, 0, False)]
+
+
+def test_watch_pods_with_a_stale_lease_sends_no_delete(sent, cloud, monkeypatch):
+    lost = _pod("lost", "active")
+    cloud.lost = {"lost"}
+    around_body(monkeypatch, pod_watch, "_watch", steal(InstanceGroup))
+    assert pod_watch.watch_pods() == 1
+    assert _state(lost) == ("terminating", "someone-else") and sent.messages == []
+
+
+def test_watch_pods_skips_pods_another_worker_holds(sent, cloud):
+    lost = _pod("lost", "active")
+    cloud.lost = {"lost"}
+    token = claims.claim(InstanceGroup, lost.pk)
+    assert pod_watch.watch_pods() == 0
+    assert _state(lost) == ("active", token)
+    claims.forget_all()
+
+
+# ---- process_run --------------------------------------------------------------------------------
+
+
+def _run(sent, name: str, status: str) -> Run:
+    fleet = local_project_fleet(size=1, name=f"fleet-{name}")
+    run = submit_run(fleet.project, None, {"configuration": f"type: task\nname: {name}\ncommands: [echo]\n"})
+    Run.objects.filter(pk=run.pk).update(status="running")
+    Job.objects.filter(run=run).update(status=status, termination_reason="done_by_runner")
+    sent.clear()
+    return Run.objects.get(pk=run.pk)
+
+
+def test_process_run_takes_an_active_run_and_records_what_it_derived(sent):
+    run = _run(sent, "finished", "done")
+    Run.objects.filter(pk=run.pk).update(status="done")
+    assert not deriving.process_run(run.pk), "a finished run is not derived again"
+    Run.objects.filter(pk=run.pk).update(status="running")
+    assert deriving.process_run(run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.lease_token) == ("done", "") and run.derived_at is not None
+
+
+def test_process_run_derives_again_once_free_when_a_job_moved_while_it_held_the_run(sent, monkeypatch):
+    run = _run(sent, "moving", "running")
+    around_body(monkeypatch, deriving, "_process", lambda held: Job.objects.filter(run=run).update(
+        status_changed_at=timezone.now()))
+    assert deriving.process_run(run.pk)
+    assert sent.messages == [("process_run", run.pk, 0, False)], "the dropped nudge is sent again, to a free run"
+
+
+def test_process_run_with_a_stale_lease_records_nothing(sent, monkeypatch):
+    run = _run(sent, "stale", "running")
+    around_body(monkeypatch, deriving, "_process", steal(Run))
+    assert deriving.process_run(run.pk)
+    run.refresh_from_db()
+    assert run.lease_token == "someone-else" and run.derived_at is None and sent.messages == []
+
+
+def test_process_run_does_nothing_while_another_worker_holds_the_run(sent):
+    run = _run(sent, "held", "done")
+    token = claims.claim(Run, run.pk)
+    assert not deriving.process_run(run.pk)
+    assert _state(run) == ("running", token)
+    claims.forget_all()

@@ -1,0 +1,251 @@
+"""The job steps as process -> outcome -> guarded apply, each run in the test process on a fake runner
+status (no worker, no runner): which rows a step takes, what it leaves and sends on success, that a
+stale lease makes it drop its outcome, and that a row stopped under it is handed to finish_job.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from engine import claims, messages, stopping
+from engine.running import observe, watch
+from engine.starting import advance
+from engine.submitted import provision
+from instances.models import Instance
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+from tests.engine.outcome_helpers import Sent, around_body, steal, stop_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    fake = Sent()
+    monkeypatch.setattr(messages, "registered", fake)
+    return fake
+
+
+def _jobs(sent, nodes: int = 1, name: str = "steps", status: str = "submitted", **fields) -> list[Job]:
+    fleet = local_project_fleet(size=nodes + 1, name=f"fleet-{name}")
+    run = submit_run(fleet.project, None, {"configuration": f"type: task\nname: {name}\nnodes: {nodes}\n"
+                                                            "commands: [echo]\n"})
+    jobs = list(run.current_jobs().order_by("job_num"))
+    if status != "submitted":
+        hosts = list(fleet.instances.order_by("index"))
+        run.__class__.objects.filter(pk=run.pk).update(status="running", fleet=fleet)
+        for job, host in zip(jobs, hosts, strict=False):
+            Instance.objects.filter(pk=host.pk).update(status="busy")
+            Job.objects.filter(pk=job.pk).update(status=status, instance=host, waiting_master_job=False,
+                                                 status_changed_at=timezone.now(), **fields)
+    sent.clear()
+    return [Job.objects.get(pk=j.pk) for j in jobs]
+
+
+def _state(job: Job) -> tuple:
+    job.refresh_from_db()
+    return job.status, job.lease_token
+
+
+# ---- provision_job ------------------------------------------------------------------------------
+
+
+def test_provision_takes_only_a_released_job_and_sends_its_start_once_the_job_is_free(sent):
+    master, member = _jobs(sent, nodes=2)
+    Job.objects.filter(pk=member.pk).update(waiting_master_job=True)
+    assert not provision.provision_job(member.pk), "a job its master has not released is not taken"
+    assert sent.messages == []
+    assert provision.provision_job(master.pk)
+    assert _state(master) == ("provisioning", "")
+    assert ("advance_job", master.pk, 0, False) in sent.messages, "sent after the give-back, to a free job"
+
+
+def test_provision_with_a_stale_lease_drops_its_follow_up(sent, monkeypatch):
+    (job,) = _jobs(sent)
+    around_body(monkeypatch, provision, "_provision", steal(Job))
+    assert provision.provision_job(job.pk)
+    job.refresh_from_db()
+    assert job.lease_token == "someone-else", "the new holder's lease is left alone"
+    assert ("advance_job", job.pk) not in sent.names(), "nothing is sent for a row that is not ours"
+
+
+def test_provision_of_a_job_stopped_while_held_hands_it_to_finish_job(sent, monkeypatch):
+    (job,) = _jobs(sent)
+    around_body(monkeypatch, provision, "_provision", stop_job)
+    assert provision.provision_job(job.pk)
+    assert _state(job) == ("terminating", "")
+    assert [m for m in sent.names() if m[1] == job.pk] == [("finish_job", job.pk)]
+
+
+def test_provision_does_nothing_while_another_worker_holds_the_job(sent):
+    (job,) = _jobs(sent)
+    token = claims.claim(Job, job.pk)
+    assert not provision.provision_job(job.pk)
+    assert _state(job) == ("submitted", token) and sent.messages == []
+    claims.forget_all()
+
+
+# ---- advance_job (the runner's status is faked: advance._observe) ---------------------------------
+
+
+def _runner_says(monkeypatch, state: str) -> None:
+    def observe_(job):
+        job.agent_seen_at = timezone.now()
+        return {"agent_alive": True, "jobs": {job.runner_job_id: {"state": state, "start_time": 1.0}}}
+
+    monkeypatch.setattr(advance, "_observe", observe_)
+
+
+def test_advance_takes_a_placed_job_only_and_looks_again_once_it_is_free(sent, monkeypatch):
+    _runner_says(monkeypatch, "starting")
+    (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
+    (waiting,) = _jobs(sent, name="other")
+    assert not advance.advance_job(waiting.pk), "a submitted job is provision_job's, not advance_job's"
+    assert advance.advance_job(job.pk)
+    job.refresh_from_db()
+    assert (job.status, job.lease_token) == ("provisioning", "") and job.agent_seen_at is not None
+    assert job.next_check_at > timezone.now(), "what it learned is written with the give-back"
+    assert sent.messages == [("advance_job", job.pk, advance.next_look(job), False)]
+
+
+def test_advance_of_a_job_that_ends_sends_finish_job_after_the_give_back(sent, monkeypatch):
+    _runner_says(monkeypatch, "done")
+    (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
+    assert advance.advance_job(job.pk)
+    assert _state(job) == ("terminating", "")
+    assert sent.messages == [("finish_job", job.pk, 0, False)]
+
+
+def test_advance_with_a_stale_lease_drops_its_outcome(sent, monkeypatch):
+    _runner_says(monkeypatch, "starting")
+    (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
+    around_body(monkeypatch, advance, "_advance", steal(Job))
+    assert advance.advance_job(job.pk)
+    job.refresh_from_db()
+    assert job.lease_token == "someone-else" and job.agent_seen_at is None, "no field of the outcome is written"
+    assert sent.messages == []
+
+
+def test_advance_of_a_job_stopped_while_held_hands_it_to_finish_job(sent, monkeypatch):
+    _runner_says(monkeypatch, "starting")
+    (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
+    around_body(monkeypatch, advance, "_advance", stop_job)
+    assert advance.advance_job(job.pk)
+    assert _state(job) == ("terminating", "")
+    assert sent.messages == [("finish_job", job.pk, 0, False)], "handed over, and no further look"
+
+
+# ---- watch_running (the runners' answers are faked: observe.look) ---------------------------------
+
+
+class _Host:
+    def close(self):
+        pass
+
+
+class _Compute:
+    def runner_host(self, instance):
+        return _Host()
+
+
+def _runners_say(monkeypatch, states: dict[int, str]) -> None:
+    monkeypatch.setattr(watch, "compute_for_instance", lambda instance: _Compute())
+    by_host = {}
+
+    def look(host, follow=None):
+        return by_host[id(host)], None
+
+    def runner_host(instance):
+        host = _Host()
+        job = Job.objects.get(instance=instance, status="running")
+        by_host[id(host)] = {"agent_alive": True, "jobs": {job.runner_job_id: {
+            "state": states[job.pk], "start_time": 1.0, "end_time": 2.0, "exit_status": 0}}}
+        return host
+
+    monkeypatch.setattr(_Compute, "runner_host", lambda self, instance: runner_host(instance))
+    monkeypatch.setattr(observe, "look", look)
+
+
+def test_watch_takes_the_due_running_jobs_and_gives_the_batch_back_in_one_statement(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
+    later = timezone.now() + timedelta(hours=1)
+    Job.objects.filter(pk=jobs[2].pk).update(next_check_at=later)  # not due
+    _runners_say(monkeypatch, {jobs[0].pk: "running", jobs[1].pk: "done", jobs[2].pk: "running"})
+    with CaptureQueriesContext(connection) as queries:
+        assert watch.watch_running() == 2
+    give_backs = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "runs_job" SET "lease_until" = NULL')]
+    assert len(give_backs) == 1, give_backs
+    assert [_state(j) for j in jobs] == [("running", ""), ("terminating", ""), ("running", "")]
+    assert sent.messages == [("finish_job", jobs[1].pk, 0, False)]
+    jobs[0].refresh_from_db()
+    assert jobs[0].agent_seen_at is not None and jobs[0].next_check_at > timezone.now()
+
+
+def test_watch_with_a_stale_lease_drops_that_job_only(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
+    _runners_say(monkeypatch, {jobs[0].pk: "running", jobs[1].pk: "done"})
+
+    def steal_second(held):
+        Job.objects.filter(pk=jobs[1].pk).update(lease_token="someone-else")
+
+    around_body(monkeypatch, watch, "_watch", steal_second)
+    assert watch.watch_running() == 2
+    assert _state(jobs[0]) == ("running", "")
+    assert _state(jobs[1]) == ("terminating", "someone-else")
+    assert sent.messages == [], "the stale job's finish_job is its new holder's to send"
+
+
+def test_watch_hands_a_job_stopped_while_held_to_finish_job(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
+    _runners_say(monkeypatch, {jobs[0].pk: "running", jobs[1].pk: "running"})
+
+    def stop_second(held):
+        Job.objects.filter(pk=jobs[1].pk).update(status="terminating", termination_reason="terminated_by_user")
+
+    around_body(monkeypatch, watch, "_watch", stop_second)
+    assert watch.watch_running() == 2
+    assert [_state(j) for j in jobs] == [("running", ""), ("terminating", "")]
+    assert sent.messages == [("finish_job", jobs[1].pk, 0, False)]
+
+
+# ---- finish_job ---------------------------------------------------------------------------------
+
+
+def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_back(sent):
+    (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
+    (running,) = _jobs(sent, name="other", status="running")
+    assert not stopping.finish_job(running.pk), "a running job is not finish_job's"
+    assert stopping.finish_job(job.pk)
+    assert _state(job) == ("done", "")
+    assert Instance.objects.get(pk=job.instance_id).status == "idle"
+    assert sent.messages == [("process_run", job.run_id, 0, False)], "the ended job's run is derived"
+
+
+def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(sent, monkeypatch):
+    (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
+    monkeypatch.setattr(stopping, "_runner_finished", lambda job: False)
+    assert not stopping.finish_job(job.pk)
+    assert _state(job) == ("terminating", "")
+    assert sent.messages == [("finish_job", job.pk, stopping.STOP_RECHECK, False)]
+
+
+def test_finish_with_a_stale_lease_keeps_the_job_and_its_host(sent, monkeypatch):
+    (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
+    around_body(monkeypatch, stopping, "_finish", steal(Job))
+    assert not stopping.finish_job(job.pk)
+    assert _state(job) == ("terminating", "someone-else")
+    assert Instance.objects.get(pk=job.instance_id).status == "busy", "the new holder hands the host back"
+
+
+def test_finish_does_nothing_while_another_worker_holds_the_job(sent):
+    (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
+    token = claims.claim(Job, job.pk)
+    assert not stopping.finish_job(job.pk)
+    assert _state(job) == ("terminating", token)
+    claims.forget_all()
