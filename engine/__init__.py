@@ -6,7 +6,9 @@ one thin wrapper per step. The chain of a run, in order (folder = the status of 
 
 submit        runs/services/submission.py        submit_run, then on_run_submitted sends job 0's provision_job
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
-  placement   engine/submitted/placement.py      choose_fleet, take_instances: the fleet and hosts a group gets
+  placement   engine/submitted/placement.py      first_fitting_fleet, take_gang_across: the fleet and hosts a group gets
+  spanning    engine/submitted/spanning.py       choose: the fleet of each group (one for the run, or one per group)
+  gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   capacity    engine/submitted/capacity.py       explain: why no fleet fits (the plan and no-capacity failures)
   pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)

@@ -137,10 +137,6 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[F
     return list(fleets.order_by("created", "name"))
 
 
-def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
-    return first_fitting_fleet(candidate_fleets(run), group_demands(run, jobs))
-
-
 def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]]) -> Fleet | None:
     multi_node = sum(n for _, n in demands) > 1
     for fleet in fleets:
