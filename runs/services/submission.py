@@ -176,7 +176,7 @@ def plan_capacity(project: Project, wanted: list[str], specs: list[dict], config
         return {"fits": True, "fleet": chosen[0].name, "reasons": [],
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups)}
-    return {"fits": False, "fleet": None, "fleets": {},
+    return {"fits": False, "fleet": None,
             "reasons": capacity.explain(project.pk, wanted, groups, configuration, local=local)}
 
 
