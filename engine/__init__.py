@@ -6,10 +6,11 @@ one thin wrapper per step. The chain of a run, in order (folder = the status of 
 
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
-  placement   engine/submitted/placement.py      take_instances, take_gang: the hosts a group gets
+  placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
+  gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
-  fitting     instances/fitting.py               choose_fleet, explain: which fleet fits, why none does (read-only;
-                                                 the plan reads it too)
+  fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
+              instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
   pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts

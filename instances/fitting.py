@@ -155,10 +155,6 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[F
     return list(fleets.order_by("created", "name"))
 
 
-def choose_fleet(run: Run, jobs: list[Job] | None = None) -> Fleet | None:
-    return first_fitting_fleet(candidate_fleets(run), group_demands(run, jobs))
-
-
 def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]], pools: list | None = None,
                         at_least: Callable[[int], int] | None = None) -> Fleet | None:
     """`pools`, `at_least`: as static_fleet_fits, for the fleet returned."""
@@ -278,6 +274,8 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
             return [f"the project has no active fleet named {', '.join(wanted)} (the run's `fleets`)"]
         return ["the project has no active fleet: create one first"]
     total = sum(n for _, _, n in groups)
+    written = (configuration or {}).get("groups") or []
+    own = [list(written[g].get("fleets") or []) if g < len(written) else [] for g in range(len(groups))]
     fleet_reason: dict[int, str] = {}
     hosts: dict[int, list] = {}
     for fleet in fleets:
@@ -302,7 +300,9 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
         needs[g] = f"{_plural(count, 'host')}" + (f" with {' and '.join(shown)}" if shown else "")
         reasons[g] = {}
         for fleet in fleets:
-            if fleet.pk in fleet_reason:
+            if own[g] and fleet.name not in own[g]:
+                reasons[g][fleet.pk] = f"fleet {fleet.name} is not in the group's `fleets` ({', '.join(own[g])})"
+            elif fleet.pk in fleet_reason:
                 reasons[g][fleet.pk] = fleet_reason[fleet.pk]
             elif fleet.pk in hosts:
                 reasons[g][fleet.pk] = _static_reason(fleet, hosts[fleet.pk], parts, count)

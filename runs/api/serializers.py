@@ -49,6 +49,8 @@ class LogQuerySerializer(serializers.Serializer):
 class JobSerializer(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, read_only=True)
     instance_ip = serializers.CharField(source="instance.internal_ip", default=None, read_only=True)
+    # the fleet the job's group was placed on (a run's groups may span fleets); null until placed
+    fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     resources = serializers.JSONField(source="spec.resources", read_only=True)
     status_message = serializers.SerializerMethodField()
 
@@ -57,7 +59,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "job_num", "submission_num", "status", "status_message", "termination_reason", "termination_message",
             "node_group_name", "node_group_index", "node_group_rank", "waiting_master_job",
-            "instance", "instance_ip", "resources", "start_time", "end_time", "exit_status",
+            "instance", "instance_ip", "fleet", "resources", "start_time", "end_time", "exit_status",
         ]
 
 

@@ -29,7 +29,7 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def _run(project, name: str) -> Run:
-    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group"),
+    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet"),
                         "run", project, name)
 
 
@@ -42,7 +42,7 @@ class RunPlanView(ProjectScopedMixin, APIView):
 class RunListView(ProjectScopedMixin, GenericAPIView):
     """A GenericAPIView for its filter backend: RunFilter reads the query and the schema shows it."""
 
-    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group")
+    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet")
     filterset_class = RunFilter
     pagination_class = LinkHeaderCursorPagination
     serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it

@@ -187,7 +187,7 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
         return {"fits": True, "fleet": chosen[0].name, "reasons": [],
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups, pools)}
-    return {"fits": False, "fleet": None, "fleets": {},
+    return {"fits": False, "fleet": None,
             "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
 
 

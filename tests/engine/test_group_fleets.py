@@ -47,6 +47,9 @@ def test_each_group_goes_to_the_fleet_it_names_and_the_plan_says_which(superuser
     assert run.status == "done", job_summary(run)
     placed = {(j.node_group_name, j.instance.fleet.name, j.fleet.name) for j in run.current_jobs()}
     assert placed == {("x", "b", "b"), ("y", "a", "a")}
+    shown = superuser_api.get(f"{RUNS}split/").json()
+    assert [(j["node_group_name"], j["fleet"]) for j in shown["jobs"]] == [("x", "b"), ("y", "a"), ("y", "a")]
+    assert shown["fleet"] == "b", "the run's own fleet is group 0's"
     assert Event.objects.filter(run=run, message="placed across fleets: x on b, y on a").exists()
     assert {i.status for i in Instance.objects.filter(fleet__in=[a, b])} == {InstanceStatus.IDLE}
 
@@ -68,6 +71,8 @@ def test_a_group_whose_named_fleet_is_short_takes_no_host_anywhere(superuser_api
 
     plan = superuser_api.post(f"{RUNS}plan", {"configuration": conf}, format="json").json()["capacity"]
     assert plan["fits"] is False, plan  # b could hold both groups, but y may only go to a
+    assert plan["reasons"] == ["y: needs 2 hosts: fleet a has 1 host; the group needs 2; "
+                               "fleet b is not in the group's `fleets` (a)"], plan
 
     with Beat():
         assert superuser_api.post(RUNS, {"configuration": conf}, format="json").status_code == 201
