@@ -177,3 +177,14 @@ class FleetDeleteView(DstackView):
     def post(self, request, project):
         fleets.delete(self.project, request.user, self.data()["names"])
         return NULL()
+
+
+@extend_schema(exclude=True)
+class FleetDeleteInstancesView(DstackView):
+    change = True
+    body = s.FleetInstancesSerializer
+
+    def post(self, request, project):
+        d = self.data()
+        fleets.delete_instances(self.project, request.user, d["name"], d["instance_nums"])
+        return NULL()
