@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets as pysecrets
 from itertools import islice
 from typing import Any
@@ -223,6 +224,17 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
         for spec in job_specs
     ]
     return Job.objects.bulk_create(jobs)
+
+
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def idempotency_key_of(headers) -> str | None:
+    """The request's `Idempotency-Key` header (None without one); a malformed one is a 400 on it."""
+    key = headers.get("Idempotency-Key")
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput(["headers", "Idempotency-Key"], "1 to 255 printable ASCII characters (e.g. a UUID)")
+    return key
 
 
 @sensitive_variables()
