@@ -11,22 +11,13 @@ from instances.models import Fleet
 from runs.models import Run
 from tests.conftest import token_for
 from tests.dstack_cli.helpers import dstack_runner
-from tests.ssh_e2e.helpers import host_commands, needs_netns, runner_processes
-from tests.sshhosts import SSHHostPool
+from tests.ssh_e2e.helpers import host_commands, needs_netns, netns_pool, runner_processes, short_ssh_timeouts  # noqa: F401 - an autouse fixture
 from tests.waiting import wait_until
 
 pytestmark = [*needs_netns, pytest.mark.dstack_cli, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with SSHHostPool(2, mode="netns") as pool:
-        yield pool
-
-
-@pytest.fixture(autouse=True)
-def short_ssh_timeouts(settings):
-    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
+pool = netns_pool(2)
 
 
 @pytest.fixture
