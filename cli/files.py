@@ -9,31 +9,9 @@ from typing import Any
 import yaml
 
 from cli.client import CliError, UsageError
+from cli.strict_yaml import StrictLoader
 
 # ---- reading configuration files ----------------------------------------------------------------
-
-
-class _NoDuplicates(yaml.SafeLoader):
-    """The server refuses a key written twice in one mapping (runs/configuration/documents.py); the
-    CLI says so first, naming the file and the line, instead of sending a document it read wrong."""
-
-
-def _mapping(loader: _NoDuplicates, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # an unhashable key: construct_mapping says what is wrong with it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key `{key}`", key_node.start_mark)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_NoDuplicates.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 def read_document(path: str) -> tuple[str, dict[str, Any]]:
@@ -42,7 +20,7 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        doc = yaml.load(text, Loader=_NoDuplicates)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         raise CliError(f"{path}: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:

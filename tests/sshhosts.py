@@ -37,14 +37,11 @@ Use in tests: the `ssh_hosts` fixture yields `make(n, gpus=None)`; or `with SSHH
 from __future__ import annotations
 
 import atexit
-import base64
 import getpass
 import hashlib
 import ipaddress
 import itertools
 import os
-import re
-import shlex
 import shutil
 import signal
 import socket
@@ -57,136 +54,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests import bounded_runc
+from tests.sshhost_docker import HostDocker
+from tests.sshhost_netns import _free_subnet, _remove_stale_networks
+from tests.sshhost_tools import (  # noqa: F401 - _run and _ed25519_keypair are imported from here by tests
+    _NVIDIA_SMI,
+    _ed25519_keypair,
+    _fingerprint,
+    _run,
+    _wait_for_ssh_banner,
+    _write,
+)
 
 SSHD = "/usr/sbin/sshd"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU = tuple[str, int]  # (name as a user writes it, e.g. "L40S"; memory in MiB)
 
 _pool_numbers = itertools.count()
-_NAME_RE = re.compile(r"^mu([0-9a-f]+)s\d+")
 
 
-def _run(args: Sequence[str], check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-def _ed25519_keypair() -> tuple[str, str]:
-    """(OpenSSH private key text, "ssh-ed25519 <base64>")."""
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    ).decode()
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        .decode()
-    )
-    return private, public
-
-
-def _fingerprint(public_key: str) -> str:
-    blob = base64.b64decode(public_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-
-
-def _write(path: Path, text: str, mode: int) -> None:
-    path.write_text(text)
-    path.chmod(mode)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _wait_for_ssh_banner(
-    address: str, port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 10
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"sshd for {address}:{port} exited with {proc.returncode}: {log.read_text()[-2000:]}"
-            )
-        try:
-            with socket.create_connection((address, port), timeout=1) as sock:
-                if sock.recv(4).startswith(b"SSH-"):
-                    return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(
-        f"sshd for {address}:{port} did not answer within {timeout} s: {log.read_text()[-2000:]}"
-    )
-
-
-_NVIDIA_SMI = r"""#!/bin/sh
-# Test stand-in for nvidia-smi: answers --query-gpu/--format and -L for the GPUs listed below, with
-# the same text a real driver prints.
-GPUS='@GPUS@'
-query=""; format=""
-for a in "$@"; do
-  case "$a" in
-    --query-gpu=*) query=${a#--query-gpu=} ;;
-    --format=*) format=${a#--format=} ;;
-    -L|--list-gpus) echo "$GPUS" | while IFS='|' read -r i name mem uuid; do
-        echo "GPU $i: $name (UUID: $uuid)"; done; exit 0 ;;
-  esac
-done
-if [ -z "$query" ]; then
-  echo "Muster test host: $(echo "$GPUS" | wc -l) GPU(s); query with --query-gpu=name,memory.total --format=csv,noheader"
-  exit 0
-fi
-case "$format" in *csv*) ;; *) echo "Only CSV format is supported by this stand-in" >&2; exit 2 ;; esac
-nounits=0; header=1
-case "$format" in *nounits*) nounits=1 ;; esac
-case "$format" in *noheader*) header=0 ;; esac
-if [ $header = 1 ]; then
-  out=""
-  old_ifs=$IFS; IFS=,
-  for f in $query; do
-    case "$f" in
-      memory.total) h="memory.total [MiB]" ;;
-      *) h="$f" ;;
-    esac
-    out="${out:+$out, }$h"
-  done
-  IFS=$old_ifs
-  echo "$out"
-fi
-echo "$GPUS" | while IFS='|' read -r i name mem uuid; do
-  out=""
-  old_ifs=$IFS; IFS=,
-  for f in $query; do
-    case "$f" in
-      index) v="$i" ;;
-      name|gpu_name) v="$name" ;;
-      uuid|gpu_uuid) v="$uuid" ;;
-      memory.total) if [ $nounits = 1 ]; then v="$mem"; else v="$mem MiB"; fi ;;
-      driver_version) v="550.127.05" ;;
-      count) v=$(echo "$GPUS" | wc -l) ;;
-      *) echo "Field \"$f\" is not a valid field to query." >&2; exit 2 ;;
-    esac
-    out="${out:+$out, }$v"
-  done
-  IFS=$old_ifs
-  echo "$out"
-done
-"""
-
-
-class SSHHost:
+class SSHHost(HostDocker):
     """One test host: a running sshd plus the directory that stands for its disk."""
 
     def __init__(self, pool: SSHHostPool, index: int, address: str, port: int, netns: str | None):
@@ -354,97 +241,6 @@ class SSHHost:
             )
             rows.append(f"{i}|{full}|{int(mib)}|{uuid}")
         _write(script, _NVIDIA_SMI.replace("@GPUS@", "\n".join(rows)), 0o755)
-
-    # --- Docker -----------------------------------------------------------------------------------
-
-    def start_dockerd(self, insecure_registries: Sequence[str] = (), timeout: float = 60) -> None:
-        """Run a dockerd of the host's own in its network namespace; sessions get it as DOCKER_HOST."""
-        if not self.netns:
-            raise RuntimeError("a per-host dockerd needs netns mode")
-        d = self.docker_dir
-        d.mkdir(parents=True, exist_ok=True)
-        sock = d / "docker.sock"
-        cmd = [
-            "nsenter", f"--net=/run/netns/{self.netns}", "dockerd",
-            "--iptables=false", "--ip6tables=false", "--bridge=none",
-            *[f"--insecure-registry={r}" for r in insecure_registries],
-            "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
-            "-H", f"unix://{sock}", "--pidfile", str(d / "dockerd.pid"),
-        ]
-        if bounded_runc.missing():
-            # this machine's bounding set lacks capabilities that --privileged asks for: a runc wrapper
-            # that leaves them out (tests/bounded_runc.py), so privileged containers start here too
-            cmd += ["--add-runtime", f"bounded-runc={bounded_runc.install(d)}", "--default-runtime", "bounded-runc"]
-        with open(d / "dockerd.log", "ab") as log:
-            self._dockerd = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._dockerd.poll() is not None:
-                raise RuntimeError(f"dockerd of {self.name} exited: {(d / 'dockerd.log').read_text()[-2000:]}")
-            ok = subprocess.run(["docker", "-H", f"unix://{sock}", "info"], capture_output=True, timeout=20)
-            if ok.returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"dockerd of {self.name} did not answer within {timeout} s")
-            time.sleep(0.2)
-        self.docker_sock = sock
-        self._write_config()
-
-    def announce_docker(self) -> None:
-        """Give sessions DOCKER_HOST for the dockerd `start_dockerd` runs later, before it runs (sshd
-        restarted). Like a machine's default socket, it exists once Docker is there: a runner agent
-        started before then reaches the daemon without restarting, and docker fails until then."""
-        self._docker_announced = True
-        self._write_config()
-        if self.sshd_running:
-            self.stop_sshd()
-            self.start_sshd()
-
-    def docker(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """The docker CLI against this host's daemon."""
-        if self.docker_sock is None:
-            raise RuntimeError(f"{self.name} runs no dockerd")
-        return _run(["docker", "-H", f"unix://{self.docker_sock}", *args], check=check, timeout=timeout)
-
-    def containers(self) -> list[str]:
-        """Names of every container on the host's daemon, running or not."""
-        out = self.docker("ps", "-a", "--format", "{{.Names}}").stdout
-        return [name for name in out.split() if name]
-
-    def stop_dockerd(self) -> None:
-        proc = getattr(self, "_dockerd", None)
-        if proc is None:
-            return
-        if proc.poll() is None and self.docker_sock is not None:
-            # Containers first, while the daemon answers: a daemon stopped with containers running
-            # stops each itself (10 s per PID 1 that ignores SIGTERM) and may leave shims behind.
-            ids = self.docker("ps", "-aq", check=False).stdout.split()
-            if ids:
-                self.docker("rm", "-f", *ids, check=False, timeout=60)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self._dockerd = None
-        self.docker_sock = None
-        marker = str(self.docker_dir).encode()
-        for entry in Path("/proc").iterdir():  # containerd and shims started by this daemon
-            if entry.name.isdigit():
-                try:
-                    if marker in (entry / "cmdline").read_bytes():
-                        os.kill(int(entry.name), signal.SIGKILL)
-                except OSError:
-                    pass
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                  if line.split()[1].startswith(str(self.docker_dir))]
-        for mount in sorted(mounts, key=len, reverse=True):
-            if _run(["umount", mount], check=False).returncode != 0:
-                _run(["umount", "-l", mount], check=False)
 
     # --- processes in the host --------------------------------------------------------------------
 
@@ -666,51 +462,6 @@ class SSHHostPool:
             host.stop_sshd()
         self._remove_network()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    out = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
-    nets = []
-    for match in re.finditer(r"inet (\S+)", out):
-        nets.append(ipaddress.IPv4Interface(match.group(1)).network)
-    routes = _run(["ip", "-4", "route", "show"], check=False).stdout
-    for line in routes.splitlines():
-        first = line.split()[0] if line.split() else ""
-        if "/" in first:
-            nets.append(ipaddress.IPv4Network(first, strict=False))
-    return nets
-
-
-def _free_subnet(number: int) -> ipaddress.IPv4Network:
-    # Derived from the pid so concurrent test runs start from different subnets, then checked
-    # against what this machine already routes.
-    used = _used_networks()
-    start = (os.getpid() * 7 + number * 131) % (150 * 256)
-    for i in range(150 * 256):
-        n = (start + i) % (150 * 256)
-        candidate = ipaddress.IPv4Network(f"10.{100 + n // 256}.{n % 256}.0/24")
-        if not any(candidate.overlaps(u) for u in used):
-            return candidate
-    raise RuntimeError("no free 10.x /24 subnet")
-
-
-def _remove_stale_networks() -> None:
-    """Delete namespaces and bridges left by test runs whose process died without tearing down."""
-    names = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
-    for line in names:
-        ns = line.split(" ")[0]
-        match = _NAME_RE.match(ns)
-        if match and not _pid_alive(int(match.group(1), 16)):
-            for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _run(["ip", "netns", "del", ns], check=False)
-    links = _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
-    for match in re.finditer(r"^\d+: (mu([0-9a-f]+)s\d+br)[:@]", links, re.MULTILINE):
-        if not _pid_alive(int(match.group(2), 16)):
-            _run(["ip", "link", "del", match.group(1)], check=False)
 
 
 # --- pytest fixtures (registered in tests/conftest.py) ----------------------------------------------

@@ -73,8 +73,7 @@ def create_slice(
     try:
         found = find_slice(client, cfg, node_id)
     except TpuApiError as exc:
-        # Cannot tell whether it exists, so creating now could make a second one: look later.
-        return CreatedSlice("", "", None, {**state, "zone": "", "last": str(exc)[:300]})
+        return not_known_yet(state, exc)
     if found is not None:
         zone, status = found
         return CreatedSlice(zone, node_name(cfg, zone, node_id), status, {**state, "zone": zone})
@@ -135,6 +134,24 @@ def lost_grace(cfg: TpuConfig) -> float:
     return 2 * cfg.timeout
 
 
+def not_known_yet(state: dict[str, Any], exc: Exception) -> CreatedSlice:
+    """The answer when the lookup of an earlier create failed: whether it exists cannot be told, so
+    creating now could make a second one (billed twice): look again later."""
+    return CreatedSlice("", "", None, {**state, "zone": "", "last": str(exc)[:300]})
+
+
+def untried_zones(cfg: TpuConfig, state: dict[str, Any]) -> list[str]:
+    """The configured zones in their order, less those that refused this create already."""
+    refused = {zone for zone, _ in state["refused"]}
+    return [zone for zone in cfg.zones if zone not in refused]
+
+
+def no_capacity(cfg: TpuConfig, shape: SliceShape, state: dict[str, Any]) -> NoCapacityError:
+    """Every zone refused: what each said."""
+    said = "; ".join(f"{zone}: {what}" for zone, what in state["refused"]) or "no zone left to try"
+    return NoCapacityError(f"no capacity for {shape.name} in zones {', '.join(cfg.zones)} ({said})")
+
+
 def _new_state(state: dict[str, Any] | None) -> dict[str, Any]:
     base = {"zone": "", "operation": "", "lost_at": None, "refused": []}
     return {**base, **(state or {}), "refused": [list(r) for r in (state or {}).get("refused", [])]}
@@ -152,8 +169,7 @@ def _submit(
     state: dict[str, Any],
 ) -> CreatedSlice:
     """Create in each zone not yet refused, in order, until one takes it or says something final."""
-    refused_zones = {z for z, _ in state["refused"]}
-    for zone in [z for z in cfg.zones if z not in refused_zones]:
+    for zone in untried_zones(cfg, state):
         name = node_name(cfg, zone, node_id)
         state.update(zone=zone, operation="", lost_at=None)
         try:
@@ -176,8 +192,7 @@ def _submit(
             continue
         state["operation"] = op.name
         return CreatedSlice(zone, name, status_from_operation(op), state)
-    said = "; ".join(f"{z}: {what}" for z, what in state["refused"]) or "no zone left to try"
-    raise NoCapacityError(f"no capacity for {shape.name} in zones {', '.join(cfg.zones)} ({said})")
+    raise no_capacity(cfg, shape, state)
 
 
 def _refused(

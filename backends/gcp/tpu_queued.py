@@ -23,9 +23,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 from google.rpc import code_pb2
 
-from backends.base import BackendError, NoCapacityError, SliceInterruptedError
+from backends.base import BackendError, SliceInterruptedError
 from backends.gcp.tpu_client import TpuConfig, node_name, queued_name
-from backends.gcp.tpu_create import CreatedSlice, lost_grace
+from backends.gcp.tpu_create import CreatedSlice, lost_grace, no_capacity, not_known_yet, untried_zones
 from backends.gcp.tpu_errors import (
     EXISTS,
     FATAL,
@@ -55,8 +55,7 @@ def create_queued(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, slice_na
     try:
         found = find_queued(client, cfg, qr_id)
     except TpuApiError as exc:
-        # Cannot tell whether it exists: a create now could make a second request.
-        return CreatedSlice("", "", None, {**state, "zone": "", "last": str(exc)[:300]})
+        return not_known_yet(state, exc)
     if found is not None:
         zone, qr = found
         state.update(zone=zone, lost_at=None)
@@ -144,8 +143,7 @@ def request_for(cfg: TpuConfig, zone: str, qr_id: str, shape: SliceShape,
 
 def _submit(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceShape,
             labels: dict[str, str], state: dict[str, Any]) -> CreatedSlice:
-    refused_zones = {z for z, _ in state["refused"]}
-    for zone in [z for z in cfg.zones if z not in refused_zones]:
+    for zone in untried_zones(cfg, state):
         state.update(zone=zone, lost_at=None, qr_state="", since=time.time())
         try:
             client.create_queued_resource(
@@ -168,8 +166,7 @@ def _submit(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
             return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)
         state["qr_state"] = "CREATING"
         return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)
-    said = "; ".join(f"{z}: {what}" for z, what in state["refused"]) or "no zone left to try"
-    raise NoCapacityError(f"no capacity for {shape.name} in zones {', '.join(cfg.zones)} ({said})")
+    raise no_capacity(cfg, shape, state)
 
 
 def _follow(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceShape,

@@ -62,6 +62,12 @@ class FleetNamesSerializer(serializers.Serializer):
     names = serializers.ListField(child=serializers.CharField(**NAME), min_length=1, max_length=MAX_NAMES)
 
 
+class FleetInstancesSerializer(serializers.Serializer):
+    name = serializers.CharField(**NAME)
+    instance_nums = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1),
+                                          min_length=1, max_length=MAX_NAMES)
+
+
 class FleetSpecSerializer(serializers.Serializer):
     spec = serializers.DictField()
 

@@ -19,4 +19,6 @@ urlpatterns = [
     path("api/project/<str:project>/fleets/get_plan", views.FleetPlanView.as_view(), name="dstack-fleet-plan"),
     path("api/project/<str:project>/fleets/apply", views.FleetApplyView.as_view(), name="dstack-fleet-apply"),
     path("api/project/<str:project>/fleets/delete", views.FleetDeleteView.as_view(), name="dstack-fleet-delete"),
+    path("api/project/<str:project>/fleets/delete_instances", views.FleetDeleteInstancesView.as_view(),
+         name="dstack-fleet-delete-instances"),
 ]

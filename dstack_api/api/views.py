@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from dstack_api.api import serializers as s
 from dstack_api.services import access, errors, fleets, keys, render, runs
 from dstack_api.services.errors import DstackError
+from runs.services.submission import idempotency_key_of
 
 
 def NULL() -> HttpResponse:  # noqa: N802
@@ -95,7 +96,9 @@ class RunApplyView(DstackView):
     body = s.ApplyRunSerializer
 
     def post(self, request, project):
-        return Response(runs.apply(self.project, request.user, self.data()["plan"]["run_spec"]))
+        key = idempotency_key_of(request.headers)  # as on Muster's own submit; dstack's client sends none
+        run, replayed = runs.apply(self.project, request.user, self.data()["plan"], key)
+        return Response(run, headers={"Idempotent-Replayed": "true"} if replayed else None)
 
 
 @extend_schema(exclude=True)
@@ -176,4 +179,15 @@ class FleetDeleteView(DstackView):
 
     def post(self, request, project):
         fleets.delete(self.project, request.user, self.data()["names"])
+        return NULL()
+
+
+@extend_schema(exclude=True)
+class FleetDeleteInstancesView(DstackView):
+    change = True
+    body = s.FleetInstancesSerializer
+
+    def post(self, request, project):
+        d = self.data()
+        fleets.delete_instances(self.project, request.user, d["name"], d["instance_nums"])
         return NULL()

@@ -95,3 +95,7 @@ def delete(project: Project, user, names: list[str]) -> None:
     found = [_fleet(project, name) for name in names]  # all found, or nothing deleted
     for fleet in found:
         fleets.delete_fleet(fleet, actor=user.username)
+
+
+def delete_instances(project: Project, user, name: str, instance_nums: list[int]) -> None:
+    fleets.delete_instances(_fleet(project, name), instance_nums, actor=user.username)

@@ -9,6 +9,7 @@ from dstack_api.services import keys, render, translate
 from dstack_api.services.errors import DstackError, NotFound
 from engine import stopping
 from instances.models import Instance
+from muster.api_errors import InvalidInput
 from projects.models import Membership, Project
 from runs.choices import RUN_FINISHED
 from runs.configuration.interpolation import secret_names
@@ -66,10 +67,34 @@ def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:
             "current_resource": render.run_object(current, ssh_key_pub) if current else None, "action": "create"}
 
 
-def apply(project: Project, user, run_spec: dict) -> dict:
-    run = submit_run(project, user, _payload(run_spec))
+def _implied_key(run_spec: dict, current: dict | None) -> str | None:
+    """The Idempotency-Key of an apply without one: the plan it applies (the run's name, and the run
+    the plan saw there, or none). dstack's client retries a request whose connection broke, so an
+    apply whose answer was lost comes again with the same plan: it gets the run the first one made
+    instead of "run NAME is still submitted". A new plan over that run (dstack stops it first) names
+    it as its current_resource, so it is a new key and a new run. The space keeps these keys apart
+    from any a client sends (the header allows none)."""
+    name = run_spec.get("run_name") or (run_spec.get("configuration") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        return None  # a generated name: nothing to clash with, as a native submission without a key
+    over = current.get("id") if isinstance(current, dict) else None
+    return f"dstack apply {name[:100]} over {str(over)[:64] if over else 'nothing'}"
+
+
+def apply(project: Project, user, plan: dict, header_key: str | None = None) -> tuple[dict, bool]:
+    """The submitted run (dstack's shape), and whether it is the run an earlier apply made."""
+    run_spec = plan["run_spec"]
+    key = header_key or _implied_key(run_spec, plan.get("current_resource"))
+    try:
+        run = submit_run(project, user, _payload(run_spec), idempotency_key=key)
+    except InvalidInput as exc:
+        if header_key is None and exc.errors[0]["loc"] == ["headers", "Idempotency-Key"]:
+            raise DstackError("Failed to apply plan. Resource has been changed: another apply submitted this run "
+                              "meanwhile with another configuration. Run `dstack apply` again.") from None
+        raise
+    replayed = getattr(run, "replayed", False)
     run = Run.objects.select_related("fleet", "project", "user").get(pk=run.pk)
-    return render.run_object(run, keys.public_key_of(user))
+    return render.run_object(run, keys.public_key_of(user)), replayed
 
 
 def stop(project: Project, user, names: list[str], abort: bool) -> None:

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from backends.registry import get_compute
 from events.services import record
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus, Placement
+from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
+from instances.transitions import move_instances
 from muster.api_errors import InvalidInput
 from projects.models import Project
 from projects.services.access import check_local_fleet
@@ -159,3 +160,47 @@ def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> None:
     groups.terminate_fleet_instances(fleet, actor=actor)
     record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)
     fleet.delete()
+
+
+def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> list[Instance]:
+    """Remove some hosts of a fleet (dstack's `fleet delete NAME -i N`); the fleet keeps the rest.
+
+    All or nothing: refused when an index is not an instance of the fleet, when one runs a job or
+    is not idle, while the fleet's hosts are being registered, and for a host of a TPU slice (a
+    slice is deleted whole). The hosts leave the pool (idle -> terminated) in one transaction with
+    the fleet's row locked, as placement locks it, so a run cannot take one meanwhile; their runner
+    agents are then stopped, best effort, as when the whole fleet is deleted.
+    """
+    from engine import groups
+
+    wanted = sorted(set(indexes))
+    with transaction.atomic():
+        Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("pk", flat=True).first()
+        fleet.refresh_from_db(fields=["status"])
+        if fleet.status == FleetStatus.PENDING:
+            raise InvalidInput(["name"], f"fleet {fleet.name} is still registering its hosts: wait until it is "
+                                         "active, then delete them")
+        live = list(fleet.instances.exclude(status=InstanceStatus.TERMINATED).select_related("group")
+                    .order_by("index", "name"))
+        chosen = [inst for inst in live if inst.index in wanted]
+        missing = sorted(set(wanted) - {inst.index for inst in chosen})
+        if missing:
+            raise InvalidInput(["instance_nums"], f"fleet {fleet.name} has no instances {missing}; its instances are "
+                                                  f"{sorted({inst.index for inst in live})}")
+        sliced = next((inst for inst in chosen if inst.group and inst.group.kind == GroupKind.TPU_POD), None)
+        if sliced is not None:
+            raise InvalidInput(["instance_nums"], f"instance {sliced.name} is a host of TPU slice {sliced.group.name}, "
+                                                  "which is deleted whole: delete the fleet, or the slice "
+                                                  f"(`DELETE instance-groups/{sliced.group.name}/`, docs/tpu.md)")
+        in_use = "Failed to delete fleet {} instances {}. Fleet instances are in use: {}"  # dstack's words, then ours
+        busy = [inst for inst in chosen if inst.status != InstanceStatus.IDLE]
+        if busy:
+            raise InvalidInput(["instance_nums"], in_use.format(fleet.name, wanted, ", ".join(
+                f"{inst.name} is {inst.status}" for inst in busy)))
+        moved = move_instances(chosen, InstanceStatus.TERMINATED, frm=[InstanceStatus.IDLE],
+                               message="deleted from its fleet", actor=actor)
+        if len(moved) != len(chosen):  # taken by a run between the read and the move: nothing is deleted
+            raise InvalidInput(["instance_nums"], in_use.format(fleet.name, wanted, "a run just took one"))
+        record(fleet.project_id, f"fleet {fleet.name}", f"instances {wanted} deleted", actor=actor)
+    groups.stop_agents(chosen)
+    return chosen

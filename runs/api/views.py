@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import re
-
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -23,9 +21,7 @@ from runs.api.serializers import (
 )
 from runs.models import Run
 from runs.services import attach, logs
-from runs.services.submission import plan_run, submit_run
-
-IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+from runs.services.submission import idempotency_key_of, plan_run, submit_run
 
 
 def _run(project, name: str) -> Run:
@@ -60,9 +56,7 @@ class RunListView(ProjectScopedMixin, GenericAPIView):
                        "any unique string (a UUID): sending the same submission again with it returns the run "
                        "the first one made instead of a second run"))])
     def post(self, request, project):
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
-            raise InvalidInput(["headers", "Idempotency-Key"], "1 to 255 printable ASCII characters (e.g. a UUID)")
+        key = idempotency_key_of(request.headers)
         run = submit_run(self.project, request.user, request.data, idempotency_key=key)
         headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else None
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED, headers=headers)

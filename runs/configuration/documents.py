@@ -2,39 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import yaml
 
+from cli.strict_yaml import StrictLoader
 from muster.text import NUL_MESSAGE, nul_at
 
 from .errors import ConfigurationError
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key written twice in one mapping.
-
-    PyYAML silently keeps the last value, which turns a copy-paste slip into a config that
-    quietly does something else.
-    """
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # an unhashable key; construct_mapping reports it properly below
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key `{key}`", key_node.start_mark)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+class _StrictLoader(StrictLoader):
+    """The CLI's loader (no key written twice, cli/strict_yaml.py), with integers bounded."""
 
 
 def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets as pysecrets
 from itertools import islice
 from typing import Any
@@ -224,6 +225,17 @@ def fitting_hosts(fleets: list, groups, pools: list[list]) -> dict[str, list[str
 
 def _generated_name() -> str:
     return f"run-{pysecrets.token_hex(3)}"
+
+
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def idempotency_key_of(headers) -> str | None:
+    """The request's `Idempotency-Key` header (None without one); a malformed one is a 400 on it."""
+    key = headers.get("Idempotency-Key")
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput(["headers", "Idempotency-Key"], "1 to 255 printable ASCII characters (e.g. a UUID)")
+    return key
 
 
 @sensitive_variables()

@@ -1,46 +1,15 @@
-"""Every rule of the configuration language, one row each: what a user writes and what they get.
-
-Valid rows assert key fields of the parsed result (paths into `model_dump(mode="json")`); invalid
-rows assert the exact error location and a phrase of its message.
+"""Every rule of the configuration language for tasks, one row each: what a user writes and what
+they get (tests/configuration/rules.py says how a row is checked; fleets: test_rules_table_fleets.py).
 """
 
 from __future__ import annotations
 
-from textwrap import dedent
 from typing import Any
 
 import pytest
 
-from runs.configuration import ConfigurationError, parse_any_configuration
-
-REF = "${{ groups[1].nodes[0].IP_ADDRESS }}"
-
-
-def ok(case_id: str, doc: str | dict, expect: dict[str, Any], **kwargs: Any) -> Any:
-    return pytest.param(doc, kwargs, expect, None, None, id=case_id)
-
-
-def bad(case_id: str, doc: str | dict, loc: list[str | int], phrase: str, **kwargs: Any) -> Any:
-    return pytest.param(doc, kwargs, None, loc, phrase, id=case_id)
-
-
-def task(**fields: Any) -> dict:
-    return {"type": "task", **fields}
-
-
-def two_groups(first: dict | None = None, second: dict | None = None, **top: Any) -> dict:
-    return task(
-        groups=[
-            {"name": "router", "nodes": 1, "commands": ["serve"], **(first or {})},
-            {"name": "worker", "nodes": 2, "commands": ["work"], **(second or {})},
-        ],
-        **top,
-    )
-
-
-def yaml(text: str) -> str:
-    return dedent(text).lstrip()
-
+from tests.configuration.rules import REF, bad, check_rule, ok, task, two_groups, yaml
+from tests.configuration.test_rules_table_fleets import FLEET_CASES
 
 CASES = [
     # ---- nodes and groups ------------------------------------------------------------------
@@ -463,165 +432,15 @@ CASES = [
         """),
         {"nodes": 2, "name": "pd-disagg", "groups.0.resources.cpu.min": 4},
     ),
-    # ---- fleets ----------------------------------------------------------------------------
-    ok(
-        "ssh-fleet",
-        yaml("""
-        type: fleet
-        name: pd-disagg
-        placement: cluster
-        ssh_config:
-          user: ubuntu
-          private_key: KEY
-          hosts:
-            - 10.0.0.1
-            - {hostname: 10.0.0.2, port: 2222, user: root}
-        """),
-        {
-            "placement": "cluster",
-            "ssh_config.hosts.0": {
-                "hostname": "10.0.0.1",
-                "port": 22,
-                "user": "ubuntu",
-                "identity_file": None,
-                "private_key": "KEY",
-                "host_key": None,
-            },
-            "ssh_config.hosts.1.user": "root",
-            "ssh_config.hosts.1.port": 2222,
-            "backends": None,
-        },
-    ),
-    ok(
-        "ssh-fleet-same-address-other-port",
-        {
-            "type": "fleet",
-            "name": "f",
-            "ssh_config": {
-                "user": "u",
-                "identity_file": "~/.ssh/id",
-                "hosts": [{"hostname": "127.0.0.1", "port": 2201}, {"hostname": "127.0.0.1", "port": 2202}],
-            },
-        },
-        {"ssh_config.hosts.1.port": 2202},
-    ),
-    bad(
-        "ssh-fleet-host-twice",
-        {
-            "type": "fleet",
-            "name": "f",
-            "ssh_config": {"user": "u", "private_key": "k", "hosts": ["10.0.0.1", "10.0.0.2", "10.0.0.1"]},
-        },
-        ["ssh_config", "hosts", 2],
-        "host `10.0.0.1` (port 22) is listed twice",
-    ),
-    bad(
-        "ssh-and-backends",
-        {
-            "type": "fleet",
-            "name": "f",
-            "backends": ["gcp"],
-            "ssh_config": {"user": "u", "private_key": "k", "hosts": ["h"]},
-        },
-        ["backends"],
-        "cannot be used together",
-    ),
-    bad("fleet-without-hosts-or-backends", {"type": "fleet", "name": "f"}, ["ssh_config"], "backends"),
-    bad("fleet-name-required", {"type": "fleet", "backends": ["gcp"]}, ["name"], "`name` is required"),
-    bad(
-        "ssh-host-without-user",
-        {"type": "fleet", "name": "f", "ssh_config": {"private_key": "k", "hosts": ["h"]}},
-        ["ssh_config", "hosts", 0],
-        "no user for host `h`",
-    ),
-    bad(
-        "ssh-host-unknown-key",
-        {
-            "type": "fleet",
-            "name": "f",
-            "ssh_config": {"user": "u", "private_key": "k", "hosts": [{"hostname": "h", "prot": 22}]},
-        },
-        ["ssh_config", "hosts", 0, "prot"],
-        "unknown key `prot`",
-    ),
-    bad(
-        "ssh-fleet-with-cloud-key",
-        {
-            "type": "fleet",
-            "name": "f",
-            "nodes": 2,
-            "ssh_config": {"user": "u", "private_key": "k", "hosts": ["h"]},
-        },
-        ["nodes"],
-        "cloud fleets",
-    ),
-    ok(
-        "cloud-tpu-fleet",
-        {
-            "type": "fleet",
-            "name": "pod",
-            "backends": ["gcp"],
-            "resources": {"gpu": "v2-32"},
-            "spot": True,
-            "zones": ["us-central1-a"],
-            "runtime_version": "tpu-ubuntu2204-base",
-        },
-        {
-            "nodes": {"min": 4, "max": 4},
-            "resources.gpu.tpu": "v2-32",
-            "spot": True,
-            "idle_duration": 259200,
-            "runtime_version": "tpu-ubuntu2204-base",
-        },
-    ),
-    ok(
-        "cloud-fleet-node-range",
-        {"type": "fleet", "name": "pool", "backends": ["local"], "nodes": "0..4", "idle_duration": "off"},
-        {"nodes": {"min": 0, "max": 4}, "idle_duration": None},
-    ),
-    ok(
-        "cloud-fleet-idle-duration",
-        {"type": "fleet", "name": "pool", "backends": ["gcp"], "idle_duration": "30m"},
-        {"idle_duration": 1800, "nodes": {"min": 1, "max": 1}},
-    ),
-    bad(
-        "cloud-fleet-unknown-backend",
-        {"type": "fleet", "name": "f", "backends": ["aws"]},
-        ["backends"],
-        "Muster has no `aws` backend: it supports gcp",
-    ),
-    bad(
-        "cloud-tpu-fleet-partial-slice",
-        {"type": "fleet", "name": "f", "backends": ["gcp"], "nodes": 6, "resources": {"gpu": "v2-32"}},
-        ["nodes"],
-        "multiple of 4",
-    ),
 ]
-
-
-def _at(value: Any, path: str) -> Any:
-    for part in path.split("."):
-        value = value[int(part)] if isinstance(value, list) else value[part]
-    return value
 
 
 @pytest.mark.parametrize(("doc", "kwargs", "expect", "loc", "phrase"), CASES)
 def test_configuration_rule(
     doc: Any, kwargs: dict, expect: dict | None, loc: list | None, phrase: str | None
 ) -> None:
-    # Fleets take no task keyword arguments; the table only passes them to tasks.
-    if expect is not None:
-        result = parse_any_configuration(doc, **kwargs).model_dump(mode="json")
-        for path, wanted in expect.items():
-            assert _at(result, path) == wanted, path
-        return
-    with pytest.raises(ConfigurationError) as raised:
-        parse_any_configuration(doc, **kwargs)
-    errors = raised.value.errors
-    matching = [e for e in errors if e["loc"] == loc]
-    assert matching, f"no error at {loc}; got {errors}"
-    assert any(phrase in e["msg"] for e in matching), f"{phrase!r} not in {matching}"
+    check_rule(doc, kwargs, expect, loc, phrase)
 
 
 def test_case_table_is_big_enough_to_cover_the_rules() -> None:
-    assert len(CASES) >= 50
+    assert len(CASES) + len(FLEET_CASES) >= 50

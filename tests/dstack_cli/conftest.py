@@ -1,5 +1,6 @@
 import pytest
 
+from tests.api.test_access_matrix import world  # noqa: F401 - the native access matrix's world, for the dstack one
 from tests.dstack_cli.bodies import dstack_client
 
 

@@ -155,7 +155,8 @@ def test_the_fleet_plan_never_answers_the_private_key_in_clear(alice, make_user)
 PATHS = ["projects/main/get", "users/get_my_user", "runs/list", "project/main/repos/init",
          "project/main/runs/get_plan", "project/main/runs/apply", "project/main/runs/get", "project/main/runs/stop",
          "project/main/runs/delete", "project/main/logs/poll", "project/main/fleets/list", "project/main/fleets/get",
-         "project/main/fleets/get_plan", "project/main/fleets/apply", "project/main/fleets/delete"]
+         "project/main/fleets/get_plan", "project/main/fleets/apply", "project/main/fleets/delete",
+         "project/main/fleets/delete_instances"]
 HOSTILE = ["null", "[]", '"text"', "12", '{"run_spec": null}', '{"plan": []}', '{"plan": {"run_spec": []}}',
            '{"plan": {"spec": {"configuration": []}}}', '{"spec": {"configuration": {"type": "fleet"}}}',
            '{"run_spec": {"configuration": {"type": "task", "nodes": 99999999999999999999}}}',

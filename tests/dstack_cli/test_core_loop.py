@@ -11,22 +11,13 @@ from instances.models import Fleet
 from runs.models import Run
 from tests.conftest import token_for
 from tests.dstack_cli.helpers import dstack_runner
-from tests.ssh_e2e.helpers import host_commands, needs_netns, runner_processes
-from tests.sshhosts import SSHHostPool
+from tests.ssh_e2e.helpers import host_commands, needs_netns, netns_pool, runner_processes, short_ssh_timeouts  # noqa: F401 - an autouse fixture
 from tests.waiting import wait_until
 
 pytestmark = [*needs_netns, pytest.mark.dstack_cli, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with SSHHostPool(2, mode="netns") as pool:
-        yield pool
-
-
-@pytest.fixture(autouse=True)
-def short_ssh_timeouts(settings):
-    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
+pool = netns_pool(2)
 
 
 @pytest.fixture
@@ -138,3 +129,30 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
     assert not Fleet.objects.filter(name="pd").exists()
     for host in pool:
         wait_until(lambda h=host: not runner_processes(h), timeout=60, what=f"no agent left on {host.address}")
+
+
+def test_dstack_fleet_delete_instances_removes_only_those_hosts(dstack, pool, tmp_path):
+    key = tmp_path / "id_fleet"
+    key.write_text(pool.private_key)
+    key.chmod(0o600)
+    fleet_yml = _write(tmp_path / "fleet.yml", {
+        "type": "fleet", "name": "two", "placement": "cluster",
+        "ssh_config": {"user": pool.user, "identity_file": str(key),
+                       "hosts": [{"hostname": h.address, "port": h.port} for h in pool]}})
+    assert dstack("apply", "-f", fleet_yml, "-y").returncode == 0
+    first, second = list(pool)
+    wait_until(lambda: runner_processes(second), timeout=60, what="the agent on the second host")
+
+    unknown = dstack("fleet", "delete", "two", "-i", "7", "-y")
+    assert unknown.returncode != 0 and "has no instances [7]" in unknown.stdout + unknown.stderr, unknown.stdout
+    deleted = dstack("fleet", "delete", "two", "-i", "1", "-y")
+    assert deleted.returncode == 0, (deleted.stdout, deleted.stderr)
+    assert "Fleet two instances deleted" in deleted.stdout, deleted.stdout
+    wait_until(lambda: not runner_processes(second), timeout=60, what=f"no agent left on {second.address}")
+    assert runner_processes(first), "the other host keeps its agent"
+    rows = dstack("fleet").stdout.splitlines()
+    assert any("instance=0" in row and "idle" in row for row in rows), rows
+    assert not any("instance=1" in row for row in rows), rows
+
+    assert dstack("fleet", "delete", "two", "-y").returncode == 0
+    wait_until(lambda: not runner_processes(first), timeout=60, what=f"no agent left on {first.address}")

@@ -24,8 +24,7 @@ from projects.models import Membership
 from runs.models import Run
 from tests.conftest import token_for
 from tests.dstack_cli.helpers import DSTACK, dstack_runner
-from tests.ssh_e2e.helpers import needs_netns
-from tests.sshhosts import SSHHostPool
+from tests.ssh_e2e.helpers import needs_netns, netns_pool, short_ssh_timeouts  # noqa: F401 - an autouse fixture
 from tests.waiting import wait_until
 
 pytestmark = [*needs_netns, pytest.mark.dstack_cli, pytest.mark.django_db(transaction=True)]
@@ -37,15 +36,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with SSHHostPool(1, mode="netns") as pool:
-        yield pool
-
-
-@pytest.fixture(autouse=True)
-def short_ssh_timeouts(settings):
-    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
+pool = netns_pool(1)
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ def test_a_huge_next_token_on_a_finished_jobs_stored_log_is_a_400(fast_limits, c
 PATHS = ["projects/{p}/get", "users/get_my_user", "runs/list", "project/{p}/repos/init", "project/{p}/runs/get_plan",
          "project/{p}/runs/apply", "project/{p}/runs/get", "project/{p}/runs/stop", "project/{p}/runs/delete",
          "project/{p}/logs/poll", "project/{p}/fleets/list", "project/{p}/fleets/get", "project/{p}/fleets/get_plan",
-         "project/{p}/fleets/apply", "project/{p}/fleets/delete"]
+         "project/{p}/fleets/apply", "project/{p}/fleets/delete", "project/{p}/fleets/delete_instances"]
 
 
 @pytest.mark.parametrize("role", ["admin", "user", "read-only"])

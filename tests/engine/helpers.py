@@ -23,32 +23,27 @@ def wait_for_run(name: str, statuses=("done", "failed", "terminated"), timeout: 
                          f"{run and run.status} {run and run.termination_reason} jobs={jobs}")
 
 
-class Beat:
-    """Stands in for celery beat during a test: runs the sweep every `interval` seconds in a thread.
+class BackgroundLoop:
+    """A thread that calls `tick()` every `interval` seconds while the `with` block runs, and closes
+    its own database connection when it stops."""
 
-    The celery_worker fixture already sends beat's other entry, the batch watch of running jobs;
-    `watch=True` sends it here too, for tests whose workers are processes of their own.
-    """
+    interval = 0.5
 
-    def __init__(self, interval: float = 0.5, watch: bool = False):
+    def __init__(self):
         import threading
 
-        self.interval = interval
-        self.watch = watch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def tick(self) -> None:
+        raise NotImplementedError
 
     def _loop(self) -> None:
         from django.db import connection
 
-        from engine import tasks
-        from engine.sweeps import sweep
-
         try:
             while not self._stop.wait(self.interval):
-                sweep()
-                if self.watch:
-                    tasks.watch_running.delay()
+                self.tick()
         finally:
             connection.close()
 
@@ -59,6 +54,40 @@ class Beat:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(10)
+
+
+class Beat(BackgroundLoop):
+    """Stands in for celery beat during a test: runs the sweep every `interval` seconds in a thread.
+
+    The celery_worker fixture already sends beat's other entry, the batch watch of running jobs;
+    `watch=True` sends it here too, for tests whose workers are processes of their own.
+    """
+
+    def __init__(self, interval: float = 0.5, watch: bool = False):
+        super().__init__()
+        self.interval = interval
+        self.watch = watch
+
+    def tick(self) -> None:
+        from engine import tasks
+        from engine.sweeps import sweep
+
+        sweep()
+        if self.watch:
+            tasks.watch_running.delay()
+
+
+def worker_process(name: str, env: dict):
+    """A Celery worker process of its own (prefork, 2 children) on the test's queue, in a new session."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "muster", "worker", "--pool", "prefork", "--concurrency", "2",
+         "-Q", env["MUSTER_TEST_QUEUE"], "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+         "--loglevel", "WARNING"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
 
 
 def local_project_fleet(size: int = 4, name: str = "local"):

@@ -10,7 +10,7 @@ from django.db import connection
 
 from engine.submitted import placement
 from runs.services.submission import submit_run
-from tests.engine.helpers import local_project_fleet
+from tests.engine.helpers import local_project_fleet, worker_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -38,18 +38,6 @@ def test_concurrent_claims_take_each_instance_once(fast_limits):
     assert len(taken) == 4 and len(set(taken)) == 4, taken
 
 
-def _worker_process(name: str, env: dict):
-    import subprocess
-    import sys
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "muster", "worker", "--pool", "prefork", "--concurrency", "2",
-         "-Q", env["MUSTER_TEST_QUEUE"], "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql" or not os.environ.get("CELERY_BROKER_URL"),
                     reason="two worker processes share the database only on PostgreSQL + Redis")
 def test_two_worker_processes_on_postgresql_never_put_two_jobs_on_one_instance(fast_limits, celery_config):
@@ -67,7 +55,7 @@ def test_two_worker_processes_on_postgresql_never_put_two_jobs_on_one_instance(f
            "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10",
            # the runs are submitted without a user, and local fleets take only superusers' runs by default
            "MUSTER_LOCAL_FLEET_MEMBERS": "1"}
-    workers = [_worker_process(f"w{i}", env) for i in range(2)]
+    workers = [worker_process(f"w{i}", env) for i in range(2)]
     try:
         with Beat(watch=True):
             names = []

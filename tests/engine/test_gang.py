@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -13,7 +12,14 @@ from django.db import connection
 from instances.models import Instance, InstanceStatus
 from runs.choices import JOB_ACTIVE
 from runs.models import Job, Run
-from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run
+from tests.engine.helpers import (
+    BackgroundLoop,
+    Beat,
+    job_summary,
+    local_project_fleet,
+    wait_for_run,
+    worker_process,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -31,33 +37,22 @@ retry: {{on_events: [no-capacity], duration: {duration}}}
 """
 
 
-class Holders:
+class Holders(BackgroundLoop):
     """Samples, every few milliseconds, which runs hold a busy host through an active job."""
 
+    interval = 0.01
+
     def __init__(self):
+        super().__init__()
         self.both: list[set[int]] = []
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(0.01):
-                holding = set(Job.objects.filter(status__in=JOB_ACTIVE, instance__status=InstanceStatus.BUSY)
-                              .values_list("run_id", flat=True))
-                self.samples += 1
-                if len(holding) > 1:
-                    self.both.append(holding)
-        finally:
-            connection.close()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(10)
+    def tick(self) -> None:
+        holding = set(Job.objects.filter(status__in=JOB_ACTIVE, instance__status=InstanceStatus.BUSY)
+                      .values_list("run_id", flat=True))
+        self.samples += 1
+        if len(holding) > 1:
+            self.both.append(holding)
 
 
 def test_a_fleet_one_host_short_takes_no_host_and_names_the_short_group(superuser_api, fast_limits, celery_worker):
@@ -79,18 +74,6 @@ def test_a_fleet_one_host_short_takes_no_host_and_names_the_short_group(superuse
     assert set(Instance.objects.filter(fleet=fleet).values_list("status", flat=True)) == {InstanceStatus.IDLE}
 
 
-def _worker_process(name: str, env: dict):
-    import subprocess
-    import sys
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "muster", "worker", "--pool", "prefork", "--concurrency", "2",
-         "-Q", env["MUSTER_TEST_QUEUE"], "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql" or not os.environ.get("CELERY_BROKER_URL"),
                     reason="two worker processes share the database only on PostgreSQL + Redis")
 def test_two_runs_racing_for_four_hosts_never_both_hold_hosts_and_both_finish(superuser_api, fast_limits,
@@ -100,7 +83,7 @@ def test_two_runs_racing_for_four_hosts_never_both_hold_hosts_and_both_finish(su
     env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
            "MUSTER_TEST_QUEUE": celery_config["task_default_queue"], "CELERY_TASK_DEFAULT_QUEUE":
            celery_config["task_default_queue"], "MUSTER_JOB_POLL_INTERVAL": "0.2", "MUSTER_LEASE_SECONDS": "10"}
-    workers = [_worker_process(f"w{i}", env) for i in range(2)]
+    workers = [worker_process(f"w{i}", env) for i in range(2)]
     finished: list[Run] = []
     try:
         with Beat(watch=True), Holders() as holders:

@@ -111,3 +111,21 @@ def refused(api, configuration: dict, loc: list) -> str:
     assert [e["loc"] for e in errors] == [loc], errors
     assert live_counts() == before, "a refused registration leaves nothing live"
     return errors[0]["msg"]
+
+
+def netns_pool(n: int):
+    """A module-scoped `pool` fixture: `n` netns test hosts the module's tests share."""
+
+    @pytest.fixture(scope="module")
+    def pool():
+        with SSHHostPool(n, mode="netns") as made:
+            yield made
+
+    return pool
+
+
+@pytest.fixture(autouse=True)
+def short_ssh_timeouts(settings):
+    """Imported, it applies to every test of the module: an address nobody answers at costs seconds,
+    not the production 10 s per attempt."""
+    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}

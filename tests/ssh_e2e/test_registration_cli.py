@@ -17,7 +17,7 @@ import yaml
 
 from instances.models import Fleet
 from tests.conftest import token_for
-from tests.ssh_e2e.helpers import needs_netns
+from tests.ssh_e2e.helpers import needs_netns, netns_pool, short_ssh_timeouts  # noqa: F401 - an autouse fixture
 from tests.sshhosts import SSHHostPool
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
@@ -25,15 +25,7 @@ pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True)]
 MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with SSHHostPool(2, mode="netns") as pool:
-        yield pool
-
-
-@pytest.fixture(autouse=True)
-def short_ssh_timeouts(settings):
-    settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
+pool = netns_pool(2)
 
 
 @pytest.fixture
