@@ -1,8 +1,9 @@
 """The engine: the claimed steps that move runs, jobs, instance groups and hosts along.
 
-Each step claims its row (engine/claims.py), does its work, gives the row back and sends the
-next step's message after commit (engine/messages.py); engine/tasks.py holds the Celery tasks,
-one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
+Each step is `claims.claimed(Model, pk, name, body)`: the body does its work and returns an Outcome
+(the status it left the row in, what it learned, the next messages), which claims.py applies in one
+guarded UPDATE before the messages leave after commit (engine/messages.py; a job's outcome:
+engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
