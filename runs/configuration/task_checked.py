@@ -31,6 +31,8 @@ class NodeGroup(CheckedModel):
     env: dict[str, str]
     image: str | None
     ports: list[int | str]
+    # TPU slices of a multislice set (1: one slice, or no TPU); nodes = slices x hosts per slice.
+    slices: int = 1
 
 
 class TaskConfiguration(CheckedModel):

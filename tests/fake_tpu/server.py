@@ -35,6 +35,7 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
         self.exhausted_zones: set[str] = set()
         self.unavailable_zones: set[str] = set()
         self.create_errors: dict[str, tuple[HTTPStatus, str]] = {}
+        self.node_create_errors: dict[str, tuple[HTTPStatus, str]] = {}  # by node id ending, in every zone
         self.failed_operations: dict[str, tuple[int, str]] = {}
         self.slow_answers: dict[str, float] = {}
         self.lost_answers: dict[str, int] = {}
