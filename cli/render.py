@@ -267,7 +267,8 @@ def _group_header(name: str, members: Sequence[dict[str, Any]], shapes: dict[str
 
 def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] = ()) -> str:
     """Hosts under their instance group (a TPU pod by worker index), then ungrouped hosts by fleet."""
-    shapes = {g["name"]: g.get("shape") for g in groups if g.get("name") and g.get("shape")}
+    shapes = {g["name"]: (f"{g['slices']} x {g['shape']}" if (g.get("slices") or 1) > 1 else g.get("shape"))
+              for g in groups if g.get("name") and g.get("shape")}
     queued = {g["name"]: g["queued_resource"] for g in groups if g.get("name") and g.get("queued_resource")}
     grouped: dict[str, list[dict[str, Any]]] = {}
     loose: dict[str, list[dict[str, Any]]] = {}

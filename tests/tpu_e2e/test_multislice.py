@@ -82,6 +82,8 @@ def test_two_v4_16_slices_run_four_jobs_with_megascale_and_in_slice_worker_ids_t
     assert gcp.create_calls == [node(ZONES[0], f"{pod.name}-s-0"), node(ZONES[0], f"{pod.name}-s-1")]
     assert pod.shape == "v4-16" and pod.backend_data["slices"] == 2
     assert sorted(pod.instances.values_list("index", flat=True)) == [0, 1, 2, 3]
+    [listed] = api.get("/api/projects/main/instance-groups/").json()
+    assert (listed["shape"], listed["slices"], len(listed["instances"])) == ("v4-16", 2, 4)
 
     response = api.delete(f"/api/projects/main/instance-groups/{pod.name}-3/")
 
