@@ -40,6 +40,10 @@ FAMILIES: dict[str, TpuFamily] = {
     )
 }
 
+# The port of a multislice set's (megascale) coordinator on slice 0 worker 0, as Google's queued
+# resources and Ray set it; jax.distributed strips it and uses its own port (8482) on that host.
+MEGASCALE_PORT = 8081
+
 _SLICE_RE = re.compile(r"^(?:tpu-)?(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)$")
 
 

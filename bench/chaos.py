@@ -7,9 +7,14 @@ Redis is restarted mid-way. That Redis is the bench's own redis-server on a spar
 free) with persistence off (--save ""), so a restart loses every queued message; the machine's
 shared Redis is never touched. PostgreSQL database muster_chaos is created and dropped.
 
+Beside them, TPU runs (bench/chaos_tpu.py: single slices and multislice sets, created directly and
+as queued spot resources, on the real gcp backend against the fake TPU API with hollow hosts) have
+their slices preempted while they run, and retry.
+
 After settling, the checks below must all be 0; the exit status is 1 otherwise:
   runs not in a terminal or `running` state, jobs stuck beyond three sweep intervals, instances
-  assigned to two live jobs, busy instances with no live job, processes left after the stop.
+  assigned to two live jobs, busy instances with no live job, processes left after the stop,
+  slices billed with no run, queued resources left, and (as 1) no run interrupted by a preemption.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import threading
 import time
 
 from bench import harness
+from bench.chaos_tpu import TpuChaos
 
 SWEEP = 1.0
 
@@ -77,12 +83,16 @@ def main(argv=None) -> int:
     p.add_argument("--chaos-seconds", type=float, default=40.0)
     p.add_argument("--settle-timeout", type=float, default=300.0)
     p.add_argument("--redis-port", type=int, default=6391)
+    p.add_argument("--tpu-runs", type=int, default=16, help="TPU runs whose slices are preempted")
+    p.add_argument("--preempt-every", type=float, default=1.0, help="seconds between preemptions")
     args = p.parse_args(argv)
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "0")) or None)
 
     port = free_or(args.redis_port)
+    tpu = TpuChaos(args.tpu_runs, rng)
     session = harness.Session(db_name="muster_chaos", redis_url=f"redis://127.0.0.1:{port}", redis_db=0, extra_env={
-        "MUSTER_LEASE_SECONDS": "10", "MUSTER_SWEEP_INTERVAL": str(SWEEP), "BENCH_HOLLOW_RUN_SECONDS": "1"})
+        "MUSTER_LEASE_SECONDS": "10", "MUSTER_SWEEP_INTERVAL": str(SWEEP), "BENCH_HOLLOW_RUN_SECONDS": "1",
+        **tpu.start()})
     redis = PrivateRedis(port, session.id)
     print(f"chaos: session {session.id}; PostgreSQL {harness.PG}/muster_chaos, private redis-server on :{port} "
           f"(--save \"\"); lease 10 s, sweep every {SWEEP:.0f} s; {args.workers} workers x {args.concurrency}",
@@ -112,7 +122,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         for i in range(args.runs):
             submit_run(project, user, {"configuration": task_yaml(1 + i % 2)})
-        print(f"submitted {args.runs} runs in {time.time() - t0:.1f}s", flush=True)
+        tpu.submit(project, user)
+        print(f"submitted {args.runs} runs and {args.tpu_runs} TPU runs in {time.time() - t0:.1f}s", flush=True)
 
         stop = threading.Event()
         lock = threading.Lock()
@@ -155,19 +166,35 @@ def main(argv=None) -> int:
                         except OSError:
                             pass
 
+        settling = threading.Event()  # preemptions go on until the runs settle (a loaded machine
+        # may bring the TPU runs to `running` only after the worker kills are over)
+
+        def preemptions():
+            while not settling.wait(max(0.2, args.preempt_every + rng.uniform(-0.5, 0.5))):
+                victim = tpu.preempt_one()
+                if victim:
+                    events.append(f"{time.time() - t0:5.1f}s preempted {victim.rsplit('/', 1)[1]} while a run used it")
+
         thread = threading.Thread(target=chaos, daemon=True)
         thread.start()
+        preempter = threading.Thread(target=preemptions, daemon=True)
+        preempter.start()
         time.sleep(args.chaos_seconds)
         stop.set()
         thread.join()
         for line in events:
             print("  " + line)
+        before = len(tpu.preempted)
         print(f"chaos over after {time.time() - t0:.0f}s ({len(events)} faults); settling", flush=True)
 
         def settled():
             return Run.objects.filter(project=project).exclude(status__in=["done", "failed", "terminated"]).count() == 0
 
         ok = harness.wait_until(settled, args.settle_timeout, every=1.0)
+        settling.set()
+        preempter.join()
+        for line in events[len(events) - (len(tpu.preempted) - before):]:
+            print("  " + line)
         print(f"{'settled' if ok else 'NOT settled'} at {time.time() - t0:.0f}s", flush=True)
         time.sleep(3 * SWEEP + 1)
         now = timezone.now()
@@ -180,15 +207,23 @@ def main(argv=None) -> int:
         checks["instances with two live jobs"] = Job.objects.filter(status__in=live, instance__isnull=False).values(
             "instance").annotate(n=Count("id")).filter(n__gt=1).count()
         busy_with_job = Job.objects.filter(status__in=live, instance__isnull=False).values("instance")
-        checks["busy instances with no live job"] = Instance.objects.filter(status="busy").exclude(
-            id__in=busy_with_job).count()
+        orphans = Instance.objects.filter(status="busy").exclude(id__in=busy_with_job)
+        checks["busy instances with no live job"] = orphans.count()
+        for name, backend, group in orphans.values_list("name", "backend", "group__status")[:10]:
+            print(f"  busy with no live job: {name} ({backend}, group {group})")
         statuses = dict(Run.objects.filter(project=project).values_list("status").annotate(n=Count("id")))
         reasons = dict(Job.objects.filter(run__project=project).exclude(termination_reason="done_by_runner")
                        .values_list("termination_reason").annotate(n=Count("id")))
         print(f"runs by status: {statuses}; job reasons other than done_by_runner: {reasons}")
+        # idle slices are deleted by the idle sweep (the TPU fleets keep none): give it a few sweeps
+        harness.wait_until(lambda: not any(tpu.checks()[k] for k in ("slices billed with no run",
+                                                                       "queued resources left")), 30, every=1.0)
+        checks.update(tpu.checks())
+        print(f"TPU: {tpu.summary()}")
     finally:
         leftovers = session.teardown()
         redis.stop()
+        tpu.stop()
         time.sleep(0.5)
         leftovers += [pid for pid in harness.marked_processes(session.id) if pid not in leftovers]
         checks["leftover processes"] = len(leftovers)
@@ -196,7 +231,7 @@ def main(argv=None) -> int:
     print("\n== chaos checks (all must be 0)")
     for key, value in checks.items():
         print(f"{key.ljust(width)}  {value}")
-    code = 0 if len(checks) == 5 and not any(checks.values()) else 1
+    code = 0 if len(checks) == 8 and not any(checks.values()) else 1
     print("PASS" if code == 0 else "FAIL", flush=True)
     return code
 

@@ -37,8 +37,9 @@ def run_seconds() -> float:
 
 
 class HollowRunnerHost(RunnerHost):
-    def __init__(self, instance_id: int):
+    def __init__(self, instance_id: int, seconds: float | None = None):
         self.path = state_dir() / f"{instance_id}.json"
+        self.seconds = seconds  # how long a job runs here (None: MUSTER["HOLLOW_RUN_SECONDS"])
 
     def _load(self) -> dict[str, float]:
         try:
@@ -63,11 +64,12 @@ class HollowRunnerHost(RunnerHost):
     def status(self) -> dict[str, Any]:
         now = time.time()
         jobs = {}
+        seconds = run_seconds() if self.seconds is None else self.seconds
         for job_id, started in self._load().items():
-            if now - started < run_seconds():
+            if now - started < seconds:
                 jobs[job_id] = {"state": "running", "start_time": started, "log_size": 0}  # prints nothing
             else:
-                jobs[job_id] = {"state": "done", "start_time": started, "end_time": started + run_seconds(),
+                jobs[job_id] = {"state": "done", "start_time": started, "end_time": started + seconds,
                                 "exit_status": 0}
         return {"now": now, "agent": {"pid": 0, "time": now}, "agent_alive": True, "jobs": jobs}
 

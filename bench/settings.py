@@ -17,10 +17,13 @@ DEBUG = False
 
 MUSTER = {
     **MUSTER,
-    "EXTRA_BACKENDS": {"hollow": "bench.hollow.HollowCompute"},
+    "EXTRA_BACKENDS": {"hollow": "bench.hollow.HollowCompute", "hollow_tpu": "bench.hollow_tpu.HollowTpuCompute",
+                       "hollow_tpu_q": "bench.hollow_tpu.HollowQueuedTpuCompute"},
     # how long a hollow job reports `running` after it was handed to the hollow runner
     "HOLLOW_RUN_SECONDS": float(os.environ.get("BENCH_HOLLOW_RUN_SECONDS", "2.0")),
     "JOB_POLL_INTERVAL": float(os.environ.get("BENCH_POLL_INTERVAL", "0.5")),
+    # how long a job on a hollow TPU host runs (bench/hollow_tpu.py): a preemption must find it running
+    "HOLLOW_TPU_RUN_SECONDS": float(os.environ.get("BENCH_HOLLOW_TPU_RUN_SECONDS", "20")),
     # the benches measure capacity, with one user for all their clients: no request rate unless asked
     "THROTTLE_USER": os.environ.get("MUSTER_THROTTLE_USER", ""),
 }

@@ -156,7 +156,7 @@ def plan_table(jobs: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] 
         for g in groups:
             mine = nums.get(g.get("index")) or []
             span = "-" if not mine else str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
-            rows.append((span, g.get("name"), len(mine), job_resources(g.get("resources")),
+            rows.append((span, g.get("name"), _nodes(len(mine), g.get("slices") or 1), job_resources(g.get("resources")),
                          first_command(g.get("commands"))))
         return table(["jobs", "group", "nodes", "resources", "command"], rows)
     rows = [
@@ -165,6 +165,11 @@ def plan_table(jobs: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] 
         for j in jobs
     ]
     return table(["job", "group", "rank", "resources", "command"], rows)
+
+
+def _nodes(count: int, slices: int) -> str:
+    """A multislice group's nodes as slices x hosts per slice (the layout its ranks follow)."""
+    return f"{count} ({slices} slices x {count // slices} hosts)" if slices > 1 else str(count)
 
 
 def no_capacity(reasons: Sequence[str]) -> str:
@@ -262,7 +267,8 @@ def _group_header(name: str, members: Sequence[dict[str, Any]], shapes: dict[str
 
 def instances_tree(instances: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]] = ()) -> str:
     """Hosts under their instance group (a TPU pod by worker index), then ungrouped hosts by fleet."""
-    shapes = {g["name"]: g.get("shape") for g in groups if g.get("name") and g.get("shape")}
+    shapes = {g["name"]: (f"{g['slices']} x {g['shape']}" if (g.get("slices") or 1) > 1 else g.get("shape"))
+              for g in groups if g.get("name") and g.get("shape")}
     queued = {g["name"]: g["queued_resource"] for g in groups if g.get("name") and g.get("queued_resource")}
     grouped: dict[str, list[dict[str, Any]]] = {}
     loose: dict[str, list[dict[str, Any]]] = {}

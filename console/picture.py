@@ -114,7 +114,9 @@ def _boxes(jobs) -> list[_Box]:
         group = job.instance.group if job.instance is not None else None
         if group is not None and group.kind == GroupKind.TPU_POD:
             key = f"pod:{group.pk}"
-            boxes.setdefault(key, _Box(f"TPU pod {group.name} ({group.shape or 'slice'})")).jobs.append(job)
+            slices = int((group.backend_data or {}).get("slices") or 1)
+            shape = f"{slices} x {group.shape}" if slices > 1 and group.shape else group.shape or "slice"
+            boxes.setdefault(key, _Box(f"TPU pod {group.name} ({shape})")).jobs.append(job)
         else:
             boxes.setdefault("plain", _Box("")).jobs.append(job)
     return list(boxes.values())

@@ -68,27 +68,28 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
     API error is raised after the planned rows are marked terminated.
     """
     shape = parse_slice(_slice_of(group_jobs[0]) or "")
-    if shape is None or len(group_jobs) != shape.hosts:
+    slices = slices_of(group_jobs[0])
+    if shape is None or len(group_jobs) != shape.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)
-    reused = _reuse_idle_pod(fleet, shape.name, len(jobs))
+    reused = _reuse_idle_pod(fleet, shape.name, len(jobs), slices)
     if reused is not None:
         return {job.pk: inst.pk for job, inst in zip(jobs, reused, strict=True)}
     offers = compute.get_offers(jobs[0].spec["resources"])
     if not offers:
         return {}
-    group, instances = _plan_pod(fleet, shape, jobs)
+    group, instances = _plan_pod(fleet, shape, slices, jobs)
     try:
-        progress = compute.create_group(offers[0], shape.hosts, group.name)
+        progress = compute.create_group(offers[0], len(jobs), group.name)
     except NoCapacityError as exc:
-        _forget(group, str(exc))
+        _forget(group, str(exc), delete=slices > 1)
         raise
     except BackendError as exc:
         if getattr(exc, "transient", False):
             # The API may have taken the create: the rows stay, and polls find the node by its id.
             progress = GroupProgress(None, {})
         else:
-            _forget(group, f"create failed: {exc}")
+            _forget(group, f"create failed: {exc}", delete=slices > 1)
             raise
     _keep(group, progress)
     if progress.records:
@@ -102,9 +103,17 @@ def schedule_poll(group_id: int, countdown: float | None = None) -> None:
     messages.poll_pod(group_id, poll_interval() if countdown is None else countdown)
 
 
-def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int) -> list[Instance] | None:
+def slices_of(job) -> int:
+    """The slices of the job's group: 1, or N for a multislice set (`slices: N`)."""
+    groups = job.run.configuration.get("groups") or []
+    return int((groups[job.node_group_index] if job.node_group_index < len(groups) else {}).get("slices") or 1)
+
+
+def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> list[Instance] | None:
     for group in InstanceGroup.objects.filter(fleet=fleet, kind=GroupKind.TPU_POD, shape=shape,
                                               status=GroupStatus.ACTIVE).order_by("created"):
+        if int(group.backend_data.get("slices") or 1) != slices:
+            continue  # a set is reused only as the same set
         with transaction.atomic():
             # Conditional on every host still idle and the group still active: the idle policy
             # takes a pod the same way, so exactly one of the two wins it.
@@ -132,7 +141,7 @@ def pod_name(run_name: str, group_name: str, attempt: str = "") -> str:
     return f"{base[:50].rstrip('-')}-{digest}"
 
 
-def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
+def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
     from runs.models import Job
 
     master = jobs[0]
@@ -150,20 +159,22 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, jobs: list) -> tuple[InstanceGrou
             return planned, instances
         group = InstanceGroup.objects.create(
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=shape.name,
-            status=GroupStatus.PROVISIONING, backend_data={"backend": fleet.backend},
+            status=GroupStatus.PROVISIONING,
+            backend_data={"backend": fleet.backend, **({"slices": slices} if slices > 1 else {})},
         )
         instances = [
             Instance.objects.create(
                 project=fleet.project, fleet=fleet, group=group, index=k, name=f"{name}-{k}",
                 status=InstanceStatus.PROVISIONING, backend=fleet.backend, username=_ssh_user(fleet),
             )
-            for k in range(shape.hosts)
+            for k in range(shape.hosts * slices)
         ]
         # Point job k at host k now, in the same transaction, so a poll that sees READY before
         # the scheduler finishes still knows these hosts are taken (busy, not idle).
         for job, inst in zip(jobs, instances, strict=True):
             Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
-        record(fleet.project_id, f"instance group {name}", f"creating a {shape.name} slice ({shape.hosts} hosts)",
+        what = f"{slices} x {shape.name} slices" if slices > 1 else f"a {shape.name} slice"
+        record(fleet.project_id, f"instance group {name}", f"creating {what} ({shape.hosts * slices} hosts)",
                status=GroupStatus.PROVISIONING)
     return group, instances
 
@@ -172,15 +183,21 @@ def _ssh_user(fleet: Fleet) -> str:
     return fleet_backend_config(fleet).get("ssh_user") or "root"
 
 
-def _forget(group: InstanceGroup, why: str) -> None:
-    """The create call failed: nothing exists in the cloud, so the rows end here."""
+def _forget(group: InstanceGroup, why: str, delete: bool = False) -> None:
+    """The create call failed: nothing exists in the cloud, so the rows end here. With `delete`
+    (a multislice set, whose backend deleted the slices it made) the group is deleted once more
+    as the safety net for a delete that did not get through."""
     from runs.models import Job
 
+    end = GroupStatus.TERMINATING if delete else GroupStatus.TERMINATED
     with transaction.atomic():
         Job.objects.filter(instance__group=group, status=JobStatus.SUBMITTED).update(instance=None)
-        group.instances.update(status=InstanceStatus.TERMINATED, termination_reason=why[:64])
-        InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATED)
-        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status=GroupStatus.TERMINATED)
+        group.instances.update(status=InstanceStatus.TERMINATING if delete else InstanceStatus.TERMINATED,
+                               termination_reason=why[:64])
+        InstanceGroup.objects.filter(pk=group.pk).update(status=end)
+        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status=end)
+        if delete:
+            messages.delete_group(group.pk)
 
 
 def _keep(group: InstanceGroup, progress: GroupProgress) -> None:

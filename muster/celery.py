@@ -52,8 +52,10 @@ def _beat_schedule() -> dict:
         # a tick waits out a short backlog (it is the only thing that watches running jobs)
         "watch": {"task": "engine.tasks.watch_running", "schedule": poll, "options": {"expires": 10 * poll}},
         # live TPU pods at Google, one list per zone and fleet (engine/pod_watch.py): a preempted
-        # slice is noticed within this interval, not after the SSH grace period
-        "pods": {"task": "engine.tasks.watch_pods", "schedule": pods, "options": {"expires": pods}},
+        # slice is noticed within this interval, not after the SSH grace period. Like the watch it
+        # is the only thing that looks at them, so a tick waits out a short backlog: dropped after
+        # one interval, a busy queue dropped every tick and no preemption was noticed (make chaos)
+        "pods": {"task": "engine.tasks.watch_pods", "schedule": pods, "options": {"expires": 10 * pods}},
         # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/log_storage.py)
         "logs": {"task": "engine.tasks.sweep_logs", "schedule": logs, "options": {"expires": logs}},
     }

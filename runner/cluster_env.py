@@ -78,6 +78,11 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
         env["TPU_WORKER_ID"] = _text(tpu.get("worker_id", 0))
         env["TPU_WORKER_HOSTNAMES"] = _text(hostnames)
         env["PJRT_DEVICE"] = "TPU"
+        if tpu.get("num_slices"):  # a multislice set: what JAX and libtpu read to join the slices
+            env["MEGASCALE_NUM_SLICES"] = _text(tpu["num_slices"])
+            env["MEGASCALE_SLICE_ID"] = _text(tpu.get("slice_id", 0))
+            env["MEGASCALE_COORDINATOR_ADDRESS"] = _text(tpu.get("coordinator_address"))
+            env["MEGASCALE_PORT"] = _text(tpu.get("megascale_port"))
     return env
 
 

@@ -51,7 +51,8 @@ SPEC_FIELDS = (
     "node_ip",  # this node's address (DSTACK_NODE_IP)
     "gpus",  # GPUs this node counts as its own (DSTACK_GPUS_PER_NODE)
     "cluster_info",  # {job_ips, master_job_ip, gpus_per_node}: every node in rank order
-    "tpu",  # None, or {worker_id, worker_hostnames}: TPU_WORKER_ID, TPU_WORKER_HOSTNAMES
+    "tpu",  # None, or {worker_id, worker_hostnames}: TPU_WORKER_ID, TPU_WORKER_HOSTNAMES, and for a
+    # multislice set {num_slices, slice_id, coordinator_address, megascale_port}: MEGASCALE_*
     "container",  # None (commands on the host), or CONTAINER_FIELDS
     "cgroup",  # false keeps the job out of cgroups (the marker alone then stops it)
 )

@@ -26,7 +26,7 @@ from backends.base import (
     RunnerHost,
     SliceInterruptedError,
 )
-from backends.gcp import tpu_client, tpu_create, tpu_nodes, tpu_offers, tpu_queued
+from backends.gcp import tpu_client, tpu_create, tpu_multislice, tpu_nodes, tpu_offers, tpu_queued
 from backends.gcp.tpu_client import TpuConfig
 from backends.gcp.tpu_nodes import SliceStatus
 from backends.tpu_shapes import parse_slice
@@ -78,29 +78,42 @@ class GcpTpuCompute(Compute):
         shape = parse_slice(offer.instance_type)
         if shape is None:
             raise BackendError(f"gcp backend: {offer.instance_type!r} is not a TPU slice")
-        if count != shape.hosts:
+        slices = count // shape.hosts
+        if count != shape.hosts * slices or slices < 1:
             raise BackendError(f"a {shape.name} slice has {shape.hosts} hosts; asked for {count} instances")
+        if slices > 1 and (shape.hosts == 1 or shape.family.name in ("v2", "v3")):
+            raise BackendError(f"{shape.name} slices cannot form a multislice set (v4 or newer, multi-host)")
         if not name:
             raise BackendError("gcp backend: no group name given")
         if self.tpu.queued:
-            return self._progress(tpu_queued.create_queued(self.client, self.tpu, name, shape.name, _labels(name)))
+            return self._progress(tpu_queued.create_queued(self.client, self.tpu, name, shape.name, _labels(name),
+                                                           slices=slices), name, slices)
+        if slices > 1:
+            return self._progress(tpu_multislice.advance_set(self.client, self.tpu, name, shape.name, slices,
+                                                             _labels(name)), name, slices)
         created = tpu_create.create_slice(self.client, self.tpu, name, shape.name, _labels(name))
-        return self._progress(created)
+        return self._progress(created, name)
 
     def poll_group(self, name: str, shape: str, backend_data: dict[str, Any]) -> GroupProgress:
         backend_data = backend_data or {}
+        slices = int(backend_data.get("slices") or 1)
         state = backend_data.get("create")
         if state is None and not backend_data.get("node_name") and shape:
             # Rows planned but the create's outcome never recorded (the worker died in the call):
             # look the node up by its id, and create it if it is nowhere.
             state = {}
-        if state is None and self.tpu.queued and not backend_data.get("node_name"):
+        if self.tpu.queued and not backend_data.get("node_name") and not state:
             state = {"queued": True}
         if state is not None and state.get("queued"):
-            return self._progress(tpu_queued.advance_queued(self.client, self.tpu, name, shape, _labels(name), state))
+            state = {**state, "slices": slices} if slices > 1 else state
+            return self._progress(tpu_queued.advance_queued(self.client, self.tpu, name, shape, _labels(name), state),
+                                  name, slices)
+        if state is not None and slices > 1:
+            return self._progress(tpu_multislice.advance_set(self.client, self.tpu, name, shape, slices,
+                                                             _labels(name), state), name, slices)
         if state is not None:
             created = tpu_create.advance_slice(self.client, self.tpu, name, shape, _labels(name), state)
-            return self._progress(created)
+            return self._progress(created, name)
         return GroupProgress(self.update_provisioning_data(name, backend_data), backend_data)
 
     def update_provisioning_data(
@@ -119,22 +132,60 @@ class GcpTpuCompute(Compute):
             raise BackendError(f"TPU slice {group_name} no longer exists")
         return self._records(zone, node_name, status)
 
-    def _progress(self, created: tpu_create.CreatedSlice) -> GroupProgress:
+    def _progress(self, created: tpu_create.CreatedSlice, name: str, slices: int = 1) -> GroupProgress:
         data: dict[str, Any] = {"create": created.state}
+        if slices > 1:
+            data["slices"] = slices
         if created.zone:
             data.update(zone=created.zone, node_name=created.node_name)
         queued = bool(created.state.get("queued"))
-        if queued and created.zone:
-            data["queued_resource"] = tpu_client.queued_name(self.tpu, created.zone, created.node_name.rsplit("/", 1)[1])
-        records = self._records(created.zone, created.node_name, created.status) if created.status else None
+        if queued and created.zone:  # the request's id is the pod's name (slice 0's node is `<pod>-s-0`)
+            data["queued_resource"] = tpu_client.queued_name(self.tpu, created.zone, name)
+        if created.statuses is not None:
+            records = self._set_records(created.statuses)
+        else:
+            records = self._records(created.zone, created.node_name, created.status) if created.status else None
         for rec in records or []:
             rec.backend_data.update({k: data[k] for k in ("queued_resource",) if k in data})
         active = queued and created.state.get("qr_state") == "ACTIVE"
         return GroupProgress(records or None, data, queued=queued and not active,
                              started_at=created.state.get("since") if active else None)
 
+    def _set_records(self, statuses: list[SliceStatus | None]) -> list[ProvisioningData] | None:
+        """Every host of a multislice set once every slice is READY: slice i's worker k is host
+        i x hosts + k, the rank JAX gives it."""
+        out: list[ProvisioningData] = []
+        for status in statuses:
+            if status is None:
+                return None
+            records = self._records(tpu_client.zone_of(status.name), status.name, status)
+            if records is None:
+                return None
+            for rec in records:
+                rec.worker_index += len(out)
+            out.extend(records)
+        return out
+
+    def _node_names(self, name: str, data: dict[str, Any]) -> list[str]:
+        """The TPU nodes of a live pod: its one node, or every slice of a multislice set."""
+        slices = int(data.get("slices") or 1)
+        if slices == 1:
+            return [data["node_name"]] if data.get("node_name") else []
+        state = data.get("create") or {}
+        if state.get("queued"):
+            zone = data.get("zone") or state.get("zone")
+            return [tpu_client.node_name(self.tpu, zone, tpu_client.slice_node_id(name, i))
+                    for i in range(slices)] if zone else []
+        return [tpu_client.node_name(self.tpu, m["zone"], tpu_client.slice_node_id(name, i))
+                for i, m in enumerate(state.get("members") or []) if m and m.get("zone")]
+
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         backend_data = backend_data or {}
+        slices = int(backend_data.get("slices") or 1)
+        if slices > 1 and not backend_data.get("queued_resource") and not self.tpu.queued:
+            tpu_multislice.delete_set(self.client, self.tpu, group_name, slices,
+                                      (backend_data.get("create") or {}).get("members"))
+            return
         if backend_data.get("queued_resource"):
             tpu_queued.delete_queued(self.client, self.tpu, backend_data["queued_resource"])
             return
@@ -158,17 +209,25 @@ class GcpTpuCompute(Compute):
         tpu_nodes.delete_slice(self.client, self.tpu, node_name)
 
     def watch_groups(self, groups: dict[str, dict[str, Any]]) -> dict[str, GroupWatch]:
-        by_zone: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        for name, data in groups.items():
-            if data.get("node_name"):
-                by_zone.setdefault(tpu_client.zone_of(data["node_name"]), []).append((name, data))
+        wanted = {name: self._node_names(name, data) for name, data in groups.items()}
+        zones = sorted({tpu_client.zone_of(n) for names in wanted.values() for n in names})
+        nodes: dict[str, SliceStatus] = {}
+        requests: dict[str, str] = {}
+        for zone in zones:  # one list per zone (and one of the requests where some pod has one)
+            nodes.update({s.name: s for s in tpu_nodes.list_slices(self.client, self.tpu, zone)})
+            if any(d.get("queued_resource") and tpu_client.zone_of(d["queued_resource"]) == zone
+                   for d in groups.values()):
+                requests.update(tpu_queued.list_queued(self.client, self.tpu, zone))
         out = {}
-        for zone, members in by_zone.items():
-            nodes = {s.name: s for s in tpu_nodes.list_slices(self.client, self.tpu, zone)}
-            requests = (tpu_queued.list_queued(self.client, self.tpu, zone)
-                        if any(d.get("queued_resource") for _, d in members) else {})
-            for name, data in members:
-                out[name] = _watch(nodes.get(data["node_name"]), data, requests)
+        for name, data in groups.items():
+            if not wanted[name]:
+                continue
+            looks = [_watch(nodes.get(n), n, data, requests) for n in wanted[name]]
+            lost = next((w for w in looks if w.lost), None)
+            if lost and len(looks) > 1:
+                # One slice of a multislice set lost: the set cannot run without it (xpk, JobSet).
+                lost = GroupWatch(lost=f"{lost.lost} (a slice of a {len(looks)}-slice set: the whole set goes)")
+            out[name] = lost or next((w for w in looks if w.maintenance), GroupWatch())
         return out
 
     def terminate(self, name: str, backend_data: dict[str, Any]) -> None:
@@ -211,18 +270,18 @@ class GcpTpuCompute(Compute):
         ]
 
 
-def _watch(node: SliceStatus | None, data: dict[str, Any], requests: dict[str, str]) -> GroupWatch:
+def _watch(node: SliceStatus | None, name: str, data: dict[str, Any], requests: dict[str, str]) -> GroupWatch:
     request = data.get("queued_resource")
     if request and requests.get(request) in tpu_queued.LOST_STATES:
         return GroupWatch(lost=f"queued resource {request} is {requests[request]}")
     if request and request not in requests:
         return GroupWatch(lost=f"queued resource {request} is gone")
     if node is None:
-        return GroupWatch(lost=f"TPU node {data['node_name']} is gone")
+        return GroupWatch(lost=f"TPU node {name} is gone")
     if node.state in tpu_nodes.LOST_STATES:
-        return GroupWatch(lost=f"TPU node {data['node_name']} is {node.state}")
+        return GroupWatch(lost=f"TPU node {name} is {node.state}")
     if node.health == "UNHEALTHY_MAINTENANCE":
-        return GroupWatch(maintenance=f"TPU node {data['node_name']} is {node.health}")
+        return GroupWatch(maintenance=f"TPU node {name} is {node.health}")
     return GroupWatch()
 
 

@@ -81,6 +81,12 @@ def node_name(cfg: TpuConfig, zone: str, node_id: str) -> str:
     return f"projects/{cfg.project_id}/locations/{zone}/nodes/{node_id}"
 
 
+def slice_node_id(pod: str, index: int) -> str:
+    """Slice `index` of a multislice set: the name a queued resource's multislice_params gives
+    (`<node_id_prefix>-<index>`), used for separately created sets too."""
+    return f"{pod}-s-{index}"
+
+
 def queued_name(cfg: TpuConfig, zone: str, qr_id: str) -> str:
     return f"projects/{cfg.project_id}/locations/{zone}/queuedResources/{qr_id}"
 

@@ -54,6 +54,8 @@ class CreatedSlice:
     # ("" = not known yet), its `operation` ("" = none to follow), `lost_at` (epoch seconds the
     # answer was lost, else None) and `refused` ([zone, what it said] for each zone that refused).
     state: dict[str, Any] = field(default_factory=dict)
+    # A multislice set: one status per slice, in slice order (None while that slice is on its way).
+    statuses: list[SliceStatus | None] | None = None
 
 
 def create_slice(

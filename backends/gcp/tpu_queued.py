@@ -24,7 +24,7 @@ from google.cloud import tpu_v2
 from google.rpc import code_pb2
 
 from backends.base import BackendError, SliceInterruptedError
-from backends.gcp.tpu_client import TpuConfig, node_name, queued_name
+from backends.gcp.tpu_client import TpuConfig, node_name, queued_name, slice_node_id
 from backends.gcp.tpu_create import CreatedSlice, lost_grace, no_capacity, not_known_yet, untried_zones
 from backends.gcp.tpu_errors import (
     EXISTS,
@@ -48,10 +48,13 @@ _NEXT_ZONE_CODES = {code_pb2.RESOURCE_EXHAUSTED, code_pb2.DEADLINE_EXCEEDED}
 
 
 def create_queued(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, slice_name: str,
-                  labels: dict[str, str], state: dict[str, Any] | None = None) -> CreatedSlice:
-    """Submit the request in the first zone not refused yet, unless one of this id exists."""
+                  labels: dict[str, str], state: dict[str, Any] | None = None, slices: int = 1) -> CreatedSlice:
+    """Submit the request in the first zone not refused yet, unless one of this id exists. With
+    `slices` > 1 it is one request for a multislice set (`multislice_params.node_count`)."""
     shape = _shape(slice_name)
     state = _new_state(state)
+    if slices > 1:
+        state["slices"] = slices
     try:
         found = find_queued(client, cfg, qr_id)
     except TpuApiError as exc:
@@ -123,11 +126,17 @@ def state_of(qr: tpu_v2.QueuedResource) -> str:
 
 
 def request_for(cfg: TpuConfig, zone: str, qr_id: str, shape: SliceShape,
-                labels: dict[str, str]) -> tpu_v2.QueuedResource:
+                labels: dict[str, str], slices: int = 1) -> tpu_v2.QueuedResource:
     node = node_spec(cfg, shape, labels, None)
     node.scheduling_config = None  # the tier is the request's (spot {}), not the node's
     parent = f"projects/{cfg.project_id}/locations/{zone}"
-    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=qr_id, node=node)
+    if slices > 1:
+        # Google names the nodes `<prefix>-0` .. `<prefix>-<N-1>` and sets up their DCN together.
+        params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(node_count=slices,
+                                                                     node_id_prefix=f"{qr_id}-s")
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, multislice_params=params, node=node)
+    else:
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=qr_id, node=node)
     policy = (tpu_v2.QueuedResource.QueueingPolicy(valid_until_duration=timedelta(seconds=cfg.valid_until))
               if cfg.valid_until else None)
     reservation = cfg.reservation
@@ -148,7 +157,8 @@ def _submit(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
         try:
             client.create_queued_resource(
                 parent=f"projects/{cfg.project_id}/locations/{zone}", queued_resource_id=qr_id,
-                queued_resource=request_for(cfg, zone, qr_id, shape, labels), timeout=cfg.timeout)
+                queued_resource=request_for(cfg, zone, qr_id, shape, labels, state.get("slices") or 1),
+                timeout=cfg.timeout)
         except (gexc.GoogleAPICallError, gexc.RetryError, requests.exceptions.RequestException) as exc:
             verdict = classify_refusal(exc)
             if verdict == NEXT_ZONE:
@@ -178,6 +188,9 @@ def _follow(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
         state.update(qr_state=current, since=time.time())
     if current in QUEUED_STATES:
         return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)
+    if current == "ACTIVE" and (state.get("slices") or 1) > 1:
+        names = [node_name(cfg, zone, slice_node_id(qr_id, i)) for i in range(state["slices"])]
+        return CreatedSlice(zone, names[0], None, state, statuses=[get_slice(client, cfg, n) for n in names])
     if current == "ACTIVE":
         status = get_slice(client, cfg, node_name(cfg, zone, qr_id))
         return CreatedSlice(zone, node_name(cfg, zone, qr_id), status, state)

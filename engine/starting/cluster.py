@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from backends.tpu_shapes import MEGASCALE_PORT
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
 from runner import protocol
@@ -78,10 +79,23 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "container": None,
     }
     if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
-        hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)
-        spec["tpu"] = {"worker_id": instance.index, "worker_hostnames": ",".join(hosts)}
+        spec["tpu"] = tpu_spec(instance)
     spec["container"] = container_spec(job, tpu=spec["tpu"] is not None)
     return protocol.job_spec(**spec)
+
+
+def tpu_spec(instance) -> dict:
+    """TPU_WORKER_ID and TPU_WORKER_HOSTNAMES within the host's slice; for a multislice set also
+    the slice, the number of slices and the coordinator (slice 0 worker 0), the same on every host."""
+    ips = list(instance.group.instances.order_by("index").values_list("internal_ip", flat=True))
+    slices = int(instance.group.backend_data.get("slices") or 1)
+    hosts = len(ips) // slices
+    mine = instance.index // hosts
+    spec = {"worker_id": instance.index % hosts, "worker_hostnames": ",".join(ips[mine * hosts:(mine + 1) * hosts])}
+    if slices > 1:
+        spec.update(num_slices=slices, slice_id=mine, coordinator_address=f"{ips[0]}:{MEGASCALE_PORT}",
+                    megascale_port=MEGASCALE_PORT)
+    return spec
 
 
 def group_image(job: Job) -> str | None:

@@ -47,10 +47,15 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     instances = serializers.SerializerMethodField()
     queued_resource = serializers.SerializerMethodField()
+    slices = serializers.SerializerMethodField()
 
     class Meta:
         model = InstanceGroup
-        fields = ["name", "kind", "status", "shape", "fleet", "instances", "queued_resource", "created"]
+        fields = ["name", "kind", "status", "shape", "slices", "fleet", "instances", "queued_resource", "created"]
+
+    def get_slices(self, group: InstanceGroup) -> int:
+        """How many TPU slices of `shape` the pod is (a multislice set: more than 1)."""
+        return int((group.backend_data or {}).get("slices") or 1)
 
     def get_queued_resource(self, group: InstanceGroup) -> dict | None:
         return queued_view(group)

@@ -32,6 +32,8 @@ class NodeGroup(CheckedModel):
     image: str | None
     ports: list[int | str]
     fleets: list[str] = []  # the group's own `fleets:`; empty: any fleet the task may use
+    # TPU slices of a multislice set (1: one slice, or no TPU); nodes = slices x hosts per slice.
+    slices: int = 1
 
 
 class TaskConfiguration(CheckedModel):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.tpu_shapes import SliceShape
+
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList
 from .fields import read_model_partially
@@ -23,7 +25,7 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources")
+PER_GROUP_KEYS = ("commands", "ports", "resources", "slices")
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Part:
     image: str | None
     ports: list[int | str]
     fleets: list[str] | None = None
+    slices: int | None = None
 
 
 def read_parts(
@@ -74,6 +77,7 @@ def read_parts(
                 env={},
                 image=task.image,
                 ports=task.ports,
+                slices=task.slices,
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
@@ -124,6 +128,7 @@ def _read_group(
         image=group.image,
         ports=group.ports,
         fleets=group.fleets,
+        slices=group.slices,
     )
 
 
@@ -183,15 +188,15 @@ def check_part(
             + (" on the group or at the top level" if part.loc else ""),
         )
     shape = gpu.tpu_shape() if gpu is not None else None
+    slices = check_slices(part, shape, errors)
     if shape is not None:
+        hosts = shape.hosts * slices
         if nodes is None:
-            nodes = shape.hosts
-        elif nodes != shape.hosts:
-            errors.add(
-                [*part.loc, "nodes"],
-                f"{shape.name} has {shape.hosts} host{'s' if shape.hosts != 1 else ''}: "
-                f"set nodes: {shape.hosts} or leave nodes out",
-            )
+            nodes = hosts
+        elif nodes != hosts:
+            layout = f"{slices} x {shape.name} slices have {hosts} hosts" if slices > 1 else (
+                f"{shape.name} has {shape.hosts} host{'s' if shape.hosts != 1 else ''}")
+            errors.add([*part.loc, "nodes"], f"{layout}: set nodes: {hosts} or leave nodes out")
     if nodes is None:
         nodes = 1
     own_env = fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
@@ -213,7 +218,37 @@ def check_part(
         image=image,
         ports=part.ports,
         fleets=fleets,
+        slices=slices,
     )
+
+
+# Multislice joins slices over the data-center network, which Google offers from v4 on.
+MULTISLICE_FAMILIES = ("v4", "v5p", "v5litepod", "v6e")
+
+
+def check_slices(part: Part, shape: SliceShape | None, errors: ErrorList) -> int:
+    """How many slices the group is (1 when `slices` is left out); a 400 naming `slices` when the
+    TPU type cannot be joined into a multislice set."""
+    if part.slices is None or part.slices == 1:
+        return 1
+    loc = [*part.loc, "slices"]
+    if shape is None:
+        errors.add(loc, "slices needs a TPU `gpu:` of v4 or newer in the same resources (e.g. gpu: tpu-v4-16): "
+                   "set one or remove slices")
+    elif shape.family.name not in MULTISLICE_FAMILIES:
+        errors.add(loc, f"multislice needs TPU v4 or newer; {shape.name} slices cannot be joined over the "
+                   f"data-center network: use e.g. tpu-v4-{max(shape.size, 16)} or remove slices")
+    elif shape.hosts == 1:
+        errors.add(loc, f"multislice needs multi-host slices; {shape.name} is one host: use a larger slice "
+                   f"({_larger(shape)}) or remove slices")
+    else:
+        return part.slices
+    return 1
+
+
+def _larger(shape: SliceShape) -> str:
+    bigger = [n for n in shape.family.sizes if SliceShape(shape.family, n).hosts > 1]
+    return f"{shape.family.name}-{bigger[0]} or larger" if bigger else "a multi-host slice"
 
 
 def check_references(

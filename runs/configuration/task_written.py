@@ -17,7 +17,9 @@ from .durations import parse_duration, parse_optional_duration
 from .fields import Port, WrittenModel, check_group_name, check_slug
 from .images import check_image
 
-DEFAULT_RETRY_DURATION = 3600  # seconds; `retry: true` and a retry without `duration`
+DEFAULT_RETRY_DURATION = 3600
+# Slices of one multislice set. Node ids are `<pod>-s-<i>` within Google's 63 characters.
+MAX_SLICES = 256  # seconds; `retry: true` and a retry without `duration`
 
 StartupOrder = Literal["any", "master-first", "workers-first"]
 StopCriteria = Literal["all-done", "master-done"]
@@ -52,6 +54,13 @@ class _GroupShape(WrittenModel):
             raise ValueError("nodes must be at least 1")
         return value
 
+    @field_validator("slices", check_fields=False)
+    @classmethod
+    def _slices(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_SLICES:
+            raise ValueError(f"slices must be from 1 to {MAX_SLICES}")
+        return value
+
     @field_validator("image", check_fields=False)
     @classmethod
     def _image(cls, value: str | None) -> str | None:
@@ -61,6 +70,7 @@ class _GroupShape(WrittenModel):
 class _GroupInput(_GroupShape):
     name: str | None = None  # dstack's default: the group's index, "0", "1", ...
     nodes: int | None = None
+    slices: int | None = None  # Muster's own: a multislice set of this many TPU slices
     resources: Any = None
     commands: list[str] = []
     env: Any = None
@@ -83,6 +93,7 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     type: Literal["task"] = "task"
     name: str | None = None
     nodes: int | None = None
+    slices: int | None = None
     groups: list[dict[str, Any]] | None = None
     image: str | None = None
     env: Any = None

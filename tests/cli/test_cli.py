@@ -349,6 +349,16 @@ def test_instances_are_grouped_by_pod_in_worker_index_order(api, capsys):
     assert "r1/2" in out
 
 
+def test_a_multislice_pod_is_shown_as_slices_times_its_slice_type(api, capsys):
+    api.on("GET", "instances/", (200, [instance(f"set-{k}", k, "set-a", "tpu") for k in range(4)]))
+    api.on("GET", "instance-groups/", (200, [{"name": "set-a", "kind": "tpu_pod", "shape": "v4-16", "slices": 2,
+                                              "fleet": "tpu"}]))
+
+    assert cli.main(["instances"]) == 0
+
+    assert "pod set-a (tpu_pod, 2 x v4-16) in fleet tpu" in capsys.readouterr().out
+
+
 def test_stop_sends_the_abort_flag(api, capsys):
     api.on("POST", "runs/r1/stop", (200, run("terminating", [])))
 

@@ -15,6 +15,8 @@ Behaviour worth knowing when writing tests:
   * at once, as an HTTP error whose body is {"error": {"code", "status", "message"}}:
     `exhausted_zones` -> 429 RESOURCE_EXHAUSTED, `unavailable_zones` -> 503 UNAVAILABLE,
     `create_errors[zone] = (HTTPStatus, message)` for anything else (400, 403, 404, ...);
+    `node_create_errors[end] = (HTTPStatus, message)` refuses, in every zone, each node id that
+    ends with `end` (e.g. "-s-1": one slice of a multislice set that cannot be had);
   * later, as an accepted create whose Operation finishes with an error:
     `failed_operations[zone] = (google.rpc code, message)`, e.g. (8, "There is no more capacity
     in the zone ..."). The node is CREATING meanwhile and is gone once the operation failed; with
@@ -30,7 +32,9 @@ Behaviour worth knowing when writing tests:
   list, delete with `force`) follow a scripted state sequence per zone, one step per GET of the
   request: `queued_script[zone]` is a list of QueuedResourceState names (default
   CREATING, ACCEPTED, PROVISIONING, ACTIVE), a step may be ("FAILED", google.rpc code, message)
-  for `failedData.error`, and the last step repeats; ACTIVE creates the node (READY, its
+  for `failedData.error`, and the last step repeats; a request may be for one node (`nodeId`) or a
+  multislice set (`multisliceParams {nodeCount, nodeIdPrefix}`: nodes `<prefix>-0` .. `-<N-1>`,
+  each `multisliceNode`); ACTIVE creates the node (or the set's nodes) (READY, its
   `queuedResource` naming the request; READY after `queued_node_polls` GETs of it). `queued_expire_zones`: the request waits
   (WAITING_FOR_RESOURCES) until its `queueingPolicy.validUntilDuration` is over, then FAILED with
   the expiry (code 4). A duplicate id in a zone is 409 ALREADY_EXISTS; delete without force is

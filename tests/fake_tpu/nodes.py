@@ -63,6 +63,9 @@ class NodesMixin:
             raise FakeApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"zone {zone!r} is unavailable")
         if zone in self.create_errors:
             raise FakeApiError(*self.create_errors[zone])
+        refused = [err for end, err in self.node_create_errors.items() if node_id.endswith(end)]
+        if refused:
+            raise FakeApiError(*refused[0])
         if not node_id:
             raise FakeApiError(HTTPStatus.BAD_REQUEST, "nodeId is required")
         if name in self.nodes:

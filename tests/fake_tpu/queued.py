@@ -49,8 +49,13 @@ class QueuedMixin:
             raise FakeApiError(HTTPStatus.CONFLICT, f"queued resource {name} already exists")
         qr = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
         specs = list(qr.tpu.node_spec)
-        if len(specs) != 1 or not specs[0].node_id or parse_slice(specs[0].node.accelerator_type) is None:
-            raise FakeApiError(HTTPStatus.BAD_REQUEST, "tpu.nodeSpec needs one nodeId and a known acceleratorType")
+        multi = specs[0].multislice_params if len(specs) == 1 and "multislice_params" in specs[0] else None
+        if len(specs) != 1 or parse_slice(specs[0].node.accelerator_type) is None or (
+                bool(specs[0].node_id) == bool(multi)):
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "tpu.nodeSpec needs one of nodeId and multisliceParams, "
+                               "and a known acceleratorType")
+        if multi is not None and multi.node_count < 2:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "multisliceParams.nodeCount must be more than 1")
         if specs[0].parent != parent:
             raise FakeApiError(HTTPStatus.BAD_REQUEST, f"nodeSpec.parent must be {parent}")
         for other, rec in self.queued.items():
@@ -142,12 +147,20 @@ class QueuedMixin:
 
     def _make_queued_node(self, rec: QueuedRecord) -> None:
         spec = rec.qr.tpu.node_spec[0]
-        name = f"{spec.parent}/nodes/{spec.node_id}"
-        if name in self.nodes:
-            return
-        node = tpu_v2.Node(spec.node)
-        node.name = name
-        node.queued_resource = rec.qr.name
-        node.state = tpu_v2.Node.State.CREATING
-        self.nodes[name] = NodeRecord(node, self.queued_node_polls, "")
-        self._maybe_ready(self.nodes[name], count_poll=False)
+        if "multislice_params" in spec:
+            # As Google does: nodes `<nodeIdPrefix>-0` .. `-<nodeCount - 1>`, the prefix defaulting to the id.
+            prefix = spec.multislice_params.node_id_prefix or rec.qr.name.rsplit("/", 1)[1]
+            ids = [f"{prefix}-{i}" for i in range(spec.multislice_params.node_count)]
+        else:
+            ids = [spec.node_id]
+        for node_id in ids:
+            name = f"{spec.parent}/nodes/{node_id}"
+            if name in self.nodes:
+                continue
+            node = tpu_v2.Node(spec.node)
+            node.name = name
+            node.queued_resource = rec.qr.name
+            node.multislice_node = len(ids) > 1
+            node.state = tpu_v2.Node.State.CREATING
+            self.nodes[name] = NodeRecord(node, self.queued_node_polls, "")
+            self._maybe_ready(self.nodes[name], count_poll=False)

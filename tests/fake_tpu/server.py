@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -35,6 +36,7 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
         self.exhausted_zones: set[str] = set()
         self.unavailable_zones: set[str] = set()
         self.create_errors: dict[str, tuple[HTTPStatus, str]] = {}
+        self.node_create_errors: dict[str, tuple[HTTPStatus, str]] = {}  # by node id ending, in every zone
         self.failed_operations: dict[str, tuple[int, str]] = {}
         self.slow_answers: dict[str, float] = {}
         self.lost_answers: dict[str, int] = {}
@@ -60,7 +62,7 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> FakeTpuServer:
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd = _Server(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-tpu", daemon=True
@@ -175,6 +177,13 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
                 self._queued_deletes.append((m["name"], force))
                 return HTTPStatus.OK, self._delete_queued(m["name"], force)
         raise FakeApiError(HTTPStatus.NOT_FOUND, f"no such method: {method} {url.path}")
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a caller that went away mid-call (a worker killed by the chaos bench): nothing to say
+        super().handle_error(request, client_address)
 
 
 def _handler_for(server: FakeTpuServer) -> type[BaseHTTPRequestHandler]:
