@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from engine.starting.ordering import probes_of
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
 from runner import protocol
@@ -76,6 +77,8 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         },
         "tpu": None,
         "container": None,
+        # run by the job runner against 127.0.0.1 once the job runs (runner/probes.py)
+        "probes": probes_of(job) or None,
     }
     if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
         hosts = instance.group.instances.order_by("index").values_list("internal_ip", flat=True)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .fields import CheckedModel
+from .readiness import DEFAULT_READY_TIMEOUT, Dependency, Probe
 from .requirements import Resources
 from .task_written import RetryEvent, StartupOrder, StopCriteria
 
@@ -31,6 +32,9 @@ class NodeGroup(CheckedModel):
     env: dict[str, str]
     image: str | None
     ports: list[int | str]
+    probes: list[Probe] = Field(default_factory=list)  # none: ready once running
+    ready_timeout: int = DEFAULT_READY_TIMEOUT  # seconds from running to ready
+    depends_on: list[Dependency] = Field(default_factory=list)
 
 
 class TaskConfiguration(CheckedModel):

@@ -9,13 +9,14 @@ and secrets, the layout rules of `groups:` and the `${{ }}` references between n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList
 from .fields import read_model_partially
 from .gpu_spec import ProbedNames
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
+from .readiness import Dependency, Readiness, read_readiness
 from .requirements import Resources
 from .resources import Warnings, parse_resources
 from .task_checked import NodeGroup
@@ -23,7 +24,7 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources")
+PER_GROUP_KEYS = ("commands", "ports", "resources", "probes", "ready_timeout")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Part:
     env: dict[str, str | None]
     image: str | None
     ports: list[int | str]
+    readiness: Readiness | None = None  # None: its keys had problems (already reported)
+    depends_on: list[Dependency] = field(default_factory=list)  # those that could be read
 
 
 def read_parts(
@@ -73,6 +76,7 @@ def read_parts(
                 env={},
                 image=task.image,
                 ports=task.ports,
+                readiness=read_readiness(document, [], task.ports, errors, depends_allowed=False)[0],
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
@@ -111,6 +115,7 @@ def _read_group(
     if group is None:
         return None
     resources = _read_resources(group.resources, [*loc, "resources"], errors, warnings, probed)
+    readiness, depends_on = read_readiness(raw, loc, group.ports, errors) if "ports" not in bad else (None, [])
     if bad:
         return None
     return Part(
@@ -122,6 +127,8 @@ def _read_group(
         env=parse_env(group.env, errors, [*loc, "env"]),
         image=group.image,
         ports=group.ports,
+        readiness=readiness,
+        depends_on=depends_on,
     )
 
 
@@ -194,7 +201,7 @@ def check_part(
         nodes = 1
     own_env = fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
     env = top_env | resolve_env(own_env, env_values, secrets, errors, [*part.loc, "env"])
-    if len(errors.items) > before or resources is None:
+    if len(errors.items) > before or resources is None or part.readiness is None:
         return None
     return NodeGroup(
         name=part.name,
@@ -205,6 +212,9 @@ def check_part(
         env=env,
         image=image,
         ports=part.ports,
+        probes=part.readiness.probes,
+        ready_timeout=part.readiness.ready_timeout,
+        depends_on=part.readiness.depends_on,
     )
 
 

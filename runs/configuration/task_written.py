@@ -66,6 +66,10 @@ class _GroupInput(_GroupShape):
     env: Any = None
     image: str | None = None
     ports: list[Port] = []
+    # read and checked key by key in `readiness` (each problem named with its place)
+    probes: Any = []
+    ready_timeout: Any = None
+    depends_on: Any = []
 
     @field_validator("name")
     @classmethod
@@ -83,6 +87,8 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     commands: list[str] = []
     ports: list[Port] = []
     resources: Any = None
+    probes: Any = []  # a `nodes:` task's one group; read in `readiness`
+    ready_timeout: Any = None
     startup_order: StartupOrder = "any"
     stop_criteria: StopCriteria = "all-done"
     retry: _RetryInput | None = None
