@@ -97,3 +97,17 @@ def test_a_spec_with_a_malformed_probe_is_refused_at_submit(home):
     result = cli(home, "submit", "--job", "p3", stdin=json.dumps(bad).encode())
     assert result.returncode == 1
     assert "spec.probes[0].command" in json.loads(result.stdout)["error"]
+
+
+@pytest.mark.parametrize("probes", [
+    "all good", [{"success_streak": -1}], [{"success_streak": True}], [{"last_error": "x"}],
+    [{"success_streak": 1, "last_error": 7}], [{"success_streak": 1, "last_at": "now"}],
+    [{"success_streak": 1}] * 65,
+])
+def test_a_hostile_hosts_probe_results_are_refused_before_the_engine_reads_them(probes):
+    from runner.protocol import status_problem
+
+    doc = {"agent_alive": True, "jobs": {"j": {"state": "running", "probes": probes}}}
+    assert "probe" in status_problem(doc)
+    assert status_problem({"agent_alive": True, "jobs": {"j": {"state": "running", "probes": [
+        {"success_streak": 2, "last_error": None, "last_at": 1.5, "calls": 3}]}}}) is None
