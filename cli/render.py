@@ -304,9 +304,24 @@ def jobs_summary(jobs: Sequence[dict[str, Any]]) -> str:
 def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
     """`ps -v`: one row per job of each run."""
     rows = [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
-             j.get("instance"), j.get("instance_ip"), j.get("status"), j.get("termination_reason"))
+             j.get("instance"), j.get("instance_ip"), j.get("status"), ready_text(j), j.get("termination_reason"))
             for r in runs for j in (r.get("jobs") or [])]
-    return table(["run", "job", "group", "rank", "host", "ip", "status", "reason"], rows)
+    return table(["run", "job", "group", "rank", "host", "ip", "status", "ready", "reason"], rows)
+
+
+def ready_text(job: dict[str, Any]) -> str:
+    """`yes` once ready; a running job's probes (passes in a row / needed, and the last error) until
+    then; what a starting job waits for."""
+    if job.get("ready_at"):
+        return "yes"
+    if job.get("waiting_for"):
+        return f"waits for {job['waiting_for']}"
+    probes = [p for p in job.get("probes") or [] if isinstance(p, dict)]
+    if not probes:
+        return ""
+    parts = [f"{p.get('probe')} {p.get('success_streak', 0)}/{p.get('ready_after', 1)}"
+             + (f" ({p['last_error']})" if p.get("last_error") else "") for p in probes]
+    return "no: " + "; ".join(parts)
 
 
 def events_table(events: Sequence[dict[str, Any]]) -> str:

@@ -27,7 +27,7 @@ PER_ROW = 4
 
 
 def start_step(order: str, job_num: int) -> str:
-    """When a node starts, as the engine enforces it (engine.starting.advance._order_allows)."""
+    """When a node starts, as the engine enforces it (engine/starting/ordering.py)."""
     if order == "workers-first":
         return "starts 2nd (after the workers)" if job_num == 0 else "starts 1st"
     if order == "master-first":
@@ -73,7 +73,14 @@ def status_lines(text: str, width: int = STATUS_CHARS) -> list[str]:
 
 
 def status_text(job) -> str:
-    return job.status + (f" ({job.termination_reason})" if job.termination_reason else "")
+    if job.termination_reason:
+        return f"{job.status} ({job.termination_reason})"
+    if job.status == JobStatus.RUNNING:
+        # ready: every probe of its group passed (or it has none); until then the probes' streaks
+        return f"{job.status}, {'ready' if job.ready_at else 'not ready yet'}"
+    if job.waiting_for and job.status in (JobStatus.PROVISIONING, JobStatus.PULLING):
+        return f"{job.status}: waiting for {job.waiting_for}"
+    return job.status
 
 
 def _node(job, x: int, y: int, lines: int, now) -> list[str]:
@@ -130,6 +137,10 @@ def _group(index: int, members: list, order: str, left: int, top: int, now) -> t
     inner_w = cols * NODE_W + (cols - 1) * GAP
     name = members[0].node_group_name
     steps = sorted({start_step(order, j.job_num) for j in members})
+    configured = (members[0].run.configuration or {}).get("groups") or []
+    depends = configured[index].get("depends_on") if index < len(configured) else None
+    if depends:
+        steps = ["starts after " + ", ".join(f"{d['group']} is {d.get('condition', 'ready')}" for d in depends)]
     y = top + HEAD
     body: list[str] = []
     for box in _boxes(members):

@@ -16,6 +16,7 @@ from .cgroups import kill_job_tree
 from .cluster_env import as_int, base_env
 from .containers import remove_container
 from .files import Paths, create_exclusively, emit, program, read_json, touch
+from .probes import probes_report
 from .processes import is_runner_process
 from .protocol import FINAL_STATES, validate_spec
 
@@ -118,6 +119,9 @@ def status_report(paths: Paths) -> dict[str, Any]:
                     status["log_size"] = os.path.getsize(paths.job(job_id).output)
                 except OSError:
                     status["log_size"] = 0
+                probes = probes_report(paths.job(job_id))
+                if probes is not None:
+                    status["probes"] = probes
                 jobs[job_id] = status
     return {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
 

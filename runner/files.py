@@ -13,6 +13,7 @@ Layout under the runner home directory HOME::
     HOME/jobs/<job_id>/mpi/hostfile
     HOME/jobs/<job_id>/workdir/       cwd of the commands
     HOME/jobs/<job_id>/stop           created by the server to request a stop
+    HOME/jobs/<job_id>/probes.json    the readiness probes' results, written by the job runner
     HOME/jobs/<job_id>/container.env  a container job's env while ``docker create`` reads it (0600)
 
 Every write a reader may race with is atomic (a temporary file, then a rename), so a reader sees
@@ -118,6 +119,7 @@ class JobPaths:
         self.hostfile = os.path.join(self.mpi_dir, "hostfile")
         self.workdir = os.path.join(self.dir, "workdir")
         self.stop = os.path.join(self.dir, "stop")
+        self.probes = os.path.join(self.dir, "probes.json")  # the readiness probes' last results
         self.home = os.path.dirname(os.path.abspath(jobs_dir))
         # In the environment of every process of the job (start_shell): how a stop finds them all.
         self.marker = (f"{JOB_MARKER}={job_id}", f"MUSTER_HOME={self.home}")

@@ -15,6 +15,7 @@ from .cluster_env import base_env, build_env, hostfile_content, job_script
 from .containers import run_container_job
 from .files import JobPaths, Paths, log_err, read_json, write_json_atomic
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
+from .probes import Prober
 from .protocol import validate_spec
 
 
@@ -119,7 +120,11 @@ def run_job(home: str, job_id: str) -> int:
     started = time.monotonic()
     running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, cgroup=cgroup, start_time=time.time())
     write_json_atomic(job.status, running)
-    reason = watch_job(job, proc, spec, started, flag, cgroup)
+    prober = Prober(job, spec.get("probes") or []).start()
+    try:
+        reason = watch_job(job, proc, spec, started, flag, cgroup)
+    finally:
+        prober.stop()
     # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
     kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())

@@ -24,6 +24,7 @@ MAX_DURATION_EXCEEDED = "max_duration_exceeded"
 LIVE_STATES = (SUBMITTED, STARTING, PULLING, RUNNING)  # its processes may be alive
 FINAL_STATES = (DONE, FAILED, TERMINATED, MAX_DURATION_EXCEEDED)
 STATES = LIVE_STATES + FINAL_STATES
+MAX_PROBE_RESULTS = 64  # more than a spec may hold (runs/configuration/readiness.py MAX_PROBES)
 
 # The verbs of the runner's CLI: verb -> (needs --job, help). runner/cli.py maps each to its
 # handler and its own arguments; a new verb is one entry here and one there.
@@ -55,6 +56,7 @@ SPEC_FIELDS = (
     # multislice set {num_slices, slice_id, coordinator_address, megascale_port}: MEGASCALE_*
     "container",  # None (commands on the host), or CONTAINER_FIELDS
     "cgroup",  # false keeps the job out of cgroups (the marker alone then stops it)
+    "probes",  # readiness probes, run by the job runner once the job runs (runner/probes.py); None: none
 )
 CONTAINER_FIELDS = (
     "image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes", "shm_size",
@@ -89,6 +91,9 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         value = spec.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"spec.{key} must be a number or null")
+    problem = probe_problem(spec.get("probes"))
+    if problem is not None:
+        raise ValueError(problem)
     container = spec.get("container")
     if container is not None:
         if not isinstance(container, dict) or not isinstance(container.get("image"), str) or not container["image"]:
@@ -100,6 +105,28 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         if policy is not None and (not isinstance(policy, dict) or not isinstance(policy.get("allowed_prefixes", []), list)):
             raise ValueError("spec.container.policy must be an object with allowed_prefixes a list")
     return spec
+
+def probe_problem(probes: Any) -> str | None:
+    """What is wrong with a spec's probes (None when the runner can run them)."""
+    if probes is None:
+        return None
+    if not isinstance(probes, list):
+        return "spec.probes must be a list"
+    for i, probe in enumerate(probes):
+        if not isinstance(probe, dict) or probe.get("type") not in ("http", "tcp", "exec"):
+            return f"spec.probes[{i}] must be an object with type http, tcp or exec"
+        if probe["type"] == "exec":
+            command = probe.get("command")
+            if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+                return f"spec.probes[{i}].command must be a non-empty list of strings"
+        elif isinstance(probe.get("port"), bool) or not isinstance(probe.get("port"), int):
+            return f"spec.probes[{i}].port must be a number"
+        for key in ("interval", "timeout"):
+            value = probe.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                return f"spec.probes[{i}].{key} must be a positive number"
+    return None
+
 
 # The fields of a job's status the server reads (runner/commands.py status_report), each checked.
 _NUMBER = (int, float)
@@ -142,6 +169,25 @@ def _job_problem(job_id: str, state: Any) -> str | None:
     code = state.get("exit_status")
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -2**31 <= code < 2**31):
         return f"the runner's exit_status of job {job_id} is not an integer: {_short(code)}"
+    return _probes_problem(job_id, state.get("probes"))
+
+
+def _probes_problem(job_id: str, probes: Any) -> str | None:
+    """``probes``: None, or one result per probe of the spec ({success_streak, last_error, ...})."""
+    if probes is None:
+        return None
+    if not isinstance(probes, list) or len(probes) > MAX_PROBE_RESULTS:
+        return f"the runner's probes of job {job_id} are not a list of results: {_short(probes)}"
+    for result in probes:
+        streak = result.get("success_streak") if isinstance(result, dict) else None
+        if isinstance(streak, bool) or not isinstance(streak, int) or streak < 0:
+            return f"the runner's probe result of job {job_id} has no success_streak: {_short(result)}"
+        error = result.get("last_error")
+        if error is not None and not isinstance(error, str):
+            return f"the runner's probe error of job {job_id} is not a string: {_short(error)}"
+        at = result.get("last_at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, _NUMBER)):
+            return f"the runner's probe time of job {job_id} is not a number: {_short(at)}"
     return None
 
 

@@ -73,6 +73,8 @@ class JobReason(models.TextChoices):
     WAITING_INSTANCE_LIMIT_EXCEEDED = "waiting_instance_limit_exceeded"
     WAITING_RUNNER_LIMIT_EXCEEDED = "waiting_runner_limit_exceeded"
     WAITING_PEERS_LIMIT_EXCEEDED = "waiting_peers_limit_exceeded"
+    # running, but its probes did not all pass within the group's `ready_timeout`
+    WAITING_READY_LIMIT_EXCEEDED = "waiting_ready_limit_exceeded"
     TERMINATED_BY_USER = "terminated_by_user"
     ABORTED_BY_USER = "aborted_by_user"
     TERMINATED_BY_SERVER = "terminated_by_server"
@@ -103,6 +105,7 @@ FAILING_REASONS = frozenset({
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, JobReason.INTERRUPTED_BY_NO_CAPACITY,
     JobReason.INSTANCE_UNREACHABLE, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
+    JobReason.WAITING_READY_LIMIT_EXCEEDED,
     JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.PROCESS_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR,
     JobReason.MAX_DURATION_EXCEEDED,
     JobReason.CREATING_CONTAINER_ERROR,
@@ -116,6 +119,7 @@ RETRY_EVENT = {
     JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: "no-capacity",
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: "error",
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: "error",
+    JobReason.WAITING_READY_LIMIT_EXCEEDED: "error",
     JobReason.CONTAINER_EXITED_WITH_ERROR: "error",
     JobReason.PROCESS_EXITED_WITH_ERROR: "error",
     JobReason.CREATING_CONTAINER_ERROR: "error",
@@ -136,6 +140,7 @@ FINAL_STATUS = {
     JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: JobStatus.FAILED,
+    JobReason.WAITING_READY_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.CONTAINER_EXITED_WITH_ERROR: JobStatus.FAILED,
     JobReason.PROCESS_EXITED_WITH_ERROR: JobStatus.FAILED,
     JobReason.CREATING_CONTAINER_ERROR: JobStatus.FAILED,

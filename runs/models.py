@@ -76,6 +76,12 @@ class Job(Claimable):
     end_time = models.FloatField(null=True, blank=True)
     exit_status = models.IntegerField(null=True, blank=True)
     next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Readiness (engine/running/readiness.py): when every probe of its group had passed
+    # `ready_after` times in a row (or, without probes, when it ran); each probe's last result as
+    # its runner reported it; and what a starting job waits for before it may start.
+    ready_at = models.DateTimeField(null=True, blank=True)
+    probes = models.JSONField(default=list, blank=True)
+    waiting_for = models.CharField(max_length=200, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -120,7 +120,9 @@ def job_submission(job: Job) -> dict:
         "status": job.status, "status_message": JOB_STATUS_MESSAGE.get(job.status, job.status),
         "termination_reason": job.termination_reason or None,
         "termination_reason_message": job.termination_message or None, "exit_status": job.exit_status,
-        "job_provisioning_data": _provisioning(job.instance), "error": None, "probes": [],
+        "job_provisioning_data": _provisioning(job.instance), "error": None,
+        # dstack's shape for a service replica's probes: the streak of each, as the runner counted it
+        "probes": [{"success_streak": p.get("success_streak", 0)} for p in job.probes or [] if isinstance(p, dict)],
     }
 
 

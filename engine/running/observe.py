@@ -10,12 +10,12 @@ job's state: `pulling -> running`, or the end the runner reports. advance_job
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from backends.base import BackendError
-from engine import health, log_copy, messages, runner_status
-from engine.starting import cluster, containers
+from engine import health, log_copy, runner_status
+from engine.running import readiness
+from engine.starting import cluster, containers, ordering
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
 from runs.transitions import end_job, move_job
@@ -88,8 +88,12 @@ def watch_observed(job: Job, status: dict | None) -> None:
         containers.show_pull_progress(job, state)
     if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status in STARTING
             and not containers.container_end(state)):
-        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running")
-        _wake_waiting_peers(job)
+        # a group without probes is ready once it runs; with probes, once they pass (readiness.py)
+        ready = {} if ordering.probes_of(job) else {"ready_at": timezone.now()}
+        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running", **ready)
+        readiness.wake_waiting_peers(job)
+    if state.get("state") == RunnerState.RUNNING and job.status == JobStatus.RUNNING:
+        readiness.observe_probes(job, state, status.get("now"))
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
         text = text.format(exit_status=state.get("exit_status"))
@@ -97,14 +101,6 @@ def watch_observed(job: Job, status: dict | None) -> None:
             reason = JobReason.PROCESS_EXITED_WITH_ERROR
         reason, text = containers.container_end(state) or (reason, text)
         end_job(job, reason, text, **{k: v for k, v in times.items() if v is not None})
-
-
-def _wake_waiting_peers(job: Job) -> None:
-    if (job.run.configuration.get("startup_order") or "any") == "any":
-        return  # peers wait for addresses only, and those were known before this job started
-    with transaction.atomic():
-        for peer_id in job.run.current_jobs().filter(status__in=STARTING).values_list("pk", flat=True):
-            messages.start_job(peer_id)
 
 
 def _maybe_unreachable(job: Job) -> None:

@@ -20,7 +20,7 @@ from backends.registry import compute_for_instance
 from engine import claims, log_copy, messages
 from engine.job_outcome import job_outcome
 from engine.running import observe
-from engine.starting import cluster
+from engine.starting import cluster, ordering
 from engine.tuning import STARTING_RECHECK
 from instances.models import InstanceStatus
 from instances.queued import waits_in_queue
@@ -109,28 +109,15 @@ def _wait_for_runner(job: Job) -> None:
                 f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s")
 
 
-def _started(job: Job) -> bool:
-    # A peer that already finished has started too (a short master must not block its workers).
-    return job.start_time is not None or job.status in (JobStatus.RUNNING, JobStatus.DONE)
-
-
-def _order_allows(job: Job, jobs: list[Job]) -> bool:
-    order = job.run.configuration.get("startup_order") or "any"
-    if order == "master-first" and job.job_num != 0:
-        return _started(jobs[0])
-    if order == "workers-first" and job.job_num == 0:
-        return all(_started(j) for j in jobs[1:])
-    return True
-
-
 def _start_when_ready(job: Job) -> None:
     jobs = list(job.run.current_jobs().select_related("instance", "instance__group"))
     if not job.runner_submitted:
-        ready = cluster.all_ips_known(jobs) and _order_allows(job, jobs)
-        if not ready:
+        waits = ordering.ADDRESSES if not cluster.all_ips_known(jobs) else ordering.waits_for(job, jobs)
+        ordering.note_wait(job, waits)
+        if waits:
             if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"]:
                 end_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-                        "peers' addresses or start order not satisfied in time")
+                        f"waited {settings.MUSTER['WAITING_PEERS_LIMIT']:.0f}s for {waits}")
             return
         try:
             spec = cluster.runner_spec(job, jobs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from backends.tpu_shapes import MEGASCALE_PORT
+from engine.starting.ordering import probes_of
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
 from runner import protocol
@@ -77,6 +78,8 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         },
         "tpu": None,
         "container": None,
+        # run by the job runner against 127.0.0.1 once the job runs (runner/probes.py)
+        "probes": probes_of(job) or None,
     }
     if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
         spec["tpu"] = tpu_spec(instance)

@@ -60,10 +60,13 @@ class JobSerializer(serializers.ModelSerializer):
             "job_num", "submission_num", "status", "status_message", "termination_reason", "termination_message",
             "node_group_name", "node_group_index", "node_group_rank", "waiting_master_job",
             "instance", "instance_ip", "fleet", "resources", "start_time", "end_time", "exit_status",
+            "ready_at", "probes", "waiting_for",
         ]
 
 
     def get_status_message(self, job: Job) -> str:
+        if job.waiting_for and job.status in (JobStatus.PROVISIONING, JobStatus.PULLING):
+            return f"waiting for {job.waiting_for}"  # a peer (startup_order, depends_on) or the addresses
         # What a provisioning job waits for, when the wait is the cloud's (a queued TPU slice).
         if job.status != JobStatus.PROVISIONING or job.instance is None or job.instance.group is None:
             return ""

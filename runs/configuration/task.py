@@ -14,6 +14,7 @@ from .envs import parse_env, resolve_env
 from .errors import ErrorList, format_loc
 from .fields import read_model_partially
 from .gpu_spec import ProbedNames
+from .readiness import check_dependencies
 from .resources import SHM_WITHOUT_IMAGE, Warnings
 from .task_checked import RetryPolicy, TaskConfiguration
 from .task_groups import check_group_layout, check_part, check_references, fill_env, read_parts, warn_part
@@ -73,6 +74,9 @@ def parse_run_configuration(
     if parts is not None and len(readable) == len(parts):
         # group indexes are only meaningful when every group could be read
         check_references(task, written_env, readable, groups, errors)
+        if task.groups is not None:
+            check_dependencies([p.name for p in readable], [p.loc for p in readable],
+                               [p.depends_on for p in readable], task.startup_order, errors)
     errors.raise_if_any()
     return TaskConfiguration(
         name=task.name,

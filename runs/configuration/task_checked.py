@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .fields import CheckedModel
+from .readiness import DEFAULT_READY_TIMEOUT, Dependency, Probe
 from .requirements import Resources
 from .task_written import RetryEvent, StartupOrder, StopCriteria
 
@@ -34,6 +35,9 @@ class NodeGroup(CheckedModel):
     fleets: list[str] = []  # the group's own `fleets:`; empty: any fleet the task may use
     # TPU slices of a multislice set (1: one slice, or no TPU); nodes = slices x hosts per slice.
     slices: int = 1
+    probes: list[Probe] = Field(default_factory=list)  # none: ready once running
+    ready_timeout: int = DEFAULT_READY_TIMEOUT  # seconds from running to ready
+    depends_on: list[Dependency] = Field(default_factory=list)
 
 
 class TaskConfiguration(CheckedModel):

@@ -9,7 +9,7 @@ and secrets, the layout rules of `groups:` and the `${{ }}` references between n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.tpu_shapes import SliceShape
 
@@ -18,6 +18,7 @@ from .errors import ConfigurationError, ErrorList
 from .fields import read_model_partially
 from .gpu_spec import ProbedNames
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
+from .readiness import Dependency, Readiness, read_readiness
 from .requirements import Resources
 from .resources import Warnings, parse_resources
 from .task_checked import NodeGroup
@@ -25,7 +26,7 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources", "slices")
+PER_GROUP_KEYS = ("commands", "ports", "resources", "slices", "probes", "ready_timeout")
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Part:
     ports: list[int | str]
     fleets: list[str] | None = None
     slices: int | None = None
+    readiness: Readiness | None = None  # None: its keys had problems (already reported)
+    depends_on: list[Dependency] = field(default_factory=list)  # those that could be read
 
 
 def read_parts(
@@ -78,6 +81,7 @@ def read_parts(
                 image=task.image,
                 ports=task.ports,
                 slices=task.slices,
+                readiness=read_readiness(document, [], task.ports, errors, depends_allowed=False)[0],
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
@@ -116,6 +120,7 @@ def _read_group(
     if group is None:
         return None
     resources = _read_resources(group.resources, [*loc, "resources"], errors, warnings, probed)
+    readiness, depends_on = read_readiness(raw, loc, group.ports, errors) if "ports" not in bad else (None, [])
     if bad:
         return None
     return Part(
@@ -129,6 +134,8 @@ def _read_group(
         ports=group.ports,
         fleets=group.fleets,
         slices=group.slices,
+        readiness=readiness,
+        depends_on=depends_on,
     )
 
 
@@ -206,7 +213,7 @@ def check_part(
         if task.fleets and name not in task.fleets:
             errors.add([*part.loc, "fleets", f], f"fleet `{name}` is not in the task's `fleets` "
                        f"({', '.join(task.fleets)}): add it there or name one of those")
-    if len(errors.items) > before or resources is None:
+    if len(errors.items) > before or resources is None or part.readiness is None:
         return None
     return NodeGroup(
         name=part.name,
@@ -219,6 +226,9 @@ def check_part(
         ports=part.ports,
         fleets=fleets,
         slices=slices,
+        probes=part.readiness.probes,
+        ready_timeout=part.readiness.ready_timeout,
+        depends_on=part.readiness.depends_on,
     )
 
 

@@ -77,6 +77,10 @@ class _GroupInput(_GroupShape):
     image: str | None = None
     ports: list[Port] = []
     fleets: list[str] = []  # the group's own choice among the task's fleets (a run may span fleets)
+    # read and checked key by key in `readiness` (each problem named with its place)
+    probes: Any = []
+    ready_timeout: Any = None
+    depends_on: Any = []
 
     @field_validator("name")
     @classmethod
@@ -100,6 +104,8 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     commands: list[str] = []
     ports: list[Port] = []
     resources: Any = None
+    probes: Any = []  # a `nodes:` task's one group; read in `readiness`
+    ready_timeout: Any = None
     startup_order: StartupOrder = "any"
     stop_criteria: StopCriteria = "all-done"
     retry: _RetryInput | None = None

@@ -1,0 +1,92 @@
+"""When a running job is ready, from the probe results its runner reports with its status.
+
+A job of a group without probes is ready once it runs (`ready_at` is set with the move to
+`running`, observe.py). A job with probes is ready once every probe has passed its `ready_after`
+times in a row (the runner counts the streaks, runner/probes.py); until then each look checks
+its group's `ready_timeout`, counted on the host's own clock from the job's start (the runner's
+`now` and `start_time`, so a skewed host clock cannot shorten or stretch it). Later failures are
+shown with the job but are not failures (dstack's meaning of service probes).
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from engine import messages
+from engine.starting.ordering import group_conf, has_ordering, probes_of
+from events.services import record
+from runs.choices import JobReason, JobStatus
+from runs.models import Job
+from runs.transitions import end_job
+
+
+def describe(probe: dict) -> str:
+    if probe.get("type") == "exec":
+        return "exec " + " ".join(probe.get("command") or [])[:60]
+    if probe.get("type") == "tcp":
+        return f"tcp :{probe.get('port')}"
+    return f"http {str(probe.get('method', 'get')).upper()} :{probe.get('port')}{probe.get('url', '/')}"
+
+
+def observe_probes(job: Job, state: dict, host_now: float | None) -> None:
+    """Act on the probe results of one look at a running job (the caller holds its claim)."""
+    probes = probes_of(job)
+    if not probes or job.status != JobStatus.RUNNING:
+        return
+    reported = state.get("probes") or []
+    results = []
+    for i, probe in enumerate(probes):
+        got = reported[i] if i < len(reported) and isinstance(reported[i], dict) else {}
+        results.append({
+            "probe": describe(probe),
+            "success_streak": got.get("success_streak", 0),
+            "ready_after": probe.get("ready_after", 1),
+            "last_error": got.get("last_error"),
+            "last_at": got.get("last_at"),
+        })
+    updates: dict = {}
+    if results != job.probes:
+        updates["probes"] = results
+    passed = all(r["success_streak"] >= r["ready_after"] for r in results)
+    if passed and job.ready_at is None:
+        updates["ready_at"] = timezone.now()
+        with transaction.atomic():
+            Job.objects.filter(pk=job.pk).update(**updates)
+            record(job.run.project_id, f"job {job.run.name}/{job.job_num}",
+                   f"ready: {', '.join(r['probe'] for r in results)} passed", status=JobStatus.RUNNING,
+                   run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
+            wake_waiting_peers(job)
+        _set(job, updates)
+        return
+    if updates:
+        Job.objects.filter(pk=job.pk).update(**updates)
+        _set(job, updates)
+    if job.ready_at is None:
+        _check_ready_timeout(job, state, host_now, results)
+
+
+def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict]) -> None:
+    limit = int(group_conf(job).get("ready_timeout") or 0)
+    start = state.get("start_time") or job.start_time
+    if not limit or start is None or host_now is None or host_now - float(start) <= limit:
+        return
+    failing = [f"{r['probe']}: {r['last_error'] or 'no answer yet'} ({r['success_streak']}/{r['ready_after']})"
+               for r in results if r["success_streak"] < r["ready_after"]]
+    end_job(job, JobReason.WAITING_READY_LIMIT_EXCEEDED,
+            f"not ready within ready_timeout {limit}s: " + "; ".join(failing)[:900])
+
+
+def wake_waiting_peers(job: Job) -> None:
+    """The jobs of the run still waiting to start look again now (one of them may wait for this one)."""
+    if not has_ordering(job.run.configuration or {}):
+        return  # peers wait for addresses only, and those were known before this job started
+    with transaction.atomic():
+        waiting = job.run.current_jobs().filter(status__in=(JobStatus.PROVISIONING, JobStatus.PULLING))
+        for peer_id in waiting.values_list("pk", flat=True):
+            messages.start_job(peer_id)
+
+
+def _set(job: Job, updates: dict) -> None:
+    for key, value in updates.items():
+        setattr(job, key, value)

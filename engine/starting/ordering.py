@@ -1,0 +1,82 @@
+"""What a job waits for before it may start: `startup_order` and its group's `depends_on`.
+
+A node that is waited on counts once it is *ready*: with probes, when its `ready_at` is set
+(engine/running/readiness.py); without probes, when it started, exactly as before probes existed
+(dstack's meaning of `startup_order`). A node that finished `done` counts as ready too: there is
+nothing left to wait for, and a short master must not block its workers.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from events.services import record
+from runs.choices import JobStatus
+from runs.configuration.readiness import CONDITION_DONE
+from runs.models import Job
+
+
+def group_conf(job: Job) -> dict:
+    """The job's group as configured ({} for rows written before groups were kept with the run)."""
+    groups = (job.run.configuration or {}).get("groups") or []
+    return groups[job.node_group_index] if job.node_group_index < len(groups) else {}
+
+
+def probes_of(job: Job) -> list[dict]:
+    return group_conf(job).get("probes") or []
+
+
+def has_ordering(configuration: dict) -> bool:
+    """Whether any job of the run may wait for another one to start (or be ready, or done)."""
+    if (configuration.get("startup_order") or "any") != "any":
+        return True
+    return any(g.get("depends_on") for g in configuration.get("groups") or [])
+
+
+def started(job: Job) -> bool:
+    return job.start_time is not None or job.status in (JobStatus.RUNNING, JobStatus.DONE)
+
+
+def ready(job: Job) -> bool:
+    if not probes_of(job):
+        return started(job)
+    return job.ready_at is not None or job.status == JobStatus.DONE
+
+
+def waits_for(job: Job, jobs: list[Job]) -> str:
+    """What `job` waits for before it may start, in words ("" when nothing)."""
+    conf = job.run.configuration or {}
+    order = conf.get("startup_order") or "any"
+    if order == "master-first" and job.job_num != 0 and not ready(jobs[0]):
+        return "the master (job 0) to be " + ("ready" if probes_of(jobs[0]) else "running")
+    if order == "workers-first" and job.job_num == 0:
+        behind = [j for j in jobs[1:] if not ready(j)]
+        if behind:
+            return f"the workers to be ready ({len(jobs) - 1 - len(behind)} of {len(jobs) - 1}; next: job {behind[0].job_num})"
+    for dep in group_conf(job).get("depends_on") or []:
+        members = [j for j in jobs if j.node_group_name == dep["group"]]
+        if dep.get("condition") == CONDITION_DONE:
+            behind = [j for j in members if j.status != JobStatus.DONE]
+        else:
+            behind = [j for j in members if not ready(j)]
+        if behind:
+            return (f"group {dep['group']} to be {dep.get('condition') or 'ready'} "
+                    f"({len(members) - len(behind)} of {len(members)})")
+    return ""
+
+
+ADDRESSES = "the peers' addresses"
+
+
+def note_wait(job: Job, waits: str) -> None:
+    """Keep what the job waits for on its row (API, `muster ps -v`); a wait for another node is
+    also an event. Written only when it changes: a job looked at every poll writes nothing new."""
+    waits = waits[:200]
+    if waits == job.waiting_for:
+        return
+    with transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(waiting_for=waits)
+        if waits and waits != ADDRESSES:
+            record(job.run.project_id, f"job {job.run.name}/{job.job_num}", f"waiting for {waits}",
+                   status=job.status, run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
+    job.waiting_for = waits
