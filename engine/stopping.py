@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, messages, runner_status
+from engine import claims, failure_policy, messages, runner_status
 from engine.tuning import STOP_RECHECK
 from events.services import record
 from instances.transitions import hand_back
@@ -67,11 +67,16 @@ def _finish(held) -> bool:
             return False
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); handing its host back anyway", job, exc)
+    keep = job.instance_id is not None and failure_policy.keeps_host(job)
     with transaction.atomic():
-        if job.instance_id:
+        if keep:
+            record(job.run.project_id, f"instance {job.instance.name}", f"kept busy by job {job.run.name}/"
+                   f"{job.job_num} for the restart of group {job.node_group_name}", status=job.instance.status,
+                   run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
+        elif job.instance_id:
             hand_back([job.instance], job)
         # the lease goes with the final move (we hold it, so nobody else changed the status)
-        if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token=""):
+        if move_job(job, final, frm=[JobStatus.TERMINATING], lease_until=None, lease_token="", keep_host=keep):
             claims.forget(Job, held.token, [job.pk])
         else:
             claims.release(Job, job.pk, held.token)

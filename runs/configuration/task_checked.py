@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .failure_policy import DEFAULT_MAX_RESTARTS, FailureRule
 from .fields import CheckedModel
 from .requirements import Resources
 from .task_written import RetryEvent, StartupOrder, StopCriteria
@@ -17,7 +18,7 @@ from .task_written import RetryEvent, StartupOrder, StopCriteria
 
 class RetryPolicy(CheckedModel):
     on_events: list[RetryEvent]
-    duration: int  # seconds, counted from submission
+    duration: int  # seconds: from submission for no-capacity, else from the last failure
 
 
 class NodeGroup(CheckedModel):
@@ -31,6 +32,8 @@ class NodeGroup(CheckedModel):
     env: dict[str, str]
     image: str | None
     ports: list[int | str]
+    on_failure: list[FailureRule] = []  # empty: the run's retry, else fail-run
+    max_restarts: int = DEFAULT_MAX_RESTARTS
 
 
 class TaskConfiguration(CheckedModel):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList
+from .failure_policy import read_policy
 from .fields import read_model_partially
 from .gpu_spec import ProbedNames
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
@@ -23,7 +24,7 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources")
+PER_GROUP_KEYS = ("commands", "ports", "resources", "on_failure", "max_restarts")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Part:
     env: dict[str, str | None]
     image: str | None
     ports: list[int | str]
+    on_failure: object = None
+    max_restarts: object = None
 
 
 def read_parts(
@@ -73,6 +76,8 @@ def read_parts(
                 env={},
                 image=task.image,
                 ports=task.ports,
+                on_failure=task.on_failure,
+                max_restarts=task.max_restarts,
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
@@ -122,6 +127,8 @@ def _read_group(
         env=parse_env(group.env, errors, [*loc, "env"]),
         image=group.image,
         ports=group.ports,
+        on_failure=group.on_failure,
+        max_restarts=group.max_restarts,
     )
 
 
@@ -194,6 +201,8 @@ def check_part(
         nodes = 1
     own_env = fill_env(part.env, run_args, secrets, errors, [*part.loc, "env"])
     env = top_env | resolve_env(own_env, env_values, secrets, errors, [*part.loc, "env"])
+    # group 0 holds rank 0, the master
+    rules, max_restarts = read_policy(part.on_failure, part.max_restarts, part.loc, index == 0, errors)
     if len(errors.items) > before or resources is None:
         return None
     return NodeGroup(
@@ -205,6 +214,8 @@ def check_part(
         env=env,
         image=image,
         ports=part.ports,
+        on_failure=rules,
+        max_restarts=max_restarts,
     )
 
 
