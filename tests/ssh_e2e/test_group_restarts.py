@@ -27,6 +27,15 @@ FAIL_ONCE = ('m="$MUSTER_HOME/failed-once-$DSTACK_RUN_NAME-$DSTACK_NODE_RANK"; '
 
 
 @pytest.fixture
+def fast_limits(fast_limits, settings):
+    # The watch of the nodes left running is sent every JOB_POLL_INTERVAL whatever it costs; under
+    # a loaded machine's slow SSH a 0.2 s interval queues watches faster than the worker does
+    # them, and the restarted group's start waits behind that line.
+    settings.MUSTER = {**settings.MUSTER, "JOB_POLL_INTERVAL": 2.0}
+    return settings.MUSTER
+
+
+@pytest.fixture
 def beat(celery_worker):
     with Beat() as beat:
         yield beat
@@ -45,6 +54,15 @@ def submit(api, text: str) -> Run:
     resp = api.post(RUNS, {"configuration": text}, format="json")
     assert resp.status_code == 201, resp.json()
     return Run.objects.get(name=resp.json()["name"])
+
+
+def ended(run: Run, timeout: float) -> Run:
+    """The run once it has ended; on a timeout, the error carries the run's events."""
+    try:
+        return wait_for_run(run.name, timeout=timeout)
+    except AssertionError as exc:
+        said = Event.objects.filter(run=run).values_list("created", "subject", "message")
+        raise AssertionError("\n".join([str(exc), *(f"{c:%H:%M:%S} {s}: {m}" for c, s, m in said)])) from None
 
 
 def rows(run: Run, group: str) -> list[Job]:
@@ -70,7 +88,7 @@ groups:
       - {FAIL_ONCE.format(code=3)}
       - echo "worker again at $DSTACK_NODE_IP; nodes $(echo $DSTACK_NODES_IPS | tr '\\n' ' ')"
 """)
-    run = wait_for_run(run.name, timeout=90)
+    run = ended(run, 90)
     assert run.status == "done", job_states(run)
     head, (first, second) = rows(run, "head"), rows(run, "worker")
     assert [(j.submission_num, j.status) for j in head] == [(0, "done")]  # never stopped
@@ -105,7 +123,7 @@ groups:
     on_failure: [{on_events: [error], action: restart-group}]
     commands: [exit 1]
 """)
-    run = wait_for_run(run.name, timeout=120)
+    run = ended(run, 120)
     assert (run.status, run.termination_reason) == ("failed", "retry_limit_exceeded"), job_states(run)
     attempts = rows(run, "worker")
     assert [j.submission_num for j in attempts] == [0, 1, 2]
@@ -134,7 +152,7 @@ groups:
       - {FAIL_ONCE.format(code=42)}
       - exit 1
 """)
-    run = wait_for_run(run.name, timeout=90)
+    run = ended(run, 90)
     assert (run.status, run.termination_reason) == ("failed", "job_failed"), job_states(run)
     assert [(j.submission_num, j.exit_status) for j in rows(run, "worker")] == [(0, 42), (1, 1)]
     wait_until(no_host_busy, 20, "every host handed back")
@@ -158,14 +176,61 @@ groups:
 
 def test_ignore_lets_the_run_finish_without_a_failed_worker_but_not_without_all_of_them(
         hosts, api, beat, fast_limits):
-    run = wait_for_run(submit(api, IGNORING.format(name="one-fails", all_fail=0)).name, timeout=90)
+    run = ended(submit(api, IGNORING.format(name="one-fails", all_fail=0)), 90)
     assert run.status == "done", job_states(run)
     workers = rows(run, "workers")
     assert [(j.node_group_rank, j.status) for j in workers] == [(0, "done"), (1, "failed"), (2, "done")]
     assert [j.submission_num for j in workers] == [0, 0, 0]  # left failed, not restarted
     wait_until(no_host_busy, 20, "every host handed back")
 
-    run = wait_for_run(submit(api, IGNORING.format(name="all-fail", all_fail=1)).name, timeout=90)
+    run = ended(submit(api, IGNORING.format(name="all-fail", all_fail=1)), 90)
     assert (run.status, run.termination_reason) == ("failed", "job_failed"), job_states(run)
     assert {j.status for j in rows(run, "workers")} == {"failed"}
+    wait_until(no_host_busy, 20, "every host handed back")
+
+
+def test_a_group_whose_host_is_lost_moves_to_an_idle_host_and_the_group_naming_it_restarts(
+        hosts, api, beat, fast_limits):
+    run = submit(api, """
+type: task
+name: moves
+fleets: [f]
+groups:
+  - name: head
+    commands: [sleep 600]
+  - name: worker
+    on_failure: restart-group
+    commands: [echo "worker at $DSTACK_NODE_IP", sleep 600]
+  - name: client
+    commands:
+      - echo "client sees ${{ groups[1].nodes[0].IP_ADDRESS }}"
+      - sleep 600
+""")
+    wait_until(lambda: all(j.status == "running" for j in run.current_jobs()), 90, "all three nodes running")
+    (head,), (lost,), (client,) = rows(run, "head"), rows(run, "worker"), rows(run, "client")
+    victim = next(h for h in hosts if h.address == lost.instance.internal_ip)
+    victim.stop_sshd()
+    victim.kill_processes()
+
+    def moved():
+        current = {j.node_group_name: j for j in run.current_jobs().select_related("instance")}
+        return current if all(j.status == "running" and j.submission_num == 1
+                              for j in (current["worker"], current["client"])) else None
+
+    current = wait_until(moved, 120, "worker and client running again")
+    lost.refresh_from_db()
+    assert (lost.status, lost.termination_reason) == ("failed", "instance_unreachable")
+    assert current["worker"].instance_id not in (lost.instance_id, head.instance_id, client.instance_id)
+    assert current["client"].instance_id == client.instance_id  # on its own host, with the new address
+    new_ip = current["worker"].instance.internal_ip
+    wait_until(lambda: f"client sees {new_ip}" in logs.read(current["client"]).decode(), 30, "the client's log")
+    assert f"client sees {lost.instance.internal_ip}" in logs.read(client).decode()
+    assert (current["head"].pk, current["head"].status) == (head.pk, "running")  # never stopped
+    said = list(Event.objects.filter(run=run).values_list("message", flat=True))
+    assert any("group worker restarts (1 of 3)" in m and "on new hosts" in m for m in said), said
+    assert any("group client restarts with group 1" in m for m in said), said
+
+    assert api.post(f"{RUNS}{run.name}/stop", {}, format="json").status_code in (200, 202)
+    run = ended(run, 60)
+    assert run.status == "terminated", job_states(run)
     wait_until(no_host_busy, 20, "every host handed back")
