@@ -3,9 +3,11 @@
 The `place` workload at moderate size (200 runs of 1 and 2 nodes on a hollow fleet with room for all)
 runs while a supervisor SIGKILLs a random Celery worker process every few seconds (a prefork child,
 or a worker's main process together with its children, which is then restarted), and the broker
-Redis is restarted mid-way. That Redis is the bench's own redis-server on a spare port (6391 when
+Redis is restarted mid-way. Beside them, `--restart-runs` runs of two groups whose second group
+fails once and restarts (`on_failure: restart-group`, on the same hollow host) go through the same
+faults. That Redis is the bench's own redis-server on a spare port (6391 when
 free) with persistence off (--save ""), so a restart loses every queued message; the machine's
-shared Redis is never touched. PostgreSQL database muster_chaos is created and dropped.
+shared Redis is never touched. PostgreSQL database muster_chaos (`--db`) is created and dropped.
 
 Beside them, TPU runs (bench/chaos_tpu.py: single slices and multislice sets, created directly and
 as queued spot resources, on the real gcp backend against the fake TPU API with hollow hosts) have
@@ -14,7 +16,8 @@ their slices preempted while they run, and retry.
 After settling, the checks below must all be 0; the exit status is 1 otherwise:
   runs not in a terminal or `running` state, jobs stuck beyond three sweep intervals, instances
   assigned to two live jobs, busy instances with no live job, processes left after the stop,
-  slices billed with no run, queued resources left, and (as 1) no run interrupted by a preemption.
+  slices billed with no run, queued resources left, restart runs that did not end `done` after
+  exactly one restart of their group, and (as 1) no run interrupted by a preemption.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from bench import harness
 from bench.chaos_tpu import TpuChaos
 
 SWEEP = 1.0
+RESTART_RUN = """type: task
+name: restart-{i}
+groups:
+  - name: head
+    commands: [echo]
+  - name: worker
+    on_failure: restart-group
+    commands: ["hollow: fail-once"]
+"""
 
 
 def free_or(port: int) -> int:
@@ -85,16 +97,18 @@ def main(argv=None) -> int:
     p.add_argument("--redis-port", type=int, default=6391)
     p.add_argument("--tpu-runs", type=int, default=16, help="TPU runs whose slices are preempted")
     p.add_argument("--preempt-every", type=float, default=1.0, help="seconds between preemptions")
+    p.add_argument("--db", default="muster_chaos", help="the PostgreSQL database made and dropped for the run")
+    p.add_argument("--restart-runs", type=int, default=20, help="runs whose second group fails once and restarts")
     args = p.parse_args(argv)
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "0")) or None)
 
     port = free_or(args.redis_port)
     tpu = TpuChaos(args.tpu_runs, rng)
-    session = harness.Session(db_name="muster_chaos", redis_url=f"redis://127.0.0.1:{port}", redis_db=0, extra_env={
+    session = harness.Session(db_name=args.db, redis_url=f"redis://127.0.0.1:{port}", redis_db=0, extra_env={
         "MUSTER_LEASE_SECONDS": "10", "MUSTER_SWEEP_INTERVAL": str(SWEEP), "BENCH_HOLLOW_RUN_SECONDS": "1",
         **tpu.start()})
     redis = PrivateRedis(port, session.id)
-    print(f"chaos: session {session.id}; PostgreSQL {harness.PG}/muster_chaos, private redis-server on :{port} "
+    print(f"chaos: session {session.id}; PostgreSQL {harness.PG}/{args.db}, private redis-server on :{port} "
           f"(--save \"\"); lease 10 s, sweep every {SWEEP:.0f} s; {args.workers} workers x {args.concurrency}",
           flush=True)
     checks: dict[str, int] = {}
@@ -122,8 +136,11 @@ def main(argv=None) -> int:
         t0 = time.time()
         for i in range(args.runs):
             submit_run(project, user, {"configuration": task_yaml(1 + i % 2)})
+        for i in range(args.restart_runs):
+            submit_run(project, user, {"configuration": RESTART_RUN.format(i=i)})
         tpu.submit(project, user)
-        print(f"submitted {args.runs} runs and {args.tpu_runs} TPU runs in {time.time() - t0:.1f}s", flush=True)
+        print(f"submitted {args.runs} runs, {args.restart_runs} restart runs and {args.tpu_runs} TPU runs in "
+              f"{time.time() - t0:.1f}s", flush=True)
 
         stop = threading.Event()
         lock = threading.Lock()
@@ -211,6 +228,10 @@ def main(argv=None) -> int:
         checks["busy instances with no live job"] = orphans.count()
         for name, backend, group in orphans.values_list("name", "backend", "group__status")[:10]:
             print(f"  busy with no live job: {name} ({backend}, group {group})")
+        restarted = Run.objects.filter(project=project, name__startswith="restart-")
+        once = restarted.filter(status="done").annotate(
+            rows=Count("jobs", filter=Q(jobs__node_group_name="worker"))).filter(rows=2)
+        checks["restart runs not done after one restart"] = restarted.count() - once.count()
         statuses = dict(Run.objects.filter(project=project).values_list("status").annotate(n=Count("id")))
         reasons = dict(Job.objects.filter(run__project=project).exclude(termination_reason="done_by_runner")
                        .values_list("termination_reason").annotate(n=Count("id")))
@@ -231,7 +252,7 @@ def main(argv=None) -> int:
     print("\n== chaos checks (all must be 0)")
     for key, value in checks.items():
         print(f"{key.ljust(width)}  {value}")
-    code = 0 if len(checks) == 8 and not any(checks.values()) else 1
+    code = 0 if len(checks) == 9 and not any(checks.values()) else 1
     print("PASS" if code == 0 else "FAIL", flush=True)
     return code
 

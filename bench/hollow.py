@@ -4,7 +4,9 @@ runner that starts no process.
 `HollowCompute` is a static fleet backend (creates_groups False): its instances are rows made by
 `make_hollow_fleet`, placed by engine/submitted/placement.take_instances exactly like SSH hosts. Its runner host
 answers in microseconds: the agent is always alive, and a job handed to it reports `running` for
-MUSTER["HOLLOW_RUN_SECONDS"] after its submit and then `done` (exit status 0).
+MUSTER["HOLLOW_RUN_SECONDS"] after its submit and then `done` (exit status 0); a job whose commands
+include `hollow: fail-once` fails instead (exit status 1) the first time its node runs on the
+instance, so a restart on the same host (`on_failure: restart-group`) then succeeds.
 
 State: one small JSON file per instance under MUSTER_DATA_DIR/hollow/ ({runner job id: submit
 time}), written at submit and cleanup, read by status(). It costs no database statement and no
@@ -24,6 +26,8 @@ from django.conf import settings
 from backends.base import BackendError, Compute, InstanceOffer, ProvisioningData, RunnerHost
 
 BACKEND = "hollow"
+FAIL_ONCE = "hollow: fail-once"
+FAILS = ":fails"  # beside a job id in the state file: that job ends failed
 
 
 def state_dir() -> Path:
@@ -59,14 +63,27 @@ class HollowRunnerHost(RunnerHost):
         jobs = self._load()
         if job_id not in jobs:  # idempotent by job id: a second submit keeps the first start time
             jobs[job_id] = time.time()
+            if FAIL_ONCE in (spec.get("commands") or []):
+                marks = self.path.with_suffix(".failed")
+                node = f"{spec.get('run_name')}/{spec.get('job_num')}"
+                seen = marks.read_text().split() if marks.exists() else []
+                if node not in seen:
+                    marks.write_text(" ".join([*seen, node]))
+                    jobs[f"{job_id}{FAILS}"] = 1.0
             self._save(jobs)
 
     def status(self) -> dict[str, Any]:
         now = time.time()
         jobs = {}
         seconds = run_seconds() if self.seconds is None else self.seconds
-        for job_id, started in self._load().items():
-            if now - started < seconds:
+        found = self._load()
+        for job_id, started in found.items():
+            if job_id.endswith(FAILS):
+                continue
+            if f"{job_id}{FAILS}" in found and now - started >= seconds:
+                jobs[job_id] = {"state": "failed", "start_time": started, "end_time": started + seconds,
+                                "exit_status": 1}
+            elif now - started < seconds:
                 jobs[job_id] = {"state": "running", "start_time": started, "log_size": 0}  # prints nothing
             else:
                 jobs[job_id] = {"state": "done", "start_time": started, "end_time": started + seconds,
@@ -82,6 +99,7 @@ class HollowRunnerHost(RunnerHost):
     def cleanup(self, job_id: str) -> None:
         jobs = self._load()
         if jobs.pop(job_id, None) is not None:
+            jobs.pop(f"{job_id}{FAILS}", None)
             self._save(jobs)
 
 

@@ -73,8 +73,7 @@ class LogFollower:
                  prefix: bool = True):
         self.client, self.run = client, run
         self.job, self.group, self.prefix = job, group, prefix
-        self.logs: dict[int, JobLog] = {}
-        self.submission: int | None = None
+        self.logs: dict[tuple[int, int | None], JobLog] = {}
 
     def selected(self, jobs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         return [j for j in jobs if (self.job is None or j.get("job_num") == self.job)
@@ -91,13 +90,12 @@ class LogFollower:
 
     def tick(self, run: Mapping[str, Any], final: bool = False) -> None:
         """Print what is new in each selected job's log; `final`: the run has ended, read to the end."""
-        if run.get("submission_num") != self.submission:
-            # a retry makes new job rows with logs of their own: start over
-            self.logs, self.submission = {}, run.get("submission_num")
         for job in self.selected(run.get("jobs") or []):
-            state = self.logs.get(job["job_num"])
+            # a retry or a restart of its group makes a job a new row with a log of its own
+            key = (job["job_num"], job.get("submission_num"))
+            state = self.logs.get(key)
             if state is None:
-                state = self.logs[job["job_num"]] = JobLog(job)
+                state = self.logs[key] = JobLog(job)
             if state.drained or (job.get("status") in JOB_NOT_STARTED and not final):
                 continue
             # the logs answer carries the job's status too, newer than the run's by a request
@@ -148,7 +146,7 @@ class LogFollower:
 
     def all_drained(self, run: Mapping[str, Any]) -> bool:
         jobs = self.selected(run.get("jobs") or [])
-        return all(self.logs.get(j["job_num"]) and self.logs[j["job_num"]].drained for j in jobs)
+        return all((state := self.logs.get((j["job_num"], j.get("submission_num")))) and state.drained for j in jobs)
 
 
 def get_run(client: Client, name: str) -> dict[str, Any]:
@@ -234,7 +232,8 @@ def report_end(run: Mapping[str, Any], logs: LogFollower | None = None) -> int:
     for job in jobs:
         if job.get("status") not in ("failed", "aborted"):
             continue
-        tail = list(logs.logs[job["job_num"]].tail) if logs and job["job_num"] in logs.logs else []
+        state = logs.logs.get((job["job_num"], job.get("submission_num"))) if logs else None
+        tail = list(state.tail) if state else []
         if job.get("termination_message"):
             say(f"job {job['job_num']} ({label(job)}): {job['termination_message']}")
         if tail:

@@ -60,7 +60,7 @@ class _DatabaseCollector:
         yield runs
         jobs = GaugeMetricFamily("muster_jobs", "Jobs of the runs' current submissions by status, backend and "
                                  "project", labels=["status", "backend", "project"])
-        current = Job.objects.filter(submission_num=F("run__submission_num"))
+        current = Job.objects.filter(superseded=False)
         _add_summed(jobs, current.values("status", backend=F("instance__backend"), project_id=F("run__project_id"))
                     .annotate(n=Count("id")), label_of, ("status", "backend"))
         yield jobs

@@ -13,9 +13,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine import claims, messages
+from engine import claims, failure_policy, messages, restarts
 from engine.stopping import end_active_jobs
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
+from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.job_rows import create_jobs
 from runs.models import Job, Run
 from runs.transitions import move_run
@@ -48,7 +49,7 @@ def _derive_again_if_moved(run: Run, derived_at) -> None:
     """Once the run is free: a job that moved while we held it had its nudge dropped (the run was
     leased), so derive again."""
     if run.status in ACTIVE_RUN and Job.objects.filter(
-            run_id=run.pk, submission_num=run.submission_num, status_changed_at__gte=derived_at).exists():
+            run_id=run.pk, superseded=False, status_changed_at__gte=derived_at).exists():
         messages.derive_run(run.pk)
 
 
@@ -72,21 +73,28 @@ def _derive(run: Run) -> None:
         _teardown(run, reason, RunStatus.TERMINATED, run_reason)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
+    ignored: set[int] = set()
     if failed:
-        first = failed[0]
-        if _retry_allowed(run, first.termination_reason):
-            _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=first)
-        else:
-            reason = RunReason.RETRY_LIMIT_EXCEEDED if _retry_configured(run, first.termination_reason) \
-                else RunReason.JOB_FAILED
-            _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=first)
-        return
+        verdict = failure_policy.judge(run, jobs, failed)
+        if verdict.spent is not None:
+            _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED,
+                      cause=verdict.spent)
+        elif verdict.fail is not None:
+            _fail_or_retry(run, verdict.fail)
+        elif verdict.restart_run is not None:
+            _restart_run(run, verdict.restart_run)
+        elif verdict.restart:
+            restarts.restart(run, jobs, verdict.restart)
+        if verdict.spent or verdict.fail or verdict.restart_run or verdict.restart:
+            return
+        ignored = verdict.ignored  # the run goes on without them
     master = jobs[0]
     stop_criteria = run.configuration.get("stop_criteria") or "all-done"
     if stop_criteria == "master-done" and master.status == JobStatus.DONE:
         _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE)
         return
-    if all(j.status == JobStatus.DONE for j in jobs):
+    if all(j.status == JobStatus.DONE or (j.pk in ignored and j.finished) for j in jobs):
+        restarts.hand_back_kept(run)
         move_run(run, RunStatus.DONE, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE)
         return
     if all(j.finished for j in jobs):  # ended by the server without a failure (e.g. max_duration)
@@ -99,6 +107,34 @@ def _derive(run: Run) -> None:
         move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
 
 
+def _fail_or_retry(run: Run, cause: Job) -> None:
+    """A failure no rule of its group took: the run's `retry`, else the run fails."""
+    if _retry_allowed(run, cause.termination_reason):
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause)
+    else:
+        reason = RunReason.RETRY_LIMIT_EXCEEDED if _retry_configured(run, cause.termination_reason) \
+            else RunReason.JOB_FAILED
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=cause)
+
+
+def _restart_run(run: Run, cause: Job) -> None:
+    """`restart-run`: the whole run again (dstack's retry), counted against the group's
+    max_restarts once per failure and bounded by retry.duration (an hour when `retry` is not set)."""
+    index = str(cause.node_group_index)
+    record = (run.restarts or {}).get(index) or {}
+    if record.get("submission") != cause.submission_num:
+        counted = {**(run.restarts or {}), index: {"count": int(record.get("count", 0)) + 1,
+                                                   "submission": cause.submission_num, "whole_run": True}}
+        Run.objects.filter(pk=run.pk).update(restarts=counted)
+        run.restarts = counted
+    retry = run.configuration.get("retry") or {}
+    duration = retry.get("duration")
+    if _within(run, cause.termination_reason, DEFAULT_RETRY_DURATION if duration is None else duration):
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause)
+    else:
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause)
+
+
 def _retry_configured(run: Run, job_reason: str) -> bool:
     retry = run.configuration.get("retry")
     event = RETRY_EVENT.get(job_reason)
@@ -109,8 +145,15 @@ def _retry_allowed(run: Run, job_reason: str) -> bool:
     if not _retry_configured(run, job_reason):
         return False
     duration = run.configuration["retry"].get("duration")
-    duration = 3600 if duration is None else duration
-    return timezone.now() + _backoff(run) < run.submitted_at + timedelta(seconds=duration)
+    return _within(run, job_reason, DEFAULT_RETRY_DURATION if duration is None else duration)
+
+
+def _within(run: Run, job_reason: str, duration: int) -> bool:
+    """Whether the next attempt starts inside retry.duration, counted as dstack counts it: from
+    the run's submission for no-capacity, from this failure (the last one) for the others."""
+    now = timezone.now()
+    since = run.submitted_at if RETRY_EVENT.get(job_reason) == "no-capacity" else now
+    return now + _backoff(run) < since + timedelta(seconds=duration)
 
 
 def _backoff(run: Run) -> timedelta:
@@ -127,6 +170,7 @@ def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: boo
         still_active = end_active_jobs(run, job_reason)
         if still_active:
             return
+        restarts.hand_back_kept(run)
         if retry:
             move_run(run, RunStatus.PENDING, frm=[RunStatus.TERMINATING], next_retry_at=timezone.now() + _backoff(run),
                      retry_attempts=run.retry_attempts + 1, fleet=None,
@@ -151,5 +195,6 @@ def _resubmit_when_due(run: Run) -> None:
         if not move_run(run, RunStatus.SUBMITTED, frm=[RunStatus.PENDING], submission_num=new_num,
                         next_retry_at=None, message=f"resubmitted (submission {new_num})"):
             return
+        Job.objects.filter(pk__in=[j.pk for j in previous]).update(superseded=True)
         create_jobs(run, [j.spec for j in previous], submission_num=new_num)
         messages.provision_job(Job.objects.get(run=run, submission_num=new_num, job_num=0).pk)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import attach_revokes, claims, log_copy, messages, runner_status
+from engine import attach_revokes, claims, failure_policy, log_copy, messages, runner_status
 from engine.tuning import STOP_RECHECK
 from events.services import record
 from instances.transitions import hand_back
@@ -68,10 +68,15 @@ def _finish(held: claims.Held) -> claims.Outcome:
 
 def _end(job: Job, final: str, token: str) -> bool:
     """The give-back is the final move: the host goes back and the job ends in one transaction."""
+    keep = job.instance_id is not None and failure_policy.keeps_host(job)
     with transaction.atomic():
-        if job.instance_id:
+        if keep:
+            record(job.run.project_id, f"instance {job.instance.name}", f"kept busy by job {job.run.name}/"
+                   f"{job.job_num} for the restart of group {job.node_group_name}", status=job.instance.status,
+                   run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
+        elif job.instance_id:
             hand_back([job.instance], job)
-        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease=token):
+        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease=token, keep_host=keep):
             transaction.set_rollback(True)  # not ours any more: its holder hands the host back
             return False
     return True

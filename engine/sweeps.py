@@ -129,13 +129,15 @@ def runs_to_derive(now, old):
     """
     active = [RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING]
     job_changed = Exists(Job.objects.filter(
-        run_id=OuterRef("pk"), submission_num=OuterRef("submission_num"),
+        run_id=OuterRef("pk"), superseded=False,
         status_changed_at__gte=Coalesce(OuterRef("derived_at"), OuterRef("submitted_at")),
         status_changed_at__lt=old))  # changed long enough ago that its own nudge should have come
     stale = Q(derived_at__isnull=True) | Q(derived_at__lt=old)
     waiting = (~Q(stop_requested="") | Q(status=RunStatus.TERMINATING)) & stale
     return list(Run.objects.filter(unleased(now)).filter(
         Q(status__in=active) & (job_changed | waiting) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)
+        # a group restart whose backoff is over (engine/restarts.py): only the sweep sends it
+        | Q(status__in=active, next_retry_at__lte=now)
     ).values_list("pk", "status", "stop_requested")[:BATCH])
 
 
@@ -146,7 +148,7 @@ def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
     if not runs:
         return found
     rows = Job.objects.filter(
-        run_id__in=[pk for pk, _, _ in runs], submission_num=F("run__submission_num"),
+        run_id__in=[pk for pk, _, _ in runs], superseded=False,
         status_changed_at__gte=Coalesce(F("run__derived_at"), F("run__submitted_at")), status_changed_at__lt=old)
     for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():
         found.setdefault(run_id, set()).add((status, reason))

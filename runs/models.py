@@ -23,7 +23,11 @@ class Run(Claimable):
     fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL)
     submission_num = models.IntegerField(default=0)
     retry_attempts = models.IntegerField(default=0)
+    # When the next retry is due: the whole run's (pending) or a group's restart (engine/restarts.py)
     next_retry_at = models.DateTimeField(null=True, blank=True)
+    # Per group index: {"count": restarts so far, "submission": the group's submission being
+    # restarted, "due": ISO time}; written by process_run only (it holds the run), so never lost
+    restarts = models.JSONField(default=dict, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
     # when a job of the run first ran (a retry keeps the first): the end of its wait in the queue
     started_at = models.DateTimeField(null=True, blank=True)
@@ -45,7 +49,8 @@ class Run(Claimable):
         return self.status in RUN_FINISHED
 
     def current_jobs(self):
-        return self.jobs.filter(submission_num=self.submission_num).order_by("job_num")
+        # one row per node: a group restart gives its nodes a new submission and leaves the others'
+        return self.jobs.filter(superseded=False).order_by("job_num")
 
 
 class Job(Claimable):
@@ -55,6 +60,11 @@ class Job(Claimable):
     # instance) are unique only within a project and are reused by a new run of the same name.
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     submission_num = models.IntegerField(default=0)
+    # a later submission of this node exists (a run retry or a restart of its group): history only
+    superseded = models.BooleanField(default=False)
+    # the job ended but its host stays busy for its group's restart on the same host (error): the
+    # restart takes it over, and any other end of the run hands it back
+    keep_host = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.SUBMITTED)
     termination_reason = models.CharField(max_length=48, blank=True, default="")
     termination_message = models.TextField(blank=True, default="")

@@ -38,7 +38,7 @@ def unlock_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[in
     `siblings`: the run's current jobs as the caller read them (at least the fields used here).
     """
     if siblings is None:
-        siblings = list(Job.objects.filter(run_id=job.run_id, submission_num=job.submission_num)
+        siblings = list(Job.objects.filter(run_id=job.run_id, superseded=False)
                         .only("id", "job_num", "node_group_index", "node_group_rank", "waiting_master_job"))
     nums = unlock_set(job, siblings)
     if not nums:

@@ -86,7 +86,7 @@ def _record_placement(run: Run, job: Job, fleets: list, siblings: list[Job] | No
         if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleets[0], message=said):
             Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleets[0])
             run.refresh_from_db(fields=["fleet"])
-        current = Job.objects.filter(run=run, submission_num=job.submission_num)
+        current = Job.objects.filter(run=run, superseded=False)
         if len(names) == 1:
             current.update(fleet=fleets[0])
         else:

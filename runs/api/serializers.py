@@ -95,7 +95,7 @@ class RunSerializer(serializers.ModelSerializer):
         # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
         jobs = getattr(run, "submitted_jobs", None)
         if jobs is None:
-            jobs = [j for j in run.jobs.all() if j.submission_num == run.submission_num]
+            jobs = [j for j in run.jobs.all() if not j.superseded]
         return JobSerializer(sorted(jobs, key=lambda j: j.job_num), many=True).data
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .failure_policy import DEFAULT_MAX_RESTARTS, FailureRule
 from .fields import CheckedModel
 from .readiness import DEFAULT_READY_TIMEOUT, Dependency, Probe
 from .requirements import Resources
@@ -18,7 +19,7 @@ from .task_written import RetryEvent, StartupOrder, StopCriteria
 
 class RetryPolicy(CheckedModel):
     on_events: list[RetryEvent]
-    duration: int  # seconds, counted from submission
+    duration: int  # seconds: from submission for no-capacity, else from the last failure
 
 
 class NodeGroup(CheckedModel):
@@ -38,6 +39,8 @@ class NodeGroup(CheckedModel):
     probes: list[Probe] = Field(default_factory=list)  # none: ready once running
     ready_timeout: int = DEFAULT_READY_TIMEOUT  # seconds from running to ready
     depends_on: list[Dependency] = Field(default_factory=list)
+    on_failure: list[FailureRule] = []  # empty: the run's retry, else fail-run
+    max_restarts: int = DEFAULT_MAX_RESTARTS
 
 
 class TaskConfiguration(CheckedModel):

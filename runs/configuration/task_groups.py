@@ -15,6 +15,7 @@ from backends.tpu_shapes import SliceShape
 
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList
+from .failure_policy import read_policy
 from .fields import read_model_partially
 from .gpu_spec import ProbedNames
 from .interpolation import reference_problems, secret_names, substitute_run_args, substitute_secrets
@@ -26,7 +27,8 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources", "slices", "probes", "ready_timeout")
+PER_GROUP_KEYS = ("commands", "ports", "resources", "slices", "probes", "ready_timeout", "on_failure",
+                  "max_restarts")
 
 
 @dataclass
@@ -45,6 +47,8 @@ class Part:
     slices: int | None = None
     readiness: Readiness | None = None  # None: its keys had problems (already reported)
     depends_on: list[Dependency] = field(default_factory=list)  # those that could be read
+    on_failure: object = None
+    max_restarts: object = None
 
 
 def read_parts(
@@ -82,6 +86,8 @@ def read_parts(
                 ports=task.ports,
                 slices=task.slices,
                 readiness=read_readiness(document, [], task.ports, errors, depends_allowed=False)[0],
+                on_failure=task.on_failure,
+                max_restarts=task.max_restarts,
             )
         ]
     return [_read_group(raw, i, task, errors, warnings, probed) for i, raw in enumerate(task.groups)]
@@ -136,6 +142,8 @@ def _read_group(
         slices=group.slices,
         readiness=readiness,
         depends_on=depends_on,
+        on_failure=group.on_failure,
+        max_restarts=group.max_restarts,
     )
 
 
@@ -213,6 +221,8 @@ def check_part(
         if task.fleets and name not in task.fleets:
             errors.add([*part.loc, "fleets", f], f"fleet `{name}` is not in the task's `fleets` "
                        f"({', '.join(task.fleets)}): add it there or name one of those")
+    # group 0 holds rank 0, the master
+    rules, max_restarts = read_policy(part.on_failure, part.max_restarts, part.loc, index == 0, errors)
     if len(errors.items) > before or resources is None or part.readiness is None:
         return None
     return NodeGroup(
@@ -229,6 +239,8 @@ def check_part(
         probes=part.readiness.probes,
         ready_timeout=part.readiness.ready_timeout,
         depends_on=part.readiness.depends_on,
+        on_failure=rules,
+        max_restarts=max_restarts,
     )
 
 

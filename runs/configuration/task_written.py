@@ -81,6 +81,8 @@ class _GroupInput(_GroupShape):
     probes: Any = []
     ready_timeout: Any = None
     depends_on: Any = []
+    on_failure: Any = None  # runs/configuration/failure_policy.py reads both
+    max_restarts: Any = None
 
     @field_validator("name")
     @classmethod
@@ -112,6 +114,8 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     max_duration: Any = None
     fleets: list[str] = []
     setup: list[str] = []
+    on_failure: Any = None  # a `nodes:` task's one group; per group with `groups`
+    max_restarts: Any = None
 
     @field_validator("name")
     @classmethod
