@@ -58,12 +58,13 @@ def finish_job(job_id: int) -> bool:
 
 def _finish(held) -> bool:
     """False while the runner's job still runs (the caller looks again soon)."""
-    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
+    # the project for the log copy's quota (log_storage.quota_for), read with the job
+    job = Job.objects.select_related("run", "run__project", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
-    attach.end_job_grants(job)
+    grants = attach.end_job_grants(job)
     try:
-        if job.runner_submitted and job.instance is not None and not _runner_finished(job):
+        if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants):
             return False
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); handing its host back anyway", job, exc)
@@ -78,8 +79,10 @@ def _finish(held) -> bool:
     return True
 
 
-def _runner_finished(job: Job) -> bool:
-    """Stop the runner's job if it still runs; once it is over, copy its log and clean up."""
+def _runner_finished(job: Job, grants: int | None = None) -> bool:
+    """Stop the runner's job if it still runs; once it is over, copy its log and clean up.
+
+    `grants`: how many attach grants _finish marked due (attach.revoke)."""
     host = compute_for_instance(job.instance).runner_host(job.instance)
     try:
         if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
@@ -88,11 +91,11 @@ def _runner_finished(job: Job) -> bool:
         if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
-                attach.revoke(job, host)
+                attach.revoke(job, host, grants)
                 return True  # the host does not stop it; the host is handed back regardless
             host.stop(job.runner_job_id)
             return False
-        attach.revoke(job, host)  # before the log copy: the key must not outlive the job
+        attach.revoke(job, host, grants)  # before the log copy: the key must not outlive the job
         try:
             logs.keep_copy(job, host)
         except OSError as exc:

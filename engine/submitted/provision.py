@@ -10,7 +10,7 @@ from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages
 from engine.submitted import fanout, placement
-from instances.transitions import hand_back, record_taken
+from instances.transitions import hand_back
 from runs.choices import JOB_FINISHED, JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, move_run, release_job, terminate_job
@@ -28,7 +28,8 @@ def provision_job(job_id: int) -> bool:
     with claims.claimed(Job, job_id, "provision_job", status=JobStatus.SUBMITTED, waiting_master_job=False) as held:
         if held is None:
             return False
-        job = Job.objects.select_related("run", "run__project", "run__fleet", "instance").get(pk=job_id)
+        # the run's user too: placement asks whether its runs may go to local fleets
+        job = Job.objects.select_related("run", "run__project", "run__fleet", "run__user", "instance").get(pk=job_id)
         _attempt(job)
         status = release_job(job, held.token, AFTER_ATTEMPT)
     if held.failed:
@@ -117,10 +118,10 @@ def _take_static_instance(job: Job, fleet, siblings: list[Job] | None) -> None:
             # the job moved on under us (stopped): give the hosts back
             hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return
-        unused = fanout.place_members(job, members, theirs)
+        # the taken hosts' events go in the members' INSERT
+        unused = fanout.place_members(job, members, theirs, mine=mine,
+                                      taken=f"taken by job {job.run.name}/{job.job_num} for {what}")
         hand_back(unused, job, "not used: its job ended before it was placed")
-        record_taken([i for i in instances if i not in unused], job,
-                     f"taken by job {job.run.name}/{job.job_num} for {what}")
         fanout.unlock_after_attempt(job, siblings)
 
 
