@@ -36,7 +36,8 @@ def update_and_record(queryset, updates: dict, project_id: int, subject: str, me
         with transaction.atomic(savepoint=False):
             touched = queryset.update(**updates)
             if touched:
-                record_many(project_id, [{k: v for k, v in entry.items() if k != "project_id"}] * touched, actor=actor)
+                record_many(project_id, [{k: v for k, v in entry.items() if k not in ("project_id", "actor")}] * touched,
+                            actor=actor)
         return touched
     query = queryset.query.chain(sql.UpdateQuery)
     query.add_update_values(updates)
