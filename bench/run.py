@@ -1,6 +1,6 @@
 """`make bench` / `python -m bench.run`: control-plane benchmarks on hollow instances.
 
-    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|limit|workers|e2e|start|recovery]
+    python -m bench.run [--scenario place|groups|no-capacity|submit|memory|limit|workers|e2e|start|recovery|sustain]
                         [--embedded] [--sizes 10,100,1000,10000] [--quick]
 
 PostgreSQL + Redis by default (database muster_bench, created and dropped; Redis db 15), or the
@@ -22,7 +22,10 @@ from pathlib import Path
 
 from bench import harness
 
-ORDER = ["place", "groups", "no-capacity", "submit", "memory", "limit", "workers", "e2e", "start", "recovery"]
+ORDER = ["place", "groups", "no-capacity", "submit", "memory", "limit", "workers", "e2e", "start", "recovery",
+         "sustain"]
+# run only when asked for (--scenario): half an hour at the default --sustain
+ON_REQUEST = {"sustain"}
 NOT_BUILT: dict[str, str] = {}
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,6 +76,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--load-generator", choices=["auto", "threads", "locust"], default="auto",
                    help="submit: the bench's own keep-alive threads, or Locust (bench/locustfile.py); "
                         "auto: threads up to 4 clients, Locust above")
+    p.add_argument("--sustain", type=float, default=300,
+                   help="sustain: seconds of bursts per row (300); rows are --sizes (1000,10000) x --worker-counts")
     p.add_argument("--timeout", type=float, default=240, help="cap per measurement, seconds")
     p.add_argument("--reps", type=int, default=5, help="start: timed starts of each process (after a throwaway one)")
     p.add_argument("--kills", type=int, default=3, help="recovery: worker kills, one after another")
@@ -83,7 +88,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    wanted = args.scenario or ORDER
+    wanted = args.scenario or [s for s in ORDER if s not in ON_REQUEST]
     for name in wanted:
         if name in NOT_BUILT:
             print(f"scenario {name}: skipped: {NOT_BUILT[name]}")
@@ -109,11 +114,13 @@ def main(argv=None) -> int:
             recovery,
             start,
             submit,
+            sustain,
             workers,
         )
 
         modules = {"place": place, "groups": groups, "no-capacity": no_capacity, "submit": submit, "memory": memory,
-                   "limit": limit, "workers": workers, "e2e": e2e, "start": start, "recovery": recovery}
+                   "limit": limit, "workers": workers, "e2e": e2e, "start": start, "recovery": recovery,
+                   "sustain": sustain}
         for name in wanted:
             if name == "limit" and args.embedded:
                 print("scenario limit: skipped with --embedded (pgbench and redis-benchmark measure the servers)")

@@ -28,15 +28,22 @@ def remove_grants(host, grants: list[AttachGrant]) -> None:
         AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
 
 
-def end_job_grants(job: Job) -> None:
+def end_job_grants(job: Job) -> int:
     """The job is ending: its lines are due to go (engine/stopping.py removes them while it talks
-    to the host; the sweep does if the host does not answer)."""
-    AttachGrant.objects.filter(job=job).update(revoke_due=True)
+    to the host; the sweep does if the host does not answer). Returns how many the job has."""
+    return AttachGrant.objects.filter(job=job).update(revoke_due=True)
 
 
-def revoke(job: Job, host) -> None:
-    """Remove the attach lines of `job` from its host, in the step that ends the job."""
-    end_job_grants(job)
+def revoke(job: Job, host, due: int | None = None) -> None:
+    """Remove the attach lines of `job` from its host, in the step that ends the job.
+
+    `due`: what end_job_grants returned earlier in the same step. A terminating job gets no new
+    grant (grant() locks the job and wants it attachable), so neither the mark nor, for a job that
+    has none (most), the read is done again."""
+    if due is None:
+        due = end_job_grants(job)
+    if not due:
+        return
     grants = list(AttachGrant.objects.filter(job=job, revoke_due=True))
     if grants:
         remove_grants(host, grants)

@@ -101,10 +101,13 @@ def _derive(run: Run) -> None:
         move_run(run, RunStatus.TERMINATED, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE,
                  termination_message="every job ended")
         return
+    # the run as read under its claim: one already where its jobs say (most nudges) is not written
     if any(j.status == JobStatus.RUNNING for j in jobs):
-        move_run(run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
+        if run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING):
+            move_run(run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
     elif any(j.status in (JobStatus.PROVISIONING, JobStatus.PULLING) for j in jobs):
-        move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
+        if run.status == RunStatus.SUBMITTED:
+            move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
 
 
 def _fail_or_retry(run: Run, cause: Job) -> None:

@@ -52,12 +52,13 @@ def finish_job(job_id: int) -> bool:
 
 
 def _finish(held: claims.Held) -> claims.Outcome:
-    job = Job.objects.select_related("run", "instance", "instance__fleet").get(pk=held.pk)
+    # the project for the log copy's quota (log_storage.quota_for), read with the job
+    job = Job.objects.select_related("run", "run__project", "instance", "instance__fleet").get(pk=held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
-    attach_revokes.end_job_grants(job)
+    grants = attach_revokes.end_job_grants(job)
     try:
-        if job.runner_submitted and job.instance is not None and not _runner_finished(job):
+        if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants):
             # still running on its host: look again soon, once the job is given back
             return claims.Outcome(expect=(JobStatus.TERMINATING,),
                                   then=(partial(messages.finish_job, job.pk, countdown=STOP_RECHECK),))
@@ -82,8 +83,10 @@ def _end(job: Job, final: str, token: str) -> bool:
     return True
 
 
-def _runner_finished(job: Job) -> bool:
-    """Stop the runner's job if it still runs; once it is over, copy its log and clean up."""
+def _runner_finished(job: Job, grants: int | None = None) -> bool:
+    """Stop the runner's job if it still runs; once it is over, copy its log and clean up.
+
+    `grants`: how many attach grants _finish marked due (attach.revoke)."""
     host = compute_for_instance(job.instance).runner_host(job.instance)
     try:
         if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
@@ -92,11 +95,11 @@ def _runner_finished(job: Job) -> bool:
         if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > 60:
-                attach_revokes.revoke(job, host)
+                attach_revokes.revoke(job, host, grants)
                 return True  # the host does not stop it; the host is handed back regardless
             host.stop(job.runner_job_id)
             return False
-        attach_revokes.revoke(job, host)  # before the log copy: the key must not outlive the job
+        attach_revokes.revoke(job, host, grants)  # before the log copy: the key must not outlive the job
         try:
             log_copy.keep_copy(job, host)
         except OSError as exc:

@@ -17,3 +17,41 @@ def record_many(project_id: int, entries: list[dict], *, actor: str = "server") 
     """Several events in one INSERT (a group master moving its members): each entry holds
     `subject`, `message` and optionally `status`, `run_id`, `job_id`, `instance_id`."""
     Event.objects.bulk_create([Event(project_id=project_id, actor=actor, **entry) for entry in entries])
+
+
+def update_and_record(queryset, updates: dict, project_id: int, subject: str, message: str, *, status: str = "",
+                      actor: str = "server", run_id=None, job_id=None, instance_id=None) -> int:
+    """`queryset.update(**updates)` and, for each row it touched, the event that says why, as one
+    statement on PostgreSQL: a data-modifying WITH whose INSERT reads the UPDATE's RETURNING, so
+    a status change is one round trip, and atomic without a transaction of its own (a BEGIN and a
+    COMMIT less). Elsewhere (SQLite) the two statements in the caller's transaction. Returns the
+    rows updated; no event without an update."""
+    from django.db import connection, transaction
+    from django.db.models import sql
+    from django.utils import timezone
+
+    entry = {"project_id": project_id, "subject": subject, "message": message, "status": status, "actor": actor,
+             "run_id": run_id, "job_id": job_id, "instance_id": instance_id}
+    if connection.vendor != "postgresql":
+        with transaction.atomic(savepoint=False):
+            touched = queryset.update(**updates)
+            if touched:
+                record_many(project_id, [{k: v for k, v in entry.items() if k not in ("project_id", "actor")}] * touched,
+                            actor=actor)
+        return touched
+    query = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(updates)
+    query.annotations = {}  # as QuerySet.update: none in the statement
+    update_sql, update_params = query.get_compiler(queryset.db).as_sql()
+    ops = connection.ops
+    entry["created"] = timezone.now()
+    fields = [(Event._meta.get_field(name), value) for name, value in entry.items()]
+    columns = ", ".join(ops.quote_name(f.column) for f, _ in fields)
+    values = [f.get_db_prep_save(value, connection) for f, value in fields]
+    pk = ops.quote_name(queryset.model._meta.pk.column)
+    statement = (f"WITH moved AS ({update_sql} RETURNING {pk}) "
+                 f"INSERT INTO {ops.quote_name(Event._meta.db_table)} ({columns}) "
+                 f"SELECT {', '.join(['%s'] * len(values))} FROM moved")
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [*update_params, *values])
+        return cursor.rowcount

@@ -45,13 +45,13 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str, act
     return moved
 
 
-def record_taken(instances: list[Instance], job, message: str) -> None:
+def taken_events(instances: list[Instance], job, message: str) -> list[dict]:
     """The events of hosts placement took for `job` (engine/submitted/placement.take_instances moved them
-    idle -> busy in its own locked UPDATE): written in the caller's transaction, one INSERT."""
-    if instances:
-        record_many(job.run.project_id, [
-            {"subject": f"instance {inst.name}", "message": message, "status": InstanceStatus.BUSY,
-             "instance_id": inst.pk, "run_id": job.run_id, "job_id": job.pk} for inst in instances])
+    idle -> busy in its own locked UPDATE), for record_many in the caller's transaction (the
+    members' events of engine/submitted/fanout.place_members, one INSERT)."""
+    return [{"subject": f"instance {inst.name}", "message": message, "status": InstanceStatus.BUSY,
+             "instance_id": inst.pk, "run_id": job.run_id, "job_id": job.pk} for inst in instances]
+
 
 
 def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int]:

@@ -83,6 +83,16 @@ def quota_for(project_id: int) -> int:
     return int(own if own is not None else settings.MUSTER["LOG_QUOTA"])
 
 
+def quota_of(run) -> int:
+    """quota_for the run's project, from its row when the caller read it with the run."""
+    from runs.models import Run
+
+    if Run._meta.get_field("project").is_cached(run):
+        own = run.project.log_quota
+        return int(own if own is not None else settings.MUSTER["LOG_QUOTA"])
+    return quota_for(run.project_id)
+
+
 def _usage(project_id: int, but: Path) -> int:
     total = 0
     for path in project_dir(project_id).glob("*.log"):
@@ -100,7 +110,7 @@ class Budget:
 
     def __init__(self, job: Job, path: Path):
         self.job, self.path = job, path
-        self.quota = quota_for(job.run.project_id)
+        self.quota = quota_of(job.run)
         self.used = _usage(job.run.project_id, path) if self.quota else 0
         self.taken = 0
         self._victims = None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages
-from events.services import record
+from events.services import update_and_record
 from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -41,16 +43,22 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     now = timezone.now()
     held = {"lease_token": lease} if lease is not None else {}
     freed = {"lease_until": None, "lease_token": ""} if lease is not None else {}
-    with transaction.atomic():
-        touched = Job.objects.filter(pk=job.pk, status__in=frm, **held).update(status=to, status_changed_at=now,
-                                                                               **freed, **fields)
+    reason = fields.get("termination_reason", "")
+    starts_run = to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
+    # The move and its event are one statement on PostgreSQL (update_and_record), atomic on its own;
+    # a transaction only when the run moves with it. The caller's when there is one, without a
+    # savepoint (two statements less): an error in here ends the caller's transaction anyway, as
+    # it does move_instances'.
+    with transaction.atomic(savepoint=False) if starts_run else nullcontext():
+        touched = update_and_record(
+            Job.objects.filter(pk=job.pk, status__in=frm, **held),
+            {"status": to, "status_changed_at": now, **freed, **fields},
+            job.run.project_id, f"job {job.run.name}/{job.job_num}", message or (f"{to} ({reason})" if reason else to),
+            status=to, actor=actor, run_id=job.run_id, job_id=job.pk,
+            instance_id=fields.get("instance_id", job.instance_id))
         if touched != 1:
             return False
-        reason = fields.get("termination_reason", "")
-        text = message or (f"{to} ({reason})" if reason else to)
-        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=to, actor=actor,
-               run_id=job.run_id, job_id=job.pk, instance_id=fields.get("instance_id", job.instance_id))
-        if to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING):
+        if starts_run:
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
@@ -92,14 +100,14 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     now = timezone.now()
     # the first start only: the row's own value wins over this one, whatever this copy of the run holds
     first_start = {"started_at": Coalesce(F("started_at"), Value(now))} if to == RunStatus.RUNNING else {}
-    with transaction.atomic():
-        touched = Run.objects.filter(pk=run.pk, status__in=frm).update(status=to, updated=now, **first_start,
-                                                                       **fields)
-        if touched != 1:
-            return False
-        reason = fields.get("termination_reason", "")
-        record(run.project_id, f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
-               actor=actor, run_id=run.pk)
+    reason = fields.get("termination_reason", "")
+    # as in move_job: the move and its event in one statement on PostgreSQL
+    touched = update_and_record(Run.objects.filter(pk=run.pk, status__in=frm),
+                                {"status": to, "updated": now, **first_start, **fields}, run.project_id,
+                                f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
+                                actor=actor, run_id=run.pk)
+    if touched != 1:
+        return False
     if first_start and run.started_at is None:
         run.started_at = now
     run.status = to

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from engine import messages
 from events.services import record_many
+from instances.transitions import taken_events
 from runs.choices import JobStatus
 from runs.models import Job
 
@@ -52,13 +53,18 @@ def unlock_after_attempt(job: Job, siblings: list[Job] | None = None) -> list[in
     return nums
 
 
-def place_members(master: Job, members: list[Job], instances: list) -> list:
+def place_members(master: Job, members: list[Job], instances: list, mine=None, taken: str = "") -> list:
     """Give each waiting member of `master`'s group its host and move it to provisioning, all in
     the caller's transaction: one UPDATE and one INSERT of events, however large the group.
 
-    Returns the instances of members that moved on meanwhile (a stop), for the caller to give back.
+    `taken`: the message of the taken hosts' events (the master's `mine` and each placed member's),
+    written in that same INSERT. Returns the instances of members that moved on meanwhile (a stop),
+    for the caller to give back.
     """
+    hosts = taken_events([mine], master, taken) if taken and mine is not None else []
     if not members:
+        if hosts:
+            record_many(master.run.project_id, hosts)
         return []
     pairs = {member.pk: instance for member, instance in zip(members, instances, strict=True)}
     touched = Job.objects.filter(pk__in=pairs, status=JobStatus.SUBMITTED, instance__isnull=True).update(
@@ -71,14 +77,16 @@ def place_members(master: Job, members: list[Job], instances: list) -> list:
     for member in members:
         if member.pk in placed:  # the caller's copies too: the fan-out that follows must not release them
             member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
-    if placed:
+    if taken:
+        hosts += taken_events([pairs[m.pk] for m in members if m.pk in placed], master, taken)
+    if placed or hosts:
         run = master.run
         record_many(run.project_id, [
             {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
              "job_id": member.pk, "instance_id": pairs[member.pk].pk,
              "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
                         f"placed by job {master.job_num} with its group"}
-            for member in members if member.pk in placed])
+            for member in members if member.pk in placed] + hosts)
         for pk in placed:
             messages.start_job(pk)
     return [instance for pk, instance in pairs.items() if pk not in placed]

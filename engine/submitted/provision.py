@@ -31,7 +31,9 @@ def provision_job(job_id: int) -> bool:
 
 
 def _provision(held: claims.Held) -> claims.Outcome:
-    job = Job.objects.select_related("run", "run__project", "run__fleet", "instance", "fleet").get(pk=held.pk)
+    # the run's user too: placement asks whether its runs may go to local fleets
+    job = Job.objects.select_related("run", "run__project", "run__fleet", "run__user", "instance", "fleet").get(
+        pk=held.pk)
     _attempt(job)
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
     # attempt, it could reach an idle worker while this step still held the job, bounce off the
@@ -166,10 +168,10 @@ def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: li
             # the job moved on under us (stopped): give the hosts back
             hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return False
-        unused = fanout.place_members(job, members, theirs)
+        # the taken hosts' events go in the members' INSERT
+        unused = fanout.place_members(job, members, theirs, mine=mine,
+                                      taken=f"taken by job {job.run.name}/{job.job_num} for {what}")
         hand_back(unused, job, "not used: its job ended before it was placed")
-        record_taken([i for i in instances if i not in unused], job,
-                     f"taken by job {job.run.name}/{job.job_num} for {what}")
         fanout.unlock_after_attempt(job, siblings)
     return True
 

@@ -1,0 +1,95 @@
+"""The statements each engine step sends for one run, counted: a claim is one round trip, a state
+change and its event one more, and no step reads again what it already holds.
+
+Statement counts are the stable figure of placement on a loaded machine (docs/performance.md). The
+steps run in the test's thread, one message at a time, so every statement they send is captured:
+the messages the engine sends are caught and each becomes one call, in the order sent; the watch
+tick runs when nothing else is due. The jobs run on a local fleet (real runner agents and job
+processes).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from engine import messages, stopping
+from engine.deriving import process_run
+from engine.running.watch import watch_running
+from engine.starting.advance import advance_job
+from engine.submitted.provision import provision_job
+from runs.models import Job, Run
+from runs.services.submission import submit_run
+from tests.engine.helpers import job_summary, local_project_fleet
+from tests.waiting import patient
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+STEPS = {"place_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
+         "derive_run": process_run}
+
+
+def drive(monkeypatch, run: Run) -> dict[str, list[list[str]]]:
+    """Every message the run's steps send, run when due (a countdown is kept) until the run has
+    ended; the SQL of each call by step."""
+    queue: list[tuple[float, int, str, int]] = []
+
+    def send(name: str, pk: int, countdown: float = 0) -> None:
+        connection.on_commit(lambda: heapq.heappush(queue, (time.monotonic() + countdown, len(queue), name, pk)))
+
+    for name in STEPS:
+        monkeypatch.setattr(messages, name, lambda pk, countdown=0, _n=name: send(_n, pk, countdown))
+    send("place_job", Job.objects.get(run=run, job_num=0).pk)
+    calls: dict[str, list[list[str]]] = collections.defaultdict(list)
+    deadline = time.monotonic() + patient(60)
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.finished and not queue:
+            return calls
+        if not queue or queue[0][0] > time.monotonic():
+            with CaptureQueriesContext(connection) as q:
+                looked = watch_running()
+            if looked:
+                calls["watch_running"].append([s["sql"] for s in q])
+            time.sleep(0.05)
+            continue
+        _, _, name, pk = heapq.heappop(queue)
+        with CaptureQueriesContext(connection) as q:
+            STEPS[name](pk)
+        calls[STEPS[name].__name__].append([s["sql"] for s in q])
+    raise AssertionError(f"run {run.name} did not end: {run.status} {job_summary(run)}")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement forms are PostgreSQL's")
+def test_each_claim_and_each_state_change_of_a_run_is_one_round_trip(monkeypatch, fast_limits):
+    fleet = local_project_fleet(size=4)
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nnodes: 4\ncommands: [echo]\n"})
+    calls = drive(monkeypatch, run)
+    run.refresh_from_db()
+    assert run.status == "done", job_summary(run)
+    every = [sql for step in calls.values() for call in step for sql in call]
+    # claims: one UPDATE ... WHERE pk IN (SELECT ... FOR UPDATE SKIP LOCKED), in autocommit
+    for step, step_calls in calls.items():
+        for call in step_calls:
+            assert call[0].startswith("UPDATE") and "FOR UPDATE SKIP LOCKED" in call[0], (step, call[:2])
+    # a job's or a run's status change carries its event in the same statement
+    moves = [sql for sql in every if sql.startswith(('UPDATE "runs_job" SET "status"', 'UPDATE "runs_run" SET "status"'))]
+    assert not moves, moves
+    assert sum(1 for sql in every if sql.startswith('WITH moved AS (UPDATE "runs_job" SET "status"')) >= 4 * 3
+    # a savepoint only where a gang's take of one group may be given back alone (placement.take_instances)
+    for step, step_calls in calls.items():
+        for call in step_calls:
+            assert sum(1 for sql in call if sql.startswith("SAVEPOINT")) <= (1 if step == "provision_job" else 0), \
+                (step, call)
+    # finish_job marks the job's attach grants once, reads none when it has none, and has the project
+    for call in calls["finish_job"]:
+        assert sum(1 for sql in call if sql.startswith('UPDATE "runs_attachgrant"')) <= 1, call
+        assert not [sql for sql in call if 'FROM "runs_attachgrant"' in sql], call
+        assert not [sql for sql in call if sql.startswith('SELECT "projects_project"')], call
+    # placement reads the run's user with the job, not on its own
+    assert not [sql for call in calls["provision_job"] for sql in call if 'FROM "auth_user"' in sql]
