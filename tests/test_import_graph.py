@@ -191,6 +191,9 @@ APPS = ("runs", "instances", "projects", "events", "console", "dstack_api")
 APP_UPPER_PARTS = {"services", "api", "admin", "management", "apps", "signals", "urls", "views", "gateway"}
 EXACT = {
     "runs.configuration": BASE,
+    # the duplicate-key YAML loader the CLI and the dialect share: a leaf that imports only PyYAML,
+    # kept under cli/ because the CLI may import nothing of the server's
+    "cli.strict_yaml": BASE,
     "engine.messages": MESSAGES,
     # the events table's own write (record, record_many), which every transition function calls
     "events.services": TABLES,

@@ -16,7 +16,7 @@ from engine.submitted import fanout, gang, placement
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fitting, spanning
 from instances.models import Fleet
-from instances.transitions import hand_back, record_taken
+from instances.transitions import hand_back
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import end_job, move_job, move_run
@@ -140,10 +140,10 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
     if gang[0] is master:
         return _hold(master, instances, members, what, siblings)
     with transaction.atomic():  # job 0 makes a slice next: the static groups wait on their hosts meanwhile
-        unused = fanout.place_members(master, members, instances)
+        # the taken hosts' events go in the members' INSERT
+        unused = fanout.place_members(master, members, instances,
+                                      taken=f"taken by job {master.run.name}/{master.job_num} for {what}")
         hand_back(unused, master, "not used: its job ended before it was placed")
-        record_taken([i for i in instances if i not in unused], master,
-                     f"taken by job {master.run.name}/{master.job_num} for {what}")
     return True
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import attach_revokes, claims, messages, registration
+from engine import attach_revokes, claims, messages, registration, ssh_registration
 from instances.models import Fleet
-from instances.services import ssh_fleets
 from runs.models import AttachGrant
-from runs.services import attach
 from tests.engine.helpers import local_project_fleet
 from tests.engine.outcome_helpers import Sent, around_body, steal
 
@@ -23,7 +21,7 @@ def sent(monkeypatch):
     return fake
 
 
-# ---- register_fleet (the hosts' side faked: ssh_fleets.complete_registration) ---------------------
+# ---- register_fleet (the hosts' side faked: ssh_registration.complete_registration) ---------------------
 
 
 @pytest.fixture
@@ -34,7 +32,7 @@ def registered(monkeypatch):
         calls.append(fleet.pk)
         Fleet.objects.filter(pk=fleet.pk, status="pending", lease_token=token).update(status="active")
 
-    monkeypatch.setattr(ssh_fleets, "complete_registration", complete)
+    monkeypatch.setattr(ssh_registration, "complete_registration", complete)
     return calls
 
 
@@ -73,7 +71,7 @@ def test_register_does_nothing_while_another_worker_registers_the_fleet(sent, re
     claims.forget_all()
 
 
-# ---- revoke_attach_keys (the host's side faked: attach.remove_grants) -----------------------------
+# ---- revoke_attach_keys (the host's side faked: attach_revokes.remove_grants) -----------------------------
 
 
 @pytest.fixture
@@ -84,7 +82,7 @@ def removed(monkeypatch):
         lines.extend(g.marker for g in grants)
         AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
 
-    monkeypatch.setattr(attach, "remove_grants", remove)
+    monkeypatch.setattr(attach_revokes, "remove_grants", remove)
     return lines
 
 
@@ -111,7 +109,7 @@ def test_revoke_of_a_host_that_does_not_answer_backs_its_lines_off(sent, monkeyp
     def unreachable(host, grants):
         raise OSError("no route to host")
 
-    monkeypatch.setattr(attach, "remove_grants", unreachable)
+    monkeypatch.setattr(attach_revokes, "remove_grants", unreachable)
     assert attach_revokes.revoke_attach_keys(host.pk) == 1
     grant = AttachGrant.objects.get()
     assert grant.lease_token == "" and grant.lease_until is not None, "due again after the backoff"

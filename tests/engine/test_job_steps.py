@@ -229,7 +229,7 @@ def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_ba
 
 def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
-    monkeypatch.setattr(stopping, "_runner_finished", lambda job: False)
+    monkeypatch.setattr(stopping, "_runner_finished", lambda job, grants=None: False)
     assert not stopping.finish_job(job.pk)
     assert _state(job) == ("terminating", "")
     assert sent.messages == [("finish_job", job.pk, stopping.STOP_RECHECK, False)]

@@ -30,7 +30,7 @@ from tests.waiting import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-STEPS = {"place_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
+STEPS = {"provision_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
          "derive_run": process_run}
 
 
@@ -44,7 +44,7 @@ def drive(monkeypatch, run: Run) -> dict[str, list[list[str]]]:
 
     for name in STEPS:
         monkeypatch.setattr(messages, name, lambda pk, countdown=0, _n=name: send(_n, pk, countdown))
-    send("place_job", Job.objects.get(run=run, job_num=0).pk)
+    send("provision_job", Job.objects.get(run=run, job_num=0).pk)
     calls: dict[str, list[list[str]]] = collections.defaultdict(list)
     deadline = time.monotonic() + patient(60)
     while time.monotonic() < deadline:
