@@ -21,10 +21,13 @@ from django.db import transaction
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims
+from engine.groups import end_group_and_jobs
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
 from runs.choices import JOB_ACTIVE, JobReason
+from runs.models import Job
+from runs.transitions import terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +90,10 @@ def interrupt_pod(group: InstanceGroup, why: str, token: str) -> None:
 
     The pod's lease (`token`) goes in the same transaction, so the delete sent after commit finds
     the pod claimable."""
-    from engine.groups import delete_group
-    from runs.models import Job
-    from runs.transitions import terminate_job
-
     log.warning("TPU slice %s lost: %s", group.name, why)
     with transaction.atomic():
         record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"TPU slice {group.name}: {why}")
         claims.release(InstanceGroup, group.pk, token)
-        delete_group(group, actor="server", force=True)
+        end_group_and_jobs(group, actor="server")

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from engine import attach_revokes, deriving, groups, pod_watch, pods, registration, stopping, sweeps
+from engine import (
+    attach_revokes,
+    deriving,
+    fleet_deletion,
+    groups,
+    pod_watch,
+    pods,
+    registration,
+    stopping,
+    sweeps,
+)
 from engine.running import watch
 from engine.starting import advance
 from engine.submitted import provision
+from runs import log_storage
 
 # Redis delivers lower numbers first (other brokers ignore this). Admitting work comes first:
 # a submitted job takes its hosts before the starts and ends of jobs that have theirs, so a burst
@@ -56,8 +67,6 @@ def sweep() -> dict[str, int]:
 
 @shared_task
 def sweep_logs() -> int:
-    from runs import log_storage
-
     return log_storage.sweep_retention()
 
 
@@ -79,6 +88,11 @@ def watch_pods() -> None:
 @step_task()
 def register_ssh_fleet(fleet_id: int, actor: str = "server") -> None:
     registration.register_fleet(fleet_id, actor=actor)
+
+
+@step_task()
+def delete_fleet(fleet_id: int, actor: str = "server") -> None:
+    fleet_deletion.delete_fleet(fleet_id, actor=actor)
 
 
 @step_task(priority=NEXT)

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 from dstack_api.services import keys, render, translate
 from dstack_api.services.errors import DstackError, NotFound
-from engine import stopping
 from instances.models import Instance
 from projects.models import Membership, Project
 from runs.choices import RUN_FINISHED
@@ -15,6 +14,7 @@ from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run
 from runs.services import logs
 from runs.services.submission import plan_run, submit_run
+from runs.transitions import request_stop
 
 MAX_LIST = 100
 
@@ -75,7 +75,7 @@ def apply(project: Project, user, run_spec: dict) -> dict:
 def stop(project: Project, user, names: list[str], abort: bool) -> None:
     runs = [_run(project, name) for name in names]  # all found, or nothing stopped
     for run in runs:
-        stopping.request_stop(run, abort=abort, actor=user.username)
+        request_stop(run, abort=abort, actor=user.username)
 
 
 def delete(project: Project, names: list[str]) -> None:

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from engine import claims, messages
+from engine import claims, messages, pods
 from engine.job_leases import release_job
 from engine.submitted import fanout, placement
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
@@ -138,8 +138,6 @@ def _take_gang(fleet, master: Job, members: list[Job]) -> tuple[list, list[str]]
 
 def _provision_cloud_group(job: Job, fleet) -> None:
     """A backend that creates groups makes the whole group in one call (a TPU pod slice)."""
-    from engine import pods
-
     compute = get_compute(fleet.backend, fleet_backend_config(fleet))
     group_jobs = list(job.run.current_jobs().filter(node_group_index=job.node_group_index))
     try:

@@ -9,7 +9,6 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine import stopping
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin, named_or_404
@@ -24,6 +23,7 @@ from runs.api.serializers import (
 from runs.models import Run
 from runs.services import attach, logs
 from runs.services.submission import plan_run, submit_run
+from runs.transitions import request_stop
 
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
@@ -88,7 +88,7 @@ class RunStopView(ProjectScopedMixin, APIView):
         body = StopRequestSerializer(data=request.data or {})
         body.is_valid(raise_exception=True)
         run = _run(self.project, name)
-        stopping.request_stop(run, abort=body.validated_data["abort"], actor=request.user.username)
+        request_stop(run, abort=body.validated_data["abort"], actor=request.user.username)
         return Response(RunSerializer(_run(self.project, name)).data)
 
 
