@@ -80,4 +80,21 @@ def cmd_fleet_delete(args: argparse.Namespace) -> int:
         return 0
     client.delete(f"fleets/{segment(args.name)}/", force="true" if args.force else None)
     print(f"Fleet {args.name}: deleting")
+    wait_for_deletion(client, args.name)
+    print(f"Fleet {args.name}: deleted")
     return 0
+
+
+FLEET_DELETE_WAIT_SECONDS = 300.0
+
+
+def wait_for_deletion(client: Client, name: str) -> None:
+    """The server answers a delete at once and stops the hosts' runners in a step of its own:
+    wait until the fleet is gone, as `muster fleet apply` waits for a registration."""
+    timeout, poll = FLEET_DELETE_WAIT_SECONDS, POLL_SECONDS
+    deadline = time.monotonic() + timeout
+    while any(f.get("name") == name for f in client.get("fleets/")):
+        if time.monotonic() > deadline:
+            raise CliError(f"fleet {name} is still being deleted after {timeout:g} s (the server goes on "
+                           "trying); see `muster fleet list`")
+        time.sleep(poll)

@@ -48,7 +48,7 @@ class _DatabaseCollector:
     def collect(self):
         from console.models import Counter
         from console.run_times import histograms
-        from engine.sweeps import queued_messages
+        from engine.messages import queued_messages
         from instances.models import Instance, InstanceStatus
         from runs.models import Job, Run
 

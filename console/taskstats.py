@@ -15,14 +15,14 @@ import time
 from celery.signals import task_failure, task_postrun, task_prerun, worker_process_shutdown, worker_shutdown
 from django.dispatch import receiver
 
-from engine.claims import claim_conflict
+from muster.claimable import claim_conflict
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
 # the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries;
 # `runs_routine` (a run derived after job moves that nudge nobody by design) and `retries` (a retry
 # whose backoff is over) are sends the sweep makes as its routine, counted apart
-SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets")
+SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets", "fleet_deletions")
 SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry"}
 
 _lock = threading.Lock()

@@ -14,7 +14,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from console import logview, picture, runlist, words
-from engine import stopping
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from instances.queued import queued_view
@@ -26,6 +25,7 @@ from runs.api.serializers import RunSerializer
 from runs.choices import JOB_ON_HOST, RunStatus
 from runs.models import Job, Run
 from runs.services import logs, submitted_text
+from runs.transitions import request_stop
 
 LOG_OFFSET_MAX = 2**62
 
@@ -160,7 +160,7 @@ def run_stop(request, project, name):
     if not _can_stop(request, role):
         raise PermissionDenied(f"your role in project {project.name} is {role}: it cannot stop runs")
     run = _run(project, name)
-    stopping.request_stop(run, abort=request.POST.get("abort") == "1", actor=request.user.username)
+    request_stop(run, abort=request.POST.get("abort") == "1", actor=request.user.username)
     return redirect("console:run", project=project.name, name=run.name)
 
 

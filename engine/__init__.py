@@ -21,15 +21,18 @@ running       engine/running/watch.py            watch_running: the batch watch 
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
 runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
-groups        engine/groups.py                   terminate_group: delete an instance group with its backend
+groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
+                                                 stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
   watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
               engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts
+              engine/fleet_deletion.py           delete_fleet: a terminating fleet's hosts stopped and ended, the fleet removed
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
 attach keys   engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed
 sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own seems lost
+logs          engine/log_copy.py                 follow, take, keep_copy: a job's log copied to the server as it runs and ends
 
 The engine does all host I/O (log copy: engine/log_copy.py; attach revokes; the Docker probe; SSH
 registration; agent stops). It imports the tables below it (models, choices, transitions, and the

@@ -28,13 +28,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Case, F, Q, Value, When
-from django.dispatch import Signal
 from django.utils import timezone
 
+from muster.claimable import claim_conflict
+
 log = logging.getLogger(__name__)
-# sent with the model as sender when a claim lost to another holder; /metrics counts them
-# (console/taskstats.py connects to it: the engine does not know who listens)
-claim_conflict = Signal()
 
 
 def lease_seconds() -> float:

@@ -15,6 +15,8 @@ from django.utils import timezone
 
 from engine import claims, failure_policy, messages, restarts
 from engine.stopping import end_active_jobs
+from events.models import Event
+from events.services import record
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.job_rows import create_jobs
@@ -56,9 +58,6 @@ def _derive_again_if_moved(run: Run, derived_at) -> None:
 def _note_failed_derive(run: Run, exc: Exception) -> None:
     """One event per distinct failure, so whoever looks at a stuck run sees why (the sweep tries
     it again on every pass; repeating the same event each time would bury the others)."""
-    from events.models import Event
-    from events.services import record
-
     message = f"could not derive the run's status: {type(exc).__name__}: {exc}"[:1000]
     last = Event.objects.filter(run_id=run.id).order_by("-id").values_list("message", flat=True).first()
     if last != message:

@@ -1,4 +1,6 @@
-"""Instance-group lifecycle: find a group, delete it whole, terminate it; stop agents, terminate fleets."""
+"""Instance groups and fleets ending, in the engine: a group deleted with its backend (one call for a
+TPU pod), the runner agents of hosts stopped (`stop_agents`, the one fan-out that does), a fleet's
+hosts ended (`terminate_fleet_instances`, from the claimed step in engine/fleet_deletion.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,9 @@ from django.db.models import Q
 from backends.base import BackendError
 from backends.registry import compute_for_instance, fleet_backend_config, get_compute
 from engine import claims, messages
+from engine.stopping import stop_jobs_on_group
 from engine.tuning import STOP_THREADS
-from events.services import record
 from instances.models import (
-    LIVE_INSTANCE_STATUSES,
     Fleet,
     GroupKind,
     GroupStatus,
@@ -23,54 +24,19 @@ from instances.models import (
     InstanceGroup,
     InstanceStatus,
 )
-from instances.transitions import move_instances
-from muster.api_errors import InvalidInput
+from instances.transitions import end_group, move_group, move_instances
 
 log = logging.getLogger(__name__)
 NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 
 
-def find_group(project, name: str) -> InstanceGroup | None:
-    """A group by its own name, or the group of the instance with that name."""
-    group = InstanceGroup.objects.filter(project=project, name=name).exclude(status=GroupStatus.TERMINATED).first()
-    if group is None:
-        inst = Instance.objects.filter(project=project, name=name, group__isnull=False).select_related("group").first()
-        if inst is not None and inst.group.status != GroupStatus.TERMINATED:
-            group = inst.group
-    return group
-
-
-def group_in_use(group: InstanceGroup) -> bool:
-    from runs.choices import JOB_UNFINISHED
-    from runs.models import Job
-
-    return Job.objects.filter(instance__group=group, status__in=JOB_UNFINISHED).exists()
-
-
-def delete_group(group: InstanceGroup, actor: str = "api", force: bool = False) -> None:
-    """Delete the whole group (a TPU pod: one delete call); its instances all end terminated."""
-    if mark_for_deletion(group, actor, force):
-        messages.terminate_group(group.pk)
-
-
-def mark_for_deletion(group: InstanceGroup, actor: str = "api", force: bool = False) -> bool:
-    """`delete_group` without its message, for a step that holds the group (its Outcome sends it)."""
-    if group_in_use(group) and not force:
-        raise InvalidInput(["name"], f"{group.name} runs a job: stop the run first (or delete with force=true)")
-    if force:
-        from engine.stopping import stop_jobs_on_group
-
-        stop_jobs_on_group(group, actor=actor)
+def end_group_and_jobs(group: InstanceGroup, actor: str = "server") -> bool:
+    """The engine's own deletion of a group (its fleet is deleted, Google took the slice back): its
+    active jobs end, then the group (the API's delete, which refuses a group in use, is
+    instances/services/groups.py). Sends no terminate_group: the caller does, or its Outcome."""
     with transaction.atomic():
-        touched = InstanceGroup.objects.filter(pk=group.pk).exclude(
-            status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]).update(status=GroupStatus.TERMINATING)
-        if not touched:
-            return False
-        move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
-                       frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
-        record(group.project_id, f"instance group {group.name}", "deletion requested", status=GroupStatus.TERMINATING, actor=actor)
-    group.status = GroupStatus.TERMINATING
-    return True
+        stop_jobs_on_group(group, actor=actor)
+        return end_group(group, actor=actor)
 
 
 def terminate_group(group_id: int) -> bool:
@@ -98,12 +64,12 @@ def _terminate(held: claims.Held) -> claims.Outcome | None:
 def _terminated(group: InstanceGroup, token: str) -> bool:
     """The give-back is the group's final move, with its instances', in one transaction."""
     with transaction.atomic():
-        if not InstanceGroup.objects.filter(pk=group.pk, lease_token=token, status=GroupStatus.TERMINATING).update(
-                status=GroupStatus.TERMINATED, lease_until=None, lease_token=""):
+        # the lease goes with the final move; a stale token moves nothing
+        if not move_group(group, GroupStatus.TERMINATED, frm=[GroupStatus.TERMINATING], message="deleted",
+                          where={"lease_token": token}, lease_until=None, lease_token=""):
             return False
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
                        frm=NOT_TERMINATED, message="terminated with its group")
-        record(group.project_id, f"instance group {group.name}", "deleted", status=GroupStatus.TERMINATED)
     return True
 
 
@@ -117,33 +83,41 @@ def stop_agents(instances: list[Instance]) -> None:
     hosts = []
     for inst in instances:
         try:
-            hosts.append((inst, compute_for_instance(inst).runner_host(inst)))
+            hosts.append((inst.name, compute_for_instance(inst).runner_host(inst)))
         except Exception as exc:  # as in _stop_agent: the instance is removed whatever happens here
             log.info("could not reach the runner agent on %s: %s", inst.name, exc)
+    stop_agents_on(hosts)
+
+
+def stop_agents_on(hosts: list[tuple[str, object]]) -> None:
+    """The fan-out itself, for hosts already made ((name, runner host) pairs): every stop of
+    runner agents goes through here (a group or fleet deleted, a registration refused)."""
     if not hosts:
         return
     with ThreadPoolExecutor(max_workers=min(STOP_THREADS, len(hosts)), thread_name_prefix="stop-agent") as pool:
         list(pool.map(lambda pair: _stop_agent(*pair), hosts))
 
 
-def _stop_agent(inst: Instance, host) -> None:
+def _stop_agent(name: str, host) -> None:
     try:
         stop = getattr(host, "stop_agent", None)
         if stop:
             stop()
     except Exception as exc:  # a host that is gone cannot stop its agent; it is removed anyway
-        log.info("could not stop the runner agent on %s: %s", inst.name, exc)
+        log.info("could not stop the runner agent on %s: %s", name, exc)
     finally:
         host.close()
 
 
 def terminate_fleet_instances(fleet: Fleet, actor: str = "api") -> None:
     for group in fleet.groups.exclude(status__in=[GroupStatus.TERMINATING, GroupStatus.TERMINATED]):
-        if group.kind == GroupKind.TPU_POD:
-            delete_group(group, actor=actor, force=True)
+        if group.kind == GroupKind.TPU_POD and end_group_and_jobs(group, actor=actor):
+            messages.terminate_group(group.pk)
     loose = list(fleet.instances.filter(Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER)).exclude(
         status=InstanceStatus.TERMINATED))
     stop_agents(loose)
     move_instances(loose, InstanceStatus.TERMINATED, frm=NOT_TERMINATED, message="terminated with its fleet",
                    actor=actor, fleet=None)
-    fleet.groups.filter(kind=GroupKind.CLUSTER).update(status=GroupStatus.TERMINATED)
+    for group in fleet.groups.filter(kind=GroupKind.CLUSTER).exclude(status=GroupStatus.TERMINATED):
+        move_group(group, GroupStatus.TERMINATED, frm=[s for s in GroupStatus.values if s != GroupStatus.TERMINATED],
+                   message=f"terminated with fleet {fleet.name}", actor=actor)

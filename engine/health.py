@@ -7,8 +7,13 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from backends.base import BackendError
+from backends.registry import compute_for_instance
+from engine import log_copy, runner_status
 from events.services import record
 from instances.models import Instance, InstanceCondition
+from runs.choices import JOB_FINISHED, RUNNER_LIVE
+from runs.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,6 @@ def stop_orphans(instance: Instance) -> bool:
     still run there: offered again, the host would get a new job next to them (its ports taken,
     or a runner job id that already exists). True once none of them is left running.
     """
-    from backends.base import BackendError
-    from backends.registry import compute_for_instance
-    from engine import log_copy, runner_status
-    from runs.choices import JOB_FINISHED, RUNNER_LIVE
-    from runs.models import Job
-
     since = instance.unreachable_since
     if since is None:
         return True

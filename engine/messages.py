@@ -88,6 +88,26 @@ def register_fleet(fleet_id: int, actor: str = "server") -> None:
     transaction.on_commit(lambda: registered.register_fleet.delay(fleet_id, actor))
 
 
+def delete_fleet(fleet_id: int, actor: str = "server") -> None:
+    """A fleet marked terminating may have its hosts stopped and removed, then go (delete_fleet)."""
+    transaction.on_commit(lambda: registered.delete_fleet.delay(fleet_id, actor))
+
+
+def stop_agents(instance_ids: list[int]) -> None:
+    """Hosts taken out of their fleet may have their runner agents stopped (stop_agents, best effort)."""
+    if instance_ids:
+        transaction.on_commit(lambda: registered.stop_agents.delay(list(instance_ids)))
+
+
 def revoke_attach_keys(instance_id: int) -> None:
     """Attach lines on this host are due to go (revoke_attach_keys)."""
     transaction.on_commit(lambda: registered.revoke_attach_keys.delay(instance_id))
+
+
+def queued_messages() -> int | None:
+    """Messages waiting in the default queue (all priority levels); None if the broker cannot say."""
+    try:
+        with app.pool.acquire(block=True, timeout=5) as conn:
+            return conn.default_channel.queue_declare(queue=app.conf.task_default_queue, passive=True).message_count
+    except Exception:  # noqa: BLE001 - a broker that cannot count must not stop the sweep
+        return None

@@ -25,7 +25,10 @@ from engine import claims, messages
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
+from instances.transitions import end_group
 from runs.choices import JOB_ACTIVE, JobReason
+from runs.models import Job
+from runs.transitions import terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +94,10 @@ def _store(group: InstanceGroup, **changes) -> None:
 def interrupt_pod(group: InstanceGroup, why: str) -> claims.Outcome:
     """Google took the slice back: every job on it ends as an interruption, and the pod is deleted
     (its terminate_group is sent once the watch gives the pod back)."""
-    from engine.groups import mark_for_deletion
-    from runs.models import Job
-    from runs.transitions import terminate_job
-
     log.warning("TPU slice %s lost: %s", group.name, why)
     with transaction.atomic():
         record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"TPU slice {group.name}: {why}")
-        mark_for_deletion(group, actor="server", force=True)
+        end_group(group, actor="server")
     return claims.Outcome(expect=(GroupStatus.TERMINATING,), then=(partial(messages.terminate_group, group.pk),))

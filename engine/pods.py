@@ -31,6 +31,7 @@ from engine.claims import unleased
 from engine.submitted import gang
 from engine.tuning import POD_BATCH
 from events.services import record
+from instances.lookup import group_in_use
 from instances.models import (
     Fleet,
     GroupKind,
@@ -41,13 +42,18 @@ from instances.models import (
     InstanceStatus,
 )
 from instances.queued import queued_view
+from instances.transitions import end_group, move_group, move_instances
 from muster import crypto
 from runs.choices import JobReason, JobStatus
+from runs.models import Job
+from runs.transitions import terminate_job
 
 log = logging.getLogger(__name__)
 
 # Job statuses that still wait for their host to come up.
 _WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
+NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
+NOT_TERMINATED_GROUP = [status for status in GroupStatus.values if status != GroupStatus.TERMINATED]
 
 
 def _slice_of(job) -> str | None:
@@ -117,11 +123,11 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> li
         with transaction.atomic():
             # Conditional on every host still idle and the group still active: the idle policy
             # takes a pod the same way, so exactly one of the two wins it.
-            touched = Instance.objects.filter(group=group, group__status=GroupStatus.ACTIVE,
-                                              status=InstanceStatus.IDLE).update(
-                status=InstanceStatus.BUSY, idle_since=None, updated=timezone.now())
-            if touched == hosts:
-                record(fleet.project_id, f"instance group {group.name}", "reused by a new run", status=InstanceStatus.BUSY)
+            taken = move_instances(list(group.instances.filter(status=InstanceStatus.IDLE)), InstanceStatus.BUSY,
+                                   frm=[InstanceStatus.IDLE], where={"group__status": GroupStatus.ACTIVE},
+                                   message=f"taken with instance group {group.name}: reused by a new run",
+                                   idle_since=None)
+            if len(taken) == hosts:
                 return list(group.instances.order_by("index"))
             transaction.set_rollback(True)  # a partly busy pod is not ours to take
     return None
@@ -142,8 +148,6 @@ def pod_name(run_name: str, group_name: str, attempt: str = "") -> str:
 
 
 def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
-    from runs.models import Job
-
     master = jobs[0]
     name = pod_name(master.run.name, master.node_group_name,
                     f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
@@ -186,18 +190,16 @@ def _ssh_user(fleet: Fleet) -> str:
 def _forget(group: InstanceGroup, why: str, delete: bool = False) -> None:
     """The create call failed: nothing exists in the cloud, so the rows end here. With `delete`
     (a multislice set, whose backend deleted the slices it made) the group is deleted once more
-    as the safety net for a delete that did not get through."""
-    from runs.models import Job
-
-    end = GroupStatus.TERMINATING if delete else GroupStatus.TERMINATED
+    as the safety net for a delete that did not get through (nobody holds the new group yet, so
+    its terminate_group is sent now)."""
+    end, host_end = ((GroupStatus.TERMINATING, InstanceStatus.TERMINATING) if delete
+                     else (GroupStatus.TERMINATED, InstanceStatus.TERMINATED))
     with transaction.atomic():
         Job.objects.filter(instance__group=group, status=JobStatus.SUBMITTED).update(instance=None)
-        group.instances.update(status=InstanceStatus.TERMINATING if delete else InstanceStatus.TERMINATED,
-                               termination_reason=why[:64])
-        InstanceGroup.objects.filter(pk=group.pk).update(status=end)
-        record(group.project_id, f"instance group {group.name}", f"not created: {why}", status=end)
-        if delete:
-            messages.delete_group(group.pk)
+        move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), host_end,
+                       frm=NOT_TERMINATED, message=f"not created: {why}", termination_reason=why[:64])
+        if move_group(group, end, frm=NOT_TERMINATED_GROUP, message=f"not created: {why}") and delete:
+            messages.terminate_group(group.pk)
 
 
 def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
@@ -210,8 +212,6 @@ def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
 
 def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
     """The slice is READY: fill in each host (worker k -> instance k) and hand it to its job."""
-    from runs.models import Job
-
     config = fleet_backend_config(group.fleet) if group.fleet else {}
     key = config.get("ssh_private_key", "")
     encrypted = crypto.encrypt(key) if key else ""
@@ -220,17 +220,16 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
         for rec in records:
             inst = group.instances.get(index=rec.worker_index)
             assigned = Job.objects.filter(instance=inst, status__in=_WAITING).exists()
-            Instance.objects.filter(pk=inst.pk, status=InstanceStatus.PROVISIONING).update(
+            move_instances(
+                [inst], InstanceStatus.BUSY if assigned else InstanceStatus.IDLE, frm=[InstanceStatus.PROVISIONING],
+                message=f"ready at {rec.internal_ip} (worker {rec.worker_index} of {group.name})",
                 hostname=rec.hostname, internal_ip=rec.internal_ip, port=rec.port or 22, region=rec.region,
                 resources=rec.resources or {}, **Instance.resource_columns(rec.resources),
-                backend_data=rec.backend_data, private_key_encrypted=encrypted,
-                status=InstanceStatus.BUSY if assigned else InstanceStatus.IDLE,
-                idle_since=None if assigned else now, updated=now,
+                backend_data=rec.backend_data, private_key_encrypted=encrypted, idle_since=None if assigned else now,
             )
-        InstanceGroup.objects.filter(pk=group.pk, status=GroupStatus.PROVISIONING).update(
-            status=GroupStatus.ACTIVE, backend_data={**group.backend_data, **records[0].backend_data})
-        record(group.project_id, f"instance group {group.name}",
-               f"ready with {len(records)} hosts in {records[0].region or 'its zone'}", status=GroupStatus.ACTIVE)
+        move_group(group, GroupStatus.ACTIVE, frm=[GroupStatus.PROVISIONING],
+                   message=f"ready with {len(records)} hosts in {records[0].region or 'its zone'}",
+                   backend_data={**group.backend_data, **records[0].backend_data})
 
 
 def poll_pod(group_id: int) -> bool:
@@ -293,15 +292,11 @@ def _poll_once(group: InstanceGroup) -> str:
 
 
 def _awaited(group: InstanceGroup) -> bool:
-    from runs.models import Job
-
     return Job.objects.filter(instance__group=group, status__in=_WAITING).exists()
 
 
 def _say_queued(group: InstanceGroup, before: dict | None) -> None:
     # One event per change of the request's state (or zone), on the pod and on each waiting job.
-    from runs.models import Job
-
     view = queued_view(group)
     if not view or not view["state"] or (before and (before["state"], before["zone"]) == (view["state"], view["zone"])):
         return
@@ -315,9 +310,6 @@ def _say_queued(group: InstanceGroup, before: dict | None) -> None:
 def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
     """Delete a slice that will not become usable, and end the jobs that waited for it (the poll
     holding the pod sends its terminate_group once it gives the pod back)."""
-    from runs.models import Job
-    from runs.transitions import terminate_job
-
     with transaction.atomic():
         # Every waiting job ends (none may fall back to creating another slice of its own).
         gangs = {}
@@ -326,10 +318,9 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
             gangs[(job.run_id, job.submission_num)] = job
         for job in gangs.values():  # their runs' static hosts go back in this same step
             gang.release(job.run, job.submission_num, job.node_group_name, f"TPU slice {group.name}: {why}")
-        InstanceGroup.objects.filter(pk=group.pk).update(status=GroupStatus.TERMINATING)
-        group.instances.exclude(status=InstanceStatus.TERMINATED).update(
-            status=InstanceStatus.TERMINATING, termination_reason=reason[:64])
-        record(group.project_id, f"instance group {group.name}", f"deleting: {why}", status=GroupStatus.TERMINATING)
+        move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}")
+        move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATING,
+                       frm=NOT_TERMINATED, message=f"deleting with its group: {why}", termination_reason=reason[:64])
 
 
 def pods_to_poll(now):
@@ -341,8 +332,6 @@ def pods_to_poll(now):
 
 def expire_idle_pods(now) -> int:
     """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
-    from engine.groups import delete_group, group_in_use
-
     expired = 0
     for group in InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE,
                                               fleet__idle_duration__isnull=False).select_related("fleet"):
@@ -355,11 +344,13 @@ def expire_idle_pods(now) -> int:
         with transaction.atomic():
             # Take every host from idle in one conditional update, so a run reusing the pod at
             # this moment (the same update the other way) and the policy never both win.
-            taken = group.instances.filter(status=InstanceStatus.IDLE).update(
-                status=InstanceStatus.TERMINATING, termination_reason=InstanceReason.IDLE)
-            if taken != len(hosts):
+            taken = move_instances(hosts, InstanceStatus.TERMINATING, frm=[InstanceStatus.IDLE],
+                                   message="idle past its fleet's idle_duration", actor="idle policy",
+                                   termination_reason=InstanceReason.IDLE)
+            if len(taken) != len(hosts):
                 transaction.set_rollback(True)
                 continue
-            delete_group(group, actor="idle policy")
+            if end_group(group, actor="idle policy"):
+                messages.terminate_group(group.pk)
         expired += 1
     return expired

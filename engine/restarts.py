@@ -152,7 +152,7 @@ def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -
         if row.instance_id:
             messages.start_job(row.pk)
         elif row.node_group_rank == 0:
-            messages.place_job(row.pk)
+            messages.provision_job(row.pk)
 
 
 def _reused_host(job: Job, index: int) -> Instance:

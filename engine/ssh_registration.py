@@ -24,8 +24,8 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.ssh.connection import SSHTarget
 from backends.ssh.runner_host import SSHRunnerHost
+from engine import groups
 from engine.tuning import REGISTER_THREADS
-from events.services import record
 from instances.models import (
     Fleet,
     FleetStatus,
@@ -38,10 +38,12 @@ from instances.models import (
     Placement,
 )
 from instances.ssh_hosts import refuse_registered_elsewhere
+from instances.transitions import move_fleet, move_instances
 from muster.api_errors import InvalidInput
 from projects.models import Project
 
 log = logging.getLogger(__name__)
+NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 
 
 @dataclass
@@ -94,20 +96,19 @@ def give_up(fleet: Fleet, token: str, why: str, actor: str) -> None:
 def _fail(fleet: Fleet, token: str, instances: list[Instance], errors: list[dict], actor: str) -> None:
     by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
     with transaction.atomic():
-        if not Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.PENDING, lease_token=token).update(
-                status=FleetStatus.FAILED, errors=errors):
+        if not move_fleet(fleet, FleetStatus.FAILED, frm=[FleetStatus.PENDING], where={"lease_token": token},
+                          message="registration failed: " + "; ".join(e["msg"] for e in errors), actor=actor,
+                          errors=errors):
             return
         for inst in instances:
-            inst.status = InstanceStatus.TERMINATED
-            inst.termination_reason = InstanceReason.REGISTRATION_FAILED
             if inst.index in by_host:
                 step = f"failed: {by_host[inst.index]}"
             else:
                 step = "not registered: " + ("another host failed" if by_host else errors[0]["msg"])
-            inst.backend_data = {**inst.backend_data, "registration": step}
-            inst.save(update_fields=["status", "termination_reason", "backend_data", "updated"])
-        record(fleet.project_id, f"fleet {fleet.name}", "registration failed: " + "; ".join(e["msg"] for e in errors),
-               actor=actor)
+            message = f"registration {step}" if inst.index in by_host else step
+            move_instances([inst], InstanceStatus.TERMINATED, frm=NOT_TERMINATED, message=message,
+                           actor=actor, termination_reason=InstanceReason.REGISTRATION_FAILED,
+                           backend_data={**inst.backend_data, "registration": step})
 
 
 def _progress(instances: list[Instance], steps: dict[int, str]) -> None:
@@ -221,22 +222,9 @@ def _message(where: str, exc: BaseException) -> str:
 
 def _stop_agents(targets: list[SSHTarget], results: list[HostFacts | None]) -> None:
     """Undo the runner starts of a refused registration (best effort: the hosts are the user's)."""
-    started = [replace(t, host_key=r.host_key) for t, r in zip(targets, results, strict=True) if r is not None]
-    if not started:
-        return
     timeout, _ = _timeouts()
-
-    def stop(target: SSHTarget) -> None:
-        runner = SSHRunnerHost(target, timeout=timeout)
-        try:
-            runner.stop_agent()
-        except BackendError as exc:
-            log.info("could not stop the runner on %s after a refused registration: %s", target.where, exc)
-        finally:
-            runner.close()
-
-    with ThreadPoolExecutor(max_workers=min(REGISTER_THREADS, len(started))) as pool:
-        list(pool.map(stop, started))
+    started = [replace(t, host_key=r.host_key) for t, r in zip(targets, results, strict=True) if r is not None]
+    groups.stop_agents_on([(t.where, SSHRunnerHost(t, timeout=timeout)) for t in started])
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -277,16 +265,13 @@ def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget],
     for inst, target, found in zip(instances, targets, facts, strict=True):
         resources = _resources(found.probe)
         inst.refresh_from_db(fields=["backend_data"])
-        inst.group, inst.status, inst.resources = group, InstanceStatus.IDLE, resources
-        inst.internal_ip = found.probe.get("internal_ip") or inst.hostname
-        inst.host_key, inst.idle_since, inst.last_seen = found.host_key, now, now
+        internal_ip = found.probe.get("internal_ip") or inst.hostname
         # the health check probes Docker again from SSH_DOCKER_PROBE_INTERVAL on (instances/docker_facts.py)
-        inst.backend_data = {**inst.backend_data, "registration": "ready", "docker_probed_at": time.time()}
-        inst.save()
-        record(fleet.project_id, f"instance {inst.name}",
-               f"registered {target.where} at {inst.internal_ip} ({_describe(resources)})",
-               status=inst.status, actor=actor, instance_id=inst.id)
-    fleet.network, fleet.status = network, FleetStatus.ACTIVE
-    fleet.save(update_fields=["network", "status"])
+        move_instances([inst], InstanceStatus.IDLE, frm=[InstanceStatus.PENDING], actor=actor,
+                       message=f"registered {target.where} at {internal_ip} ({_describe(resources)})",
+                       group=group, resources=resources, **Instance.resource_columns(resources),
+                       internal_ip=internal_ip, host_key=found.host_key, idle_since=now, last_seen=now,
+                       backend_data={**inst.backend_data, "registration": "ready", "docker_probed_at": time.time()})
     where = f" on network {network}" if network else ""
-    record(fleet.project_id, f"fleet {fleet.name}", f"registered with {len(instances)} ssh hosts{where}", actor=actor)
+    move_fleet(fleet, FleetStatus.ACTIVE, frm=[FleetStatus.PENDING], network=network, actor=actor,
+               message=f"registered with {len(instances)} ssh hosts{where}")

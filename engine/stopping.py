@@ -21,27 +21,11 @@ from runs.choices import (
     RUNNER_LIVE,
     JobReason,
     JobStatus,
-    RunReason,
-    RunStatus,
-    StopRequest,
 )
 from runs.models import Job, Run
-from runs.transitions import move_job, move_run, terminate_job
+from runs.transitions import move_job, terminate_job
 
 log = logging.getLogger(__name__)
-
-
-def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
-    """User stop/abort: works at any stage; the run processor does the rest."""
-    if run.finished:
-        return
-    kind = StopRequest.ABORT if abort else StopRequest.STOP
-    with transaction.atomic():
-        Run.objects.filter(pk=run.pk).exclude(stop_requested=StopRequest.ABORT).update(stop_requested=kind)
-        if run.status == RunStatus.PENDING:
-            move_run(run, RunStatus.TERMINATED, termination_reason=RunReason.ABORTED_BY_USER if abort else RunReason.STOPPED_BY_USER,
-                     actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
-        messages.derive_run(run.pk)
 
 
 def finish_job(job_id: int) -> bool:
@@ -142,11 +126,6 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
             terminate_job(job, reason, actor=actor)
             active += 1
     return active
-
-
-def stop_jobs_on_fleet(fleet, actor: str = "api") -> None:
-    for job in Job.objects.filter(instance__fleet=fleet, status__in=JOB_ACTIVE).select_related("run"):
-        terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"fleet {fleet.name} was deleted", actor=actor)
 
 
 def stop_jobs_on_group(group, actor: str = "api") -> None:

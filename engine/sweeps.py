@@ -14,8 +14,9 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine import messages
+from engine import attach_revokes, messages, pods
 from engine.claims import unleased
+from engine.ssh_health import check_ssh_hosts
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
@@ -28,39 +29,22 @@ def stale_after() -> timedelta:
     return timedelta(seconds=3 * float(settings.MUSTER["SWEEP_INTERVAL"]))
 
 
-def queued_messages() -> int | None:
-    """Messages waiting in the default queue (all priority levels); None if the broker cannot say."""
-    from muster.celery import app
-
-    try:
-        with app.pool.acquire(block=True, timeout=5) as conn:
-            return conn.default_channel.queue_declare(queue=app.conf.task_default_queue, passive=True).message_count
-    except Exception:  # noqa: BLE001 - a broker that cannot count must not stop the sweep
-        return None
-
-
 def sweep() -> dict[str, int]:
-    from engine import pods
-
     now = timezone.now()
     old = now - stale_after()
     found = {}
-    backlog = queued_messages()
+    backlog = messages.queued_messages()
     if backlog is not None and backlog > BACKLOG:
         found["backlog"] = backlog  # messages are late, not lost: re-enqueue nothing this time
     else:
         found.update(_re_enqueue(now, old))
     found["idle"] = pods.expire_idle_pods(now)
-    from engine.ssh_health import check_ssh_hosts
-
     found["ssh_hosts"] = check_ssh_hosts(now)
     return found
 
 
 def _re_enqueue(now, old) -> dict[str, int]:
     """Rows left without a lease in a non-final state for too long: their task is sent again."""
-    from engine import pods
-
     found = {}
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
@@ -89,8 +73,9 @@ def _re_enqueue(now, old) -> dict[str, int]:
     fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=FleetBackend.SSH,
                                   created__lt=old).values_list("pk", flat=True)[:BATCH]
     found["fleets"] = _enqueue(messages.register_fleet, fleets)
-    from engine import attach_revokes
-
+    # a fleet whose deletion was asked for and that nobody is deleting (the step holds a lease)
+    ending = Fleet.objects.filter(unleased(now), status=FleetStatus.TERMINATING).values_list("pk", flat=True)[:BATCH]
+    found["fleet_deletions"] = _enqueue(messages.delete_fleet, ending)
     # attach lines whose removal failed (the host was down): once it answers again
     found["attach_revokes"] = _enqueue(messages.revoke_attach_keys, attach_revokes.instances_with_due_revokes(now))
     return found

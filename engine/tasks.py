@@ -4,10 +4,22 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from engine import attach_revokes, deriving, groups, pod_watch, pods, registration, stopping, sweeps
+from engine import (
+    attach_revokes,
+    deriving,
+    fleet_deletion,
+    groups,
+    pod_watch,
+    pods,
+    registration,
+    stopping,
+    sweeps,
+)
 from engine.running import watch
 from engine.starting import advance
 from engine.submitted import provision
+from instances.models import Instance
+from runs import log_storage
 
 # Redis delivers lower numbers first (other brokers ignore this). Admitting work comes first:
 # a submitted job takes its hosts before the starts and ends of jobs that have theirs, so a burst
@@ -56,8 +68,6 @@ def sweep() -> dict[str, int]:
 
 @shared_task
 def sweep_logs() -> int:
-    from runs import log_storage
-
     return log_storage.sweep_retention()
 
 
@@ -79,6 +89,17 @@ def watch_pods() -> None:
 @step_task()
 def register_fleet(fleet_id: int, actor: str = "server") -> None:
     registration.register_fleet(fleet_id, actor=actor)
+
+
+@step_task()
+def delete_fleet(fleet_id: int, actor: str = "server") -> None:
+    fleet_deletion.delete_fleet(fleet_id, actor=actor)
+
+
+@shared_task
+def stop_agents(instance_ids: list[int]) -> None:
+    # best effort, as the agents of a deleted fleet: hosts already out of the pool, nothing to claim
+    groups.stop_agents(list(Instance.objects.filter(pk__in=instance_ids)))
 
 
 @step_task(priority=NEXT)

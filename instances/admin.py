@@ -3,8 +3,8 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from console import words
-from engine import groups
 from instances.models import Fleet, Instance, InstanceGroup
+from instances.services import groups
 from muster.api_errors import InvalidInput
 
 

@@ -1,4 +1,5 @@
-"""Moving instances between statuses: one conditional UPDATE and one INSERT of events per call.
+"""Moving fleets, instance groups and instances between statuses: one conditional UPDATE and one
+INSERT of events per call. Nothing else writes their `status` (tests/test_status_writes.py).
 
 As for jobs (runs/transitions.py), a status change and the event that says why are written
 together, so an instance's history (`events/?run=NAME`, the admin) shows every hand-over: which
@@ -10,28 +11,40 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from events.services import record_many
-from instances.models import Instance, InstanceStatus
+from events.services import record, record_many
+from instances.models import (
+    LIVE_INSTANCE_STATUSES,
+    Fleet,
+    FleetStatus,
+    GroupStatus,
+    Instance,
+    InstanceGroup,
+    InstanceStatus,
+)
 
 
-def move_instances(instances: list[Instance], to: str, *, frm, message: str, actor: str = "server",
-                   run_id=None, job_id=None, **fields) -> set[int]:
-    """Move each of `instances` still in one of `frm` to `to`; returns the pks that moved.
+def move_instances(instances: list[Instance], to: str, *, frm, message: str | None, actor: str = "server",
+                   run_id=None, job_id=None, where: dict | None = None, **fields) -> set[int]:
+    """Move each of `instances` still in one of `frm` (and matching `where`) to `to`; returns the
+    pks that moved.
 
     `instances` need `pk`, `project_id` and `name` (what the event names). Runs in the caller's
     transaction when there is one (no savepoint: a hand-over is part of the caller's move).
+    `message` None: the events are written by the caller's next call (taken_events, once the
+    placement knows which job took the hosts), in the same transaction.
     """
     rows = {inst.pk: inst for inst in instances}
     if not rows:
         return set()
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        touched = Instance.objects.filter(pk__in=rows, status__in=tuple(frm)).update(status=to, updated=now, **fields)
+        touched = Instance.objects.filter(pk__in=rows, status__in=tuple(frm), **(where or {})).update(
+            status=to, updated=now, **fields)
         moved = set(rows)
         if touched != len(rows):  # some moved on meanwhile: see which ones are ours now
             moved = set(Instance.objects.filter(pk__in=rows, status=to, updated=now).values_list("pk", flat=True))
         by_project: dict[int, list[dict]] = {}
-        for pk in moved:
+        for pk in moved if message is not None else ():
             inst = rows[pk]
             by_project.setdefault(inst.project_id, []).append(
                 {"subject": f"instance {inst.name}", "message": message, "status": to, "instance_id": pk,
@@ -45,6 +58,16 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str, act
     return moved
 
 
+def take_idle(instances: list[Instance]) -> bool:
+    """Placement's idle -> busy of hosts it picked (and locked): all of them, or False when one
+    moved on meanwhile (the caller rolls back). Their events come from taken_events, in the same
+    transaction, once the job that took them is known."""
+    if not instances:
+        return True
+    moved = move_instances(instances, InstanceStatus.BUSY, frm=[InstanceStatus.IDLE], message=None, idle_since=None)
+    return len(moved) == len(instances)
+
+
 def taken_events(instances: list[Instance], job, message: str) -> list[dict]:
     """The events of hosts placement took for `job` (engine/submitted/placement.take_instances moved them
     idle -> busy in its own locked UPDATE), for record_many in the caller's transaction (the
@@ -53,10 +76,69 @@ def taken_events(instances: list[Instance], job, message: str) -> list[dict]:
              "instance_id": inst.pk, "run_id": job.run_id, "job_id": job.pk} for inst in instances]
 
 
-
 def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int]:
     """Busy hosts go back to idle (a job ended, or a placement that did not happen)."""
     who = f"job {job.run.name}/{job.job_num}" if job is not None else "the server"
     return move_instances(instances, InstanceStatus.IDLE, frm=[InstanceStatus.BUSY],
                           message=message or f"given back by {who}", run_id=job.run_id if job else None,
                           job_id=job.pk if job else None, idle_since=timezone.now())
+
+
+def move_fleet(fleet: Fleet, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
+               **fields) -> bool:
+    """Move `fleet` to `to` if it is still in one of `frm` (and matches `where`: a registration
+    still holding its claim), with its event; False when it was not.
+
+    Runs in the caller's transaction when there is one, as move_instances does.
+    """
+    with transaction.atomic(savepoint=False):
+        if not Fleet.objects.filter(pk=fleet.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
+            return False
+        record(fleet.project_id, f"fleet {fleet.name}", message, status=to, actor=actor)
+    fleet.status = to
+    for key, value in fields.items():
+        setattr(fleet, key, value)
+    return True
+
+
+def move_group(group: InstanceGroup, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
+               **fields) -> bool:
+    """Move `group` to `to` if it is still in one of `frm` (and matches `where`: a step still
+    holding its lease), with its event; False when it was not.
+
+    Runs in the caller's transaction when there is one.
+    """
+    with transaction.atomic(savepoint=False):
+        if not InstanceGroup.objects.filter(pk=group.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
+            return False
+        record(group.project_id, f"instance group {group.name}", message, status=to, actor=actor)
+    group.status = to
+    for key, value in fields.items():
+        setattr(group, key, value)
+    return True
+
+
+def end_group(group: InstanceGroup, actor: str = "server", message: str = "deletion requested") -> bool:
+    """Mark a live group and its live instances terminating; False when it was ending already.
+
+    Sends nothing: the caller sends terminate_group (engine/groups.py), or returns it in its
+    step's Outcome when the caller holds the group (a message sent now would bounce off the lease).
+    """
+    with transaction.atomic(savepoint=False):
+        if not move_group(group, GroupStatus.TERMINATING, frm=[GroupStatus.PROVISIONING, GroupStatus.ACTIVE],
+                          message=message, actor=actor):
+            return False
+        move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
+                       frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
+    return True
+
+
+def remove_fleet(fleet: Fleet, token: str, actor: str = "server") -> bool:
+    """The last move of a fleet's deletion (engine/fleet_deletion.py): the terminating row goes, with
+    its event, only while the step still holds it (`token`); False when the lease was lost."""
+    with transaction.atomic(savepoint=False):
+        _, gone = Fleet.objects.filter(pk=fleet.pk, lease_token=token, status=FleetStatus.TERMINATING).delete()
+        if not gone.get(Fleet._meta.label):
+            return False
+        record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)
+    return True

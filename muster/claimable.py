@@ -1,10 +1,15 @@
-"""The lease columns every claimed row carries (engine/claims.py is the protocol that uses them).
+"""The lease columns every claimed row carries, and the signal a lost claim sends (engine/claims.py
+is the protocol that uses them).
 
-Here, below the apps, so that a model can be claimable without its package importing the engine:
-the tables are the lowest layer above muster/ (tests/test_import_graph.py).
+Here, below the apps, so that a model can be claimable, and /metrics can count lost claims
+(console/taskstats.py), without importing the engine (tests/test_import_graph.py).
 """
 
 from django.db import models
+from django.dispatch import Signal
+
+# sent with the model as sender when a claim lost to another holder of the row
+claim_conflict = Signal()
 
 
 class Claimable(models.Model):

@@ -5,10 +5,10 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from engine import stopping
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
 from runs.services import logs
+from runs.transitions import request_stop
 
 
 def _all_fields(model) -> list[str]:
@@ -88,13 +88,13 @@ class RunAdmin(admin.ModelAdmin):
     @admin.action(description="Stop selected runs")
     def stop_runs(self, request, queryset):
         for run in queryset:
-            stopping.request_stop(run, abort=False, actor=request.user.username)
+            request_stop(run, abort=False, actor=request.user.username)
         messages.info(request, f"stop requested for {queryset.count()} runs")
 
     @admin.action(description="Abort selected runs")
     def abort_runs(self, request, queryset):
         for run in queryset:
-            stopping.request_stop(run, abort=True, actor=request.user.username)
+            request_stop(run, abort=True, actor=request.user.username)
         messages.info(request, f"abort requested for {queryset.count()} runs")
 
     @admin.action(description="Delete selected runs that have ended", permissions=["delete"])

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from projects.models import Project
 from runs.choices import RUN_FINISHED
 from runs.models import Job, Run
 
@@ -77,8 +78,6 @@ def forget_project_on_commit(project_id: int) -> None:
 
 def quota_for(project_id: int) -> int:
     """Bytes of finished jobs' logs the project may hold (0: no quota)."""
-    from projects.models import Project
-
     own = Project.objects.filter(pk=project_id).values_list("log_quota", flat=True).first()
     return int(own if own is not None else settings.MUSTER["LOG_QUOTA"])
 

@@ -5,13 +5,23 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from django.db import transaction
-from django.db.models import F, Value
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages
-from events.services import update_and_record
-from runs.choices import FAILING_REASONS, JOB_ACTIVE, JOB_FINISHED, JobStatus, RunStatus
+from events.services import record_many, update_and_record
+from instances.transitions import taken_events
+from runs.choices import (
+    FAILING_REASONS,
+    FINAL_STATUS,
+    JOB_ACTIVE,
+    JOB_FINISHED,
+    JobStatus,
+    RunReason,
+    RunStatus,
+    StopRequest,
+)
 from runs.models import Job, Run
 
 
@@ -75,8 +85,6 @@ def end_job(job: Job, reason: str, message: str = "", actor: str = "server", **f
     stop is finish_job's, engine/stopping.py), or straight to its final status when nothing of it
     runs anywhere and no host is held. A step holding the job calls this; its Outcome sends the
     finish_job (a message sent now would bounce off the step's own lease)."""
-    from runs.choices import FINAL_STATUS
-
     if job.instance_id is None and not job.runner_submitted:
         return move_job(job, FINAL_STATUS.get(reason, JobStatus.TERMINATED), frm=JOB_ACTIVE, termination_reason=reason,
                         termination_message=message, message=message, actor=actor, **fields)
@@ -114,3 +122,45 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     for key, value in fields.items():
         setattr(run, key, value)
     return True
+
+
+def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
+    """User stop/abort: works at any stage; process_run (engine/deriving.py) does the rest."""
+    if run.finished:
+        return
+    kind = StopRequest.ABORT if abort else StopRequest.STOP
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).exclude(stop_requested=StopRequest.ABORT).update(stop_requested=kind)
+        if run.status == RunStatus.PENDING:
+            move_run(run, RunStatus.TERMINATED, termination_reason=RunReason.ABORTED_BY_USER if abort else RunReason.STOPPED_BY_USER,
+                     actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
+        messages.derive_run(run.pk)
+
+
+def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dict], taken: str = "") -> set[int]:
+    """Waiting members of `master`'s group, each given its host (`pairs`: member pk -> instance)
+    and moved to provisioning: one UPDATE and one INSERT of events, however large the group.
+    `hosts`: events already due (the master's own taken host); with `taken`, the placed members'
+    hosts' events join them in that same INSERT. Returns the pks placed (a member stopped
+    meanwhile is not); the caller's copies move too."""
+    touched = Job.objects.filter(pk__in=pairs, status=JobStatus.SUBMITTED, instance__isnull=True).update(
+        instance_id=Case(*[When(pk=pk, then=Value(instance.pk)) for pk, instance in pairs.items()]),
+        status=JobStatus.PROVISIONING, waiting_master_job=False, status_changed_at=timezone.now())
+    placed = set(pairs)
+    if touched != len(pairs):  # some member was stopped meanwhile: see which ones got their host
+        placed = {pk for pk, instance_id in Job.objects.filter(pk__in=pairs).values_list("pk", "instance_id")
+                  if instance_id == pairs[pk].pk}
+    for member in members:
+        if member.pk in placed:  # the caller's copies too: the fan-out that follows must not release them
+            member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
+    if taken:
+        hosts = hosts + taken_events([pairs[m.pk] for m in members if m.pk in placed], master, taken)
+    if placed or hosts:
+        run = master.run
+        record_many(run.project_id, [
+            {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
+             "job_id": member.pk, "instance_id": pairs[member.pk].pk,
+             "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
+                        f"placed by job {master.job_num} with its group"}
+            for member in members if member.pk in placed] + hosts)
+    return placed

@@ -51,11 +51,11 @@ def stage_times(run) -> dict[str, float]:
 def run(session: harness.Session, args) -> dict:
     from django.db.models import Count
 
-    from engine import stopping
     from engine.groups import terminate_fleet_instances
     from instances.services.fleets import create_local_fleet
     from runs.models import Run
     from runs.services.submission import submit_run
+    from runs.transitions import request_stop
 
     count = args.runs or RUNS
     per_run_timeout = min(args.timeout, 120.0)
@@ -82,7 +82,7 @@ def run(session: harness.Session, args) -> dict:
             final = harness.wait_until(ended, per_run_timeout, every=0.05)
             elapsed = time.perf_counter() - t0
             if final is None:  # not ended in time: end it so the next run gets port 8000 (bench cleanup)
-                stopping.request_stop(run, abort=True, actor="bench")
+                request_stop(run, abort=True, actor="bench")
                 harness.wait_until(ended, 30, every=0.2)
             status = final.status if final else "timeout"
             reason = final.termination_reason if final else ""

@@ -87,7 +87,7 @@ def plan(project: Project, user, spec: dict) -> dict:
 def apply(project: Project, user, spec: dict) -> dict:
     opened = _map_keys(spec, lambda key: _unseal(key, user, project) if key.startswith(SEAL_PREFIX) else key)
     conf = translate.fleet_configuration(opened)
-    fleet = fleets.apply_fleet(project, {"configuration": conf}, actor=user.username, user=user, wait=False)
+    fleet = fleets.apply_fleet(project, {"configuration": conf}, actor=user.username, user=user)
     return render.fleet_object(Fleet.objects.select_related("project").get(pk=fleet.pk))
 
 

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 from dstack_api.services import keys, render, translate
 from dstack_api.services.errors import DstackError, NotFound
-from engine import stopping
 from instances.models import Instance
 from muster.api_errors import InvalidInput
 from projects.models import Membership, Project
@@ -16,6 +15,7 @@ from runs.configuration.interpolation import secret_names
 from runs.models import Job, Run
 from runs.services import logs
 from runs.services.submission import plan_run, submit_run
+from runs.transitions import request_stop
 
 MAX_LIST = 100
 
@@ -100,7 +100,7 @@ def apply(project: Project, user, plan: dict, header_key: str | None = None) -> 
 def stop(project: Project, user, names: list[str], abort: bool) -> None:
     runs = [_run(project, name) for name in names]  # all found, or nothing stopped
     for run in runs:
-        stopping.request_stop(run, abort=abort, actor=user.username)
+        request_stop(run, abort=abort, actor=user.username)
 
 
 def delete(project: Project, names: list[str]) -> None:

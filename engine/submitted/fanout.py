@@ -11,14 +11,11 @@ only the other groups' masters get a provisioning task.
 
 from __future__ import annotations
 
-from django.db.models import Case, Value, When
-from django.utils import timezone
-
 from engine import messages
 from events.services import record_many
 from instances.transitions import taken_events
-from runs.choices import JobStatus
 from runs.models import Job
+from runs.transitions import place_on_hosts
 
 
 def unlock_set(job: Job, jobs: list[Job]) -> list[int]:
@@ -67,26 +64,7 @@ def place_members(master: Job, members: list[Job], instances: list, mine=None, t
             record_many(master.run.project_id, hosts)
         return []
     pairs = {member.pk: instance for member, instance in zip(members, instances, strict=True)}
-    touched = Job.objects.filter(pk__in=pairs, status=JobStatus.SUBMITTED, instance__isnull=True).update(
-        instance_id=Case(*[When(pk=pk, then=Value(instance.pk)) for pk, instance in pairs.items()]),
-        status=JobStatus.PROVISIONING, waiting_master_job=False, status_changed_at=timezone.now())
-    placed = set(pairs)
-    if touched != len(pairs):  # some member was stopped meanwhile: see which ones got their host
-        placed = {pk for pk, instance_id in Job.objects.filter(pk__in=pairs).values_list("pk", "instance_id")
-                  if instance_id == pairs[pk].pk}
-    for member in members:
-        if member.pk in placed:  # the caller's copies too: the fan-out that follows must not release them
-            member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
-    if taken:
-        hosts += taken_events([pairs[m.pk] for m in members if m.pk in placed], master, taken)
-    if placed or hosts:
-        run = master.run
-        record_many(run.project_id, [
-            {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
-             "job_id": member.pk, "instance_id": pairs[member.pk].pk,
-             "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
-                        f"placed by job {master.job_num} with its group"}
-            for member in members if member.pk in placed] + hosts)
-        for pk in placed:
-            messages.start_job(pk)
+    placed = place_on_hosts(master, members, pairs, hosts, taken)
+    for pk in placed:
+        messages.start_job(pk)
     return [instance for pk, instance in pairs.items() if pk not in placed]

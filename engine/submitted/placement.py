@@ -6,10 +6,10 @@ from __future__ import annotations
 from itertools import islice
 
 from django.db import connection, transaction
-from django.utils import timezone
 
 from instances.fitting import candidates, page_for
 from instances.models import Fleet, Instance, InstanceStatus
+from instances.transitions import take_idle
 from runs.models import Job
 
 
@@ -21,7 +21,6 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
     only the picks are, with SKIP LOCKED on PostgreSQL, so concurrent takers skip each other's
     picks and look further instead of waiting. SQLite's IMMEDIATE transaction serialises takers.
     """
-    now = timezone.now()
     skip_locked = connection.features.has_select_for_update_skip_locked
     taken: list[Instance] = []
     with transaction.atomic():
@@ -35,14 +34,11 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
                 locked = set(Instance.objects.filter(pk__in=chunk, status=InstanceStatus.IDLE)
                              .select_for_update(skip_locked=True).values_list("pk", flat=True))
                 chunk = {pk: inst for pk, inst in chunk.items() if pk in locked}
-            touched = Instance.objects.filter(pk__in=chunk, status=InstanceStatus.IDLE).update(
-                status=InstanceStatus.BUSY, idle_since=None, updated=now)
-            if touched != len(chunk):  # cannot happen with the picks locked; never guess which rows we got
+            # rows as `candidates` loaded them (name, address, resources), busy from here on
+            if not take_idle(list(chunk.values())):  # cannot happen with the picks locked; never guess
                 transaction.set_rollback(True)
                 return []
             taken.extend(chunk.values())
-    for inst in taken:  # rows as `candidates` loaded them (name, address, resources), now busy
-        inst.status, inst.idle_since = InstanceStatus.BUSY, None
     return taken
 
 

@@ -10,7 +10,7 @@ from django.db.models import Case, Value, When
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from engine import claims, messages
+from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.submitted import fanout, gang, placement
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
@@ -179,8 +179,6 @@ def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: li
 def _provision_cloud_group(job: Job, fleet) -> None:
     """A backend that creates groups makes the whole group in one call (a TPU pod slice). A slice
     that cannot be had ends the job and lets the run's static hosts go in the same step."""
-    from engine import pods
-
     compute = get_compute(fleet.backend, fleet_backend_config(fleet))
     group_jobs = list(job.run.current_jobs().filter(node_group_index=job.node_group_index))
     try:

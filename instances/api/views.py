@@ -8,7 +8,6 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine import groups
 from instances.api.filters import InstanceFilter
 from instances.api.serializers import (
     DeleteQuerySerializer,
@@ -17,8 +16,9 @@ from instances.api.serializers import (
     InstanceGroupSerializer,
     InstanceSerializer,
 )
+from instances.lookup import find_group
 from instances.models import Fleet, FleetStatus, GroupStatus, Instance, InstanceGroup
-from instances.services import fleets
+from instances.services import fleets, groups
 from muster.text import NUL
 from projects.services.access import ProjectScopedMixin, named_or_404
 from runs.choices import JOB_ON_HOST
@@ -33,8 +33,7 @@ class FleetListView(ProjectScopedMixin, APIView):
     @extend_schema(request=FleetRequestSerializer, responses={201: FleetSerializer, 202: FleetSerializer})
     def post(self, request, project):
         # SSH hosts are contacted by a task (202, status pending): a slow host never holds this request.
-        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user,
-                                   wait=False)
+        fleet = fleets.apply_fleet(self.project, request.data, actor=request.user.username, user=request.user)
         code = status.HTTP_202_ACCEPTED if fleet.status == FleetStatus.PENDING else status.HTTP_201_CREATED
         return Response({**FleetSerializer(fleet).data, "warnings": fleet.warnings}, status=code)
 
@@ -44,11 +43,13 @@ class FleetDetailView(ProjectScopedMixin, APIView):
     def get(self, request, project, name):
         return Response(FleetSerializer(named_or_404(Fleet.objects, "fleet", self.project, name)).data)
 
-    @extend_schema(parameters=[DeleteQuerySerializer], responses={204: None})
+    @extend_schema(parameters=[DeleteQuerySerializer], responses={202: FleetSerializer})
     def delete(self, request, project, name):
+        # Like the apply of an SSH fleet: the hosts are stopped by a claimed step (202, status
+        # terminating; the fleet is gone once the step ran), never inside this request.
         fleet = named_or_404(Fleet.objects, "fleet", self.project, name)
         fleets.delete_fleet(fleet, force=DeleteQuerySerializer.force_of(request), actor=request.user.username)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(FleetSerializer(fleet).data, status=status.HTTP_202_ACCEPTED)
 
 
 class InstanceListView(ProjectScopedMixin, GenericAPIView):
@@ -81,7 +82,7 @@ class InstanceGroupDetailView(ProjectScopedMixin, APIView):
     """`name` is the group's name or the name of any of its instances: both mean the whole group."""
 
     def _group(self, name: str) -> InstanceGroup:
-        group = groups.find_group(self.project, name) if NUL not in name else None  # muster/text.py
+        group = find_group(self.project, name) if NUL not in name else None  # muster/text.py
         if group is None:
             raise NotFound(f"no instance group or group member named {name}")
         return group

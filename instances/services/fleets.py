@@ -1,4 +1,6 @@
-"""Applying and deleting fleets. SSH hosts are contacted by a claimed step (engine/registration.py) after the fleet is written as pending."""
+"""Applying and deleting fleets: validate, write, send a message. No host is contacted here: an SSH
+fleet is written `pending` and registered by a claimed step (engine/registration.py), and a fleet
+to delete is written `terminating` and removed by one (engine/fleet_deletion.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from backends.registry import get_compute
+from engine import messages
 from events.services import record
+from instances.lookup import fleet_in_use
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
-from instances.transitions import move_instances
+from instances.services import ssh_fleets
+from instances.transitions import move_fleet, move_instances
 from muster.api_errors import InvalidInput
 from projects.models import Project
 from projects.services.access import check_local_fleet
+from runs.choices import JOB_ACTIVE, JobReason
 from runs.configuration import ConfigurationError, load_document, parse_fleet_configuration
+from runs.models import Job
+from runs.transitions import terminate_job
 
 
 def _configuration(payload: Any) -> tuple[dict, list[dict]]:
@@ -33,25 +41,26 @@ def _configuration(payload: Any) -> tuple[dict, list[dict]]:
     return conf, parsed.warnings
 
 
-def apply_fleet(project: Project, payload: Any, actor: str = "api", user=None, wait: bool = True) -> Fleet:
-    """Create a fleet. An SSH fleet's hosts are registered in this call when `wait` (then a failure
-    is an InvalidInput and nothing is kept), else by a Celery task: the fleet is returned `pending`
-    and ends `active` or `failed` (with `errors`). `fleet.warnings` lists the keys that take no
-    effect on this fleet (not stored: they are said once, in the answer to the apply)."""
+def apply_fleet(project: Project, payload: Any, actor: str = "api", user=None) -> Fleet:
+    """Create a fleet. An SSH fleet is returned `pending`; its registration (a claimed step) makes
+    it `active` or `failed` (with `errors`). `fleet.warnings` lists the keys that take no effect on
+    this fleet (not stored: they are said once, in the answer to the apply)."""
     conf, warnings = _configuration(payload)
-    fleet = _apply(project, conf, actor, user, wait)
+    fleet = _apply(project, conf, actor, user)
     fleet.warnings = warnings
     return fleet
 
 
-def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
+def _apply(project: Project, conf: dict, actor: str, user) -> Fleet:
     name = conf["name"]
     # A failed registration stays visible until it is applied again (or deleted).
     Fleet.objects.filter(project=project, name=name, status=FleetStatus.FAILED).delete()
     if Fleet.objects.filter(project=project, name=name).exists():
         raise InvalidInput(["name"], f"fleet {name} already exists: delete it first or pick another name")
     if conf.get("ssh_config"):
-        return _apply_ssh_fleet(project, conf, actor, wait)
+        fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
+        messages.register_fleet(fleet.id, actor)
+        return fleet
     backends = conf.get("backends") or ["local"]
     if backends == ["local"]:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
@@ -62,25 +71,6 @@ def _apply(project: Project, conf: dict, actor: str, user, wait: bool) -> Fleet:
     if backends == ["gcp"]:
         return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
     raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
-
-
-def _apply_ssh_fleet(project: Project, conf: dict, actor: str, wait: bool) -> Fleet:
-    from engine import messages, registration
-    from instances.services import ssh_fleets
-
-    fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
-    if not wait:
-        messages.register_fleet(fleet.id, actor)
-        return fleet
-    registration.register_fleet(fleet.id, actor=actor)
-    fleet.refresh_from_db()
-    if fleet.status == FleetStatus.FAILED:
-        failure = InvalidInput(fleet.errors[0]["loc"], fleet.errors[0]["msg"])
-        failure.errors = fleet.errors
-        fleet.instances.all().delete()  # never used: nothing of a refused registration is kept
-        fleet.delete()
-        raise failure
-    return fleet
 
 
 def _fixed_nodes(conf: dict, default: int) -> int:
@@ -140,26 +130,19 @@ def _create_cloud_fleet(project: Project, conf: dict, backend: str, actor: str) 
     return fleet
 
 
-def fleet_in_use(fleet: Fleet) -> bool:
-    from runs.choices import JOB_UNFINISHED
-    from runs.models import Job
-
-    return Job.objects.filter(instance__fleet=fleet, status__in=JOB_UNFINISHED).exists()
-
-
-def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> None:
-    """Stop runners and remove instances; refused while a run uses the fleet unless forced."""
-    from engine import groups
-
+def delete_fleet(fleet: Fleet, force: bool = False, actor: str = "api") -> Fleet:
+    """Ask for the fleet's deletion; refused while a run uses it unless forced (its jobs are then
+    ended). The claimed step delete_fleet stops its runners and removes it."""
     if fleet_in_use(fleet) and not force:
         raise InvalidInput(["name"], f"fleet {fleet.name} is used by a running job: stop the run or delete with force")
-    if force:
-        from engine.stopping import stop_jobs_on_fleet
-
-        stop_jobs_on_fleet(fleet, actor=actor)
-    groups.terminate_fleet_instances(fleet, actor=actor)
-    record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)
-    fleet.delete()
+    with transaction.atomic():
+        if force:
+            for job in Job.objects.filter(instance__fleet=fleet, status__in=JOB_ACTIVE).select_related("run"):
+                terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"fleet {fleet.name} was deleted", actor=actor)
+        if move_fleet(fleet, FleetStatus.TERMINATING, frm=[s for s in FleetStatus.values if s != FleetStatus.TERMINATING],
+                      message="deletion requested", actor=actor):
+            messages.delete_fleet(fleet.pk, actor)
+    return fleet
 
 
 def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> list[Instance]:
@@ -169,10 +152,9 @@ def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> li
     is not idle, while the fleet's hosts are being registered, and for a host of a TPU slice (a
     slice is deleted whole). The hosts leave the pool (idle -> terminated) in one transaction with
     the fleet's row locked, as placement locks it, so a run cannot take one meanwhile; their runner
-    agents are then stopped, best effort, as when the whole fleet is deleted.
+    agents are then stopped by a worker (messages.stop_agents), best effort, as when the whole
+    fleet is deleted: the request does no host I/O.
     """
-    from engine import groups
-
     wanted = sorted(set(indexes))
     with transaction.atomic():
         Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("pk", flat=True).first()
@@ -202,5 +184,5 @@ def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> li
         if len(moved) != len(chosen):  # taken by a run between the read and the move: nothing is deleted
             raise InvalidInput(["instance_nums"], in_use.format(fleet.name, wanted, "a run just took one"))
         record(fleet.project_id, f"fleet {fleet.name}", f"instances {wanted} deleted", actor=actor)
-    groups.stop_agents(chosen)
+        messages.stop_agents([inst.pk for inst in chosen])
     return chosen

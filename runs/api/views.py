@@ -7,7 +7,6 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine import stopping
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin, named_or_404
@@ -22,6 +21,7 @@ from runs.api.serializers import (
 from runs.models import Run
 from runs.services import attach, logs
 from runs.services.submission import idempotency_key_of, plan_run, submit_run
+from runs.transitions import request_stop
 
 
 def _run(project, name: str) -> Run:
@@ -82,7 +82,7 @@ class RunStopView(ProjectScopedMixin, APIView):
         body = StopRequestSerializer(data=request.data or {})
         body.is_valid(raise_exception=True)
         run = _run(self.project, name)
-        stopping.request_stop(run, abort=body.validated_data["abort"], actor=request.user.username)
+        request_stop(run, abort=body.validated_data["abort"], actor=request.user.username)
         return Response(RunSerializer(_run(self.project, name)).data)
 
 

@@ -17,6 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 from engine import messages
 from events.services import record
 from instances import fitting, spanning
+from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
@@ -80,8 +81,6 @@ def _bare_env_keys(doc: dict) -> set[str]:
 
 def probed_gpu_names(project: Project) -> list[str]:
     """GPU names the project's hosts reported, for names outside the known table."""
-    from instances.models import Instance
-
     names: set[str] = set()
     for resources in Instance.objects.filter(project=project, gpu_count__gt=0).values_list("resources", flat=True):
         for gpu in (resources or {}).get("gpus") or []:

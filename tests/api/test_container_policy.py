@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from instances.services.fleets import apply_fleet
 from projects.models import Project
 from runs.models import Run
 from tests.conftest import client_for
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +83,7 @@ def member(make_user):
 def locked(api, hosts):
     """An SSH fleet as an operator writes it without the new keys: the defaults."""
     project = Project.objects.get(name="main")
-    apply_fleet(project, {"configuration": fleet_configuration(hosts, "locked", hosts=[hosts[0]])}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(hosts, "locked", hosts=[hosts[0]])}, actor="test")
     return project
 
 
@@ -94,7 +93,7 @@ def fleets(locked, hosts):
     project = locked
     opened = {**fleet_configuration(hosts, "open", hosts=[hosts[1]]), "allow_privileged": True,
               "volumes": {"allowed_prefixes": ["/data", "/scratch/"]}}
-    apply_fleet(project, {"configuration": opened}, actor="test")
+    registered_fleet(project, {"configuration": opened}, actor="test")
     return project
 
 

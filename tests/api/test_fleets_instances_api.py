@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import threading
 
 import pytest
 
 from instances.models import Fleet, Instance, InstanceGroup
 from tests.conftest import client_for, example
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -127,11 +129,28 @@ def test_a_stored_ssh_key_is_stripped_from_the_fleet_configuration_shown(api, pr
         assert secret not in text
 
 
-def test_deleting_a_fleet_terminates_its_instances(api, superuser_api):
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_fleet_answers_at_once_and_a_worker_stops_and_terminates_its_instances(
+        api, superuser_api, celery_worker, monkeypatch):
+    from engine import groups
+
     apply_fleet(superuser_api, example("local-fleet.yml"))
+    stopped = []
+    stop_agents = groups.stop_agents
+    # who stops the agents: never the request (its thread is this one), always a worker's step
+
+    def watched(instances):
+        stopped.append((threading.current_thread(), sorted(i.name for i in instances)))
+        stop_agents(instances)
+
+    monkeypatch.setattr(groups, "stop_agents", watched)
     resp = api.delete(f"{BASE}/fleets/local2/")
-    assert resp.status_code == 204
-    assert api.get(f"{BASE}/fleets/").json() == []
+    assert resp.status_code == 202, resp.content
+    assert resp.json()["status"] == "terminating" and resp.json()["name"] == "local2"
+    assert all(thread is not threading.current_thread() for thread, _ in stopped), "no host I/O in the request"
+    wait_until(lambda: api.get(f"{BASE}/fleets/").json() == [], 60, "the fleet deleted by its step")
+    assert [names for _, names in stopped] == [[f"local2-{i}" for i in range(4)]]
+    assert not any(thread is threading.current_thread() for thread, _ in stopped)
     assert api.get(f"{BASE}/instances/").json() == [], "terminated instances are hidden by default"
     ended = api.get(f"{BASE}/instances/?status=terminated").json()
     assert sorted(r["name"] for r in ended) == [f"local2-{i}" for i in range(4)]

@@ -6,9 +6,8 @@ import os
 
 import pytest
 
-from instances.services.fleets import apply_fleet
 from tests.conftest import token_for
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 
 ROUTER = """\
 type: task
@@ -26,7 +25,7 @@ def pool(ssh_hosts, project, settings, fast_limits):
     pool = ssh_hosts(1, mode="netns")
     # the test sshd reads the pool's one authorized_keys file, not ~/.ssh/authorized_keys
     settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 5, "ATTACH_AUTHORIZED_KEYS": str(pool.authorized_keys)}
-    apply_fleet(project, {"configuration": fleet_configuration(pool, name="hosts", placement="any")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(pool, name="hosts", placement="any")}, actor="test")
     return pool
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import yaml
 
+from cli import fleets
 from cli import follow as cli_follow
 from cli import main as cli
 
@@ -302,11 +303,34 @@ def test_fleet_without_identity_files_is_sent_as_written(api, tmp_path):
 
 
 def test_fleet_delete_passes_force(api, capsys):
-    api.on("DELETE", "fleets/pd/", (204, None))
+    api.on("DELETE", "fleets/pd/", (202, {"name": "pd", "status": "terminating"}))
+    api.on("GET", "fleets/", (200, []))
 
     assert cli.main(["fleet", "delete", "pd", "--force", "-y"]) == 0
 
     assert api.calls("DELETE", "fleets/pd/")[0].query == {"force": "true"}
+
+
+def test_fleet_delete_waits_until_the_server_has_removed_the_fleet(api, capsys, monkeypatch):
+    monkeypatch.setattr(fleets, "POLL_SECONDS", 0.01)
+    api.on("DELETE", "fleets/pd/", (202, {"name": "pd", "status": "terminating"}))
+    terminating = [{"name": "pd", "status": "terminating", "instances": []}, {"name": "other", "status": "active"}]
+    api.on("GET", "fleets/", (200, terminating), (200, terminating), (200, [{"name": "other", "status": "active"}]))
+
+    assert cli.main(["fleet", "delete", "pd", "-y"]) == 0
+
+    assert len(api.calls("GET", "fleets/")) == 3, "asked until the fleet was gone"
+    assert capsys.readouterr().out.splitlines()[-1] == "Fleet pd: deleted"
+
+
+def test_fleet_delete_gives_up_waiting_with_a_message_that_says_the_server_goes_on(api, capsys, monkeypatch):
+    api.on("DELETE", "fleets/pd/", (202, {"name": "pd", "status": "terminating"}))
+    api.on("GET", "fleets/", (200, [{"name": "pd", "status": "terminating"}]))
+    monkeypatch.setattr(fleets, "FLEET_DELETE_WAIT_SECONDS", 0.0)
+
+    assert cli.main(["fleet", "delete", "pd", "-y"]) == 1
+
+    assert "still being deleted" in capsys.readouterr().err
 
 
 def test_fleet_list_shows_instance_counts(api, capsys):

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from instances.services.fleets import apply_fleet
 from runs.services import logs
 from runs.services.submission import submit_run
 from tests.containers.docker_env import needs_docker
 from tests.engine.helpers import Beat, wait_for_run
 from tests.runner.runner_helpers import cli_json, job_spec, kill_everything, submit, wait_state
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 from tests.waiting import job_states
 
 pytestmark = needs_docker
@@ -132,7 +131,7 @@ def test_a_symlink_under_an_allowed_prefix_does_not_reach_the_hosts_root(docker_
                                                                          project, make_user, beat):
     # The server sees /…/data/root, under the prefix; only the host knows it is a link to /.
     pool = docker_cluster.pool
-    apply_fleet(project, {"configuration": policy_fleet(pool, "data", pool[0],
+    registered_fleet(project, {"configuration": policy_fleet(pool, "data", pool[0],
                                                         volumes={"allowed_prefixes": [str(host_dirs)]})},
                 actor="test")
     text = f"""
@@ -157,8 +156,8 @@ commands: {SHADOW_CHECK!r}
 def test_a_run_goes_only_to_the_fleet_that_allows_its_volume_and_reads_the_data_there(
         docker_cluster, image, host_dirs, project, beat):
     pool = docker_cluster.pool
-    apply_fleet(project, {"configuration": policy_fleet(pool, "locked", pool[1])}, actor="test")
-    apply_fleet(project, {"configuration": policy_fleet(pool, "open", pool[2],
+    registered_fleet(project, {"configuration": policy_fleet(pool, "locked", pool[1])}, actor="test")
+    registered_fleet(project, {"configuration": policy_fleet(pool, "open", pool[2],
                                                         volumes={"allowed_prefixes": [str(host_dirs)]})},
                 actor="test")
     text = f"""

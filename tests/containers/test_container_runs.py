@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from events.models import Event
-from instances.services.fleets import apply_fleet
 from runs.services import logs
 from runs.services.submission import submit_run
 from tests.containers.docker_env import needs_docker, private_registry
 from tests.engine.helpers import Beat, wait_for_run
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 from tests.waiting import job_states, wait_until
 
 pytestmark = [*needs_docker, pytest.mark.django_db(transaction=True)]
@@ -83,7 +82,7 @@ def project(api, fast_limits):
 
 @pytest.fixture
 def fleet(docker_cluster, project):
-    return apply_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool)}, actor="test")
+    return registered_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool)}, actor="test")
 
 
 @pytest.fixture
@@ -273,7 +272,7 @@ def test_an_image_job_goes_only_to_hosts_with_docker_and_otherwise_says_so(ssh_h
     from instances.models import Instance
 
     plain = ssh_hosts(2, mode="netns")  # hosts without Docker
-    fleet = apply_fleet(main_project(), {"configuration": fleet_configuration(plain, name="pd-disagg")},
+    fleet = registered_fleet(main_project(), {"configuration": fleet_configuration(plain, name="pd-disagg")},
                         actor="test")
     assert all(i.resources["docker"] is None for i in Instance.objects.filter(fleet=fleet))
     text = """
@@ -292,7 +291,7 @@ commands: [echo hi]
     resp = api.post(f"{RUNS}plan", {"configuration": text.replace("image: ", "# image: ")}, format="json")
     assert resp.json()["capacity"]["fits"] is True, resp.json()
 
-    with_docker = apply_fleet(main_project(), {"configuration": fleet_configuration(docker_cluster.pool)},
+    with_docker = registered_fleet(main_project(), {"configuration": fleet_configuration(docker_cluster.pool)},
                               actor="test")
     docker = [i.resources["docker"] for i in Instance.objects.filter(fleet=with_docker)]
     assert all(d and d["version"] and "runc" in d["runtimes"] for d in docker), docker
@@ -372,7 +371,7 @@ def test_a_private_image_fails_clearly_without_registry_auth_and_pulls_with_it(d
 
 def test_max_duration_and_a_fleet_delete_stop_the_containers_and_remove_them(docker_cluster, images, fleet, api,
                                                                              project, beat):
-    from instances.services.fleets import delete_fleet
+    from tests.ssh_e2e.helpers import deleted_fleet
 
     timed = SLEEPER.replace("__NAME__", "timed").replace("__IMAGE__", images["worker"]).replace(
         "env:\n  - TOKEN\n", "max_duration: 3s\n")
@@ -385,6 +384,6 @@ def test_max_duration_and_a_fleet_delete_stop_the_containers_and_remove_them(doc
         "env:\n  - TOKEN\n", "nodes: 3\n")
     run = submit_run(project, None, {"configuration": forever})
     wait_until(lambda: sum(len(h.containers()) for h in docker_cluster.pool) == 3, 60, "three containers running")
-    delete_fleet(fleet, force=True, actor="test")
+    deleted_fleet(fleet, force=True, actor="test")
     assert wait_for_run(run.name, timeout=60).status == "terminated"
     wait_until(lambda: docker_cluster.leftover_containers() == {}, 30, "no container left after the fleet delete")

@@ -16,12 +16,11 @@ from django.utils import timezone
 from engine.ssh_health import check_ssh_hosts
 from events.models import Event
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
 from runs.services import logs
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker, rootfs_tar
 from tests.engine.helpers import Beat, wait_for_run
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 from tests.waiting import wait_until
 
 pytestmark = [*needs_docker, pytest.mark.django_db(transaction=True)]
@@ -67,7 +66,7 @@ def test_docker_installed_after_registration_is_used_and_docker_gone_is_not(
     host = pool[0]
     # Where this host's Docker will listen, as a machine's default socket: nothing answers there yet
     host.announce_docker()
-    fleet = apply_fleet(project, {"configuration": fleet_configuration(pool, name="late")}, actor="test")
+    fleet = registered_fleet(project, {"configuration": fleet_configuration(pool, name="late")}, actor="test")
     assert docker_of() is None
     assert muster_instances(live_server, token, pool.root) == {"late-0": "no"}
     assert "fleet late: no host has Docker; install docker or remove image" in " ".join(plan(api)["reasons"])

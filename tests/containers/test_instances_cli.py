@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from instances.services.fleets import apply_fleet
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 
 pytestmark = [*needs_docker, pytest.mark.django_db(transaction=True)]
 
@@ -23,9 +22,9 @@ def test_instances_shows_the_docker_version_of_each_host_and_no_where_there_is_n
 
     token = token_for(make_user("alice"))
     project = Project.objects.get(name="main")
-    apply_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool, name="with")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool, name="with")}, actor="test")
     plain = ssh_hosts(1, mode="netns")
-    apply_fleet(project, {"configuration": fleet_configuration(plain, name="without", placement="any")},
+    registered_fleet(project, {"configuration": fleet_configuration(plain, name="without", placement="any")},
                 actor="test")
     version = docker_cluster.pool[0].docker("version", "--format", "{{.Server.Version}}").stdout.strip()
 

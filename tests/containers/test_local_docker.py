@@ -12,11 +12,11 @@ import pytest
 
 from events.models import Event
 from instances.models import Instance
-from instances.services.fleets import apply_fleet, create_local_fleet
+from instances.services.fleets import create_local_fleet
 from runs.models import Job, Run
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
-from tests.ssh_e2e.helpers import fleet_configuration
+from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
 
 PLAN, RUNS = "/api/projects/main/runs/plan", "/api/projects/main/runs/"
 TASK = "type: task\nname: boxed\nimage: busybox\ncommands: [echo]\n"
@@ -91,7 +91,7 @@ def test_muster_plan_and_apply_print_the_400_and_exit_non_zero(project, make_use
 def test_an_ssh_fleet_with_docker_in_the_project_still_takes_an_image_run(
         docker_cluster, api, project, no_docker, fast_limits, named):
     create_local_fleet(project, "here", 1)
-    apply_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool, name="boxes")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(docker_cluster.pool, name="boxes")}, actor="test")
     text = TASK.replace("busybox", docker_cluster.image("worker")) + ("fleets: [here, boxes]\n" if named else "")
     answer = api.post(PLAN, {"configuration": text}, format="json")
     assert answer.status_code == 200, answer.content

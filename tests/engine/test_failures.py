@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.stopping import request_stop
 from instances.models import Instance
 from runs.services.submission import submit_run
+from runs.transitions import request_stop
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, runner_processes, wait_for_run
 from tests.waiting import wait_until
 

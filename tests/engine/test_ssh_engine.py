@@ -8,13 +8,19 @@ import time
 import pytest
 
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
 from runs.models import Job
 from runs.services import logs
 from runs.services.submission import submit_run
 from tests.conftest import token_for
 from tests.engine.helpers import wait_for_run
-from tests.ssh_e2e.helpers import L40S, Beat, fleet_configuration, host_commands, needs_netns
+from tests.ssh_e2e.helpers import (
+    L40S,
+    Beat,
+    fleet_configuration,
+    host_commands,
+    needs_netns,
+    registered_fleet,
+)
 from tests.waiting import job_states, patient, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -58,7 +64,7 @@ commands:
 
 def test_a_multi_node_job_counts_every_gpu_of_the_host_it_got(ssh_hosts, project, beat):
     pool = ssh_hosts(2, gpus=[L40S, L40S], mode="netns")
-    apply_fleet(project, {"configuration": fleet_configuration(pool, name="gpu")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(pool, name="gpu")}, actor="test")
     run = wait_for_run(submit(project, TWO_L40S_NODES).name, timeout=60)
     assert run.status == "done", job_states(run)
     jobs = list(run.current_jobs().select_related("instance"))
@@ -93,7 +99,7 @@ def test_a_host_back_from_unreachable_is_offered_only_after_the_jobs_ended_on_it
         ssh_hosts, project, beat):
     pool = ssh_hosts(1, mode="netns")
     host = pool[0]
-    apply_fleet(project, {"configuration": fleet_configuration(pool, name="solo")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(pool, name="solo")}, actor="test")
     run = submit(project, SLEEPER)
     wait_until(lambda: run.current_jobs().filter(status="running").exists(), 60, "the sleeper running")
     wait_until(lambda: any("sleep 307" in c for c in host_commands(host)), 20, "the sleep on the host")
@@ -127,7 +133,7 @@ def test_muster_instances_shows_a_host_the_server_cannot_reach(ssh_hosts, projec
     from cli import main as cli
 
     pool = ssh_hosts(2, mode="netns")
-    apply_fleet(project, {"configuration": fleet_configuration(pool, name="edge")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(pool, name="edge")}, actor="test")
     pool[1].stop_sshd()
     wait_until(lambda: Instance.objects.filter(name="edge-1", unreachable=True).exists(), 30,
                "the server to find edge-1 unreachable")
@@ -166,7 +172,7 @@ DECODE_REASON = "decode: needs 1 host with gpu L40S and cpu >= 4: fleet pd has 3
 @pytest.fixture
 def pd_fleet(ssh_hosts, project):
     pool = ssh_hosts(3, gpus=[[], [L40S, L40S], [L40S, L40S]], mode="netns")
-    return apply_fleet(project, {"configuration": fleet_configuration(pool, name="pd")}, actor="test")
+    return registered_fleet(project, {"configuration": fleet_configuration(pool, name="pd")}, actor="test")
 
 
 def test_the_plan_says_which_requirement_of_which_group_no_host_meets(pd_fleet, make_user):

@@ -10,6 +10,7 @@ import pytest
 
 from tests.engine.helpers import Beat  # noqa: F401  (beat's sweep includes the SSH host checks)
 from tests.sshhosts import SSHHost, SSHHostPool
+from tests.waiting import wait_until
 
 L40S = ("L40S", 46068)  # what `nvidia-smi` on an L40S host reports: 46068 MiB
 
@@ -129,3 +130,30 @@ def short_ssh_timeouts(settings):
     """Imported, it applies to every test of the module: an address nobody answers at costs seconds,
     not the production 10 s per attempt."""
     settings.MUSTER = {**settings.MUSTER, "SSH_TIMEOUT": 3, "SSH_REGISTER_TIMEOUT": 30}
+
+
+def registered_fleet(project, payload, actor: str = "test", user=None):
+    """apply_fleet, then its registration step run here, as a worker runs it: the fleet comes back
+    active (or failed, with `errors`). With a worker running as well, whichever claims the fleet
+    first registers it; this waits for the row either way."""
+    from engine import registration
+    from instances.models import FleetStatus
+    from instances.services.fleets import apply_fleet
+
+    fleet = apply_fleet(project, payload, actor=actor, user=user)
+    registration.register_fleet(fleet.pk, actor=actor)
+    fleet.refresh_from_db()
+    wait_until(lambda: fleet.refresh_from_db() or fleet.status != FleetStatus.PENDING, 120, f"fleet {fleet.name} registered")
+    return fleet
+
+
+def deleted_fleet(fleet, force: bool = False, actor: str = "test") -> None:
+    """delete_fleet, then its deletion step run here, as a worker runs it (or waited for, if a
+    worker claimed it first): the fleet is gone when this returns."""
+    from engine import fleet_deletion
+    from instances.models import Fleet
+    from instances.services.fleets import delete_fleet
+
+    delete_fleet(fleet, force=force, actor=actor)
+    fleet_deletion.delete_fleet(fleet.pk, actor=actor)
+    wait_until(lambda: not Fleet.objects.filter(pk=fleet.pk).exists(), 120, f"fleet {fleet.name} deleted")

@@ -11,8 +11,7 @@ from engine.ssh_health import check_ssh_hosts
 from events.models import Event
 from instances.fitting import free_instances
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
-from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
+from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
 
 pytestmark = needs_netns
 
@@ -21,7 +20,7 @@ pytestmark = needs_netns
 def fleet(ssh_hosts, project, settings):
     settings.MUSTER = {**settings.MUSTER, "SSH_HEALTH_TIMEOUT": 3}
     pool = ssh_hosts(2, mode="netns")
-    return pool, apply_fleet(project, {"configuration": fleet_configuration(pool)})
+    return pool, registered_fleet(project, {"configuration": fleet_configuration(pool)})
 
 
 def age(fleet, seconds: float = 60) -> None:

@@ -14,11 +14,10 @@ import time
 import pytest
 from django.db import connection
 
-from instances.services.fleets import apply_fleet
 from runs.services.submission import submit_run
 from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
-from tests.ssh_e2e.helpers import fleet_configuration, needs_netns
+from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
 from tests.waiting import job_states, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -81,7 +80,7 @@ def test_thirty_readers_of_a_running_jobs_log_get_it_live_and_cost_the_host_no_s
     settings.MUSTER = {**settings.MUSTER, "JOB_POLL_INTERVAL": POLL, "THROTTLE_USER": ""}
     (host,) = ssh_hosts(1, mode="netns")
     host.reconfigure_sshd(max_startups="3:100:3")
-    apply_fleet(project, {"configuration": fleet_configuration(host.pool, name="solo")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(host.pool, name="solo")}, actor="test")
     reader = client_for(make_user("viewer", role="read-only"))
 
     run = submit_run(project, None, {"configuration": PRINTER})
@@ -126,7 +125,7 @@ def _full_log(run) -> str:
 def test_a_running_jobs_log_is_read_from_the_servers_copy_while_its_host_refuses_logins(
         ssh_hosts, project, make_user, fast_limits, celery_worker):
     (host,) = ssh_hosts(1, mode="netns")
-    apply_fleet(project, {"configuration": fleet_configuration(host.pool, name="solo")}, actor="test")
+    registered_fleet(project, {"configuration": fleet_configuration(host.pool, name="solo")}, actor="test")
     reader = client_for(make_user("viewer", role="read-only"))
     run = submit_run(project, None, {"configuration": SLEEPER})
 

@@ -177,11 +177,11 @@ def test_a_host_listed_twice_is_refused(api, pool):
 
 
 def test_a_host_already_in_another_projects_fleet_is_refused(api, pool):
-    from instances.services.fleets import apply_fleet
     from projects.models import Project
+    from tests.ssh_e2e.helpers import registered_fleet
 
     other = Project.objects.create(name="other")
-    apply_fleet(other, {"configuration": fleet_configuration(pool, name="theirs", hosts=[pool[1]])})
+    registered_fleet(other, {"configuration": fleet_configuration(pool, name="theirs", hosts=[pool[1]])})
     msg = refused(api, fleet_configuration(pool, hosts=[pool[0], pool[1]]), ["ssh_config", "hosts", 1])
     assert f"{pool[1].address}:{pool[1].port}" in msg
     assert "another project" in msg

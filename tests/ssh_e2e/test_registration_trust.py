@@ -18,7 +18,6 @@ from backends.runner_archive import runner_archive
 from backends.ssh.errors import HostNotAllowed
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
 from projects.models import Project
 from tests.ssh_e2e.helpers import (
     fleet_configuration,
@@ -26,6 +25,7 @@ from tests.ssh_e2e.helpers import (
     post_fleet,
     refused,
     register,
+    registered_fleet,
     runner_processes,
     settled,
 )
@@ -69,7 +69,7 @@ def test_one_machine_under_another_address_cannot_join_a_second_projects_fleet(a
     pool = ssh_hosts(1, mode="netns")
     alias = _second_address(pool[0])
     other = Project.objects.create(name="elsewhere")
-    theirs = apply_fleet(other, {"configuration": fleet_configuration(pool, name="secret-fleet")})
+    theirs = registered_fleet(other, {"configuration": fleet_configuration(pool, name="secret-fleet")})
     before = runner_processes(pool[0])
 
     conf = fleet_configuration(pool, name="mine", hosts=[])
@@ -94,11 +94,11 @@ def test_each_registration_gets_a_runner_home_no_other_fleet_can_share(api, ssh_
     # Same fleet name, same login, two projects one after the other: the runner homes differ, so
     # whatever the first left behind (job files, a stop request) never reaches the second's jobs.
     pool = ssh_hosts(1, mode="netns")
-    first = apply_fleet(Project.objects.create(name="p1"), {"configuration": fleet_configuration(pool, name="f")})
+    first = registered_fleet(Project.objects.create(name="p1"), {"configuration": fleet_configuration(pool, name="f")})
     home1 = first.instances.get().backend_data["runner_home"]
-    from instances.services.fleets import delete_fleet
+    from tests.ssh_e2e.helpers import deleted_fleet
 
-    delete_fleet(first)
+    deleted_fleet(first)
     assert register(api, fleet_configuration(pool, name="f"))["status"] == "active"
     second = Instance.objects.get(project__name="main", name="f-0")
     home2 = second.backend_data["runner_home"]

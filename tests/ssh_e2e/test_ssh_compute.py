@@ -12,8 +12,13 @@ from backends.ssh.compute import SSHCompute
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.runner_host import SSHRunnerHost
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
-from tests.ssh_e2e.helpers import fleet_configuration, host_commands, needs_netns, runner_processes
+from tests.ssh_e2e.helpers import (
+    fleet_configuration,
+    host_commands,
+    needs_netns,
+    registered_fleet,
+    runner_processes,
+)
 from tests.waiting import patient
 
 pytestmark = needs_netns
@@ -85,7 +90,7 @@ def test_stop_agent_on_a_host_without_the_runner_is_a_no_op(ssh_hosts):
 def test_the_runner_host_of_an_ssh_instance_reaches_it_and_notices_a_dead_host_as_a_backend_error(
         ssh_hosts, project):
     pool = ssh_hosts(1, mode="netns")
-    apply_fleet(project, {"configuration": fleet_configuration(pool, placement="any")})
+    registered_fleet(project, {"configuration": fleet_configuration(pool, placement="any")})
     inst = Instance.objects.get(name="pd-0")
     runner = get_compute("ssh").runner_host(inst)
     try:

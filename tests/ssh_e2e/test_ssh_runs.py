@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from instances.models import Instance
-from instances.services.fleets import apply_fleet
 from runs.models import Job
 from runs.services import logs
 from runs.services.submission import submit_run
@@ -21,6 +20,7 @@ from tests.ssh_e2e.helpers import (
     fleet_configuration,
     host_commands,
     needs_netns,
+    registered_fleet,
     runner_processes,
 )
 from tests.waiting import job_states, wait_until
@@ -99,7 +99,7 @@ def project(fast_limits):
 @pytest.fixture
 def cluster(ssh_hosts, project):
     pool = ssh_hosts(3, gpus=[[], [L40S, L40S], [L40S, L40S]], mode="netns")
-    fleet = apply_fleet(project, {"configuration": fleet_configuration(pool)}, actor="test")
+    fleet = registered_fleet(project, {"configuration": fleet_configuration(pool)}, actor="test")
     return pool, fleet
 
 
@@ -163,11 +163,11 @@ def test_pd_run_places_groups_by_resources_and_wires_the_router_to_both_workers(
 
 
 def test_deleting_an_ssh_fleet_stops_the_runner_agents_and_terminates_its_instances(cluster, project):
-    from instances.services.fleets import delete_fleet
+    from tests.ssh_e2e.helpers import deleted_fleet
 
     pool, fleet = cluster
     assert all(runner_processes(host) for host in pool), "registration started an agent on every host"
-    delete_fleet(fleet, actor="test")
+    deleted_fleet(fleet, actor="test")
     for host in pool:
         # the agent is waited for, its job runners exit on their own a moment later
         wait_until(lambda host=host: runner_processes(host) == [], timeout=20,
@@ -176,12 +176,12 @@ def test_deleting_an_ssh_fleet_stops_the_runner_agents_and_terminates_its_instan
 
 
 def test_force_deleting_a_fleet_under_a_run_stops_the_jobs_on_its_hosts(cluster, project, beat):
-    from instances.services.fleets import delete_fleet
+    from tests.ssh_e2e.helpers import deleted_fleet
 
     pool, fleet = cluster
     run = submit(project, SLEEPERS)
     wait_until(lambda: all(j.status == "running" for j in run.current_jobs()), 60, "all three nodes running")
-    delete_fleet(fleet, force=True, actor="test")
+    deleted_fleet(fleet, force=True, actor="test")
 
     # a loaded 2-core machine stops three SSH hosts' jobs in well over 30 s at times
     run = wait_for_run(run.name, timeout=90)
