@@ -92,3 +92,24 @@ def test_bad_instance_nums_are_one_dstack_error(alice, body):
     small_fleet()
     assert "instance_nums" in one_detail(post(alice, DELETE, body), 400, "error")
     assert live("small") == [0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_chosen_hosts_agents_are_stopped_by_a_worker_not_the_request(alice, celery_worker, monkeypatch):
+    import threading
+
+    from engine import groups
+    from tests.waiting import wait_until
+
+    stopped = []
+
+    def watched(instances):
+        stopped.append((threading.current_thread(), sorted(i.index for i in instances)))
+
+    monkeypatch.setattr(groups, "stop_agents", watched)
+    small_fleet()
+    answer = post(alice, DELETE, {"name": "small", "instance_nums": [1]})
+    assert answer.status_code == 200, answer.content
+    wait_until(lambda: stopped, 60, "the removed host's agent stopped")
+    assert [indexes for _, indexes in stopped] == [[1]]
+    assert all(thread is not threading.current_thread() for thread, _ in stopped), "no host I/O in the request"
