@@ -21,9 +21,11 @@ def nul_at(value) -> list | None:
                 return loc
         elif isinstance(item, dict):
             for key, child in item.items():
+                # a YAML key may be null, a bool or a float: a location names it as text
+                place = key if isinstance(key, str | int) and not isinstance(key, bool) else str(key)
                 if isinstance(key, str) and NUL in key:
-                    return [*loc, key]
-                stack.append((child, [*loc, key]))
+                    return [*loc, place]
+                stack.append((child, [*loc, place]))
         elif isinstance(item, list):
             stack.extend((child, [*loc, i]) for i, child in enumerate(item))
     return None
