@@ -18,7 +18,7 @@ from runs.services.submission import submit_run
 from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
-from tests.waiting import job_states, wait_until
+from tests.waiting import job_states, patient, wait_until
 
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -111,9 +111,10 @@ def test_thirty_readers_of_a_running_jobs_log_get_it_live_and_cost_the_host_no_s
     for r in readers:
         assert not r.errors, r.errors
         assert [line for line in r.text.splitlines() if line.startswith("tick ")] == want, "the whole log, in order"
-        # live: each line reached the reader within a few seconds of the job printing it
+        # live: each line reached the reader within a few seconds of the job printing it (a few
+        # more on a loaded machine, where a watch tick can be late: 6.7 s was seen at load 5)
         lags = [r.seen_at[line] - float(line.split()[2]) for line in want if line in r.seen_at]
-        assert len(lags) == LINES and max(lags) < 5, f"lags {min(lags):.2f}..{max(lags):.2f}s"
+        assert len(lags) == LINES and max(lags) < patient(5), f"lags {min(lags):.2f}..{max(lags):.2f}s"
 
 
 def _full_log(run) -> str:
