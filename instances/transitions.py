@@ -84,38 +84,31 @@ def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int
                           job_id=job.pk if job else None, idle_since=timezone.now())
 
 
+def _move_row(row, subject: str, to: str, frm, message: str, actor: str, where: dict | None, fields: dict) -> bool:
+    """One conditional UPDATE of `row` (still in `frm`, matching `where`) and its event, in the
+    caller's transaction when there is one; the caller's copy follows."""
+    with transaction.atomic(savepoint=False):
+        if not type(row).objects.filter(pk=row.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
+            return False
+        record(row.project_id, subject, message, status=to, actor=actor)
+    row.status = to
+    for key, value in fields.items():
+        setattr(row, key, value)
+    return True
+
+
 def move_fleet(fleet: Fleet, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
                **fields) -> bool:
     """Move `fleet` to `to` if it is still in one of `frm` (and matches `where`: a registration
-    still holding its claim), with its event; False when it was not.
-
-    Runs in the caller's transaction when there is one, as move_instances does.
-    """
-    with transaction.atomic(savepoint=False):
-        if not Fleet.objects.filter(pk=fleet.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
-            return False
-        record(fleet.project_id, f"fleet {fleet.name}", message, status=to, actor=actor)
-    fleet.status = to
-    for key, value in fields.items():
-        setattr(fleet, key, value)
-    return True
+    still holding its claim), with its event; False when it was not."""
+    return _move_row(fleet, f"fleet {fleet.name}", to, frm, message, actor, where, fields)
 
 
 def move_group(group: InstanceGroup, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
                **fields) -> bool:
     """Move `group` to `to` if it is still in one of `frm` (and matches `where`: a step still
-    holding its lease), with its event; False when it was not.
-
-    Runs in the caller's transaction when there is one.
-    """
-    with transaction.atomic(savepoint=False):
-        if not InstanceGroup.objects.filter(pk=group.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
-            return False
-        record(group.project_id, f"instance group {group.name}", message, status=to, actor=actor)
-    group.status = to
-    for key, value in fields.items():
-        setattr(group, key, value)
-    return True
+    holding its lease), with its event; False when it was not."""
+    return _move_row(group, f"instance group {group.name}", to, frm, message, actor, where, fields)
 
 
 def end_group(group: InstanceGroup, actor: str = "server", message: str = "deletion requested") -> bool:
