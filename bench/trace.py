@@ -47,8 +47,8 @@ def trace(args) -> int:
     from runs.services.submission import submit_run
 
     queue: collections.deque = collections.deque()
-    steps = {"provision_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
-             "derive_run": process_run}
+    steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": stopping.finish_job,
+             "process_run": process_run}
     for name in steps:  # caught: each becomes one call below, in the order sent, countdowns ignored
         setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
             lambda: queue.append((n, pk))))(name))

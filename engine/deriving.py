@@ -52,7 +52,7 @@ def _derive_again_if_moved(run: Run, derived_at) -> None:
     leased), so derive again."""
     if run.status in ACTIVE_RUN and Job.objects.filter(
             run_id=run.pk, superseded=False, status_changed_at__gte=derived_at).exists():
-        messages.derive_run(run.pk)
+        messages.process_run(run.pk)
 
 
 def _note_failed_derive(run: Run, exc: Exception) -> None:
@@ -178,7 +178,7 @@ def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: boo
                      retry_attempts=run.retry_attempts + 1, fleet=None,
                      message=f"will retry in {_backoff(run).total_seconds():.0f}s "
                              f"(after {cause.termination_reason} of job {cause.job_num})")
-            messages.derive_run(run.pk)  # the sweep resubmits when the backoff is over
+            messages.process_run(run.pk)  # the sweep resubmits when the backoff is over
         else:
             message = f"job {cause.job_num} ended with {cause.termination_reason}" if cause else ""
             move_run(run, final, frm=[RunStatus.TERMINATING], termination_reason=run_reason,

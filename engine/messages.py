@@ -39,7 +39,7 @@ def provision_job(job_id: int) -> None:
     transaction.on_commit(lambda: registered.provision_job.delay(job_id))
 
 
-def start_job(job_id: int, countdown: float = 0) -> None:
+def advance_job(job_id: int, countdown: float = 0) -> None:
     """A placed job's next start stage is due (advance_job): runner up, peers, start order."""
     if countdown:
         transaction.on_commit(lambda: registered.advance_job.apply_async((job_id,), countdown=countdown))
@@ -55,18 +55,18 @@ def finish_job(job_id: int, countdown: float = 0) -> None:
         transaction.on_commit(lambda: registered.finish_job.delay(job_id))
 
 
-def derive_run(run_id: int) -> None:
+def process_run(run_id: int) -> None:
     """A run's status may have changed with its jobs (process_run): once per transaction however
     many of its jobs moved in it."""
     connection = transaction.get_connection()
     if connection.in_atomic_block and any(
-            getattr(callback, "derives_run", None) == run_id for _, callback, _ in connection.run_on_commit):
+            getattr(callback, "processes_run", None) == run_id for _, callback, _ in connection.run_on_commit):
         return
 
     def send() -> None:
         registered.process_run.delay(run_id)
 
-    send.derives_run = run_id
+    send.processes_run = run_id
     transaction.on_commit(send)
 
 

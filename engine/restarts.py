@@ -74,7 +74,7 @@ def restart(run: Run, jobs: list[Job], causes: dict[int, Job]) -> None:
         records[str(index)]["new_hosts"] = True  # its addresses change: the groups that name them follow
         _cascade(run, records, index, current, now, datetime.fromisoformat(records[str(index)]["due"]))
         _save(run, records, now)
-        messages.derive_run(run.pk)
+        messages.process_run(run.pk)
 
 
 def _decide(run: Run, records: dict, index: int, cause: Job, current: dict, now) -> None:
@@ -150,7 +150,7 @@ def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -
         for j in fresh])
     for row in fresh:
         if row.instance_id:
-            messages.start_job(row.pk)
+            messages.advance_job(row.pk)
         elif row.node_group_rank == 0:
             messages.provision_job(row.pk)
 

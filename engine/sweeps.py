@@ -55,16 +55,16 @@ def _re_enqueue(now, old) -> dict[str, int]:
     watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING]).filter(
         Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)
     ).values_list("pk", flat=True)[:BATCH]
-    found["advance"] = _enqueue(messages.start_job, watched)
+    found["advance"] = _enqueue(messages.advance_job, watched)
     ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
                                 status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["finish"] = _enqueue(messages.finish_job, ending)
     runs = runs_to_derive(now, old)
     lost, routine, retries = _runs_by_why(runs, changed_statuses(runs, old))
-    found["runs"] = _enqueue(messages.derive_run, lost)
+    found["runs"] = _enqueue(messages.process_run, lost)
     # sent as well, but no message was lost: /metrics does not count these as recoveries
-    found["runs_routine"] = _enqueue(messages.derive_run, routine)
-    found["retries"] = _enqueue(messages.derive_run, retries)
+    found["runs_routine"] = _enqueue(messages.process_run, routine)
+    found["retries"] = _enqueue(messages.process_run, retries)
     groups = InstanceGroup.objects.filter(unleased(now), status=GroupStatus.TERMINATING,
                                           updated__lt=old).values_list("pk", flat=True)[:BATCH]
     found["groups"] = _enqueue(messages.terminate_group, groups)

@@ -72,7 +72,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
-            messages.derive_run(job.run_id)
+            messages.process_run(job.run_id)
     job.status = to
     job.status_changed_at = now
     for key, value in fields.items():
@@ -134,7 +134,7 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
         if run.status == RunStatus.PENDING:
             move_run(run, RunStatus.TERMINATED, termination_reason=RunReason.ABORTED_BY_USER if abort else RunReason.STOPPED_BY_USER,
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
-        messages.derive_run(run.pk)
+        messages.process_run(run.pk)
 
 
 def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dict], taken: str = "") -> set[int]:

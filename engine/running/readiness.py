@@ -84,7 +84,7 @@ def wake_waiting_peers(job: Job) -> None:
     with transaction.atomic():
         waiting = job.run.current_jobs().filter(status__in=(JobStatus.PROVISIONING, JobStatus.PULLING))
         for peer_id in waiting.values_list("pk", flat=True):
-            messages.start_job(peer_id)
+            messages.advance_job(peer_id)
 
 
 def _set(job: Job, updates: dict) -> None:

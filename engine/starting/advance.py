@@ -57,7 +57,7 @@ def _advance(held: claims.Held) -> claims.Outcome:
     updates = {"next_check_at": now if started else now + timedelta(seconds=again)}
     if job.agent_seen_at != seen_before:
         updates["agent_seen_at"] = job.agent_seen_at  # written with the give-back, not on its own
-    then = (partial(messages.start_job, job.pk, countdown=again),) if job.status in observe.WATCHED and not started \
+    then = (partial(messages.advance_job, job.pk, countdown=again),) if job.status in observe.WATCHED and not started \
         else ()
     return job_outcome(job, then, **updates)
 

@@ -66,5 +66,5 @@ def place_members(master: Job, members: list[Job], instances: list, mine=None, t
     pairs = {member.pk: instance for member, instance in zip(members, instances, strict=True)}
     placed = place_on_hosts(master, members, pairs, hosts, taken)
     for pk in placed:
-        messages.start_job(pk)
+        messages.advance_job(pk)
     return [instance for pk, instance in pairs.items() if pk not in placed]

@@ -38,7 +38,7 @@ def _provision(held: claims.Held) -> claims.Outcome:
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
     # attempt, it could reach an idle worker while this step still held the job, bounce off the
     # claim and leave the job to the sweep (three sweep intervals later).
-    then = (partial(messages.start_job, job.pk),) if job.status == JobStatus.PROVISIONING else ()
+    then = (partial(messages.advance_job, job.pk),) if job.status == JobStatus.PROVISIONING else ()
     return job_outcome(job, then)
 
 

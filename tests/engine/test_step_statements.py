@@ -30,8 +30,8 @@ from tests.waiting import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-STEPS = {"provision_job": provision_job, "start_job": advance_job, "finish_job": stopping.finish_job,
-         "derive_run": process_run}
+STEPS = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": stopping.finish_job,
+         "process_run": process_run}
 
 
 def drive(monkeypatch, run: Run) -> dict[str, list[list[str]]]:
