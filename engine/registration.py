@@ -47,14 +47,11 @@ def _register(held: claims.Held, actor: str) -> claims.Outcome:
         return _GONE  # deleted since the claim
     limit = give_up_after()
     if (timezone.now() - fleet.created).total_seconds() > limit:
-        ssh_registration.give_up(fleet, held.token, f"registration did not complete within {limit:g} s (the server "
-                                 "failed unexpectedly on every try; see its log): apply the fleet again", actor)
-        return _GONE
-    # The fleet's own move (active or failed) is checked against the claim inside the rules'
-    # transaction, after the hosts answered; what is left here is the lease.
-    ssh_registration.complete_registration(fleet, held.token, actor=actor)
-    return claims.Outcome()
+        return ssh_registration.give_up(fleet, f"registration did not complete within {limit:g} s (the server "
+                                        "failed unexpectedly on every try; see its log): apply the fleet again", actor)
+    # The fleet's move (active or failed) is the outcome's: written under the claim once the hosts answered.
+    return ssh_registration.complete_registration(fleet, actor=actor)
 
 
-# the fleet went away or was given up: given back as it is, and the step says it did not register
+# the fleet went away: given back as it is (nothing to), and the step says it did not register
 _GONE = claims.Outcome()

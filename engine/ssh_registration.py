@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.ssh.connection import SSHTarget
 from backends.ssh.runner_host import SSHRunnerHost
-from engine import groups
+from engine import claims, groups
 from engine.tuning import REGISTER_THREADS
 from instances.models import (
     Fleet,
@@ -52,13 +53,15 @@ class HostFacts:  # what contacting one host found out
     probe: dict[str, Any]
 
 
-def complete_registration(fleet: Fleet, token: str, actor: str = "server") -> None:
+def complete_registration(fleet: Fleet, actor: str = "server") -> claims.Outcome:
     """Contact, probe and start the runner on every host of a pending fleet; all or nothing.
 
-    The caller holds the fleet's claim (`token`, engine/registration.py). Running it again after a
-    partial run converges: the host keys recorded are the same hosts', and a runner agent already
-    started in an instance's runner home is found running and kept (`ensure_agent`). An exception
-    it does not expect is raised: the claimed step gives the fleet back to be registered again.
+    The hosts are contacted with the fleet held (engine/registration.py); what they answered is
+    written by the Outcome's move, under the claim, so a registration whose lease ran out while it
+    waited on a slow host writes nothing. Running it again after a partial run converges: the
+    host keys recorded are the same hosts', and a runner agent already started in an instance's
+    runner home is found running and kept (`ensure_agent`). An exception it does not expect is
+    raised: the claimed step gives the fleet back to be registered again.
     """
     instances = list(fleet.instances.order_by("index"))
     targets = [inst.ssh_target() for inst in instances]
@@ -67,39 +70,50 @@ def complete_registration(fleet: Fleet, token: str, actor: str = "server") -> No
     try:
         facts, started = _contact_all(fleet, instances, targets)
         network = _common_network(fleet.placement, hosts, facts)
-        with transaction.atomic():
-            now = Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("status", "lease_token").first()
-            if now is None:
-                _stop_agents(targets, started)  # deleted while it registered
-                return
-            if tuple(now) != (FleetStatus.PENDING, token):
-                # Our claim lapsed and another registration of the fleet took over: the agents are
-                # its agents too (one runner home per instance), so they stay.
-                log.warning("registering fleet %s: the claim was lost; the registration holding it goes on",
-                            fleet.name)
-                return
-            _activate(fleet, instances, targets, facts, network, actor)
     except InvalidInput as exc:
         _stop_agents(targets, started)
-        _fail(fleet, token, instances, exc.errors, actor)
+        return claims.Outcome(move=partial(_fail, fleet, instances, exc.errors, actor))
+    return claims.Outcome(move=partial(_activate_if_held, fleet, instances, targets, facts, started, network, actor))
 
 
-def give_up(fleet: Fleet, token: str, why: str, actor: str) -> None:
+def give_up(fleet: Fleet, why: str, actor: str) -> claims.Outcome:
     """Fail a registration that cannot complete (engine/registration.py: pending too long), stopping
     the agents earlier attempts started on hosts whose key they recorded."""
     instances = list(fleet.instances.order_by("index"))
     contacted = [i for i in instances if i.host_key]
     _stop_agents([i.ssh_target() for i in contacted], [HostFacts(i.host_key, {}) for i in contacted])
-    _fail(fleet, token, instances, [{"loc": [], "msg": why}], actor)
+    return claims.Outcome(move=partial(_fail, fleet, instances, [{"loc": [], "msg": why}], actor))
 
 
-def _fail(fleet: Fleet, token: str, instances: list[Instance], errors: list[dict], actor: str) -> None:
+# The moves below are Outcome.move: given the lease token, they write only while it still holds the
+# fleet, and clear the lease in the fleet's own UPDATE (claims.give_back).
+_GIVE_BACK = {"lease_until": None, "lease_token": ""}
+
+
+def _activate_if_held(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
+                      started: list[HostFacts | None], network: str, actor: str, token: str) -> bool:
+    with transaction.atomic():
+        now = Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("status", "lease_token").first()
+        if now is None:
+            _stop_agents(targets, started)  # deleted while it registered: nothing is left to give back
+            return True
+        if tuple(now) != (FleetStatus.PENDING, token):
+            # Our claim lapsed and another registration of the fleet took over: the agents are
+            # its agents too (one runner home per instance), so they stay.
+            log.warning("registering fleet %s: the claim was lost; the registration holding it goes on",
+                        fleet.name)
+            return False
+        _activate(fleet, instances, targets, facts, network, actor)
+        return True
+
+
+def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str, token: str) -> bool:
     by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
     with transaction.atomic():
         if not move_fleet(fleet, FleetStatus.FAILED, frm=[FleetStatus.PENDING], where={"lease_token": token},
                           message="registration failed: " + "; ".join(e["msg"] for e in errors), actor=actor,
-                          errors=errors):
-            return
+                          errors=errors, **_GIVE_BACK):
+            return False
         for inst in instances:
             if inst.index in by_host:
                 step = f"failed: {by_host[inst.index]}"
@@ -109,6 +123,7 @@ def _fail(fleet: Fleet, token: str, instances: list[Instance], errors: list[dict
             move_instances([inst], InstanceStatus.TERMINATED, frm=NOT_TERMINATED, message=message,
                            actor=actor, termination_reason=InstanceReason.REGISTRATION_FAILED,
                            backend_data={**inst.backend_data, "registration": step})
+    return True
 
 
 def _progress(instances: list[Instance], steps: dict[int, str]) -> None:
@@ -274,4 +289,4 @@ def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget],
                        backend_data={**inst.backend_data, "registration": "ready", "docker_probed_at": time.time()})
     where = f" on network {network}" if network else ""
     move_fleet(fleet, FleetStatus.ACTIVE, frm=[FleetStatus.PENDING], network=network, actor=actor,
-               message=f"registered with {len(instances)} ssh hosts{where}")
+               message=f"registered with {len(instances)} ssh hosts{where}", **_GIVE_BACK)

@@ -28,9 +28,10 @@ def sent(monkeypatch):
 def registered(monkeypatch):
     calls = []
 
-    def complete(fleet, token, actor="server"):
+    def complete(fleet, actor="server"):
         calls.append(fleet.pk)
-        Fleet.objects.filter(pk=fleet.pk, status="pending", lease_token=token).update(status="active")
+        return claims.Outcome(move=lambda token: Fleet.objects.filter(
+            pk=fleet.pk, status="pending", lease_token=token).update(status="active", lease_until=None, lease_token="") == 1)
 
     monkeypatch.setattr(ssh_registration, "complete_registration", complete)
     return calls
