@@ -13,6 +13,8 @@ import threading
 import time
 
 from celery.signals import task_failure, task_postrun, task_prerun, worker_process_shutdown, worker_shutdown
+from django.db import transaction
+from django.db.models import F
 from django.dispatch import receiver
 
 from muster.claimable import claim_conflict
@@ -47,9 +49,6 @@ def flush(force: bool = False) -> None:
         pending = dict(_pending)
         _pending.clear()
         _last_flush = time.monotonic()
-    from django.db import transaction
-    from django.db.models import F
-
     from console.models import Counter
 
     try:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from django.db import connection, transaction
+from django.db.models import sql
+from django.utils import timezone
+
 from events.models import Event
 
 
@@ -26,10 +30,6 @@ def update_and_record(queryset, updates: dict, project_id: int, subject: str, me
     a status change is one round trip, and atomic without a transaction of its own (a BEGIN and a
     COMMIT less). Elsewhere (SQLite) the two statements in the caller's transaction. Returns the
     rows updated; no event without an update."""
-    from django.db import connection, transaction
-    from django.db.models import sql
-    from django.utils import timezone
-
     entry = {"project_id": project_id, "subject": subject, "message": message, "status": status, "actor": actor,
              "run_id": run_id, "job_id": job_id, "instance_id": instance_id}
     if connection.vendor != "postgresql":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -84,8 +85,6 @@ def quota_for(project_id: int) -> int:
 
 def quota_of(run) -> int:
     """quota_for the run's project, from its row when the caller read it with the run."""
-    from runs.models import Run
-
     if Run._meta.get_field("project").is_cached(run):
         own = run.project.log_quota
         return int(own if own is not None else settings.MUSTER["LOG_QUOTA"])
@@ -147,9 +146,9 @@ def _finished_runs_with_logs(project_id: int, but_run: int) -> list[tuple[str, l
         rows = Job.objects.filter(uuid__in=stems[start:start + BATCH], run__project_id=project_id,
                                   run__status__in=RUN_FINISHED).exclude(run_id=but_run).values_list(
             "uuid", "run_id", "run__name", "run__finished_at")
-        for uuid, run_id, name, finished_at in rows:
+        for job_uuid, run_id, name, finished_at in rows:
             entry = runs.setdefault(run_id, [finished_at, run_id, name, []])
-            entry[3].append(paths[str(uuid)])
+            entry[3].append(paths[str(job_uuid)])
     oldest_first = sorted(runs.values(), key=lambda e: (e[0] is None, e[0] or 0, e[1]))
     return [(name, files) for _, _, name, files in oldest_first]
 
@@ -193,8 +192,6 @@ def _expired(paths: list[Path], days: float, cutoff) -> list[Path]:
 
 
 def _is_uuid(text: str) -> bool:
-    import uuid
-
     try:
         uuid.UUID(text)
     except ValueError:

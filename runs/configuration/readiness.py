@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 
 from .durations import parse_duration
 from .errors import ErrorList
-from .fields import CheckedModel, Port, WrittenModel, check_group_name
+from .fields import CheckedModel, Port, WrittenModel, check_group_name, read_model
 
 DEFAULT_READY_TIMEOUT = 30 * 60  # seconds, Kueue's waitForPodsReady default
 MAX_READY_TIMEOUT = 30 * 86400
@@ -164,7 +164,6 @@ def read_readiness(raw: dict, loc: list[str | int], ports: list[int | str], erro
     """The readiness keys of one group (`raw`: the group as written): the probes and timeout (None
     when any has a problem), and the dependencies that could be read (the graph is checked once
     every group is read, `check_dependencies`)."""
-    from .fields import read_model
 
     before = len(errors.items)
     probes = []
@@ -236,7 +235,6 @@ def _probe_port(written: int | str | None, ports: list[int | str]) -> int | None
 
 
 def _read_depends_on(raw: dict, loc: list[str | int], errors: ErrorList) -> list[Dependency]:
-    from .fields import read_model
 
     written = raw.get("depends_on", [])
     if not isinstance(written, list):
