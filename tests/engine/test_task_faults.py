@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from engine import tasks
 from instances.models import Instance
 from runs.services import logs
 from runs.services.submission import submit_run
+from tests.engine.faults import inject
 from tests.engine.helpers import Beat, job_summary, local_project_fleet, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -25,45 +23,18 @@ commands:
 TASKS = ["provision_job", "advance_job", "finish_job", "process_run"]
 
 
-class Faulty:
-    """Wraps a task's apply_async: 'drop' loses the first message for each argument, 'twice' sends all twice."""
-
-    def __init__(self, task, mode: str):
-        self.task, self.mode = task, mode
-        self.original = task.apply_async
-        self.seen: set = set()
-        self.dropped = 0
-        self.lock = threading.Lock()
-
-    def __call__(self, args=None, kwargs=None, **options):
-        key = tuple(args or ())
-        if self.mode == "drop":
-            with self.lock:
-                first = key not in self.seen
-                self.seen.add(key)
-                if first:
-                    self.dropped += 1
-                    return None
-        elif self.mode == "twice":
-            self.original(args, kwargs, **options)
-        return self.original(args, kwargs, **options)
-
-
 @pytest.mark.parametrize("mode", ["twice", "drop"])
 @pytest.mark.parametrize("task_name", TASKS)
 def test_a_run_finishes_correctly_when_a_task_message_is_duplicated_or_lost(
         task_name, mode, fast_limits, celery_worker, monkeypatch):
     fleet = local_project_fleet(size=2)
-    task = getattr(tasks, task_name)
-    faulty = Faulty(task, mode)
-    monkeypatch.setattr(task, "apply_async", faulty)
+    faulty = inject(monkeypatch, task_name, mode)
     name = f"fault-{task_name.replace('_', '-')}-{mode}"
     with Beat(interval=0.3):
         run = submit_run(fleet.project, None, {"configuration": TWO_NODES.format(name=name)})
         run = wait_for_run(run.name, timeout=60)
     assert run.status == "done", job_summary(run)
-    if mode == "drop":
-        assert faulty.dropped >= 1, "the fault was injected"
+    assert faulty.injected >= 1, "the fault was injected"
     for job in run.current_jobs():
         assert logs.read(job).decode().count("started rank") == 1, "each job's commands ran exactly once"
     instances = [j.instance_id for j in run.current_jobs()]

@@ -7,7 +7,6 @@ message really runs twice at once) and the sweep (Beat).
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from events.models import Event
 from instances.models import Fleet, Instance
 from instances.services import ssh_fleets
 from runs.services.submission import submit_run
+from tests.engine.faults import celery_worker_parameters, celery_worker_pool, inject  # noqa: F401
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import (
     Beat,
@@ -33,18 +33,6 @@ from tests.waiting import job_states, wait_until
 pytestmark = [*needs_netns, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture(scope="session")
-def celery_worker_pool():
-    return "threads"
-
-
-@pytest.fixture(scope="session")
-def celery_worker_parameters(celery_config):
-    # two at once: a message delivered twice is processed twice concurrently, as by two workers
-    return {"queues": (celery_config["task_default_queue"],), "perform_ping_check": False,
-            "shutdown_timeout": 20, "concurrency": 2}
-
-
 @pytest.fixture(scope="module")
 def pool():
     with SSHHostPool(2, mode="netns") as pool:
@@ -57,32 +45,6 @@ def limits(fast_limits, settings, pool):
     yield
     for host in pool:  # every test registers the same two hosts afresh
         host.kill_processes(keep_sshd=True)
-
-
-def _registration_task():
-    from muster.celery import app
-
-    app.loader.import_default_modules()
-    return app.tasks["engine.tasks.register_fleet"]
-
-
-class Faulty:
-    """Wraps the registration task's apply_async: 'drop' loses the first message, 'twice' sends each twice."""
-
-    def __init__(self, task, mode: str):
-        self.task, self.mode, self.original = task, mode, task.apply_async
-        self.sent = 0
-        self.lock = threading.Lock()
-
-    def __call__(self, args=None, kwargs=None, **options):
-        with self.lock:
-            self.sent += 1
-            first = self.sent == 1
-        if self.mode == "drop" and first:
-            return None
-        if self.mode == "twice":
-            self.original(args, kwargs, **options)
-        return self.original(args, kwargs, **options)
 
 
 class FailOnce:
@@ -128,23 +90,22 @@ def _run_on(fleet: str, name: str):
 
 
 def test_a_lost_registration_message_is_sent_again_by_the_sweep(api, pool, celery_worker, monkeypatch):
-    faulty = Faulty(_registration_task(), "drop")
-    monkeypatch.setattr(faulty.task, "apply_async", faulty)
+    faulty = inject(monkeypatch, "register_fleet", "drop")
     with Beat(interval=0.3):
         resp = post_fleet(api, fleet_configuration(pool, name="lost"))
         assert resp.status_code == 202, resp.content
         assert settled(api, "lost", timeout=40)["status"] == "active"
-    assert faulty.sent >= 2, "the first message was dropped and another sent"
+    assert faulty.dropped == 1 and faulty.sent >= 2, "the first message was dropped and another sent"
     _registered_once("lost", pool)
 
 
 def test_a_registration_message_delivered_twice_registers_once_and_keeps_the_agents(
         api, pool, celery_worker, monkeypatch):
-    faulty = Faulty(_registration_task(), "twice")
-    monkeypatch.setattr(faulty.task, "apply_async", faulty)
+    faulty = inject(monkeypatch, "register_fleet", "twice")
     resp = post_fleet(api, fleet_configuration(pool, name="twice"))
     assert resp.status_code == 202, resp.content
     assert settled(api, "twice", timeout=40)["status"] == "active"
+    assert faulty.doubled >= 1, "the message was sent twice"
     time.sleep(3)  # the second delivery is over by now, whatever it did
     _registered_once("twice", pool)
     assert Event.objects.filter(subject="fleet twice", message__startswith="registered").count() == 1
