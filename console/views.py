@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import Http404, HttpResponseBadRequest, JsonResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
@@ -18,9 +18,10 @@ from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from instances.queued import queued_view
 from muster.api_errors import InvalidInput
+from muster.text import NUL
 from muster.throttling import throttled
 from projects.models import Membership, Project
-from projects.services.access import WRITE_ROLES
+from projects.services.access import WRITE_ROLES, named_or_404
 from runs.api.serializers import RunSerializer
 from runs.choices import JOB_ON_HOST, RunStatus
 from runs.models import Job, Run
@@ -32,7 +33,8 @@ LOG_OFFSET_MAX = 2**62
 
 def _member_project(request, name: str) -> tuple[Project, str | None]:
     """The project if the user may see it (404 otherwise, as the API does) and the user's role."""
-    project = Project.objects.filter(name=name).first()
+    # a NUL cannot be in a stored name, and PostgreSQL refuses it in a query (muster/text.py)
+    project = Project.objects.filter(name=name).first() if NUL not in name else None
     if project is None:
         raise Http404("project not found")
     role = Membership.objects.filter(project=project, user=request.user).values_list("role", flat=True).first()
@@ -46,7 +48,7 @@ def _can_stop(request, role: str | None) -> bool:
 
 
 def _run(project: Project, name: str) -> Run:
-    return get_object_or_404(Run.objects.select_related("project", "fleet"), project=project, name=name)
+    return named_or_404(Run.objects.select_related("project", "fleet"), "run", project, name)
 
 
 def _jobs(run: Run) -> list[Job]:

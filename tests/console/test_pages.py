@@ -82,6 +82,16 @@ def test_the_run_page_draws_groups_ranks_and_start_order_and_masks_secrets(make_
     assert 'id="stop"' in body
 
 
+@pytest.mark.parametrize("path", ["/projects/ma%00in/runs/first/", "/projects/main/runs/fi%00rst/",
+                                  "/projects/main/runs/fi%00rst/status", "/projects/main/runs/fi%00rst/log?job=0",
+                                  "/projects/main/runs/fi%00rst/log.txt?job=0", "/projects/ma%00in/fleets/"])
+def test_a_nul_in_a_name_of_a_console_url_is_a_404_not_a_500(make_user, path):
+    """PostgreSQL refuses a NUL in a query: the page was a 500 (the API's paths were already 404s)."""
+    alice = _user(make_user, "alice")
+    _submit(alice, CONF.format(name="first"))
+    assert _browser(alice).get(path).status_code == 404
+
+
 def test_stop_is_offered_and_allowed_only_to_roles_that_may_stop(make_user):
     alice = _user(make_user, "alice")
     reader = _user(make_user, "reader", role="read-only")
