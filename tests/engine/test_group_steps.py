@@ -1,6 +1,7 @@
 """The run, group and pod steps as process -> outcome -> guarded apply, run in the test process on a
 fake backend (no worker, no cloud): which rows a step takes, what it leaves and sends on success,
-that a stale lease makes it drop its outcome, and what happens when the row moves under it.
+that a stale lease makes it drop its outcome, that it does nothing while another worker holds the
+row, and what happens when the row moves under it (step_case marks: tests/test_step_cases.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The job steps as process -> outcome -> guarded apply, each run in the test process on a fake runner
 status (no worker, no runner): which rows a step takes, what it leaves and sends on success, that a
-stale lease makes it drop its outcome, and that a row stopped under it is handed to finish_job.
+stale lease makes it drop its outcome, that it does nothing while another worker holds the row, and
+that a row stopped under it is handed to finish_job. Each of the four cases is marked step_case
+(tests/test_step_cases.py wants all four of every step).
 """
 
 from __future__ import annotations
