@@ -1,6 +1,7 @@
 """The run, group and pod steps as process -> outcome -> guarded apply, run in the test process on a
 fake backend (no worker, no cloud): which rows a step takes, what it leaves and sends on success,
-that a stale lease makes it drop its outcome, and what happens when the row moves under it.
+that a stale lease makes it drop its outcome, that it does nothing while another worker holds the
+row, and what happens when the row moves under it (step_case marks: tests/test_step_cases.py).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ class FakeCloud:
     def __init__(self, lost=(), ready=False):
         self.lost, self.ready = set(lost), ready
         self.deleted: list[str] = []
+        self.polled: list[str] = []
 
     def terminate_group(self, name, backend_data):
         self.deleted.append(name)
 
     def poll_group(self, name, shape, backend_data):
+        self.polled.append(name)
         return GroupProgress(None, {"polled": True})
 
     def watch_groups(self, groups):
@@ -72,6 +75,8 @@ def _state(row) -> tuple:
 # ---- terminate_group ----------------------------------------------------------------------------
 
 
+@pytest.mark.step_case("terminate_group", "eligibility")
+@pytest.mark.step_case("terminate_group", "success")
 def test_terminate_group_takes_a_terminating_group_only_and_ends_it_with_its_hosts(sent, cloud):
     active, doomed = _pod("alive", "active"), _pod("doomed", "terminating")
     assert not groups.terminate_group(active.pk), "a live group is deleted only once marked terminating"
@@ -81,6 +86,7 @@ def test_terminate_group_takes_a_terminating_group_only_and_ends_it_with_its_hos
     assert sent.messages == []
 
 
+@pytest.mark.step_case("terminate_group", "stale")
 def test_terminate_group_with_a_stale_lease_leaves_the_group_to_its_holder(sent, cloud, monkeypatch):
     doomed = _pod("doomed", "terminating")
     around_body(monkeypatch, groups, "_terminate", steal(InstanceGroup))
@@ -89,6 +95,7 @@ def test_terminate_group_with_a_stale_lease_leaves_the_group_to_its_holder(sent,
     assert set(doomed.instances.values_list("status", flat=True)) == {"terminating"}, "nothing half-applied"
 
 
+@pytest.mark.step_case("terminate_group", "contention")
 def test_terminate_group_does_nothing_while_another_worker_holds_it(sent, cloud):
     doomed = _pod("doomed", "terminating")
     token = claims.claim(InstanceGroup, doomed.pk)
@@ -100,6 +107,8 @@ def test_terminate_group_does_nothing_while_another_worker_holds_it(sent, cloud)
 # ---- poll_pod -----------------------------------------------------------------------------------
 
 
+@pytest.mark.step_case("poll_pod", "eligibility")
+@pytest.mark.step_case("poll_pod", "success")
 def test_poll_pod_takes_a_pod_being_created_and_schedules_its_next_look_once_free(sent, cloud):
     active, pod = _pod("alive", "active"), _pod("making", "provisioning")
     assert not pods.poll_pod(active.pk)
@@ -111,6 +120,7 @@ def test_poll_pod_takes_a_pod_being_created_and_schedules_its_next_look_once_fre
     assert sent.messages == [("poll_pod", pod.pk, pods.poll_interval(), False)]
 
 
+@pytest.mark.step_case("poll_pod", "stale")
 def test_poll_pod_with_a_stale_lease_sends_no_next_look(sent, cloud, monkeypatch):
     pod = _pod("making", "provisioning")
     around_body(monkeypatch, pods, "_poll", steal(InstanceGroup))
@@ -127,6 +137,7 @@ def test_poll_pod_hands_a_pod_deleted_while_polled_to_terminate_group(sent, clou
     assert sent.messages == [("terminate_group", pod.pk, 0, False)], "its delete, not another poll"
 
 
+@pytest.mark.step_case("poll_pod", "success")
 def test_poll_pod_that_gives_up_sends_the_delete_after_the_give_back(sent, cloud, settings):
     settings.MUSTER = {**settings.MUSTER, "WAITING_INSTANCE_LIMIT": 0}
     pod = _pod("making", "provisioning")
@@ -136,9 +147,21 @@ def test_poll_pod_that_gives_up_sends_the_delete_after_the_give_back(sent, cloud
     assert sent.messages == [("terminate_group", pod.pk, 0, False)], "sent once, to a free pod"
 
 
+@pytest.mark.step_case("poll_pod", "contention")
+def test_poll_pod_does_nothing_while_another_worker_polls_the_pod(sent, cloud):
+    pod = _pod("making", "provisioning")
+    token = claims.claim(InstanceGroup, pod.pk)
+    assert not pods.poll_pod(pod.pk)
+    assert _state(pod) == ("provisioning", token)
+    assert cloud.polled == [] and sent.messages == [], "no second look at Google, no second next look"
+    claims.forget_all()
+
+
 # ---- watch_pods ---------------------------------------------------------------------------------
 
 
+@pytest.mark.step_case("watch_pods", "eligibility")
+@pytest.mark.step_case("watch_pods", "success")
 def test_watch_pods_takes_live_pods_and_deletes_a_lost_one_after_the_give_back(sent, cloud):
     kept, lost, making = _pod("kept", "active"), _pod("lost", "active"), _pod("making", "provisioning")
     cloud.lost = {"lost"}
@@ -148,6 +171,7 @@ def test_watch_pods_takes_live_pods_and_deletes_a_lost_one_after_the_give_back(s
     assert sent.messages == [("terminate_group", lost.pk, 0, False)]
 
 
+@pytest.mark.step_case("watch_pods", "stale")
 def test_watch_pods_with_a_stale_lease_sends_no_delete(sent, cloud, monkeypatch):
     lost = _pod("lost", "active")
     cloud.lost = {"lost"}
@@ -156,6 +180,7 @@ def test_watch_pods_with_a_stale_lease_sends_no_delete(sent, cloud, monkeypatch)
     assert _state(lost) == ("terminating", "someone-else") and sent.messages == []
 
 
+@pytest.mark.step_case("watch_pods", "contention")
 def test_watch_pods_skips_pods_another_worker_holds(sent, cloud):
     lost = _pod("lost", "active")
     cloud.lost = {"lost"}
@@ -177,6 +202,8 @@ def _run(sent, name: str, status: str) -> Run:
     return Run.objects.get(pk=run.pk)
 
 
+@pytest.mark.step_case("process_run", "eligibility")
+@pytest.mark.step_case("process_run", "success")
 def test_process_run_takes_an_active_run_and_records_what_it_derived(sent):
     run = _run(sent, "finished", "done")
     Run.objects.filter(pk=run.pk).update(status="done")
@@ -195,6 +222,7 @@ def test_process_run_derives_again_once_free_when_a_job_moved_while_it_held_the_
     assert sent.messages == [("process_run", run.pk, 0, False)], "the dropped nudge is sent again, to a free run"
 
 
+@pytest.mark.step_case("process_run", "stale")
 def test_process_run_with_a_stale_lease_records_nothing(sent, monkeypatch):
     run = _run(sent, "stale", "running")
     around_body(monkeypatch, deriving, "_process", steal(Run))
@@ -203,6 +231,7 @@ def test_process_run_with_a_stale_lease_records_nothing(sent, monkeypatch):
     assert run.lease_token == "someone-else" and run.derived_at is None and sent.messages == []
 
 
+@pytest.mark.step_case("process_run", "contention")
 def test_process_run_does_nothing_while_another_worker_holds_the_run(sent):
     run = _run(sent, "held", "done")
     token = claims.claim(Run, run.pk)

@@ -1,12 +1,17 @@
 """The host-facing steps as process -> outcome -> guarded apply, run in the test process with their
-host I/O faked (no worker, no SSH): SSH fleet registration and the removal of due attach lines."""
+host I/O faked (no worker, no SSH): SSH fleet registration, the removal of due attach lines, and a
+fleet's deletion (on a local fleet, whose agents are really told to stop: a file in each host's home)."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from engine import attach_revokes, claims, messages, registration, ssh_registration
-from instances.models import Fleet
+import pytest
+from django.utils import timezone
+
+from engine import attach_revokes, claims, fleet_deletion, messages, registration, ssh_registration
+from instances.models import Fleet, GroupKind, Instance, InstanceGroup
+from instances.services.fleets import delete_fleet as ask_deletion
 from runs.models import AttachGrant
 from tests.engine.helpers import local_project_fleet
 from tests.engine.outcome_helpers import Sent, around_body, steal
@@ -43,6 +48,8 @@ def _ssh_fleet(name: str, status: str = "pending") -> Fleet:
                                 configuration={"type": "fleet", "name": name})
 
 
+@pytest.mark.step_case("register_fleet", "eligibility")
+@pytest.mark.step_case("register_fleet", "success")
 def test_register_takes_a_pending_ssh_fleet_only_and_leaves_it_free(sent, registered):
     active, pending = _ssh_fleet("done", "active"), _ssh_fleet("new")
     local = Fleet.objects.get(name="local-new")
@@ -55,6 +62,7 @@ def test_register_takes_a_pending_ssh_fleet_only_and_leaves_it_free(sent, regist
     assert sent.messages == []
 
 
+@pytest.mark.step_case("register_fleet", "stale")
 def test_register_with_a_stale_lease_leaves_the_fleet_to_its_new_holder(sent, registered, monkeypatch):
     fleet = _ssh_fleet("new")
     around_body(monkeypatch, registration, "_register", steal(Fleet))
@@ -63,6 +71,7 @@ def test_register_with_a_stale_lease_leaves_the_fleet_to_its_new_holder(sent, re
     assert fleet.lease_token == "someone-else"
 
 
+@pytest.mark.step_case("register_fleet", "contention")
 def test_register_does_nothing_while_another_worker_registers_the_fleet(sent, registered):
     fleet = _ssh_fleet("new")
     token = claims.claim(Fleet, fleet.pk)
@@ -96,6 +105,8 @@ def _grants(name: str, due: int, kept: int = 0):
     return host
 
 
+@pytest.mark.step_case("revoke_attach_keys", "eligibility")
+@pytest.mark.step_case("revoke_attach_keys", "success")
 def test_revoke_takes_only_the_due_lines_of_the_host_and_leaves_the_rest(sent, removed):
     host = _grants("h", due=2, kept=1)
     assert attach_revokes.revoke_attach_keys(host.pk) == 2
@@ -117,9 +128,99 @@ def test_revoke_of_a_host_that_does_not_answer_backs_its_lines_off(sent, monkeyp
     assert attach_revokes.revoke_attach_keys(host.pk) == 0
 
 
+@pytest.mark.step_case("revoke_attach_keys", "contention")
 def test_revoke_skips_lines_another_worker_is_removing(sent, removed):
     host = _grants("h", due=1)
     token, pks = claims.claim_batch(AttachGrant.objects.all(), 10)
     assert attach_revokes.revoke_attach_keys(host.pk) == 0 and removed == []
     assert AttachGrant.objects.get().lease_token == token
+    claims.forget_all()
+
+
+@pytest.mark.step_case("revoke_attach_keys", "stale")
+def test_revoke_whose_lines_were_taken_over_while_the_host_did_not_answer_leaves_them_to_their_holder(
+        sent, monkeypatch):
+    host = _grants("h", due=1)
+
+    def lost_then_unreachable(host, grants):
+        # the lease ran out while the host hung, and another worker took the lines
+        AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).update(lease_token="someone-else",
+                                                                         lease_until=timezone.now())
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(attach_revokes, "remove_grants", lost_then_unreachable)
+    assert attach_revokes.revoke_attach_keys(host.pk) == 1
+    grant = AttachGrant.objects.get()
+    assert grant.lease_token == "someone-else", "the back-off does not touch the new holder's lease"
+
+
+# ---- delete_fleet (a local fleet: its agents' stop is a file the agent watches for) ------------------
+
+
+def _fleet_to_delete(name: str, sent, pod: bool = False) -> Fleet:
+    fleet = local_project_fleet(size=2, name=name)
+    if pod:
+        group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=f"{name}-pod",
+                                             kind=GroupKind.TPU_POD, shape="v2-8", status="active",
+                                             backend_data={"backend": "gcp"})
+        Instance.objects.create(project=fleet.project, fleet=fleet, group=group, index=9, name=f"{name}-pod-0",
+                                status="idle", backend="gcp")
+    ask_deletion(fleet, actor="alice")
+    sent.clear()
+    return Fleet.objects.get(pk=fleet.pk)
+
+
+def _homes(fleet: Fleet) -> list[Path]:
+    """The fleet's local hosts' homes, made as an agent's install makes them (a stop needs one)."""
+    homes = [Path(i.backend_data["home"]) for i in Instance.objects.filter(name__startswith=f"{fleet.name}-",
+                                                                             backend="local")]
+    for home in homes:
+        home.mkdir(parents=True, exist_ok=True)
+    return homes
+
+
+@pytest.mark.step_case("delete_fleet", "eligibility")
+def test_delete_fleet_takes_a_terminating_fleet_only(sent):
+    kept = local_project_fleet(size=1, name="kept")
+    homes = _homes(kept)
+    assert not fleet_deletion.delete_fleet(kept.pk), "a fleet nobody asked to delete stays"
+    kept.refresh_from_db()
+    assert kept.status == "active" and set(kept.instances.values_list("status", flat=True)) == {"idle"}
+    assert homes and not any((home / "agent.stop").exists() for home in homes), "and its agents run on"
+    assert sent.messages == []
+
+
+@pytest.mark.step_case("delete_fleet", "success")
+def test_delete_fleet_stops_the_agents_ends_the_hosts_and_removes_the_fleet(sent):
+    fleet = _fleet_to_delete("doomed", sent, pod=True)
+    homes = _homes(fleet)
+    assert fleet_deletion.delete_fleet(fleet.pk, actor="alice")
+    assert not Fleet.objects.filter(pk=fleet.pk).exists()
+    assert all((home / "agent.stop").exists() for home in homes) and len(homes) == 2
+    assert set(Instance.objects.filter(backend="local", name__startswith="doomed-")
+               .values_list("status", "fleet")) == {("terminated", None)}
+    pod = InstanceGroup.objects.get(name="doomed-pod")
+    assert pod.status == "terminating", "the slice is deleted by its own step"
+    assert sent.messages == [("terminate_group", pod.pk, 0, False)]
+
+
+@pytest.mark.step_case("delete_fleet", "stale")
+def test_delete_fleet_with_a_stale_lease_leaves_the_fleet_to_its_new_holder(sent, monkeypatch):
+    fleet = _fleet_to_delete("doomed", sent)
+    around_body(monkeypatch, fleet_deletion, "_delete", steal(Fleet))
+    assert not fleet_deletion.delete_fleet(fleet.pk)
+    fleet.refresh_from_db()
+    assert (fleet.status, fleet.lease_token) == ("terminating", "someone-else"), "not removed under its holder"
+
+
+@pytest.mark.step_case("delete_fleet", "contention")
+def test_delete_fleet_does_nothing_while_another_worker_deletes_it(sent):
+    fleet = _fleet_to_delete("doomed", sent)
+    homes = _homes(fleet)
+    token = claims.claim(Fleet, fleet.pk)
+    assert not fleet_deletion.delete_fleet(fleet.pk)
+    fleet.refresh_from_db()
+    assert (fleet.status, fleet.lease_token) == ("terminating", token)
+    assert set(fleet.instances.values_list("status", flat=True)) == {"idle"}
+    assert homes and not any((home / "agent.stop").exists() for home in homes), "its hosts are the holder's"
     claims.forget_all()

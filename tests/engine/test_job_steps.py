@@ -1,6 +1,8 @@
 """The job steps as process -> outcome -> guarded apply, each run in the test process on a fake runner
 status (no worker, no runner): which rows a step takes, what it leaves and sends on success, that a
-stale lease makes it drop its outcome, and that a row stopped under it is handed to finish_job.
+stale lease makes it drop its outcome, that it does nothing while another worker holds the row, and
+that a row stopped under it is handed to finish_job. Each of the four cases is marked step_case
+(tests/test_step_cases.py wants all four of every step).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def _state(job: Job) -> tuple:
 # ---- provision_job ------------------------------------------------------------------------------
 
 
+@pytest.mark.step_case("provision_job", "eligibility")
+@pytest.mark.step_case("provision_job", "success")
 def test_provision_takes_only_a_released_job_and_sends_its_start_once_the_job_is_free(sent):
     master, member = _jobs(sent, nodes=2)
     Job.objects.filter(pk=member.pk).update(waiting_master_job=True)
@@ -66,6 +70,7 @@ def test_provision_takes_only_a_released_job_and_sends_its_start_once_the_job_is
     assert ("advance_job", master.pk, 0, False) in sent.messages, "sent after the give-back, to a free job"
 
 
+@pytest.mark.step_case("provision_job", "stale")
 def test_provision_with_a_stale_lease_drops_its_follow_up(sent, monkeypatch):
     (job,) = _jobs(sent)
     around_body(monkeypatch, provision, "_provision", steal(Job))
@@ -83,6 +88,7 @@ def test_provision_of_a_job_stopped_while_held_hands_it_to_finish_job(sent, monk
     assert [m for m in sent.names() if m[1] == job.pk] == [("finish_job", job.pk)]
 
 
+@pytest.mark.step_case("provision_job", "contention")
 def test_provision_does_nothing_while_another_worker_holds_the_job(sent):
     (job,) = _jobs(sent)
     token = claims.claim(Job, job.pk)
@@ -102,6 +108,8 @@ def _runner_says(monkeypatch, state: str) -> None:
     monkeypatch.setattr(advance, "_observe", observe_)
 
 
+@pytest.mark.step_case("advance_job", "eligibility")
+@pytest.mark.step_case("advance_job", "success")
 def test_advance_takes_a_placed_job_only_and_looks_again_once_it_is_free(sent, monkeypatch):
     _runner_says(monkeypatch, "starting")
     (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
@@ -114,6 +122,7 @@ def test_advance_takes_a_placed_job_only_and_looks_again_once_it_is_free(sent, m
     assert sent.messages == [("advance_job", job.pk, advance.next_look(job), False)]
 
 
+@pytest.mark.step_case("advance_job", "success")
 def test_advance_of_a_job_that_ends_sends_finish_job_after_the_give_back(sent, monkeypatch):
     _runner_says(monkeypatch, "done")
     (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
@@ -122,6 +131,7 @@ def test_advance_of_a_job_that_ends_sends_finish_job_after_the_give_back(sent, m
     assert sent.messages == [("finish_job", job.pk, 0, False)]
 
 
+@pytest.mark.step_case("advance_job", "stale")
 def test_advance_with_a_stale_lease_drops_its_outcome(sent, monkeypatch):
     _runner_says(monkeypatch, "starting")
     (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
@@ -139,6 +149,18 @@ def test_advance_of_a_job_stopped_while_held_hands_it_to_finish_job(sent, monkey
     assert advance.advance_job(job.pk)
     assert _state(job) == ("terminating", "")
     assert sent.messages == [("finish_job", job.pk, 0, False)], "handed over, and no further look"
+
+
+@pytest.mark.step_case("advance_job", "contention")
+def test_advance_does_nothing_while_another_worker_holds_the_job(sent, monkeypatch):
+    looked = []
+    monkeypatch.setattr(advance, "_observe", lambda job: looked.append(job.pk))
+    (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
+    token = claims.claim(Job, job.pk)
+    assert not advance.advance_job(job.pk)
+    assert _state(job) == ("provisioning", token) and sent.messages == []
+    assert looked == [], "the runner is not asked about a job somebody else holds"
+    claims.forget_all()
 
 
 # ---- watch_running (the runners' answers are faked: observe.look) ---------------------------------
@@ -172,6 +194,8 @@ def _runners_say(monkeypatch, states: dict[int, str]) -> None:
     monkeypatch.setattr(observe, "look", look)
 
 
+@pytest.mark.step_case("watch_running", "eligibility")
+@pytest.mark.step_case("watch_running", "success")
 def test_watch_takes_the_due_running_jobs_and_gives_the_batch_back_in_one_statement(sent, monkeypatch):
     jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
     later = timezone.now() + timedelta(hours=1)
@@ -187,6 +211,7 @@ def test_watch_takes_the_due_running_jobs_and_gives_the_batch_back_in_one_statem
     assert jobs[0].agent_seen_at is not None and jobs[0].next_check_at > timezone.now()
 
 
+@pytest.mark.step_case("watch_running", "stale")
 def test_watch_with_a_stale_lease_drops_that_job_only(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
     _runners_say(monkeypatch, {jobs[0].pk: "running", jobs[1].pk: "done"})
@@ -214,9 +239,23 @@ def test_watch_hands_a_job_stopped_while_held_to_finish_job(sent, monkeypatch):
     assert sent.messages == [("finish_job", jobs[1].pk, 0, False)]
 
 
+@pytest.mark.step_case("watch_running", "contention")
+def test_watch_skips_running_jobs_another_worker_holds(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
+    _runners_say(monkeypatch, {jobs[0].pk: "done", jobs[1].pk: "done"})
+    token = claims.claim(Job, jobs[0].pk)
+    assert watch.watch_running() == 1, "the held job is not looked at"
+    assert _state(jobs[0]) == ("running", token)
+    assert _state(jobs[1]) == ("terminating", "")
+    assert sent.messages == [("finish_job", jobs[1].pk, 0, False)]
+    claims.forget_all()
+
+
 # ---- finish_job ---------------------------------------------------------------------------------
 
 
+@pytest.mark.step_case("finish_job", "eligibility")
+@pytest.mark.step_case("finish_job", "success")
 def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_back(sent):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     (running,) = _jobs(sent, name="other", status="running")
@@ -227,6 +266,7 @@ def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_ba
     assert sent.messages == [("process_run", job.run_id, 0, False)], "the ended job's run is derived"
 
 
+@pytest.mark.step_case("finish_job", "success")
 def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
     monkeypatch.setattr(stopping, "_runner_finished", lambda job, grants=None: False)
@@ -235,6 +275,7 @@ def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(se
     assert sent.messages == [("finish_job", job.pk, stopping.STOP_RECHECK, False)]
 
 
+@pytest.mark.step_case("finish_job", "stale")
 def test_finish_with_a_stale_lease_keeps_the_job_and_its_host(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     around_body(monkeypatch, stopping, "_finish", steal(Job))
@@ -243,6 +284,7 @@ def test_finish_with_a_stale_lease_keeps_the_job_and_its_host(sent, monkeypatch)
     assert Instance.objects.get(pk=job.instance_id).status == "busy", "the new holder hands the host back"
 
 
+@pytest.mark.step_case("finish_job", "contention")
 def test_finish_does_nothing_while_another_worker_holds_the_job(sent):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     token = claims.claim(Job, job.pk)
