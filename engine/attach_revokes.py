@@ -21,11 +21,14 @@ from runs.models import AttachGrant, Job
 log = logging.getLogger(__name__)
 
 
-def remove_grants(host, grants: list[AttachGrant]) -> None:
-    """Take the grants' lines off their host, then their rows (a failure leaves both for a retry)."""
+def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> None:
+    """Take the grants' lines off their host, then their rows (a failure leaves both for a retry).
+    `token`: the rows' lease; only those it still holds are deleted (a worker whose lease was taken
+    over leaves the rows to their new holder; removing a line twice is harmless, a row is not)."""
     if grants:
         attach_keys.remove(host, attach_keys.authorized_keys_path(), [g.needle for g in grants])
-        AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
+        rows = AttachGrant.objects.filter(pk__in=[g.pk for g in grants])
+        (rows if token is None else rows.filter(lease_token=token)).delete()
 
 
 def end_job_grants(job: Job) -> int:
@@ -59,7 +62,7 @@ def _revoke(instance_id: int, held: claims.Held) -> dict:
     instance = Instance.objects.select_related("fleet").get(pk=instance_id)
     host = compute_for_instance(instance).runner_host(instance)
     try:
-        remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks)))
+        remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks, lease_token=held.token)), held.token)
     finally:
         host.close()
     return {}  # the rows are gone with their lines: nothing is left to give back

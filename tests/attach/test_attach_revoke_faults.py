@@ -30,8 +30,8 @@ class Removals:
     def __init__(self, real):
         self.real, self.removed, self.lock = real, [], threading.Lock()
 
-    def __call__(self, host, grants):
-        self.real(host, grants)
+    def __call__(self, host, grants, token=None):
+        self.real(host, grants, token)
         with self.lock:
             self.removed.extend(g.pk for g in grants)
 

@@ -88,7 +88,7 @@ def test_register_does_nothing_while_another_worker_registers_the_fleet(sent, re
 def removed(monkeypatch):
     lines = []
 
-    def remove(host, grants):
+    def remove(host, grants, token=None):
         lines.extend(g.marker for g in grants)
         AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).delete()
 
@@ -118,7 +118,7 @@ def test_revoke_takes_only_the_due_lines_of_the_host_and_leaves_the_rest(sent, r
 def test_revoke_of_a_host_that_does_not_answer_backs_its_lines_off(sent, monkeypatch):
     host = _grants("h", due=1)
 
-    def unreachable(host, grants):
+    def unreachable(host, grants, token=None):
         raise OSError("no route to host")
 
     monkeypatch.setattr(attach_revokes, "remove_grants", unreachable)
@@ -142,7 +142,7 @@ def test_revoke_whose_lines_were_taken_over_while_the_host_did_not_answer_leaves
         sent, monkeypatch):
     host = _grants("h", due=1)
 
-    def lost_then_unreachable(host, grants):
+    def lost_then_unreachable(host, grants, token=None):
         # the lease ran out while the host hung, and another worker took the lines
         AttachGrant.objects.filter(pk__in=[g.pk for g in grants]).update(lease_token="someone-else",
                                                                          lease_until=timezone.now())
@@ -152,6 +152,31 @@ def test_revoke_whose_lines_were_taken_over_while_the_host_did_not_answer_leaves
     assert attach_revokes.revoke_attach_keys(host.pk) == 1
     grant = AttachGrant.objects.get()
     assert grant.lease_token == "someone-else", "the back-off does not touch the new holder's lease"
+
+
+def test_revoke_whose_lines_were_taken_over_while_it_edited_the_host_leaves_their_rows_to_their_holder(
+        sent, monkeypatch):
+    host = _grants("h", due=1)
+    edited = []
+
+    def slow_edit(host, path, needles):
+        # the host answered late: the lease ran out meanwhile and another worker took the lines
+        AttachGrant.objects.update(lease_token="someone-else", lease_until=timezone.now())
+        edited.extend(needles)
+
+    monkeypatch.setattr(attach_revokes, "compute_for_instance", lambda inst: _NoHost())
+    monkeypatch.setattr(attach_revokes.attach_keys, "remove", slow_edit)
+    attach_revokes.revoke_attach_keys(host.pk)
+    assert edited, "the host was edited"
+    assert AttachGrant.objects.get().lease_token == "someone-else", "the new holder's row is not deleted under it"
+
+
+class _NoHost:
+    def runner_host(self, instance):
+        return self
+
+    def close(self):
+        pass
 
 
 # ---- delete_fleet (a local fleet: its agents' stop is a file the agent watches for) ------------------
