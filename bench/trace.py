@@ -38,8 +38,8 @@ def trace(args) -> int:
 
     from bench.hollow import make_hollow_fleet
     from bench.scenarios.common import project_with_user, task_yaml
-    from engine import messages, stopping
-    from engine.deriving import process_run
+    from engine import finishing, messages
+    from engine.processing import process_run
     from engine.running.watch import watch_running
     from engine.starting.advance import advance_job
     from engine.submitted.provision import provision_job
@@ -47,7 +47,7 @@ def trace(args) -> int:
     from runs.services.submission import submit_run
 
     queue: collections.deque = collections.deque()
-    steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": stopping.finish_job,
+    steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
              "process_run": process_run}
     for name in steps:  # caught: each becomes one call below, in the order sent, countdowns ignored
         setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(

@@ -19,8 +19,8 @@ starting      engine/starting/advance.py         advance_job: runner up, peers k
 running       engine/running/watch.py            watch_running: the batch watch of running jobs
   observe     engine/running/observe.py          look, watch_observed: a runner's answer acted on (start, end)
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
-stopping      engine/stopping.py                 finish_job: stop on the host, copy the log, give the host back
-runs          engine/deriving.py                 process_run: a run's status derived from its jobs (retry, teardown)
+stopping      engine/finishing.py                finish_job: stop on the host, copy the log, give the host back
+runs          engine/processing.py               process_run: a run's status derived from its jobs (retry, teardown)
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again

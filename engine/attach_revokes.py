@@ -32,7 +32,7 @@ def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> 
 
 
 def end_job_grants(job: Job) -> int:
-    """The job is ending: its lines are due to go (engine/stopping.py removes them while it talks
+    """The job is ending: its lines are due to go (engine/finishing.py removes them while it talks
     to the host; the sweep does if the host does not answer). Returns how many the job has."""
     return AttachGrant.objects.filter(job=job).update(revoke_due=True)
 

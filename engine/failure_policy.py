@@ -1,7 +1,7 @@
 """What a failed job means for its run under its group's `on_failure` (runs/configuration/failure_policy.py).
 
 Pure decisions over the stored configuration and the run's restart record; engine/restarts.py
-acts on them. A failure no rule matches is left to the run's `retry` (engine/deriving.py).
+acts on them. A failure no rule matches is left to the run's `retry` (engine/processing.py).
 """
 
 from __future__ import annotations

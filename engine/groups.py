@@ -14,7 +14,7 @@ from django.db.models import Q
 from backends.base import BackendError
 from backends.registry import compute_for_instance, fleet_backend_config, get_compute
 from engine import claims, messages
-from engine.stopping import stop_jobs_on_group
+from engine.finishing import stop_jobs_on_group
 from engine.tuning import STOP_THREADS
 from instances.models import (
     Fleet,

@@ -1,6 +1,6 @@
 """Restarting groups of a running run: their nodes get a new submission, the other groups run on.
 
-Part of process_run (engine/deriving.py), which holds the run, so every decision is written by one
+Part of process_run (engine/processing.py), which holds the run, so every decision is written by one
 worker at a time; `Run.restarts` keeps, per group, the restarts so far and the submission being
 restarted. A restart goes in three passes of process_run, each safe to repeat:
 
@@ -8,7 +8,7 @@ restarted. A restart goes in three passes of process_run, each safe to repeat:
    after an interruption the group moves to new hosts, and the groups that name its addresses
    (`${{ groups[i]... }}`) or `depends_on` it restart with it, on their own hosts;
 2. stop: every active job of those groups is terminated; a job whose host the restart reuses
-   keeps it busy when it ends (`Job.keep_host`, engine/stopping.py), so nobody else takes it;
+   keeps it busy when it ends (`Job.keep_host`, engine/finishing.py), so nobody else takes it;
 3. start, once every job of the groups has ended and the backoff is over: in one transaction the
    old rows are marked superseded (conditionally: a second pass finds nothing to do) and the new
    rows written, on the kept hosts (`provisioning`) or waiting for new ones (`submitted`).

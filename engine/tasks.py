@@ -6,13 +6,13 @@ from celery import shared_task
 
 from engine import (
     attach_revokes,
-    deriving,
+    finishing,
     fleet_deletion,
     groups,
     pod_watch,
     pods,
+    processing,
     registration,
-    stopping,
     sweeps,
 )
 from engine.running import watch
@@ -47,12 +47,12 @@ def advance_job(job_id: int) -> None:
 
 @step_task(priority=NEXT)
 def finish_job(job_id: int) -> None:
-    stopping.finish_job(job_id)
+    finishing.finish_job(job_id)
 
 
 @step_task(priority=NEXT)
 def process_run(run_id: int) -> None:
-    deriving.process_run(run_id)
+    processing.process_run(run_id)
 
 
 @shared_task(priority=NEXT)  # never ahead of the starts it shares the workers with

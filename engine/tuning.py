@@ -41,7 +41,7 @@ DOCKER_PROBE_TIMEOUT = 15.0
 # after a refused registration: a fleet of hundreds is done in a few rounds without a thread each
 REGISTER_THREADS = 32
 
-# -- stopping (engine/groups.py, engine/stopping.py) --
+# -- stopping (engine/groups.py, engine/finishing.py) --
 # hosts whose runner agent is asked to exit in parallel when a group goes
 STOP_THREADS = 16
 # seconds: a runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most

@@ -1,5 +1,5 @@
 """What a run's jobs are made of, for the submit (runs/services/submission.py) and for a retry
-(engine/deriving.py): the job rows, and the secret env they start with (sealed at submit)."""
+(engine/processing.py): the job rows, and the secret env they start with (sealed at submit)."""
 
 from __future__ import annotations
 

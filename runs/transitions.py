@@ -82,7 +82,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
 
 def end_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:
     """Move an active job towards its end with `reason`, and send nothing: to `terminating` (its
-    stop is finish_job's, engine/stopping.py), or straight to its final status when nothing of it
+    stop is finish_job's, engine/finishing.py), or straight to its final status when nothing of it
     runs anywhere and no host is held. A step holding the job calls this; its Outcome sends the
     finish_job (a message sent now would bounce off the step's own lease)."""
     if job.instance_id is None and not job.runner_submitted:
@@ -125,7 +125,7 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
 
 
 def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
-    """User stop/abort: works at any stage; process_run (engine/deriving.py) does the rest."""
+    """User stop/abort: works at any stage; process_run (engine/processing.py) does the rest."""
     if run.finished:
         return
     kind = StopRequest.ABORT if abort else StopRequest.STOP

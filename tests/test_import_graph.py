@@ -140,7 +140,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert not any(name.startswith(("tests", "bench")) or ".migrations" in name for name in modules)
     targets = {name: {t for t, _, _ in found} for name, found in edges.items()}
     assert "muster.celery" in targets["engine.messages"]  # a top-level `from x import y`
-    assert "engine.stopping" in targets["engine.groups"]  # an import inside a function
+    assert "engine.finishing" in targets["engine.groups"]  # an import inside a function
     assert "engine.submitted.provision" in targets["engine.tasks"]  # `from engine.submitted import provision`: a submodule
     fake = {
         "a": ["b"],
@@ -250,20 +250,20 @@ def backward_imports(modules, edges):
 def test_the_layer_rule_sees_a_backward_import():
     # the rule must see what it forbids, or the test below would pass on any code
     assert layer_of("runs.models") == layer_of("instances.transitions") == layer_of("instances.fitting") == TABLES
-    assert layer_of("engine.stopping") == ENGINE and layer_of("engine.messages") == MESSAGES
+    assert layer_of("engine.finishing") == ENGINE and layer_of("engine.messages") == MESSAGES
     assert layer_of("runs.services.attach") == layer_of("instances.api.views") == layer_of("console.views") == SERVICES
     assert layer_of("muster.settings") == layer_of("backends.ssh.connection") == layer_of("runner.agent") == BASE
     modules = {name: ROOT / (name.replace(".", "/") + ".py")
-               for name in ("engine.stopping", "engine.messages", "runs.services.attach", "runs.models")}
-    edges = {"engine.stopping": [("runs.services.attach", 1, "from runs.services import attach")],
-             "runs.models": [("engine.stopping", 2, "from engine import stopping")],
+               for name in ("engine.finishing", "engine.messages", "runs.services.attach", "runs.models")}
+    edges = {"engine.finishing": [("runs.services.attach", 1, "from runs.services import attach")],
+             "runs.models": [("engine.finishing", 2, "from engine import finishing")],
              "runs.services.attach": [("engine.messages", 3, "from engine import messages"),
                                       ("runs.models", 4, "from runs.models import Job"),
-                                      ("engine.stopping", 5, "from engine import stopping")]}
+                                      ("engine.finishing", 5, "from engine import finishing")]}
     found = backward_imports(modules, edges)
     assert len(found) == 3, found
-    assert "engine/stopping.py:1 (engine) imports runs.services.attach (services)" in found[0]
-    assert "runs/services/attach.py:5 (services) imports engine.stopping (engine)" in found[2]
+    assert "engine/finishing.py:1 (engine) imports runs.services.attach (services)" in found[0]
+    assert "runs/services/attach.py:5 (services) imports engine.finishing (engine)" in found[2]
 
 
 def test_imports_point_down_the_layers():

@@ -5,7 +5,7 @@ never leaves that machine, and nobody needs a copy of the fleet's key. The publi
 fleet user's authorized_keys on the job's host, restricted to forwarding to the job's address and
 ports (`restrict,command="... muster_runner.pyz forward --to IP --ports P"`: no forwarding, a
 forced command that carries one connection per session). Each line has its AttachGrant row,
-written first; the line is removed when the job ends (engine/stopping.py, where every job's end
+written first; the line is removed when the job ends (engine/finishing.py, where every job's end
 passes) or its user loses access (runs/signals.py, then engine/attach_revokes.py), and the row
 only once the line is gone. docs/cli.md has the design.
 """
@@ -149,7 +149,7 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
 
 def _grant(job: Job, run: Run, user, actor: str) -> AttachGrant:
     """The grant row, written (and committed) before its line goes to the host, and only while the
-    job is attachable: the job's row lock orders this against the job's end (engine/stopping.py),
+    job is attachable: the job's row lock orders this against the job's end (engine/finishing.py),
     which marks every grant of the job due after its status has left ATTACHABLE."""
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)

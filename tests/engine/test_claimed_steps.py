@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import deriving, stopping
+from engine import finishing, processing
 from engine.running import observe
 from engine.starting import cluster
 from engine.submitted import placement
@@ -109,8 +109,8 @@ STEPS = {
     "provision_job": (placement, "take_instances", None),
     "advance_job": (cluster, "runner_spec", None),
     "watch_running": (observe, "watch_observed", _started),
-    "finish_job": (stopping, "_runner_finished", None),
-    "process_run": (deriving, "_derive", None),
+    "finish_job": (finishing, "_runner_finished", None),
+    "process_run": (processing, "_derive", None),
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from backends.base import GroupProgress, GroupWatch
-from engine import claims, deriving, groups, messages, pod_watch, pods
+from engine import claims, groups, messages, pod_watch, pods, processing
 from instances.models import GroupKind, Instance, InstanceGroup
 from runs.models import Job, Run
 from runs.services.submission import submit_run
@@ -207,26 +207,26 @@ def _run(sent, name: str, status: str) -> Run:
 def test_process_run_takes_an_active_run_and_records_what_it_derived(sent):
     run = _run(sent, "finished", "done")
     Run.objects.filter(pk=run.pk).update(status="done")
-    assert not deriving.process_run(run.pk), "a finished run is not derived again"
+    assert not processing.process_run(run.pk), "a finished run is not derived again"
     Run.objects.filter(pk=run.pk).update(status="running")
-    assert deriving.process_run(run.pk)
+    assert processing.process_run(run.pk)
     run.refresh_from_db()
     assert (run.status, run.lease_token) == ("done", "") and run.derived_at is not None
 
 
 def test_process_run_derives_again_once_free_when_a_job_moved_while_it_held_the_run(sent, monkeypatch):
     run = _run(sent, "moving", "running")
-    around_body(monkeypatch, deriving, "_process", lambda held: Job.objects.filter(run=run).update(
+    around_body(monkeypatch, processing, "_process", lambda held: Job.objects.filter(run=run).update(
         status_changed_at=timezone.now()))
-    assert deriving.process_run(run.pk)
+    assert processing.process_run(run.pk)
     assert sent.messages == [("process_run", run.pk, 0, False)], "the dropped nudge is sent again, to a free run"
 
 
 @pytest.mark.step_case("process_run", "stale")
 def test_process_run_with_a_stale_lease_records_nothing(sent, monkeypatch):
     run = _run(sent, "stale", "running")
-    around_body(monkeypatch, deriving, "_process", steal(Run))
-    assert deriving.process_run(run.pk)
+    around_body(monkeypatch, processing, "_process", steal(Run))
+    assert processing.process_run(run.pk)
     run.refresh_from_db()
     assert run.lease_token == "someone-else" and run.derived_at is None and sent.messages == []
 
@@ -235,6 +235,6 @@ def test_process_run_with_a_stale_lease_records_nothing(sent, monkeypatch):
 def test_process_run_does_nothing_while_another_worker_holds_the_run(sent):
     run = _run(sent, "held", "done")
     token = claims.claim(Run, run.pk)
-    assert not deriving.process_run(run.pk)
+    assert not processing.process_run(run.pk)
     assert _state(run) == ("running", token)
     claims.forget_all()

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from engine import claims, messages, stopping
+from engine import claims, finishing, messages
 from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
@@ -259,8 +259,8 @@ def test_watch_skips_running_jobs_another_worker_holds(sent, monkeypatch):
 def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_back(sent):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     (running,) = _jobs(sent, name="other", status="running")
-    assert not stopping.finish_job(running.pk), "a running job is not finish_job's"
-    assert stopping.finish_job(job.pk)
+    assert not finishing.finish_job(running.pk), "a running job is not finish_job's"
+    assert finishing.finish_job(job.pk)
     assert _state(job) == ("done", "")
     assert Instance.objects.get(pk=job.instance_id).status == "idle"
     assert sent.messages == [("process_run", job.run_id, 0, False)], "the ended job's run is derived"
@@ -269,17 +269,17 @@ def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_ba
 @pytest.mark.step_case("finish_job", "success")
 def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
-    monkeypatch.setattr(stopping, "_runner_finished", lambda job, grants=None: False)
-    assert not stopping.finish_job(job.pk)
+    monkeypatch.setattr(finishing, "_runner_finished", lambda job, grants=None: False)
+    assert not finishing.finish_job(job.pk)
     assert _state(job) == ("terminating", "")
-    assert sent.messages == [("finish_job", job.pk, stopping.STOP_RECHECK, False)]
+    assert sent.messages == [("finish_job", job.pk, finishing.STOP_RECHECK, False)]
 
 
 @pytest.mark.step_case("finish_job", "stale")
 def test_finish_with_a_stale_lease_keeps_the_job_and_its_host(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
-    around_body(monkeypatch, stopping, "_finish", steal(Job))
-    assert not stopping.finish_job(job.pk)
+    around_body(monkeypatch, finishing, "_finish", steal(Job))
+    assert not finishing.finish_job(job.pk)
     assert _state(job) == ("terminating", "someone-else")
     assert Instance.objects.get(pk=job.instance_id).status == "busy", "the new holder hands the host back"
 
@@ -288,6 +288,6 @@ def test_finish_with_a_stale_lease_keeps_the_job_and_its_host(sent, monkeypatch)
 def test_finish_does_nothing_while_another_worker_holds_the_job(sent):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     token = claims.claim(Job, job.pk)
-    assert not stopping.finish_job(job.pk)
+    assert not finishing.finish_job(job.pk)
     assert _state(job) == ("terminating", token)
     claims.forget_all()

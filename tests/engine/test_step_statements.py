@@ -18,8 +18,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from engine import messages, stopping
-from engine.deriving import process_run
+from engine import finishing, messages
+from engine.processing import process_run
 from engine.running.watch import watch_running
 from engine.starting.advance import advance_job
 from engine.submitted.provision import provision_job
@@ -30,7 +30,7 @@ from tests.waiting import patient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-STEPS = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": stopping.finish_job,
+STEPS = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
          "process_run": process_run}
 
 

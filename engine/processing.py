@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine import claims, failure_policy, messages, restarts
-from engine.stopping import end_active_jobs
+from engine.finishing import end_active_jobs
 from events.models import Event
 from events.services import record
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
