@@ -24,7 +24,7 @@ from .cluster_env import base_env, cluster_env, job_script
 from .files import JobPaths, write_json_atomic
 from .images import DOCKER_CALL_TIMEOUT, DOCKER_MESSAGE_CAP, docker, pull_image
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
-from .probes import Prober
+from .probes import Prober, probe_address
 
 DEFAULT_PULL_TIMEOUT = 600.0
 CONTAINER_WORKDIR = "/workflow"  # dstack's default working directory inside the container
@@ -196,7 +196,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     started = time.monotonic()
     running = dict(base, state="running", pid=attached.pid, start_time=time.time())
     write_json_atomic(job.status, running)
-    prober = Prober(job, spec.get("probes") or [], container=name).start()
+    prober = Prober(job, spec.get("probes") or [], container=name, address=probe_address(spec)).start()
     reason = None
     max_duration = spec.get("max_duration")
     while attached.poll() is None:

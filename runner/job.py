@@ -15,7 +15,7 @@ from .cluster_env import base_env, build_env, hostfile_content, job_script
 from .containers import run_container_job
 from .files import JobPaths, Paths, log_err, read_json, write_json_atomic
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
-from .probes import Prober
+from .probes import Prober, probe_address
 from .protocol import validate_spec
 
 
@@ -120,7 +120,7 @@ def run_job(home: str, job_id: str) -> int:
     started = time.monotonic()
     running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, cgroup=cgroup, start_time=time.time())
     write_json_atomic(job.status, running)
-    prober = Prober(job, spec.get("probes") or []).start()
+    prober = Prober(job, spec.get("probes") or [], address=probe_address(spec)).start()
     try:
         reason = watch_job(job, proc, spec, started, flag, cgroup)
     finally:

@@ -1,7 +1,9 @@
 """Readiness probes of a running job, run by its job runner on the job's own host.
 
 Each probe of the spec (``spec["probes"]``, runs/configuration/readiness.py) is called every
-``interval`` against 127.0.0.1 (jobs and their containers use the host's network): ``http`` passes
+``interval`` against 127.0.0.1 (jobs and their containers use the host's network), or against the
+node's own address when that is a loopback one (the local backend gives each node 127.0.0.x, and
+two nodes on one machine listen on the same port each at its own): ``http`` passes
 on a 2xx answer, ``tcp`` when a connection opens, ``exec`` when its command (argv, no shell; inside
 the container for a container job) exits 0. A failure resets the probe's streak. The results are
 written to the job's probes.json, which ``status`` reports with the job: the server learns them
@@ -11,6 +13,7 @@ from the look it makes anyway, never from a call of its own.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import os
 import socket
 import subprocess
@@ -25,11 +28,24 @@ ERROR_CAP = 200  # characters of a failure kept in the status
 BODY_CAP = 64 * 1024  # bytes of an answer read before it is closed
 
 
+def probe_address(spec: dict[str, Any]) -> str:
+    """Where a job's probes connect: 127.0.0.1 on a host of its own, the node's address when the node
+    is one loopback address of several on one machine (a server bound to 127.0.0.1 would be another
+    node's business there, and one bound to the node's address is not reachable at 127.0.0.1)."""
+    try:
+        node = ipaddress.ip_address(str(spec.get("node_ip") or ""))
+    except ValueError:
+        return "127.0.0.1"
+    return str(node) if node.version == 4 and node.is_loopback else "127.0.0.1"
+
+
 class Prober:
     """One thread per probe; results shared under a lock and written whole after every call."""
 
-    def __init__(self, job: JobPaths, probes: list[dict[str, Any]], container: str | None = None) -> None:
+    def __init__(self, job: JobPaths, probes: list[dict[str, Any]], container: str | None = None,
+                 address: str = "127.0.0.1") -> None:
         self.job = job
+        self.address = address
         self.probes = probes
         self.container = container
         self.stopped = threading.Event()
@@ -81,9 +97,9 @@ class Prober:
         timeout = float(probe.get("timeout") or 10)
         try:
             if probe["type"] == "http":
-                return _http(probe, timeout)
+                return _http(self.address, probe, timeout)
             if probe["type"] == "tcp":
-                socket.create_connection(("127.0.0.1", int(probe["port"])), timeout=timeout).close()
+                socket.create_connection((self.address, int(probe["port"])), timeout=timeout).close()
                 return None
             return self._exec(probe["command"], timeout)
         except Exception as e:  # noqa: BLE001 - any failure of a call is the probe's result
@@ -103,8 +119,8 @@ class Prober:
         return None if code == 0 else f"exited with status {code}"
 
 
-def _http(probe: dict[str, Any], timeout: float) -> str | None:
-    conn = http.client.HTTPConnection("127.0.0.1", int(probe["port"]), timeout=timeout)
+def _http(address: str, probe: dict[str, Any], timeout: float) -> str | None:
+    conn = http.client.HTTPConnection(address, int(probe["port"]), timeout=timeout)
     try:
         headers = {str(h.get("name")): str(h.get("value")) for h in probe.get("headers") or []
                    if isinstance(h, dict)}

@@ -21,6 +21,29 @@ def example(name: str) -> str:
     return (EXAMPLES / name).read_text()
 
 
+def _local_first_address() -> str:
+    """Where this test process's local instances start: a 127.A.B.x block of its own per run and
+    xdist worker. Every test database starts its local fleets at the same index, and their jobs
+    listen on fixed ports (examples/pd-disagg-local.yml: 8000), so two runs or two workers at the
+    default 127.0.0.2 took each other's ports (a worker failed `Address already in use`)."""
+    run = int(os.environ.get("MUSTER_TEST_RUN") or os.getpid())
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    n = (run * 16 + worker) % (250 * 256)
+    return f"127.{1 + n // 256}.{n % 256}.2"
+
+
+# Before Django reads its settings where it has not yet (and for the servers the tests start);
+# _local_addresses below sets what was read already.
+os.environ["MUSTER_LOCAL_FIRST_ADDRESS"] = _local_first_address()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _local_addresses():
+    from django.conf import settings
+
+    settings.MUSTER["LOCAL_FIRST_ADDRESS"] = os.environ["MUSTER_LOCAL_FIRST_ADDRESS"]
+
+
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the run's own process, before xdist starts its workers
         os.environ["MUSTER_TEST_RUN"] = str(os.getpid())
@@ -99,8 +122,11 @@ def celery_worker(celery_worker, settings):
     stop = threading.Event()
 
     def tick() -> None:
-        while not stop.wait(float(settings.MUSTER["JOB_POLL_INTERVAL"])):
-            tasks.watch_running.delay()
+        while not stop.wait(every := float(settings.MUSTER["JOB_POLL_INTERVAL"])):
+            # expiring as beat's do (muster/celery.py): a tick the worker could not take in time is
+            # dropped, not queued, or on a loaded machine ticks pile up ahead of every other task
+            # (a finish_job waited 40 s behind them)
+            tasks.watch_running.apply_async(expires=10 * every)
 
     thread = threading.Thread(target=tick, name="watch-ticks", daemon=True)
     thread.start()

@@ -3,6 +3,7 @@ each started as the real process a developer starts."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -110,8 +111,10 @@ def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans
         token = re.search(r"MUSTER_TOKEN=(\S+)", out).group(1)
         run = _get(url, token, "runs/pd-local/")  # still serving: the run can be looked at
         assert run["status"] == "done", run
-        # its own loopback addresses, apart from make run's 127.0.0.2-5
-        assert sorted(j["instance_ip"] for j in run["jobs"]) == ["127.0.0.6", "127.0.0.7", "127.0.0.8"]
+        # its own loopback addresses from MUSTER_LOCAL_FIRST_ADDRESS on (127.0.0.6 unless set, apart
+        # from make run's 127.0.0.2-5; the tests give each run a block of its own, tests/conftest.py)
+        first = ipaddress.ip_address(os.environ["MUSTER_LOCAL_FIRST_ADDRESS"])
+        assert sorted(j["instance_ip"] for j in run["jobs"]) == [str(first + i) for i in range(3)]
 
         demo.send_signal(signal.SIGTERM)  # as a supervisor stops it; Ctrl-C is the same path (finally)
         assert demo.wait(patient(90)) == 0, log.read_text()

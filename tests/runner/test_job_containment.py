@@ -132,10 +132,15 @@ def test_no_process_of_a_job_outlives_it_whatever_group_or_session_it_left_for(
         home, worker_env, escapes, ending, cgroup):
     token, ports = escapes
     ensure_agent(home, worker_env)
-    commands = escape_commands(token, ports) + ([] if ending == "done" else ["sleep 600"])
+    # "done": the job ends once the test has seen its escapes up (the commands alone could end,
+    # and their group be killed, before a loaded machine let the test look)
+    commands = escape_commands(token, ports) + (
+        ["while [ ! -e escapes-seen ]; do sleep 0.1; done"] if ending == "done" else ["sleep 600"])
     spec = job_spec("j1", commands, max_duration=3 if ending == "max_duration" else None, cgroup=cgroup)
     submit(home, "j1", spec)
     wait_for(lambda: len(escaped_processes(token, ports)) >= 3, 30, "the escapes to be up")
+    if ending == "done":
+        (home / "jobs" / "j1" / "workdir" / "escapes-seen").touch()
     if ending == "stop":
         cli_json(home, "stop", "--job", "j1")
 

@@ -92,6 +92,21 @@ def test_until_ready_stops_calling_a_probe_once_it_passed(home, agent):
     cli_json(home, "stop", "--job", "p2")
 
 
+def test_a_node_with_a_loopback_address_of_its_own_is_probed_there_not_at_127_0_0_1(home, agent):
+    """The local backend's nodes are 127.0.0.2, 127.0.0.3, ...: each node's server listens at its own
+    address (two on one port), and its probe must reach that one, not whatever 127.0.0.1 has."""
+    port = free_port()
+    spec = job_spec("p4", [f"exec python3 -m http.server {port} --bind 127.0.0.7"], node_ip="127.0.0.7",
+                    probes=[probe(port=port), probe(type="tcp", port=port)])
+    submit(home, "p4", spec)
+    wait_state(home, "p4", ("running",))
+    got = wait_for(lambda: (p := probes_of(home, "p4")) and all(r["success_streak"] for r in p) and p, 20,
+                   "both probes passing at the node's own address")
+    assert [r["last_error"] for r in got] == [None, None]
+    cli_json(home, "stop", "--job", "p4")
+    wait_state(home, "p4", ("terminated",))
+
+
 def test_a_spec_with_a_malformed_probe_is_refused_at_submit(home):
     bad = job_spec("p3", ["true"], probes=[{"type": "exec", "command": "rm -rf /", "interval": 1, "timeout": 1}])
     result = cli(home, "submit", "--job", "p3", stdin=json.dumps(bad).encode())
