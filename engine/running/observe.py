@@ -92,8 +92,9 @@ def watch_observed(job: Job, status: dict | None) -> None:
         ready = {} if ordering.probes_of(job) else {"ready_at": timezone.now()}
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running", **ready)
         readiness.wake_waiting_peers(job)
-    if state.get("state") == RunnerState.RUNNING and job.status == JobStatus.RUNNING:
-        readiness.observe_probes(job, state, status.get("now"))
+    if state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.RUNNING:
+        # the last results too: a job whose probes passed and that ended between two looks was ready
+        readiness.observe_probes(job, state, status.get("now"), ended=state.get("state") != RunnerState.RUNNING)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
         text = text.format(exit_status=state.get("exit_status"))

@@ -29,8 +29,10 @@ def describe(probe: dict) -> str:
     return f"http {str(probe.get('method', 'get')).upper()} :{probe.get('port')}{probe.get('url', '/')}"
 
 
-def observe_probes(job: Job, state: dict, host_now: float | None) -> None:
-    """Act on the probe results of one look at a running job (the caller holds its claim)."""
+def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False) -> None:
+    """Act on the probe results of one look at a running job (the caller holds its claim).
+    `ended`: the runner says the job is over (the caller ends it next): its results still say
+    whether it was ready, but no ready_timeout applies any more."""
     probes = probes_of(job)
     if not probes or job.status != JobStatus.RUNNING:
         return
@@ -62,7 +64,7 @@ def observe_probes(job: Job, state: dict, host_now: float | None) -> None:
     if updates:
         Job.objects.filter(pk=job.pk).update(**updates)
         _set(job, updates)
-    if job.ready_at is None:
+    if job.ready_at is None and not ended:
         _check_ready_timeout(job, state, host_now, results)
 
 

@@ -1,0 +1,67 @@
+"""What one look at a probed job's runner makes of its probe results (engine/running/readiness.py),
+on a fake runner status: no worker, no runner."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.utils import timezone
+
+from engine.running import observe
+from instances.models import Instance
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+
+pytestmark = pytest.mark.django_db
+
+PROBED = """type: task
+name: probed
+probes: [{type: exec, command: [test, -f, loaded], interval: 1s, timeout: 1s}]
+ready_timeout: 60s
+commands: [sleep 1]
+"""
+
+
+def _running_job() -> Job:
+    fleet = local_project_fleet(size=1, name="probed-fleet")
+    run = submit_run(fleet.project, None, {"configuration": PROBED})
+    host = fleet.instances.get()
+    Instance.objects.filter(pk=host.pk).update(status="busy")
+    job = run.current_jobs().get()
+    Job.objects.filter(pk=job.pk).update(status="running", instance=host, runner_submitted=True,
+                                         status_changed_at=timezone.now())
+    return Job.objects.select_related("run", "instance").get(pk=job.pk)
+
+
+def _look(job: Job, state: str, streak: int, started_ago: float) -> None:
+    now = time.time()
+    observe.watch_observed(job, {"agent_alive": True, "now": now, "jobs": {job.runner_job_id: {
+        "state": state, "start_time": now - started_ago, "end_time": now if state != "running" else None,
+        "exit_status": 0 if state != "running" else None,
+        "probes": [{"success_streak": streak, "calls": 3, "last_at": now, "last_error": None if streak else "exit 1"}],
+    }}})
+
+
+def test_a_job_whose_probes_passed_and_that_ended_between_two_looks_was_ready():
+    job = _running_job()
+    _look(job, "done", streak=1, started_ago=5)
+    job.refresh_from_db()
+    assert job.ready_at is not None, "its last results say it was ready: a group waiting on it may start"
+    assert (job.status, job.termination_reason) == ("terminating", "done_by_runner")
+
+
+def test_a_job_that_ended_unready_past_its_ready_timeout_ends_as_it_ended_not_as_unready():
+    job = _running_job()
+    _look(job, "done", streak=0, started_ago=120)
+    job.refresh_from_db()
+    assert job.ready_at is None
+    assert (job.status, job.termination_reason) == ("terminating", "done_by_runner")
+
+
+def test_a_running_job_unready_past_its_ready_timeout_fails_as_unready():
+    job = _running_job()
+    _look(job, "running", streak=0, started_ago=120)
+    job.refresh_from_db()
+    assert (job.status, job.termination_reason) == ("terminating", "waiting_ready_limit_exceeded")
