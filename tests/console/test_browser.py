@@ -4,6 +4,7 @@ worker's log, open the fleets page. Screenshots are written as artifacts (the pa
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -68,6 +69,19 @@ def browser():
     driver = start()
     yield driver
     stop(driver)
+
+
+def _settled(read, tries: int = 20):
+    """`read()` again when the live page redrew what it was reading (the run picture is replaced on
+    every status change; an element found just before is then stale)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(tries - 1):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    return read()
 
 
 def _node_status(driver, job_num: int) -> str | None:
@@ -142,7 +156,8 @@ def test_an_operator_watches_a_three_group_run_live_and_reads_a_workers_log(oper
     go.touch()
     wait_until(lambda: all(_node_status(browser, n) == "done" for n in range(3)), 90,
                "all three nodes shown done without a reload")
-    wait_until(lambda: browser.find_element("id", "run-state").text == "done", 30, "the run shown done")
+    wait_until(lambda: _settled(lambda: browser.find_element("id", "run-state").text) == "done", 30,
+               "the run shown done")
     assert browser.execute_script("return window.museumPiece") == "not reloaded"
     events = browser.find_element("id", "events").text
     assert "run pd-console" in events
@@ -198,17 +213,21 @@ def test_groups_sit_side_by_side_on_a_wide_screen_and_a_long_status_is_shown_who
     boxes = _group_boxes(browser)
     assert len({b["top"] for b in boxes}) == 1, f"the groups are not side by side at 1280 px: {boxes}"
     assert boxes[0]["right"] <= boxes[1]["left"] and boxes[1]["right"] <= boxes[2]["left"]
-    node = browser.find_element("css selector", '.picture-wrap g.node[data-job="3"]')
-    status = node.find_element("css selector", "text.status")
+    def failed_node():
+        node = browser.find_element("css selector", '.picture-wrap g.node[data-job="3"]')
+        status = node.find_element("css selector", "text.status").text
+        box = node.find_element("css selector", "rect").rect
+        return node, status, box, [line.rect for line in node.find_elements("css selector", "text.status tspan")]
+
+    node, status, box, lines = _settled(failed_node)
     # the lines break at the space: read without spaces, every character is there
-    assert "".join(status.text.split()) == f"failed({reason})"
+    assert "".join(status.split()) == f"failed({reason})"
     # every line of the word inside its node's box: nothing clipped or spilling over
-    box = node.find_element("css selector", "rect").rect
-    for line in node.find_elements("css selector", "text.status tspan"):
-        assert box["x"] <= line.rect["x"] and line.rect["x"] + line.rect["width"] <= box["x"] + box["width"]
-        assert line.rect["y"] + line.rect["height"] <= box["y"] + box["height"] + 1
+    for line in lines:
+        assert box["x"] <= line["x"] and line["x"] + line["width"] <= box["x"] + box["width"]
+        assert line["y"] + line["height"] <= box["y"] + box["height"] + 1
     wait_until(lambda: browser.find_element("id", "log-text").text == "No output yet.", 30, "the empty log state")
-    assert "exit 1" in node.text
+    assert "exit 1" in _settled(lambda: browser.find_element("css selector", '.picture-wrap g.node[data-job="3"]').text)
 
     browser.set_window_size(390, 844)
     browser.refresh()
