@@ -34,7 +34,8 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
     `ended`: the runner says the job is over (the caller ends it next): its results still say
     whether it was ready, but no ready_timeout applies any more."""
     probes = probes_of(job)
-    if not probes or job.status != JobStatus.RUNNING:
+    if not probes or job.status != JobStatus.RUNNING or (ended and job.ready_at is not None):
+        # once ready, a job's end does not rewrite what its probes showed (a stop fails them last)
         return
     reported = state.get("probes") or []
     results = []

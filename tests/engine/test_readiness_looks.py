@@ -52,6 +52,17 @@ def test_a_job_whose_probes_passed_and_that_ended_between_two_looks_was_ready():
     assert (job.status, job.termination_reason) == ("terminating", "done_by_runner")
 
 
+def test_a_ready_job_keeps_the_probe_results_it_was_ready_with_when_its_stop_failed_them_last():
+    job = _running_job()
+    _look(job, "running", streak=2, started_ago=5)
+    job.refresh_from_db()
+    ready_at, shown = job.ready_at, job.probes
+    assert ready_at is not None and shown[0]["success_streak"] == 2
+    _look(job, "terminated", streak=0, started_ago=6)
+    job.refresh_from_db()
+    assert (job.ready_at, job.probes) == (ready_at, shown)
+
+
 def test_a_job_that_ended_unready_past_its_ready_timeout_ends_as_it_ended_not_as_unready():
     job = _running_job()
     _look(job, "done", streak=0, started_ago=120)
