@@ -13,6 +13,7 @@ pytest_plugins = ("celery.contrib.pytest",)
 from tests.fake_tpu import fake_tpu  # noqa: E402,F401
 from tests.local_processes import kill_everything_under  # noqa: E402
 from tests.sshhosts import ssh_hosts, ssh_hosts_session  # noqa: E402,F401
+from tests.waiting import patient  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -164,7 +165,6 @@ def _muster_dirs(tmp_path, settings):
 def pytest_collection_modifyitems(config, items):
     """Each test's time limit (pytest-timeout) is the configured one times MUSTER_TEST_PATIENCE, as
     every wait is (tests/waiting.py); `-o timeout=0` (make fuzz) still lifts it."""
-    from tests.waiting import patient
 
     limit = config.getoption("timeout", None)
     if limit is None:
@@ -182,7 +182,9 @@ def fast_limits(settings):
     settings.MUSTER = {
         **settings.MUSTER,
         "SWEEP_INTERVAL": 0.5, "JOB_POLL_INTERVAL": 0.2, "LEASE_SECONDS": 10,
-        "WAITING_INSTANCE_LIMIT": 30, "WAITING_RUNNER_LIMIT": 15, "WAITING_PEERS_LIMIT": 30,
+        # the waits a test does not time itself scale with the machine (tests/waiting.py): under two
+        # suites at once a peer's runner start over SSH alone took longer than 30 s
+        "WAITING_INSTANCE_LIMIT": patient(30), "WAITING_RUNNER_LIMIT": patient(15), "WAITING_PEERS_LIMIT": patient(30),
         "UNREACHABLE_GRACE": 3, "STOP_GRACE": 1, "RETRY_BACKOFF": [1, 1, 2],
     }
     return settings.MUSTER

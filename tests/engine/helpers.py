@@ -103,9 +103,15 @@ def job_summary(run) -> list[tuple]:
 
 
 def runner_processes(marker: str) -> list[int]:
-    """Pids of live processes whose command line contains `marker` (zombies excluded)."""
+    """Pids of live processes of this test's local hosts whose command line contains `marker`
+    (zombies excluded). Only processes working under the test's LOCAL_DIR count: a suite running
+    beside this one (another checkout, the same test at the same moment) starts processes with
+    the same command lines."""
     import os
 
+    from django.conf import settings
+
+    root = os.path.realpath(settings.MUSTER["LOCAL_DIR"])
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -117,6 +123,12 @@ def runner_processes(marker: str) -> list[int]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmd and state != "Z":
+        if marker not in cmd or state == "Z":
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
             pids.append(int(entry))
     return pids
