@@ -165,7 +165,6 @@ def _muster_dirs(tmp_path, settings):
 def pytest_collection_modifyitems(config, items):
     """Each test's time limit (pytest-timeout) is the configured one times MUSTER_TEST_PATIENCE, as
     every wait is (tests/waiting.py); `-o timeout=0` (make fuzz) still lifts it."""
-
     limit = config.getoption("timeout", None)
     if limit is None:
         limit = float(config.getini("timeout") or 0)
