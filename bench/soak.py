@@ -8,8 +8,9 @@ One real `muster serve` (web, worker, beat) on a free port and a scratch data di
 else: no PostgreSQL, no Redis (`--store postgres`: a scratch database on BENCH_PG and Redis db
 BENCH_REDIS_DB, 14 by default, both emptied first and dropped or flushed after). Runs of `echo`
 on `--nodes` nodes of the local fleet are submitted through the REST API at an even pace (on a
-local fleet of 32, room for the runs in flight; a run that finds none waits, `retry: on_events:
-[no-capacity]`, and is counted as retried), and each is followed to its end. The load drains when
+local fleet of 32; a run that finds the fleet full waits for a host, `retry: on_events:
+[no-capacity]`, and is counted as waited, or as retried if it went back to pending), and each is
+followed to its end. The load drains when
 every run is terminal within `--drain` seconds (60) of the last submit. The figures: runs done /
 failed / not finished, seconds from the last submit to the last run's end,
 submit-to-done latency (median, p95, max), every `Unrecoverable error` in the output of serve and
@@ -147,6 +148,12 @@ class ServeProcess:
     def status(self, run: str) -> str:
         return self.api("GET", f"runs/{run}/")["status"]
 
+    def look(self, run: str) -> tuple[str, bool]:
+        """The run's status, and whether a job of it waits for a host of a full fleet."""
+        answer = self.api("GET", f"runs/{run}/")
+        waits = any(str(j.get("waiting_for") or "").startswith("a free host") for j in answer.get("jobs") or [])
+        return answer["status"], waits
+
     def children(self) -> dict[int, str]:
         """pid -> what it is, for the processes serve started (web, worker, beat, gateway)."""
         found = {}
@@ -195,6 +202,7 @@ def soak(runs: int, minutes: float, concurrency: int, fleet_size: int, nodes: in
     errors: list[str] = []
     worker_pids: set[int] = set()
     retried: set[str] = set()
+    waited: set[str] = set()
     lock = threading.Lock()
     stop_watching = threading.Event()
 
@@ -211,7 +219,7 @@ def soak(runs: int, minutes: float, concurrency: int, fleet_size: int, nodes: in
                 pending = [(n, at) for n, at in submitted.items() if n not in ended]
             for name, at in pending:
                 try:
-                    status = serve.status(name)
+                    status, waits = serve.look(name)
                 except (OSError, urllib.error.URLError):
                     break
                 if status in ("done", "failed", "terminated"):
@@ -219,6 +227,8 @@ def soak(runs: int, minutes: float, concurrency: int, fleet_size: int, nodes: in
                         ended[name] = (status, time.monotonic() - at)
                 elif status == "pending":  # only a retry puts a submitted run back to pending
                     retried.add(name)
+                if waits:
+                    waited.add(name)
             stop_watching.wait(0.5)
 
     threads = [threading.Thread(target=watch_workers, daemon=True), threading.Thread(target=follow, daemon=True)]
@@ -263,6 +273,8 @@ def soak(runs: int, minutes: float, concurrency: int, fleet_size: int, nodes: in
         "drained_s_after_last_submit": drained_in, "drain_limit_s": drain,
         "terminal_by_drain_limit": sum(1 for t in ends_after_last if t <= drain),
         "retried_for_capacity": len(retried),
+        # runs seen waiting for a host of the full fleet (engine/submitted/waiting.py) instead of retrying
+        "waited_for_a_host": len(waited),
         "latency_s": {"median": round(statistics.median(latencies), 2) if latencies else None,
                       "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2) if latencies else None,
                       "max": round(latencies[-1], 2) if latencies else None},

@@ -78,7 +78,7 @@ def status_text(job) -> str:
     if job.status == JobStatus.RUNNING:
         # ready: every probe of its group passed (or it has none); until then the probes' streaks
         return f"{job.status}, {'ready' if job.ready_at else 'not ready yet'}"
-    if job.waiting_for and job.status in (JobStatus.PROVISIONING, JobStatus.PULLING):
+    if job.waiting_for and job.status in (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING):
         return f"{job.status}: waiting for {job.waiting_for}"
     return job.status
 

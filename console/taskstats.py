@@ -22,10 +22,11 @@ from muster.claimable import claim_conflict
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
 # the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries;
-# `runs_routine` (a run derived after job moves that nudge nobody by design) and `retries` (a retry
-# whose backoff is over) are sends the sweep makes as its routine, counted apart
+# `runs_routine` (a run derived after job moves that nudge nobody by design), `retries` (a retry
+# whose backoff is over) and `waiting_rechecks` (a run waiting for a host of a full fleet, looked at
+# again) are sends the sweep makes as its routine, counted apart
 SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets", "fleet_deletions")
-SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry"}
+SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry", "waiting_rechecks": "recheck"}
 
 _lock = threading.Lock()
 _started: dict[str, float] = {}

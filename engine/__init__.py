@@ -9,6 +9,7 @@ submit        runs/services/submission.py        submit_run, then messages.provi
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
   gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
+  waiting     engine/submitted/waiting.py        wait, wake: a run on a full fleet waits for hosts given back
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)

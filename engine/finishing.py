@@ -11,9 +11,9 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import attach_revokes, claims, failure_policy, log_copy, messages, runner_status
+from engine.submitted.waiting import hand_back
 from engine.tuning import STOP_RECHECK
 from events.services import record
-from instances.transitions import hand_back
 from runs.choices import (
     FINAL_STATUS,
     JOB_ACTIVE,

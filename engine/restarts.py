@@ -27,9 +27,10 @@ from django.utils import timezone
 
 from engine import messages
 from engine.failure_policy import INTERRUPTION, event_of, max_restarts, referencing_groups
+from engine.submitted.waiting import hand_back
 from events.services import record, record_many
 from instances.models import Instance, InstanceStatus
-from instances.transitions import hand_back, move_instances
+from instances.transitions import move_instances
 from runs.choices import JobReason, JobStatus
 from runs.models import Job, Run
 from runs.transitions import terminate_job
@@ -122,7 +123,8 @@ def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -
             hosts = [_reused_host(j, index) for j in old]
         else:
             kept = [j.instance for j in old if j.keep_host and j.instance is not None]
-            hand_back(kept, None, f"given back: group {old[0].node_group_name} of run {run.name} moves")
+            hand_back(kept, None, f"given back: group {old[0].node_group_name} of run {run.name} moves",
+                      project_id=run.project_id)
             hosts = [None] * len(old)
         touched = Job.objects.filter(pk__in=[j.pk for j in old], superseded=False).update(superseded=True,
                                                                                           keep_host=False)

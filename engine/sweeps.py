@@ -17,6 +17,7 @@ from django.utils import timezone
 from engine import attach_revokes, messages, pods
 from engine.claims import unleased
 from engine.ssh_health import check_ssh_hosts
+from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
@@ -46,9 +47,14 @@ def sweep() -> dict[str, int]:
 def _re_enqueue(now, old) -> dict[str, int]:
     """Rows left without a lease in a non-final state for too long: their task is sent again."""
     found = {}
+    # a run waiting for a host of a full fleet is looked at again when its next_check_at is due
+    # (engine/submitted/waiting.py): a routine recheck, not a lost message
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
-                                   status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
-    found["provision"] = _enqueue(messages.provision_job, submitted)
+                                   status_changed_at__lt=old).filter(
+        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)).values_list("pk", "waiting_for")[:BATCH]
+    rows = list(submitted)
+    found["provision"] = _enqueue(messages.provision_job, [pk for pk, why in rows if not why.startswith(waiting.PREFIX)])
+    found["waiting_rechecks"] = _enqueue(messages.provision_job, [pk for pk, why in rows if why.startswith(waiting.PREFIX)])
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
     # the batch watcher's (engine/running/watch.py): it claims whatever is due, so no message of theirs
     # can be lost, and re-enqueueing them here would only add tasks to a backlog.

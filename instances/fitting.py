@@ -41,11 +41,14 @@ def group_demands(run: Run, jobs: list[Job] | None = None) -> list[tuple[dict, i
     return [demands[k] for k in sorted(demands)]
 
 
-def free_instances(fleet: Fleet):
+def free_instances(fleet: Fleet, busy_too: bool = False):
+    """The fleet's idle, reachable hosts; with `busy_too`, its busy ones as well (the hosts a run
+    waiting for a full fleet will get once their jobs end)."""
     # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
     # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
+    statuses = [InstanceStatus.IDLE, InstanceStatus.BUSY] if busy_too else [InstanceStatus.IDLE]
     return Instance.objects.filter(
-        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status=InstanceStatus.IDLE, unreachable=False
+        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status__in=statuses, unreachable=False
     )
 
 
@@ -54,7 +57,7 @@ def page_for(wanted: int) -> int:
     return min(64, max(8, 2 * wanted))
 
 
-def candidates(fleet: Fleet, req: dict, page: int = 32):
+def candidates(fleet: Fleet, req: dict, page: int = 32, busy_too: bool = False):
     """Free instances that may fit `req`, a page at a time.
 
     Fewest GPUs first, so a job that does not ask for GPUs (a CPU router) lands on a CPU host
@@ -63,7 +66,7 @@ def candidates(fleet: Fleet, req: dict, page: int = 32):
     The indexed columns narrow the query (so its cost does not grow with the fleet); `fits` has
     the last word on each row (GPU names and memory, arch, disk).
     """
-    qs = free_instances(fleet).filter(cpus__gte=(req.get("cpu") or {}).get("min") or 0,
+    qs = free_instances(fleet, busy_too).filter(cpus__gte=(req.get("cpu") or {}).get("min") or 0,
                                       memory_gb__gte=(req.get("memory") or {}).get("min") or 0)
     gpu = req.get("gpu")
     if gpu and gpu.get("tpu"):
@@ -87,18 +90,18 @@ def candidates(fleet: Fleet, req: dict, page: int = 32):
 
 
 def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]], pools: list | None = None,
-                      at_least: Callable[[int], int] | None = None) -> bool:
+                      at_least: Callable[[int], int] | None = None, busy_too: bool = False) -> bool:
     """Can the fleet's idle instances hold every group at once (each instance one job)?
 
     Each group looks at no more candidates than the run has nodes: a group with that many can
     always be served whatever the other groups take, so the greedy answer stays exact. `at_least`
     (a group's node count -> candidates) reads more per group, for a caller that shows them
     (`pools` gets what was read): a group that has more still goes after the scarce ones, so the
-    answer is the same.
+    answer is the same. `busy_too`: whether it could once the fleet's busy hosts are free again.
     """
     total = sum(n for _, n in demands)
     read = [max(total, at_least(n)) if at_least else total for _, n in demands]
-    found = [list(islice(candidates(fleet, req, page_for(k)), k)) for (req, _), k in zip(demands, read, strict=True)]
+    found = [list(islice(candidates(fleet, req, page_for(k), busy_too), k)) for (req, _), k in zip(demands, read, strict=True)]
     if pools is not None:
         pools[:] = found
     taken: set[int] = set()
@@ -156,14 +159,14 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[F
 
 
 def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]], pools: list | None = None,
-                        at_least: Callable[[int], int] | None = None) -> Fleet | None:
-    """`pools`, `at_least`: as static_fleet_fits, for the fleet returned."""
+                        at_least: Callable[[int], int] | None = None, busy_too: bool = False) -> Fleet | None:
+    """`pools`, `at_least`, `busy_too`: as static_fleet_fits, for the fleet returned."""
     multi_node = sum(n for _, n in demands) > 1
     for fleet in fleets:
         static = is_static(fleet)
         if multi_node and static and fleet.placement != Placement.CLUSTER:
             continue  # nodes of one run must reach each other on a private network
-        if static and static_fleet_fits(fleet, demands, pools, at_least):
+        if static and static_fleet_fits(fleet, demands, pools, at_least, busy_too):
             return fleet
         if not static and cloud_fleet_fits(fleet, demands):
             return fleet

@@ -32,14 +32,15 @@ def candidates_per_group(fleets: list[Fleet], own: list[list[str]], groups: int)
 
 
 def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], pools: list | None = None,
-           at_least=None) -> list[Fleet] | None:
+           at_least=None, busy_too: bool = False) -> list[Fleet] | None:
     """A fleet per group (in group order), or None when some group has nowhere to go.
 
     `pools`, `at_least`: as fitting.static_fleet_fits, filled only when one fleet holds the whole
-    run (the plan then shows the hosts the fit test read instead of reading them again)."""
+    run (the plan then shows the hosts the fit test read instead of reading them again). `busy_too`:
+    the fleets it would get once their busy hosts are free again (a run that waits for a host)."""
     per_group = candidates_per_group(fleets, own, len(demands))
     allowed_by_all = [f for f in fleets if all(f in c for c in per_group)]
-    whole = fitting.first_fitting_fleet(allowed_by_all, demands, pools, at_least)
+    whole = fitting.first_fitting_fleet(allowed_by_all, demands, pools, at_least, busy_too)
     if whole is not None:
         return [whole] * len(demands)
     if pools is not None:
@@ -54,7 +55,7 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
                 if multi_node and fleet.placement != Placement.CLUSTER:
                     continue  # the run's nodes must reach each other on a private network
                 sharing = [demands[o] for o in range(len(demands)) if chosen[o] is not None and chosen[o].pk == fleet.pk]
-                if fitting.static_fleet_fits(fleet, [*sharing, demands[g]]):
+                if fitting.static_fleet_fits(fleet, [*sharing, demands[g]], busy_too=busy_too):
                     chosen[g] = fleet
                     break
             elif fitting.cloud_fleet_fits(fleet, [demands[g]]):
@@ -65,7 +66,8 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
     return chosen  # type: ignore[return-value]
 
 
-def choose(run: Run, jobs: list[Job] | None = None) -> list[Fleet] | None:
-    """The fleet of each group of the run's current submission (fitting.group_demands order)."""
+def choose(run: Run, jobs: list[Job] | None = None, busy_too: bool = False) -> list[Fleet] | None:
+    """The fleet of each group of the run's current submission (fitting.group_demands order);
+    `busy_too`: counting the hosts that are busy now as well."""
     return assign(fitting.candidate_fleets(run), group_fleet_names(run.configuration),
-                  fitting.group_demands(run, jobs))
+                  fitting.group_demands(run, jobs), busy_too=busy_too)

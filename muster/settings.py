@@ -288,6 +288,9 @@ MUSTER = {
     "WAITING_INSTANCE_LIMIT": env_float("MUSTER_WAITING_INSTANCE_LIMIT", 600.0),
     "WAITING_RUNNER_LIMIT": env_float("MUSTER_WAITING_RUNNER_LIMIT", 300.0),
     "WAITING_PEERS_LIMIT": env_float("MUSTER_WAITING_PEERS_LIMIT", 600.0),
+    # seconds between the sweep's looks at a run waiting for a host of a full fleet (a freed host
+    # wakes it at once; this catches a lost wake, a host added or one back from unreachable)
+    "WAITING_HOST_RECHECK": env_float("MUSTER_WAITING_HOST_RECHECK", 60.0),
     "UNREACHABLE_GRACE": env_float("MUSTER_UNREACHABLE_GRACE", 30.0),
     # how long a TPU slice may stay UNHEALTHY_MAINTENANCE under a run before it counts as lost
     "TPU_MAINTENANCE_GRACE": env_float("MUSTER_TPU_MAINTENANCE_GRACE", 300.0),

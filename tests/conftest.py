@@ -184,7 +184,7 @@ def fast_limits(settings):
         # the waits a test does not time itself scale with the machine (tests/waiting.py): under two
         # suites at once a peer's runner start over SSH alone took longer than 30 s
         "WAITING_INSTANCE_LIMIT": patient(30), "WAITING_RUNNER_LIMIT": patient(15), "WAITING_PEERS_LIMIT": patient(30),
-        "UNREACHABLE_GRACE": 3, "STOP_GRACE": 1, "RETRY_BACKOFF": [1, 1, 2],
+        "UNREACHABLE_GRACE": 3, "STOP_GRACE": 1, "RETRY_BACKOFF": [1, 1, 2], "WAITING_HOST_RECHECK": 2,
     }
     return settings.MUSTER
 

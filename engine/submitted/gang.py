@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from engine.submitted.waiting import hand_back
 from events.services import record
 from instances.models import GroupKind
-from instances.transitions import hand_back
 from runs.choices import JobReason, JobStatus
 from runs.models import Job, Run
 from runs.transitions import move_job, terminate_job

@@ -12,11 +12,10 @@ from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
-from engine.submitted import fanout, gang, placement
+from engine.submitted import fanout, gang, placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fitting, spanning
 from instances.models import Fleet
-from instances.transitions import hand_back
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import end_job, move_job, move_run
@@ -34,41 +33,47 @@ def _provision(held: claims.Held) -> claims.Outcome:
     # the run's user too: placement asks whether its runs may go to local fleets
     job = Job.objects.select_related("run", "run__project", "run__fleet", "run__user", "instance", "fleet").get(
         pk=held.pk)
-    _attempt(job)
+    fields = _attempt(job)
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
     # attempt, it could reach an idle worker while this step still held the job, bounce off the
     # claim and leave the job to the sweep (three sweep intervals later).
     then = (partial(messages.advance_job, job.pk),) if job.status == JobStatus.PROVISIONING else ()
-    return job_outcome(job, then)
+    return job_outcome(job, then, **fields)
 
 
-def _attempt(job: Job) -> None:
+def _attempt(job: Job) -> dict:
+    """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py)."""
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
-        return  # the run is ending; process_run terminates this job
+        return {}  # the run is ending; process_run terminates this job
     if job.instance_id is not None:  # a group master's batch already gave this job its host
         with transaction.atomic():
             move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)")
             fanout.unlock_after_attempt(job)
-        return
+        return {}
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
     if run.fleet_id is None:
         fleets = spanning.choose(run, siblings)
         if fleets is None:
+            full = waiting.fleets_to_wait_for(run, siblings) if job.job_num == 0 else None
+            if full:
+                return waiting.wait(job, waiting.full(full))
             end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings))
-            return
+            return {}
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:
-        if not _take_gang(job, fleet, siblings or []):
-            return
+        taken = _take_gang(job, fleet, siblings or [])
+        if taken is not True:
+            return taken or {}
         if not fitting.is_static(fleet):
             _provision_cloud_group(job, fleet)
     elif fitting.is_static(fleet):
         _take_group(job, fleet, siblings)
     else:
         _provision_cloud_group(job, fleet)
+    return {}
 
 
 SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_rank", "node_group_name", "status",
@@ -113,10 +118,11 @@ def _on_static_fleet(job: Job, fleets: dict, default: int) -> bool:
     return fleet is not None and fitting.is_static(fleet)
 
 
-def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
+def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool | dict:
     """Job 0 takes a host for every waiting job of the run's static groups at once, on whichever
     fleets they go to (the gang); a job 0 whose own group is a cloud group takes only the others'.
-    False when job 0 ended (a group was short: nothing is taken)."""
+    False when job 0 ended (a group was short: nothing is taken); the fields of a wait when a
+    group was short and the run's retry lets it wait for the hosts (nothing is taken either)."""
     fleets = {f.pk: f for f in Fleet.objects.filter(pk__in={j.fleet_id for j in siblings if j.fleet_id})}
     fleets.setdefault(fleet.pk, fleet)
     members = sorted((j for j in siblings if j.pk != master.pk and j.status == JobStatus.SUBMITTED
@@ -131,6 +137,8 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
         (fleets[js[0].fleet_id or fleet.pk], (g, js[0].node_group_name, js[0].spec["resources"], len(js)))
         for g, js in sorted(groups.items())])
     if short:
+        if waiting.retry_lets_it_wait(master.run):  # the fleet filled up since it was chosen
+            return waiting.wait(master, " | ".join(short))
         end_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
                       f"gang not placed, no host taken: {' | '.join(short)}")
         return False
@@ -143,7 +151,7 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool:
         # the taken hosts' events go in the members' INSERT
         unused = fanout.place_members(master, members, instances,
                                       taken=f"taken by job {master.run.name}/{master.job_num} for {what}")
-        hand_back(unused, master, "not used: its job ended before it was placed")
+        waiting.hand_back(unused, master, "not used: its job ended before it was placed")
     return True
 
 
@@ -164,14 +172,14 @@ def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: li
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
-                        message=f"provisioning on {mine.name} ({mine.internal_ip})"):
+                        message=f"provisioning on {mine.name} ({mine.internal_ip})", **waiting.placed(job)):
             # the job moved on under us (stopped): give the hosts back
-            hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
+            waiting.hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return False
         # the taken hosts' events go in the members' INSERT
         unused = fanout.place_members(job, members, theirs, mine=mine,
                                       taken=f"taken by job {job.run.name}/{job.job_num} for {what}")
-        hand_back(unused, job, "not used: its job ended before it was placed")
+        waiting.hand_back(unused, job, "not used: its job ended before it was placed")
         fanout.unlock_after_attempt(job, siblings)
     return True
 
@@ -194,7 +202,7 @@ def _provision_cloud_group(job: Job, fleet) -> None:
         for other in group_jobs:
             Job.objects.filter(pk=other.pk, instance__isnull=True).update(instance_id=assigned[other.pk])
         move_job(job, JobStatus.PROVISIONING, instance_id=assigned[job.pk],
-                 message=f"provisioning {len(group_jobs)} hosts as one group")
+                 message=f"provisioning {len(group_jobs)} hosts as one group", **waiting.placed(job))
         fanout.unlock_after_attempt(job)
 
 

@@ -65,8 +65,9 @@ class JobSerializer(serializers.ModelSerializer):
 
 
     def get_status_message(self, job: Job) -> str:
-        if job.waiting_for and job.status in (JobStatus.PROVISIONING, JobStatus.PULLING):
-            return f"waiting for {job.waiting_for}"  # a peer (startup_order, depends_on) or the addresses
+        if job.waiting_for and job.status in (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING):
+            # a free host of a full fleet; a peer (startup_order, depends_on); the addresses
+            return f"waiting for {job.waiting_for}"
         # What a provisioning job waits for, when the wait is the cloud's (a queued TPU slice).
         if job.status != JobStatus.PROVISIONING or job.instance is None or job.instance.group is None:
             return ""

@@ -1,0 +1,99 @@
+"""A run that finds its fleet full waits for a host instead of failing its attempt.
+
+Without this, a run whose `retry` lists `no-capacity` fails its attempt on a full fleet, is torn
+down, goes `pending` and is resubmitted after the backoff: about six tasks an attempt, with the
+backoff growing to ten minutes, so at a steady 1.5 runs/s a full fleet of 32 never drained
+(bench/soak.py). A run waits here when three things hold:
+
+- its `retry` lists `no-capacity` (without it a full fleet fails the run at once, as before);
+- it is still inside `retry.duration`, counted from its submission as dstack counts no-capacity;
+- some fleet it may use would hold it once that fleet's busy hosts are free again (a run that
+  could never fit fails at once with the reasons, as before).
+
+While it waits, job 0 stays `submitted` and holds no host: its `waiting_for` says which fleet is
+full (the API's status_message and the console show it), and its `next_check_at` is when the sweep
+looks again. A host given back by the engine (a job's end, a placement that did not happen) wakes
+the project's oldest waiting jobs at once, one per host freed; the sweep's recheck is the backstop
+for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
+fails and the run ends `retry_limit_exceeded`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from engine import messages
+from engine.claims import unleased
+from events.services import record
+from instances import spanning
+from instances.transitions import hand_back as give_back
+from runs.choices import JobStatus
+from runs.configuration.task_written import DEFAULT_RETRY_DURATION
+from runs.models import Job, Run
+
+PREFIX = "a free host"
+
+
+def retry_lets_it_wait(run: Run) -> bool:
+    retry = run.configuration.get("retry") or {}
+    if "no-capacity" not in (retry.get("on_events") or []):
+        return False
+    duration = retry.get("duration")
+    try:
+        until = run.submitted_at + timedelta(seconds=DEFAULT_RETRY_DURATION if duration is None else duration)
+    except OverflowError:  # a duration past the calendar's end: it waits as long as it takes
+        return True
+    return timezone.now() < until
+
+
+def fleets_to_wait_for(run: Run, jobs: list[Job] | None) -> list | None:
+    """The fleets the run would get once their busy hosts are free, if it may wait for them."""
+    if not retry_lets_it_wait(run):
+        return None
+    return spanning.choose(run, jobs, busy_too=True)
+
+
+def wait(job: Job, why: str) -> dict:
+    """The fields job 0's give-back writes while it waits (claims.Outcome fields)."""
+    text = f"{PREFIX}: {why}"
+    text = text[:Job._meta.get_field("waiting_for").max_length]
+    if text != job.waiting_for:  # said once, not on every look
+        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", f"waiting for {text}",
+               status=job.status, run_id=job.run_id, job_id=job.pk)
+    job.waiting_for = text
+    recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
+    return {"waiting_for": text, "next_check_at": timezone.now() + timedelta(seconds=recheck)}
+
+
+def full(fleets: list) -> str:
+    names = sorted({f.name for f in fleets})
+    return f"fleet {names[0]} is full" if len(names) == 1 else f"fleets {', '.join(names)} are full"
+
+
+def placed(job: Job) -> dict:
+    """The fields that end a wait, for the move to provisioning."""
+    return {"waiting_for": "", "next_check_at": None} if job.waiting_for.startswith(PREFIX) else {}
+
+
+def hand_back(instances, job=None, message: str = "", project_id: int | None = None) -> set[int]:
+    """instances.transitions.hand_back, and after commit the project's waiting runs woken, one per
+    host given back (oldest first)."""
+    freed = give_back(instances, job, message)
+    project = project_id if project_id is not None else (job.run.project_id if job is not None else None)
+    if freed and project is not None:
+        transaction.on_commit(lambda: wake(project, len(freed)))
+    return freed
+
+
+def wake(project_id: int, count: int) -> int:
+    # unleased: a job whose attempt is under way now would bounce the message; the next one waiting gets it
+    waiting = list(Job.objects.filter(unleased(timezone.now()),
+        run__project_id=project_id, status=JobStatus.SUBMITTED, superseded=False, waiting_master_job=False,
+        waiting_for__startswith=PREFIX).order_by("created", "pk").values_list("pk", flat=True)[:count])
+    for pk in waiting:
+        messages.provision_job(pk)
+    return len(waiting)
