@@ -135,10 +135,19 @@ def stamps(text: str, word: str) -> list[float]:
     return [float(line.split()[-1]) for line in text.splitlines() if line.startswith(word + " ")]
 
 
+def story(run) -> str:
+    """What happened to the run, for a failure's message: its jobs, their probes, and its events in order."""
+    jobs = "\n".join(f"job {j.job_num}: {j.status} {j.termination_reason} {j.termination_message!r} "
+                     f"ready_at={j.ready_at} probes={j.probes}" for j in run.current_jobs())
+    events = "\n".join(f"{e.created:%H:%M:%S.%f} {e.subject}: {e.message}"
+                       for e in Event.objects.filter(run=run).order_by("created", "pk"))
+    return f"{jobs}\n{events}"
+
+
 def test_workers_first_with_http_probes_starts_the_router_after_both_workers_answer(muster, fleet, tmp_path):
     done = muster("apply", "-f", write(tmp_path, ORDERED.replace("__PROBES__", HTTP_PROBES)), "-y")
     run = Run.objects.get(name="ready-order")
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], job_states(run))
+    assert done.returncode == 0, f"{done.stdout[-1500:]}\n{done.stderr[-1500:]}\n{story(run)}"
     router, *workers = run.current_jobs()
     router_start = stamps(logs.read(router).decode(), "ROUTER_START")[0]
     serving = [stamps(logs.read(w).decode(), "SERVING_AT")[0] for w in workers]
