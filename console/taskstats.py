@@ -25,7 +25,8 @@ FLUSH_SECONDS = 5.0
 # `runs_routine` (a run derived after job moves that nudge nobody by design), `retries` (a retry
 # whose backoff is over) and `waiting_rechecks` (a run waiting for a host of a full fleet, looked at
 # again) are sends the sweep makes as its routine, counted apart
-SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets", "fleet_deletions")
+SWEEP_RECOVERY_KEYS = ("provision", "advance", "watch", "finish", "runs", "groups", "pods", "fleets",
+                       "fleet_deletions")
 SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry", "waiting_rechecks": "recheck"}
 
 _lock = threading.Lock()

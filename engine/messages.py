@@ -39,6 +39,12 @@ def provision_job(job_id: int) -> None:
     transaction.on_commit(lambda: registered.provision_job.delay(job_id))
 
 
+def watch_running() -> None:
+    """The running jobs that are due may be looked at (the batch watch): beat's tick, sent again by
+    the sweep when jobs are overdue because ticks were dropped in a backlog (it has no expiry)."""
+    transaction.on_commit(lambda: registered.watch_running.delay())
+
+
 def advance_job(job_id: int, countdown: float = 0) -> None:
     """A placed job's next start stage is due (advance_job): runner up, peers, start order."""
     if countdown:

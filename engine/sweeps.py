@@ -56,12 +56,20 @@ def _re_enqueue(now, old) -> dict[str, int]:
     found["provision"] = _enqueue(messages.provision_job, [pk for pk, why in rows if not why.startswith(waiting.PREFIX)])
     found["waiting_rechecks"] = _enqueue(messages.provision_job, [pk for pk, why in rows if why.startswith(waiting.PREFIX)])
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
-    # the batch watcher's (engine/running/watch.py): it claims whatever is due, so no message of theirs
-    # can be lost, and re-enqueueing them here would only add tasks to a backlog.
+    # the batch watcher's (engine/running/watch.py): it claims whatever is due, and one watch
+    # message (below), not one per job, is what the sweep sends for them.
     watched = Job.objects.filter(unleased(now), status__in=[JobStatus.PROVISIONING, JobStatus.PULLING]).filter(
         Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)
     ).values_list("pk", flat=True)[:BATCH]
     found["advance"] = _enqueue(messages.advance_job, watched)
+    # Running jobs are looked at only by beat's batch watch, whose tick is dropped when it waits in a
+    # backlog past its expiry (so that ticks never pile up): a busy worker dropped every tick, and no
+    # running job was looked at until the backlog cleared (a router waited out its peers' limit for
+    # workers whose probes had passed). Jobs overdue by three sweep intervals get one watch sent.
+    overdue = Job.objects.filter(unleased(now), status=JobStatus.RUNNING, runner_submitted=True,
+                                 instance__isnull=False).filter(
+        Q(next_check_at__lt=old) | Q(next_check_at__isnull=True, status_changed_at__lt=old)).exists()
+    found["watch"] = _enqueue(lambda _: messages.watch_running(), [None] if overdue else [])
     ending = Job.objects.filter(unleased(now), status=JobStatus.TERMINATING,
                                 status_changed_at__lt=old).values_list("pk", flat=True)[:BATCH]
     found["finish"] = _enqueue(messages.finish_job, ending)

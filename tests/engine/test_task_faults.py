@@ -40,3 +40,28 @@ def test_a_run_finishes_correctly_when_a_task_message_is_duplicated_or_lost(
     instances = [j.instance_id for j in run.current_jobs()]
     assert len(set(instances)) == 2, "two jobs never share an instance"
     assert not Instance.objects.filter(status="busy").exists()
+
+
+def test_running_jobs_are_watched_when_every_watch_tick_is_dropped_in_a_backlog(
+        fast_limits, celery_worker, monkeypatch):
+    # Beat's watch ticks carry an expiry so that they never pile up; a worker behind by more than
+    # that drops every one of them. Here every tick expires unseen: the sweep must still see the
+    # running jobs overdue and send the watch itself.
+    from engine import tasks
+
+    real, dropped = tasks.watch_running.apply_async, []
+
+    def expiring(*args, **kwargs):
+        if "expires" in kwargs:  # a beat tick (the fixture's, as muster/celery.py's beat schedule)
+            dropped.append(kwargs["expires"])
+            return None
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.watch_running, "apply_async", expiring)
+    fleet = local_project_fleet(size=2)
+    with Beat(interval=0.3):
+        run = submit_run(fleet.project, None, {"configuration": TWO_NODES.format(name="ticks-dropped")})
+        run = wait_for_run(run.name, timeout=60)
+    assert run.status == "done", job_summary(run)
+    assert dropped, "the ticks were sent, and dropped"
+    assert not Instance.objects.filter(status="busy").exists()
