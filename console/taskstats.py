@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
 # the sweep's return value names what it sent again (engine/sweeps.py): these are recoveries;
 # `runs_routine` (a run derived after job moves that nudge nobody by design), `retries` (a retry
-# whose backoff is over) and `waiting_rechecks` (a run waiting for a host of a full fleet, looked at
-# again) are sends the sweep makes as its routine, counted apart
-SWEEP_RECOVERY_KEYS = ("provision", "advance", "watch", "finish", "runs", "groups", "pods", "fleets",
-                       "fleet_deletions")
-SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry", "waiting_rechecks": "recheck"}
+# whose backoff is over), `waiting_rechecks` (a run waiting for a host of a full fleet, looked at
+# again) and `watch` (running jobs overdue because beat's watch ticks expired in a backlog, as
+# they are meant to: late, not lost) are sends the sweep makes as its routine, counted apart
+SWEEP_RECOVERY_KEYS = ("provision", "advance", "finish", "runs", "groups", "pods", "fleets", "fleet_deletions")
+SWEEP_ROUTINE_KEYS = {"runs_routine": "derive", "retries": "retry", "waiting_rechecks": "recheck", "watch": "watch"}
 
 _lock = threading.Lock()
 _started: dict[str, float] = {}
