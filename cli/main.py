@@ -66,6 +66,8 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     capacity = plan.get("capacity") or {}
     if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
         print(render.no_capacity(capacity.get("reasons") or []))
+        if capacity.get("waits_for"):
+            print(render.would_wait(capacity["waits_for"]))
     elif capacity.get("fits"):
         print(render.plan_placement(capacity))
     if plan.get("warnings"):

@@ -176,6 +176,10 @@ def no_capacity(reasons: Sequence[str]) -> str:
     return "No fleet can hold this run now:\n" + "\n".join(f"  {line}" for line in reasons)
 
 
+def would_wait(waits_for: str) -> str:
+    return f"Submitted, the run waits for {waits_for} (its retry lists no-capacity), holding no host."
+
+
 def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
     """What the configuration asks for that does not take effect on this server."""
     lines = [f"Warnings ({len(warnings)}): these keys are accepted but do not take effect as written"]

@@ -71,3 +71,15 @@ def choose(run: Run, jobs: list[Job] | None = None, busy_too: bool = False) -> l
     `busy_too`: counting the hosts that are busy now as well."""
     return assign(fitting.candidate_fleets(run), group_fleet_names(run.configuration),
                   fitting.group_demands(run, jobs), busy_too=busy_too)
+
+
+def full_fleets(fleets: list[Fleet]) -> str:
+    """The words for fleets a run waits for ("fleet gpus is full"): the engine's wait and the plan say the same."""
+    names = sorted({f.name for f in fleets})
+    return f"fleet {names[0]} is full" if len(names) == 1 else f"fleets {', '.join(names)} are full"
+
+
+def waits_on_full_fleet(configuration: dict) -> bool:
+    """Whether the run's retry lets it wait for hosts of a full fleet (the engine also bounds the
+    wait by retry.duration, counted from submission)."""
+    return "no-capacity" in ((configuration.get("retry") or {}).get("on_events") or [])

@@ -39,9 +39,9 @@ PREFIX = "a free host"
 
 
 def retry_lets_it_wait(run: Run) -> bool:
-    retry = run.configuration.get("retry") or {}
-    if "no-capacity" not in (retry.get("on_events") or []):
+    if not spanning.waits_on_full_fleet(run.configuration):
         return False
+    retry = run.configuration.get("retry") or {}
     duration = retry.get("duration")
     try:
         until = run.submitted_at + timedelta(seconds=DEFAULT_RETRY_DURATION if duration is None else duration)
@@ -70,8 +70,7 @@ def wait(job: Job, why: str) -> dict:
 
 
 def full(fleets: list) -> str:
-    names = sorted({f.name for f in fleets})
-    return f"fleet {names[0]} is full" if len(names) == 1 else f"fleets {', '.join(names)} are full"
+    return spanning.full_fleets(fleets)
 
 
 def placed(job: Job) -> dict:

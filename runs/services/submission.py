@@ -187,8 +187,15 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
         return {"fits": True, "fleet": chosen[0].name, "reasons": [],
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups, pools)}
-    return {"fits": False, "fleet": None,
-            "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
+    answer = {"fits": False, "fleet": None,
+              "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
+    if configuration is not None and spanning.waits_on_full_fleet(configuration):
+        # submitted now, the run would wait for hosts of these fleets instead of failing (engine/submitted/waiting.py)
+        full = spanning.assign(fleets, spanning.group_fleet_names(configuration), [(req, n) for _, req, n in groups],
+                               busy_too=True)
+        if full:
+            answer["waits_for"] = f"a free host: {spanning.full_fleets(full)}"
+    return answer
 
 
 def check_local_fleets(project: Project, user, wanted: list[str]) -> None:
