@@ -58,7 +58,7 @@ def _attempt(job: Job) -> dict:
         if fleets is None:
             full = waiting.fleets_to_wait_for(run, siblings) if job.job_num == 0 else None
             if full:
-                return waiting.wait(job, waiting.full(full))
+                return waiting.wait(job, spanning.full_fleets(full))
             end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings))
             return {}
         _record_placement(run, job, fleets, siblings)

@@ -69,10 +69,6 @@ def wait(job: Job, why: str) -> dict:
     return {"waiting_for": text, "next_check_at": timezone.now() + timedelta(seconds=recheck)}
 
 
-def full(fleets: list) -> str:
-    return spanning.full_fleets(fleets)
-
-
 def placed(job: Job) -> dict:
     """The fields that end a wait, for the move to provisioning."""
     return {"waiting_for": "", "next_check_at": None} if job.waiting_for.startswith(PREFIX) else {}

@@ -34,6 +34,11 @@ def _job0(api, name: str) -> dict:
     return api.get(f"/api/projects/main/runs/{name}/").json()["jobs"][0]
 
 
+def _says_it_waits(api) -> None:
+    wait_until(lambda: _job0(api, "waiter")["status_message"].startswith("waiting for a free host"),
+               timeout=30, what="the waiter to say it waits for a host")
+
+
 def _stop_holder(api) -> None:
     assert api.post("/api/projects/main/runs/holder/stop", {}, format="json").status_code in (200, 202)
     wait_for_run("holder", timeout=60)
@@ -45,8 +50,7 @@ def test_a_run_on_a_full_fleet_waits_without_a_host_and_starts_once_one_is_given
     with Beat():
         _holder_running(superuser_api)
         _submit(superuser_api, WAITER % "10m")
-        wait_until(lambda: _job0(superuser_api, "waiter")["status_message"].startswith("waiting for a free host"),
-                   timeout=30, what="the waiter to say it waits for a host")
+        _says_it_waits(superuser_api)
         job = _job0(superuser_api, "waiter")
         assert job["status_message"] == "waiting for a free host: fleet local is full", job
         time.sleep(3 * fast_limits["WAITING_HOST_RECHECK"])  # a few rechecks while the fleet stays full
@@ -109,8 +113,7 @@ def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_w
     with Beat():
         _holder_running(superuser_api)
         _submit(superuser_api, WAITER % "10m")
-        wait_until(lambda: _job0(superuser_api, "waiter")["status_message"].startswith("waiting for a free host"),
-                   timeout=30, what="the waiter to say it waits for a host")
+        _says_it_waits(superuser_api)
         _stop_holder(superuser_api)
         done = wait_for_run("waiter", timeout=90)
     assert woken, "the holder's hosts were given back with a wake, which this test dropped"
