@@ -67,14 +67,20 @@ def spec_digest(spec: dict[str, Any]) -> str:
 
 
 def cmd_submit(paths: Paths, job_id: str) -> int:
+    answer = submit_job(paths, job_id, sys.stdin.buffer.read())
+    emit(answer)
+    return 1 if "error" in answer else 0
+
+
+def submit_job(paths: Paths, job_id: str, raw: bytes) -> dict[str, Any]:
+    """What ``submit`` prints (the local backend calls it in-process); an answer with "error" is a
+    refusal."""
     job = paths.job(job_id)
-    raw = sys.stdin.buffer.read()
     try:
         spec = validate_spec(json.loads(raw.decode("utf-8")))
     except ValueError as e:
-        emit({"submitted": False, "error": f"bad spec: {e}"})
-        return 1
-    os.makedirs(job.dir, exist_ok=True)
+        return {"submitted": False, "error": f"bad spec: {e}"}
+    os.makedirs(job.dir, mode=0o700, exist_ok=True)
     digest = spec_digest(spec)
     # The digest is published first and alone decides: the spec itself loses its env values once
     # the job starts, and two concurrent submits must agree on one winner.
@@ -87,12 +93,9 @@ def cmd_submit(paths: Paths, job_id: str) -> int:
         if existing != digest:
             # Someone else's job under this id (or a changed spec): accepting it would show that
             # job's output and status as this one's.
-            emit({"submitted": False, "error": f"job {job_id} already exists with a different spec"})
-            return 1
-        emit({"submitted": False})
-        return 0
-    emit({"submitted": create_exclusively(job.spec, raw)})
-    return 0
+            return {"submitted": False, "error": f"job {job_id} already exists with a different spec"}
+        return {"submitted": False}
+    return {"submitted": create_exclusively(job.spec, raw)}
 
 
 def cmd_status(paths: Paths) -> int:
@@ -127,22 +130,33 @@ def status_report(paths: Paths) -> dict[str, Any]:
 
 
 def cmd_stop(paths: Paths, job_id: str) -> int:
-    job = paths.job(job_id)
-    if not os.path.isdir(job.dir):
-        emit({"stopping": False, "error": "unknown job"})
-        return 0
-    touch(job.stop)
-    emit({"stopping": True})
+    emit(stop_job(paths, job_id))
     return 0
 
 
-def cmd_log(paths: Paths, job_id: str, offset: int, limit: int) -> int:
+def stop_job(paths: Paths, job_id: str) -> dict[str, Any]:
     job = paths.job(job_id)
+    if not os.path.isdir(job.dir):
+        return {"stopping": False, "error": "unknown job"}
+    touch(job.stop)
+    return {"stopping": True}
+
+
+def cmd_log(paths: Paths, job_id: str, offset: int, limit: int) -> int:
     out = sys.stdout.buffer
+    for chunk in log_chunks(paths, job_id, offset, limit):
+        out.write(chunk)
+    out.flush()
+    return 0
+
+
+def log_chunks(paths: Paths, job_id: str, offset: int, limit: int):
+    """The job's output from `offset`, at most `limit` bytes, 64 KiB at a time."""
+    job = paths.job(job_id)
     try:
         f = open(job.output, "rb")
     except FileNotFoundError:
-        return 0
+        return
     with f:
         f.seek(offset)
         remaining = limit
@@ -150,21 +164,22 @@ def cmd_log(paths: Paths, job_id: str, offset: int, limit: int) -> int:
             chunk = f.read(min(remaining, 64 * 1024))
             if not chunk:
                 break
-            out.write(chunk)
+            yield chunk
             remaining -= len(chunk)
-    out.flush()
-    return 0
 
 
 def cmd_cleanup(paths: Paths, job_id: str) -> int:
+    emit(cleanup_job(paths, job_id))
+    return 0
+
+
+def cleanup_job(paths: Paths, job_id: str) -> dict[str, Any]:
     job = paths.job(job_id)
     if not os.path.isdir(job.dir):
-        emit({"removed": False, "reason": "no such job"})
-        return 0
+        return {"removed": False, "reason": "no such job"}
     status = job_status(job)
     if job_is_active(job, status):
-        emit({"removed": False, "reason": "job is " + str(status["state"])})
-        return 0
+        return {"removed": False, "reason": "job is " + str(status["state"])}
     # A runner that died, or one that finished while a daemon of its job still lingers: nothing of
     # the job may outlive its directory.
     status = status or {}
@@ -174,5 +189,4 @@ def cmd_cleanup(paths: Paths, job_id: str) -> int:
     if isinstance(status.get("container"), str):
         remove_container(status["container"])
     shutil.rmtree(job.dir, ignore_errors=True)
-    emit({"removed": True})
-    return 0
+    return {"removed": True}

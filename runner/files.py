@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -52,8 +53,11 @@ def read_json(path: str) -> Any:
 
 def create_exclusively(path: str, data: bytes) -> bool:
     """Publish ``data`` at ``path`` unless the file already exists; atomic against concurrent callers."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    # The thread too: the local backend calls this in a worker process that runs threads.
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    # 0600 whatever the umask: the local backend writes specs (secret values) from the server's
+    # process, whose umask is not the runner's 077.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -1,9 +1,11 @@
-"""The runner agent on a local instance: the same zipapp and CLI as on a remote host, run as a
-subprocess.
+"""The runner agent on a local instance: the same runner package as on a remote host.
 
-`status`, the call every look at a job makes, is the one exception: it only reads files and /proc,
-so it runs in this process (the runner package imported directly) instead of starting a Python
-process of its own each time, about 70 ms of CPU saved per look.
+The agent itself is a process of its own (started through the zipapp's `ensure-agent`, detached),
+but the verbs the server calls of a job (status, submit, stop, log, cleanup) only read and write
+files under the home and signal the job's processes, so they run in this process, the runner
+package imported directly: a Python process started per call cost about 70 ms of CPU (more on a
+loaded machine), four to six times per local job, and was most of a worker's time with local runs
+(docs/performance.md, the soak). Only `ensure-agent`, which starts the agent, still runs the CLI.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from backends.base import BackendError, RunnerHost
 from backends.runner_archive import runner_archive
-from runner.commands import status_report
+from runner import commands
 from runner.files import Paths
 
 
@@ -46,23 +48,33 @@ class LocalRunnerHost(RunnerHost):
             raise BackendError(f"cannot create the runner home {self.home}: {exc}") from exc
         self._call("ensure-agent", *(["--revive"] if revive else []))
 
+    def _verb(self, name: str, verb, *args: Any) -> Any:
+        # The CLI's answers, its refusals ({"error": ...}, a bad job id) and OS errors, as the
+        # subprocess's exit code would have said them.
+        try:
+            answer = verb(Paths(self.home), *args)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"runner {name} failed: {exc}") from exc
+        if isinstance(answer, dict) and answer.get("error") and name == "submit":
+            raise BackendError(f"runner submit failed: {answer['error']}")
+        return answer
+
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:
-        self._call("submit", "--job", job_id, stdin=json.dumps(spec).encode())
+        self._verb("submit", commands.submit_job, job_id, json.dumps(spec).encode())
 
     def status(self) -> dict[str, Any]:
-        try:
-            return status_report(Paths(self.home))
-        except OSError as exc:
-            raise BackendError(f"runner status failed: {exc}") from exc
+        return self._verb("status", commands.status_report)
 
     def stop(self, job_id: str) -> None:
-        self._call("stop", "--job", job_id)
+        self._verb("stop", commands.stop_job, job_id)
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
-        return self._call("log", "--job", job_id, "--offset", str(offset), "--limit", str(limit))
+        if offset < 0 or limit < 0:
+            raise BackendError("runner log failed: offset and limit must be >= 0")
+        return self._verb("log", lambda paths, *a: b"".join(commands.log_chunks(paths, *a)), job_id, offset, limit)
 
     def cleanup(self, job_id: str) -> None:
-        self._call("cleanup", "--job", job_id)
+        self._verb("cleanup", commands.cleanup_job, job_id)
 
     def stop_agent(self) -> None:
         """Ask the agent to exit (it watches for this file); used when a local fleet is deleted."""
