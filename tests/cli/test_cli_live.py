@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
-# A worker that fails on stderr after some output: its last lines must reach the user.
+# A worker that fails on stderr after some output: its last lines must reach the user. The workers
+# start once the router runs (depends_on): one failed node ends the run, and a router not started
+# by then would rightly print nothing.
 FAILING = """\
 type: task
 name: failing
@@ -30,6 +32,7 @@ groups:
     commands: [echo router up, sleep 30]
   - name: workers
     nodes: 2
+    depends_on: [router]
     commands:
       - echo "worker $DSTACK_NODE_RANK starting"
       - |
