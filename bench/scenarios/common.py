@@ -15,14 +15,17 @@ def task_yaml(nodes: int, gpu: str | None = None, retry: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def project_with_user(name: str):
+def project_with_user(name: str, superuser: bool = False):
+    """`superuser`: the caller local fleets take runs from (projects.services.access.check_local_fleet),
+    as the admin `muster serve` makes on a first start."""
     from django.contrib.auth import get_user_model
 
     from projects.models import Membership, Project, Role
     from projects.services.tokens import issue
 
     project = Project.objects.create(name=name)
-    user, _ = get_user_model().objects.get_or_create(username="bench")
+    user, _ = get_user_model().objects.get_or_create(username="bench-admin" if superuser else "bench",
+                                                     defaults={"is_superuser": superuser, "is_staff": superuser})
     Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
     return project, user, issue(user)[1]
 

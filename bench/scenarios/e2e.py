@@ -64,7 +64,7 @@ def run(session: harness.Session, args) -> dict:
             session.start_worker(f"worker{i}", args.concurrency)
     if "beat" not in session.procs:
         session.start_beat()
-    project, user, _ = project_with_user(f"e2e-{int(time.time())}")
+    project, user, _ = project_with_user(f"e2e-{int(time.time())}", superuser=True)
     fleet = create_local_fleet(project, "local", FLEET, placement="cluster")
     text = EXAMPLE.read_text()
     if not re.search(r"^name: pd-local$", text, flags=re.M):

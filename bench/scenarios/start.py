@@ -156,7 +156,7 @@ def serve_once(session: harness.Session, name: str, data_dir: Path) -> dict[str,
     try:
         seen = _until(session, name, proc, t0, {
             # serve prints its banner once migrate and bootstrap are done, before starting its children
-            "banner_s": lambda: _logged(session, name, "Muster: API"),
+            "banner_s": lambda: _logged(session, name, "Muster: console"),
             "http_200_s": lambda: _http_ok(port),
             # quiet by default: the worker's lines go to serve-logs/worker.log, appended to by every
             # rep, so this rep's worker is ready at one " ready." more than the file had before

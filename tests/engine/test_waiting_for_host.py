@@ -20,28 +20,28 @@ HOLDER = "type: task\nname: holder\nnodes: 2\ncommands: [sleep 343]\n"
 WAITER = "type: task\nname: waiter\nnodes: 2\ncommands: [echo waited]\nretry: {on_events: [no-capacity], duration: %s}\n"
 
 
-def _submit(api, conf: str) -> None:
-    answer = api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
+def _submit(api, conf: str, project: str = "main") -> None:
+    answer = api.post(f"/api/projects/{project}/runs/", {"configuration": conf}, format="json")
     assert answer.status_code == 201, answer.json()
 
 
-def _holder_running(api) -> None:
-    _submit(api, HOLDER)
-    wait_for_run("holder", statuses=("running",), timeout=90)
+def _holder_running(api, project: str = "main") -> None:
+    _submit(api, HOLDER, project)
+    wait_for_run("holder", statuses=("running",), timeout=90, project=project)
 
 
-def _job0(api, name: str) -> dict:
-    return api.get(f"/api/projects/main/runs/{name}/").json()["jobs"][0]
+def _job0(api, name: str, project: str = "main") -> dict:
+    return api.get(f"/api/projects/{project}/runs/{name}/").json()["jobs"][0]
 
 
-def _says_it_waits(api) -> None:
-    wait_until(lambda: _job0(api, "waiter")["status_message"].startswith("waiting for a free host"),
-               timeout=30, what="the waiter to say it waits for a host")
+def _says_it_waits(api, project: str = "main") -> None:
+    wait_until(lambda: _job0(api, "waiter", project)["status_message"].startswith("waiting for a free host"),
+               timeout=30, what=f"the waiter of {project} to say it waits for a host")
 
 
-def _stop_holder(api) -> None:
-    assert api.post("/api/projects/main/runs/holder/stop", {}, format="json").status_code in (200, 202)
-    wait_for_run("holder", timeout=60)
+def _stop_holder(api, project: str = "main") -> None:
+    assert api.post(f"/api/projects/{project}/runs/holder/stop", {}, format="json").status_code in (200, 202)
+    wait_for_run("holder", timeout=60, project=project)
 
 
 def test_a_run_on_a_full_fleet_waits_without_a_host_and_starts_once_one_is_given_back(
@@ -118,3 +118,32 @@ def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_w
         done = wait_for_run("waiter", timeout=90)
     assert woken, "the holder's hosts were given back with a wake, which this test dropped"
     assert (done.status, done.submission_num) == ("done", 0)
+
+
+def test_a_host_given_back_in_one_project_wakes_no_waiter_of_another_with_the_same_names(
+        fast_limits, celery_worker, superuser_api):
+    from instances.services.fleets import create_local_fleet
+    from projects.models import Membership, Project
+
+    local_project_fleet(size=2)
+    other = Project.objects.create(name="other")
+    Membership.objects.create(project=other, user=Project.objects.get(name="main").memberships.first().user,
+                              role="admin")
+    theirs = create_local_fleet(other, "local", 2, placement="cluster")  # the same fleet and run names
+    with Beat():
+        for project in ("main", "other"):
+            _holder_running(superuser_api, project)
+            _submit(superuser_api, WAITER % "10m", project)
+            _says_it_waits(superuser_api, project)
+        _stop_holder(superuser_api, "main")
+        mine = wait_for_run("waiter", timeout=90)
+        time.sleep(3 * fast_limits["WAITING_HOST_RECHECK"])  # the other waiter's rechecks, its fleet still full
+        waiting = Run.objects.get(project=other, name="waiter")
+        assert waiting.status == "submitted", "main's free host is not the other project's to take"
+        assert not waiting.jobs.filter(instance__isnull=False).exists()
+        assert _job0(superuser_api, "waiter", "other")["status_message"] == \
+            "waiting for a free host: fleet local is full"
+        _stop_holder(superuser_api, "other")
+        theirs_done = wait_for_run("waiter", timeout=90, project="other")
+    assert (mine.status, theirs_done.status) == ("done", "done")
+    assert {i.fleet_id for i in Instance.objects.filter(jobs__run=theirs_done)} == {theirs.pk}
