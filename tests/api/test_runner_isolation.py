@@ -180,7 +180,10 @@ def test_no_process_of_a_job_outlives_its_end(fast_limits, celery_worker, root, 
     local_fleet(root, "p1", nodes=2)
     submit(client, "p1", escaping_run(token, ports, ending))
     if ending in ("stop", "abort", "fleet-delete"):
-        wait_until(lambda: len(escaped_processes(token, ports)) >= 3, 60, "the escapes to be up")
+        # the job says so once both escapes listen: a stop sent before that line is printed rightly
+        # leaves no such line to check below
+        wait_until(lambda: len(escaped_processes(token, ports)) >= 3
+                   and "escapes up" in log_text(client, "p1", "esc", job=0), 60, "the escapes to be up")
     if ending in ("stop", "abort"):
         body = {"abort": True} if ending == "abort" else {}
         assert client.post(url("p1", "runs/esc/stop"), body, format="json").status_code == 200
