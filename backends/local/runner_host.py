@@ -49,18 +49,16 @@ class LocalRunnerHost(RunnerHost):
         self._call("ensure-agent", *(["--revive"] if revive else []))
 
     def _verb(self, name: str, verb, *args: Any) -> Any:
-        # The CLI's answers, its refusals ({"error": ...}, a bad job id) and OS errors, as the
-        # subprocess's exit code would have said them.
+        # a bad job id (ValueError) and OS errors, as the CLI's exit code would have said them
         try:
-            answer = verb(Paths(self.home), *args)
+            return verb(Paths(self.home), *args)
         except (OSError, ValueError) as exc:
             raise BackendError(f"runner {name} failed: {exc}") from exc
-        if isinstance(answer, dict) and answer.get("error") and name == "submit":
-            raise BackendError(f"runner submit failed: {answer['error']}")
-        return answer
 
     def submit(self, job_id: str, spec: dict[str, Any]) -> None:
-        self._verb("submit", commands.submit_job, job_id, json.dumps(spec).encode())
+        answer = self._verb("submit", commands.submit_job, job_id, json.dumps(spec).encode())
+        if answer.get("error"):  # a refusal: the CLI exits 1 on it (runner/commands.py: cmd_submit)
+            raise BackendError(f"runner submit failed: {answer['error']}")
 
     def status(self) -> dict[str, Any]:
         return self._verb("status", commands.status_report)

@@ -121,14 +121,13 @@ def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_w
 
 
 def test_a_host_given_back_in_one_project_wakes_no_waiter_of_another_with_the_same_names(
-        fast_limits, celery_worker, superuser_api):
+        fast_limits, celery_worker, superuser_api, django_user_model):
     from instances.services.fleets import create_local_fleet
     from projects.models import Membership, Project
 
     local_project_fleet(size=2)
     other = Project.objects.create(name="other")
-    Membership.objects.create(project=other, user=Project.objects.get(name="main").memberships.first().user,
-                              role="admin")
+    Membership.objects.create(project=other, user=django_user_model.objects.get(username="root"), role="admin")
     theirs = create_local_fleet(other, "local", 2, placement="cluster")  # the same fleet and run names
     with Beat():
         for project in ("main", "other"):
