@@ -9,4 +9,4 @@ RUN pip install --no-cache-dir -e . \
     && mkdir -p /data && chown muster:muster /data && chmod 0700 /data
 USER muster
 EXPOSE 8000
-CMD ["gunicorn", "muster.wsgi", "--bind", "0.0.0.0:8000", "--workers", "2"]
+CMD ["gunicorn", "muster.wsgi", "--bind", "0.0.0.0:8000", "--workers", "2", "--preload"]

@@ -206,10 +206,14 @@ class Session:
                                    "--schedule", str(self.data_dir / "celerybeat-schedule")],
                           ready="beat: Starting")
 
-    def start_web(self, workers: int = 2, threads: int = 4, name: str = "web") -> tuple[subprocess.Popen, int]:
+    def start_web(self, workers: int | None = None, threads: int | None = None,
+                  name: str = "web") -> tuple[subprocess.Popen, int]:
+        # BENCH_WEB_WORKERS / BENCH_WEB_THREADS: another shape of gunicorn, to compare
+        workers = workers or int(os.environ.get("BENCH_WEB_WORKERS", 2))
+        threads = threads or int(os.environ.get("BENCH_WEB_THREADS", 4))
         port = free_port()
         proc = self.start(name, [str(Path(sys.executable).parent / "gunicorn"), "muster.wsgi:application",
-                                  "-b", f"127.0.0.1:{port}", "-w", str(workers), "--threads", str(threads),
+                                  "-b", f"127.0.0.1:{port}", "-w", str(workers), "--threads", str(threads), "--preload",
                                   "--access-logfile", "-"], ready="Booting worker")
         import urllib.request
 

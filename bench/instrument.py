@@ -16,6 +16,8 @@ import os
 import threading
 import time
 
+import redis  # here, not at the first request: gunicorn's --preload master imports it once for its workers
+
 _state = {"client": None}
 _local = threading.local()  # per thread: gunicorn threads and the driver never mix counts
 
@@ -38,8 +40,6 @@ def _counting(method):
 
 def _client():
     if _state["client"] is None:
-        import redis
-
         _state["client"] = redis.Redis.from_url(os.environ["BENCH_STATS_URL"])
     return _state["client"]
 

@@ -40,6 +40,8 @@ def web_command(bind: str, dev: bool = False) -> list[str]:
     workers = settings.MUSTER["WEB_WORKERS"] or min(4, max(2, os.cpu_count() or 1))
     return [sys.executable, "-m", "gunicorn", "muster.wsgi", "--bind", bind, "--workers", str(workers),
             "--threads", str(settings.MUSTER["WEB_THREADS"]), "--worker-class", "gthread",
+            # the app and its warm-up (muster/warm.py) are loaded once, in the master, before the fork
+            "--preload",
             # a request that holds a worker this long is a bug: gunicorn kills and replaces it
             "--timeout", "120", "--graceful-timeout", "10", "--access-logfile", "-"]
 
@@ -75,6 +77,27 @@ def prepare(bootstrap: bool = True) -> None:
     if bootstrap:
         call_command("muster_bootstrap")
     connections.close_all()  # the children open their own
+
+
+# Started once the web answers (or after START_LATER_LIMIT): on 2 CPUs, four children importing
+# Django at once each got a quarter of the machine, and the web, whose master now loads the whole
+# app before its fork (--preload, muster/warm.py), answered last. Neither beat's first tick nor the
+# dstack CLI's SSH gateway is needed for the first request or for the worker's first task.
+START_LATER = ("beat", "gateway")
+START_LATER_LIMIT = 10.0
+
+
+def web_answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=0.5):
+            return True
+    except urllib.error.HTTPError:  # an answer all the same (a full disk's 503, a host not allowed)
+        return True
+    except OSError:  # not listening yet
+        return False
 
 
 RESTART_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -121,6 +144,8 @@ class Child:
         self.restart_at = None
 
     def check(self, now: float) -> None:
+        if self.proc is None:  # not started yet (START_LATER)
+            return
         if self.restart_at is not None:
             if now >= self.restart_at:
                 self.start()
@@ -138,11 +163,11 @@ class Child:
         _say(f"{self.name} (pid {self.proc.pid}) exited with {_how(code)}; restarting it in {delay:g}s")
 
     def stop(self) -> None:
-        if self.restart_at is None and self.proc.poll() is None:
+        if self.proc is not None and self.restart_at is None and self.proc.poll() is None:
             _kill_group(self.proc, signal.SIGTERM)
 
     def wait(self, deadline: float) -> None:
-        if self.restart_at is not None:
+        if self.proc is None or self.restart_at is not None:
             return
         try:
             self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -191,15 +216,22 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    later = [child for child in children if child.name in START_LATER]
     for child in children:
-        child.start()
+        if child not in later:
+            child.start()
+    start_later_by = time.monotonic() + START_LATER_LIMIT
     while not stopping:
         now = time.monotonic()
+        if later and (now >= start_later_by or web_answers(url)):
+            for child in later:
+                child.start()
+            later = []
         for child in children:
             child.check(now)
         if console is not None:
             console.tick()
-        time.sleep(0.5)
+        time.sleep(0.1 if later else 0.5)
     for child in children:
         child.stop()
     deadline = time.monotonic() + 10

@@ -97,7 +97,7 @@ def web_once(session: harness.Session, name: str) -> dict[str, float]:
     # polls at 0.2 s
     port = harness.free_port()
     cmd = [str(Path(sys.executable).parent / "gunicorn"), "muster.wsgi:application", "-b", f"127.0.0.1:{port}",
-           "-w", "2", "--threads", "4", "--access-logfile", "-"]
+           "-w", "2", "--threads", "4", "--preload", "--access-logfile", "-"]
     t0 = time.perf_counter()
     proc = session.start(name, cmd)
     try:
