@@ -5,9 +5,10 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from events.models import Event
+from muster.serializers import ModelSerializer
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(ModelSerializer):
     run = serializers.CharField(source="run.name", default=None, read_only=True)
 
     class Meta:

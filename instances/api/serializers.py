@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
 from instances.queued import queued_view
+from muster.serializers import ModelSerializer
 
 
 class DeleteQuerySerializer(serializers.Serializer):
@@ -23,7 +24,7 @@ class FleetRequestSerializer(serializers.Serializer):
     configuration = serializers.JSONField(help_text="The fleet configuration: YAML text or a JSON object.")
 
 
-class InstanceSerializer(serializers.ModelSerializer):
+class InstanceSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     group = serializers.CharField(source="group.name", default=None, read_only=True)
     group_kind = serializers.CharField(source="group.kind", default=None, read_only=True)
@@ -43,7 +44,7 @@ class InstanceSerializer(serializers.ModelSerializer):
         return f"{busy[0].run.name}/{busy[0].job_num}" if busy else None
 
 
-class InstanceGroupSerializer(serializers.ModelSerializer):
+class InstanceGroupSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     instances = serializers.SerializerMethodField()
     queued_resource = serializers.SerializerMethodField()
@@ -65,7 +66,7 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
         return [{"name": i.name, "index": i.index, "status": i.status, "internal_ip": i.internal_ip} for i in rows]
 
 
-class FleetSerializer(serializers.ModelSerializer):
+class FleetSerializer(ModelSerializer):
     instances = serializers.SerializerMethodField()
     configuration = serializers.SerializerMethodField()
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from rest_framework import serializers
 
+from muster.serializers import ModelSerializer
 from projects.models import Project, Role, slug_validator
 
 
-class ProjectSerializer(serializers.ModelSerializer):
+class ProjectSerializer(ModelSerializer):
     role = serializers.SerializerMethodField()
 
     class Meta:

@@ -6,6 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
+from muster.serializers import ModelSerializer
 from runs.choices import JobStatus
 from runs.models import Job, Run
 
@@ -46,7 +47,7 @@ class LogQuerySerializer(serializers.Serializer):
         return self._bounded(value, self.LOG_OFFSET_MAX)
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, read_only=True)
     instance_ip = serializers.CharField(source="instance.internal_ip", default=None, read_only=True)
     # the fleet the job's group was placed on (a run's groups may span fleets); null until placed
@@ -74,7 +75,7 @@ class JobSerializer(serializers.ModelSerializer):
         return queued_message(queued_view(job.instance.group), time.time())
 
 
-class RunSerializer(serializers.ModelSerializer):
+class RunSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     project = serializers.CharField(source="project.name", read_only=True)
     jobs = serializers.SerializerMethodField()
