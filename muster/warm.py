@@ -19,11 +19,9 @@ def warm_up() -> None:
 
     from muster.celery import app as celery_app
 
-    # the URLconf imports every view module; reverse() builds the lookup tables a resolve walks
+    # the URLconf imports every view module, and with them the services and the configuration's
+    # parser they call; reverse() builds the lookup tables a resolve walks
     get_resolver().reverse_dict  # noqa: B018
-    # the run configuration's parser: its pydantic models build their validators on first use
-    from runs.configuration import parse_run_configuration  # noqa: F401
-    from runs.services import submission  # noqa: F401
 
     # what engine.messages would import on the first send (engine.tasks, the app's `imports`)
     celery_app.loader.import_default_modules()

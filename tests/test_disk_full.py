@@ -42,6 +42,10 @@ def served(small_data_dir, tmp_path):
     serve = ServeProcess(small_data_dir, concurrency=1)
     serve.log_path = tmp_path / "serve.log"  # kept off the disk that fills, to read what happened
     serve.start()
+    # beat and the dstack gateway start once the web answers (muster/serve.py) and write their files
+    # (the gateway its host key) as they start: the disk fills only once every child is up
+    wait_until(lambda: len(serve.children()) == 4 and (small_data_dir / "dstack-gateway-host-key").exists(),
+               timeout=60, what="every child of muster serve started")
     yield serve
     serve.stop()
 
@@ -129,4 +133,4 @@ def test_a_full_data_dir_answers_507_says_so_on_healthz_and_the_server_recovers_
     run_to_done(served, "after")  # through the same web, broker and worker: none was restarted
     assert whole_log(served, "after") == EXPECTED, "the worker keeps logs again"
     assert console_login(served, small_data_dir)[0] == 200
-    assert "restarted" not in served.log()
+    assert "restarted" not in served.log(), served.log()[-6000:]

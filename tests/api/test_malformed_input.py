@@ -119,3 +119,18 @@ def test_options_on_every_path_of_the_schema_answers_without_a_500(make_user, ro
             path = template.replace("{project}", project).replace("{name}", "x").replace("{id}", "1")
             answers[path] = client.options(path).status_code
     assert not {p: code for p, code in answers.items() if code >= 500}, answers
+
+
+@pytest.mark.parametrize("document", [
+    "[" * 200_000 + "]" * 200_000,  # flow collections, as far as the body limit allows
+    "".join(f"{'  ' * i}k:\n" for i in range(1_500)) + "  " * 1_500 + "v",  # block mappings
+    "- " * 50_000 + "x",  # block sequences on one line
+    "type: task\nenv: " + "[" * 900 + "]" * 900 + "\ncommands: [echo]\n",  # just under the parser's limit
+])
+def test_yaml_nested_past_what_the_parser_takes_is_a_400_at_the_configuration(raw, document):
+    resp = raw.post(PLAN, json.dumps({"configuration": document}), content_type="application/json")
+    if document.startswith("type"):  # loaded: then refused where it is wrong, as any other value
+        assert_errors(resp, 400, ["env", 0])
+    else:
+        (error,) = assert_errors(resp, 400, ["configuration"])
+        assert "nesting depth" in error["msg"], error
