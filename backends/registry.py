@@ -5,37 +5,34 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from backends.base import Compute
 
+# The product's backends: name -> Compute class. A deployment adds its own by settings
+# (MUSTER["EXTRA_BACKENDS"], same shape; the benchmarks' hollow instances come that way).
+BACKENDS = {
+    "local": "backends.local.compute.LocalCompute",
+    "ssh": "backends.ssh.compute.SSHCompute",
+    "gcp": "backends.gcp.compute.GcpTpuCompute",
+}
+
+
+def compute_class(name: str) -> type[Compute]:
+    path = BACKENDS.get(name) or settings.MUSTER["EXTRA_BACKENDS"].get(name)
+    if path is None:
+        raise ValueError(f"unknown backend {name!r}")
+    return import_string(path)
+
 
 def get_compute(name: str, config: dict[str, Any] | None = None) -> Compute:
-    if name == "local":
-        from backends.local.compute import LocalCompute
-
-        return LocalCompute(config)
-    if name == "ssh":
-        from backends.ssh.compute import SSHCompute
-
-        return SSHCompute(config)
-    if name == "gcp":
-        from backends.gcp.compute import GcpTpuCompute
-
-        return GcpTpuCompute(config)
-    extra = _extra_backends().get(name)
-    if extra is not None:
-        return extra(config)
-    raise ValueError(f"unknown backend {name!r}")
+    return compute_class(name)(config)
 
 
-def _extra_backends() -> dict[str, type[Compute]]:
-    """Backends a deployment adds by settings (MUSTER["EXTRA_BACKENDS"]: name -> dotted class path).
-
-    The benchmarks use this for their hollow instances; the product's own backends are above.
-    """
-    from django.utils.module_loading import import_string
-
-    return {name: import_string(path) for name, path in settings.MUSTER["EXTRA_BACKENDS"].items()}
+def load_every_backend() -> None:
+    """Import every backend a fleet may name, the deployment's own too (muster/warm.py)."""
+    for name in {**settings.MUSTER["EXTRA_BACKENDS"], **BACKENDS}:
+        compute_class(name)
 
 
 def creates_groups(backend: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 def warm_up() -> None:
     from django.urls import get_resolver
 
+    from backends.registry import load_every_backend
     from muster.celery import app as celery_app
 
     # the URLconf imports every view module, and with them the services and the configuration's
@@ -29,10 +30,5 @@ def warm_up() -> None:
     celery_app.amqp.router  # noqa: B018  (the queues and the router a send looks up)
     with celery_app.connection_for_write() as conn:
         conn.transport  # noqa: B018  (imports the broker's transport; connects nowhere yet)
-    # every backend a fleet may name (the registry imports them on first use), the deployment's own too
-    import backends.gcp.compute  # noqa: F401
-    import backends.local.compute  # noqa: F401
-    import backends.ssh.compute  # noqa: F401
-    from backends.registry import _extra_backends
-
-    _extra_backends()
+    # every backend a fleet may name (the registry imports each on its first use)
+    load_every_backend()
