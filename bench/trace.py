@@ -22,12 +22,15 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--hosts", type=int, default=100)
     p.add_argument("--quiet", action="store_true", help="totals only, not every statement")
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs submitted at once; more than one prints CPU per job by task, not statements")
+    p.add_argument("--profile", metavar="FILE", help="with --runs: write the engine steps' cProfile stats here")
     args = p.parse_args(argv)
     session = harness.Session(db_name=os.environ.get("BENCH_TRACE_DB", "muster_bench_trace"),
                               extra_env={"BENCH_HOLLOW_RUN_SECONDS": "0.3"})
     try:
         session.setup()
-        return trace(args)
+        return cpu(args) if args.runs > 1 else trace(args)
     finally:
         session.teardown()
 
@@ -38,20 +41,12 @@ def trace(args) -> int:
 
     from bench.hollow import make_hollow_fleet
     from bench.scenarios.common import project_with_user, task_yaml
-    from engine import finishing, messages
-    from engine.processing import process_run
     from engine.running.watch import watch_running
-    from engine.starting.advance import advance_job
-    from engine.submitted.provision import provision_job
     from runs.models import Job
     from runs.services.submission import submit_run
 
     queue: collections.deque = collections.deque()
-    steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
-             "process_run": process_run}
-    for name in steps:  # caught: each becomes one call below, in the order sent, countdowns ignored
-        setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
-            lambda: queue.append((n, pk))))(name))
+    steps = _steps(queue)  # caught: each becomes one call below, in the order sent, countdowns ignored
     project, user, _ = project_with_user("trace")
     make_hollow_fleet(project, "hollow", args.hosts)
     with CaptureQueriesContext(connection) as q:
@@ -88,6 +83,77 @@ def trace(args) -> int:
     engine = [k for k in per_task if k != "submit_run"]
     print(f"  {'engine total':16} {sum(bare[k] for k in engine) / jobs:6.2f} statements  "
           f"{sum(per_task[k] for k in engine) / jobs:6.2f} round trips")
+    return 0
+
+
+def _steps(queue: collections.deque) -> dict:
+    """The engine's steps by name, their messages caught into `queue` (countdowns ignored)."""
+    from django.db import connection
+
+    from engine import finishing, messages
+    from engine.processing import process_run
+    from engine.starting.advance import advance_job
+    from engine.submitted.provision import provision_job
+
+    steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
+             "process_run": process_run}
+    for name in steps:
+        setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
+            lambda: queue.append((n, pk))))(name))
+    return steps
+
+
+def cpu(args) -> int:
+    """`--runs N`: N runs submitted at once, every step called as in `trace` but with no statement
+    capture (Django's debug cursor costs CPU of its own); prints this process's CPU time per job
+    by task. The database's own CPU is not in it: that is what `bench.run`'s place scenario adds."""
+    import cProfile
+    import pstats
+
+    from bench.hollow import make_hollow_fleet
+    from bench.scenarios.common import project_with_user, task_yaml
+    from engine.running.watch import watch_running
+    from runs.models import Job, Run
+    from runs.services.submission import submit_run
+
+    queue: collections.deque = collections.deque()
+    steps = _steps(queue)
+    project, user, _ = project_with_user("trace")
+    make_hollow_fleet(project, "hollow", max(args.hosts, args.runs * args.nodes))
+    runs = [submit_run(project, user, {"configuration": task_yaml(args.nodes)}).pk for _ in range(args.runs)]
+    spent: dict[str, float] = collections.Counter()
+    calls: dict[str, int] = collections.Counter()
+    profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not waits on the database
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if not queue:
+            if not Run.objects.filter(pk__in=runs, finished_at__isnull=True).exists():
+                break
+            name, step = "watch_running", watch_running
+            pk = None
+        else:
+            name, pk = queue.popleft()
+            step = steps[name]
+        started = time.process_time()
+        if profiler:
+            profiler.enable()
+        looked = step(pk) if pk is not None else step()
+        if profiler:
+            profiler.disable()
+        spent[name] += time.process_time() - started
+        calls[name] += 1
+        if pk is None and not looked:
+            time.sleep(0.05)
+    jobs = Job.objects.filter(run__in=runs).count()
+    done = Run.objects.filter(pk__in=runs, status="done").count()
+    print(f"{done} of {len(runs)} runs done; {jobs} jobs on {max(args.hosts, args.runs * args.nodes)} hollow hosts; "
+          "this process's CPU ms per job by task (calls per job)")
+    for name in sorted(spent):
+        print(f"  {name:16} {spent[name] * 1000 / jobs:7.2f} ms  ({calls[name] / jobs:.2f})")
+    print(f"  {'engine total':16} {sum(spent.values()) * 1000 / jobs:7.2f} ms")
+    if profiler:
+        profiler.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
     return 0
 
 

@@ -23,13 +23,14 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from muster import compiled
 from muster.claimable import claim_conflict
 
 log = logging.getLogger(__name__)
@@ -104,17 +105,54 @@ def claim(model: type[models.Model], pk, seconds: float | None = None, **conditi
     now = timezone.now()
     token = uuid.uuid4().hex
     until = now + timedelta(seconds=seconds if seconds is not None else lease_seconds())
-    qs = model.objects.filter(unleased(now), pk=pk, **conditions)
     if connection.features.has_select_for_update_skip_locked:
-        touched = len(_take_locked(qs, None, until, token))
+        touched, conflict = _claim_one_locked(model, pk, now, until, token, conditions)
     else:
         with transaction.atomic():  # SQLite: an IMMEDIATE transaction excludes every other writer
-            touched = qs.update(lease_until=until, lease_token=token)
+            touched = model.objects.filter(unleased(now), pk=pk, **conditions).update(
+                lease_until=until, lease_token=token)
+        conflict = touched != 1 and _held(model, pk, now, conditions)
     if touched != 1:
-        _count_conflict(model, pk, now, conditions)
+        if conflict:
+            claim_conflict.send(sender=model)
         return None
     _renewer.hold(model, token, [pk])
     return token
+
+
+# (model, conditions) -> the compiled reads of one claim: the row if free, the row if somebody holds it
+_CLAIM_READS: dict[tuple, tuple[compiled.Select, compiled.Select]] = {}
+
+
+def _claim_reads(model, conditions: dict) -> tuple[compiled.Select, compiled.Select]:
+    key = (model, tuple(sorted((name, repr(value)) for name, value in conditions.items())))
+    reads = _CLAIM_READS.get(key)
+    if reads is None:
+        free = compiled.Select(lambda now, pk: model.objects.filter(unleased(now), pk=pk, **conditions).values("pk"),
+                               datetime, int)
+        held = compiled.Select(lambda now, pk: model.objects.filter(pk=pk, **conditions).exclude(unleased(now))
+                               .values("pk"), datetime, int)
+        reads = _CLAIM_READS[key] = (free, held)
+    return reads
+
+
+def _claim_one_locked(model, pk, now, until, token: str, conditions: dict) -> tuple[int, bool]:
+    """PostgreSQL: `_take_locked` for one row, its SQL compiled once per (model, conditions), and in
+    the same statement whether somebody else holds the row (for /metrics' claim conflicts: a row that
+    moved on, the usual duplicate nudge, is no conflict). Returns (rows leased, held by another)."""
+    free, held = _claim_reads(model, conditions)
+    free_sql, free_params = free.statement(now, pk)
+    held_sql, held_params = held.statement(now, pk)
+    meta = model._meta
+    quote = connection.ops.quote_name
+    sql = (f"WITH taken AS (UPDATE {quote(meta.db_table)} SET {quote(meta.get_field('lease_until').column)} = %s, "
+           f"{quote(meta.get_field('lease_token').column)} = %s WHERE {quote(meta.pk.column)} IN "
+           f"({free_sql} FOR UPDATE SKIP LOCKED) RETURNING 1) "
+           f"SELECT (SELECT count(*) FROM taken), EXISTS ({held_sql})")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [until, token, *free_params, *held_params])
+        touched, conflict = cursor.fetchone()
+    return touched, conflict and not touched
 
 
 def _take_locked(queryset, limit: int | None, until, token: str) -> list:
@@ -139,11 +177,10 @@ def _take_locked(queryset, limit: int | None, until, token: str) -> list:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _count_conflict(model, pk, now, conditions) -> None:
+def _held(model, pk, now, conditions) -> bool:
     """For /metrics: the row is there and in the state asked for, but another holder has it. A row
     that moved on (the usual duplicate nudge) is not a conflict. One query, on the failure path only."""
-    if model.objects.filter(pk=pk, **conditions).exclude(unleased(now)).exists():
-        claim_conflict.send(sender=model)
+    return model.objects.filter(pk=pk, **conditions).exclude(unleased(now)).exists()
 
 
 def forget_all() -> None:

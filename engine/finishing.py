@@ -14,6 +14,7 @@ from engine import attach_revokes, claims, failure_policy, log_copy, messages, r
 from engine.submitted.waiting import hand_back
 from engine.tuning import STOP_RECHECK
 from events.services import record
+from muster import compiled
 from runs.choices import (
     FINAL_STATUS,
     JOB_ACTIVE,
@@ -28,6 +29,11 @@ from runs.transitions import move_job, terminate_job
 log = logging.getLogger(__name__)
 
 
+# the project for the log copy's quota (log_storage.quota_for), read with the job; compiled once
+_JOB = compiled.Select(lambda pk: Job.objects.select_related(
+    "run", "run__project", "instance", "instance__fleet").filter(pk=pk), int)
+
+
 def finish_job(job_id: int) -> bool:
     """Task body for a terminating job: stop the runner's process, keep the log, free the host.
     True when the job ended in this call."""
@@ -36,8 +42,7 @@ def finish_job(job_id: int) -> bool:
 
 
 def _finish(held: claims.Held) -> claims.Outcome:
-    # the project for the log copy's quota (log_storage.quota_for), read with the job
-    job = Job.objects.select_related("run", "run__project", "instance", "instance__fleet").get(pk=held.pk)
+    job = _JOB.get(held.pk)
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
     grants = attach_revokes.end_job_grants(job)

@@ -67,3 +67,26 @@ def test_a_placed_job_is_handed_to_advance_job_only_after_its_lease_is_given_bac
         (job_id, Job.objects.filter(pk=job_id).values_list("status", "lease_token").get())))
     assert provision.provision_job(job.pk)
     assert found == [(job.pk, ("provisioning", ""))], "sent once, with the job placed and its lease free"
+
+
+def test_a_refused_claim_is_a_conflict_only_while_somebody_holds_the_row(settings):
+    from muster.claimable import claim_conflict
+
+    job = _job(settings, lease=30)
+    conflicts = []
+
+    def counted(sender, **kwargs):
+        conflicts.append(sender)
+
+    claim_conflict.connect(counted)
+    try:
+        token = claims.claim(Job, job.pk, status="submitted")
+        assert token and claims.claim(Job, job.pk, status="submitted") is None
+        assert conflicts == [Job], "held by another claim: a conflict"
+        assert claims.claim(Job, job.pk, status="running") is None
+        assert conflicts == [Job], "held, but not in the status asked for: it moved on, no conflict"
+        claims.give_back(Job, job.pk, token, claims.Outcome())
+        assert claims.claim(Job, 10 ** 9) is None and conflicts == [Job], "no such row: no conflict"
+        assert claims.claim(Job, job.pk, status="submitted") and conflicts == [Job]
+    finally:
+        claim_conflict.disconnect(counted)
