@@ -23,26 +23,21 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from muster import compiled
-from muster.claimable import claim_conflict
+from engine import locked_claims
+from muster.claimable import claim_conflict, unleased
 
 log = logging.getLogger(__name__)
 
 
 def lease_seconds() -> float:
     return float(settings.MUSTER["LEASE_SECONDS"])
-
-
-def unleased(now=None) -> Q:
-    now = now or timezone.now()
-    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
 
 
 class _Renewer:
@@ -106,7 +101,7 @@ def claim(model: type[models.Model], pk, seconds: float | None = None, **conditi
     token = uuid.uuid4().hex
     until = now + timedelta(seconds=seconds if seconds is not None else lease_seconds())
     if connection.features.has_select_for_update_skip_locked:
-        touched, conflict = _claim_one_locked(model, pk, now, until, token, conditions)
+        touched, conflict = locked_claims.take_one(model, pk, now, until, token, conditions)
     else:
         with transaction.atomic():  # SQLite: an IMMEDIATE transaction excludes every other writer
             touched = model.objects.filter(unleased(now), pk=pk, **conditions).update(
@@ -118,63 +113,6 @@ def claim(model: type[models.Model], pk, seconds: float | None = None, **conditi
         return None
     _renewer.hold(model, token, [pk])
     return token
-
-
-# (model, conditions) -> the compiled reads of one claim: the row if free, the row if somebody holds it
-_CLAIM_READS: dict[tuple, tuple[compiled.Select, compiled.Select]] = {}
-
-
-def _claim_reads(model, conditions: dict) -> tuple[compiled.Select, compiled.Select]:
-    key = (model, tuple(sorted((name, repr(value)) for name, value in conditions.items())))
-    reads = _CLAIM_READS.get(key)
-    if reads is None:
-        free = compiled.Select(lambda now, pk: model.objects.filter(unleased(now), pk=pk, **conditions).values("pk"),
-                               datetime, int)
-        held = compiled.Select(lambda now, pk: model.objects.filter(pk=pk, **conditions).exclude(unleased(now))
-                               .values("pk"), datetime, int)
-        reads = _CLAIM_READS[key] = (free, held)
-    return reads
-
-
-def _claim_one_locked(model, pk, now, until, token: str, conditions: dict) -> tuple[int, bool]:
-    """PostgreSQL: `_take_locked` for one row, its SQL compiled once per (model, conditions), and in
-    the same statement whether somebody else holds the row (for /metrics' claim conflicts: a row that
-    moved on, the usual duplicate nudge, is no conflict). Returns (rows leased, held by another)."""
-    free, held = _claim_reads(model, conditions)
-    free_sql, free_params = free.statement(now, pk)
-    held_sql, held_params = held.statement(now, pk)
-    meta = model._meta
-    quote = connection.ops.quote_name
-    sql = (f"WITH taken AS (UPDATE {quote(meta.db_table)} SET {quote(meta.get_field('lease_until').column)} = %s, "
-           f"{quote(meta.get_field('lease_token').column)} = %s WHERE {quote(meta.pk.column)} IN "
-           f"({free_sql} FOR UPDATE SKIP LOCKED) RETURNING 1) "
-           f"SELECT (SELECT count(*) FROM taken), EXISTS ({held_sql})")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [until, token, *free_params, *held_params])
-        touched, conflict = cursor.fetchone()
-    return touched, conflict and not touched
-
-
-def _take_locked(queryset, limit: int | None, until, token: str) -> list:
-    """PostgreSQL: lease the rows of `queryset` (up to `limit`) that no other transaction has
-    locked, in one statement and so one round trip, in autocommit (a transaction around a single
-    statement only adds a BEGIN and a COMMIT): UPDATE ... WHERE pk IN (SELECT ... FOR UPDATE SKIP
-    LOCKED) RETURNING pk. Returns the pks leased. Concurrent claimers skip each other's rows
-    instead of queueing, as with the SELECT FOR UPDATE it replaces."""
-    model = queryset.model
-    meta = model._meta
-    inner = queryset.values("pk")
-    if limit is not None:
-        inner = inner[:limit]
-    select, params = inner.query.sql_with_params()
-    ops = connection.ops
-    sql = (f"UPDATE {ops.quote_name(meta.db_table)} SET {ops.quote_name(meta.get_field('lease_until').column)} = %s, "
-           f"{ops.quote_name(meta.get_field('lease_token').column)} = %s WHERE {ops.quote_name(meta.pk.column)} IN "
-           f"({select} FOR UPDATE SKIP LOCKED) RETURNING {ops.quote_name(meta.pk.column)}")
-    field = meta.get_field("lease_until")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [field.get_db_prep_value(until, connection), token, *params])
-        return [row[0] for row in cursor.fetchall()]
 
 
 def _held(model, pk, now, conditions) -> bool:
@@ -198,7 +136,7 @@ def claim_batch(queryset, limit: int, seconds: float | None = None, renew: bool 
     until = now + timedelta(seconds=seconds if seconds is not None else lease_seconds())
     qs = queryset.filter(unleased(now)).order_by("pk")
     if connection.features.has_select_for_update_skip_locked:
-        pks = sorted(_take_locked(qs, limit, until, token))
+        pks = sorted(locked_claims.take(qs, limit, until, token))
     else:
         with transaction.atomic():
             pks = list(qs.values_list("pk", flat=True)[:limit])

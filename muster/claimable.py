@@ -6,7 +6,9 @@ Here, below the apps, so that a model can be claimable, and /metrics can count l
 """
 
 from django.db import models
+from django.db.models import Q
 from django.dispatch import Signal
+from django.utils import timezone
 
 # sent with the model as sender when a claim lost to another holder of the row
 claim_conflict = Signal()
@@ -18,3 +20,9 @@ class Claimable(models.Model):
 
     class Meta:
         abstract = True
+
+
+def unleased(now=None) -> Q:
+    """The rows nobody holds: no lease, or one that ran out."""
+    now = now or timezone.now()
+    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
