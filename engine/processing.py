@@ -17,6 +17,7 @@ from engine import claims, failure_policy, messages, restarts
 from engine.finishing import end_active_jobs
 from events.models import Event
 from events.services import record
+from muster import compiled
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.job_rows import create_jobs
@@ -26,6 +27,12 @@ from runs.transitions import move_run
 ACTIVE_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING)
 
 
+# the reads of every derive, compiled once (muster/compiled.py)
+_RUN = compiled.Select(lambda pk: Run.objects.select_related("project").filter(pk=pk), int)
+_JOBS = compiled.Select(lambda run_id: Job.objects.filter(run_id=run_id, superseded=False).order_by("job_num"),
+                        int)  # Run.current_jobs
+
+
 def process_run(run_id: int) -> bool:
     return claims.claimed(Run, run_id, "process_run", _process,
                           status__in=[*ACTIVE_RUN, RunStatus.PENDING]) is not None
@@ -33,7 +40,7 @@ def process_run(run_id: int) -> bool:
 
 def _process(held: claims.Held) -> claims.Outcome:
     derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
-    run = Run.objects.select_related("project").get(pk=held.pk)
+    run = _RUN.get(held.pk)
     try:
         if run.status == RunStatus.PENDING:
             _resubmit_when_due(run)
@@ -65,7 +72,9 @@ def _note_failed_derive(run: Run, exc: Exception) -> None:
 
 
 def _derive(run: Run) -> None:
-    jobs = list(run.current_jobs())
+    jobs = _JOBS.all(run.pk)
+    for job in jobs:
+        job.run = run  # as run.jobs would: one run object, not a read per job
     if run.stop_requested:
         reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
@@ -93,7 +102,7 @@ def _derive(run: Run) -> None:
         _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE)
         return
     if all(j.status == JobStatus.DONE or (j.pk in ignored and j.finished) for j in jobs):
-        restarts.hand_back_kept(run)
+        restarts.hand_back_kept(run, jobs)
         move_run(run, RunStatus.DONE, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE)
         return
     if all(j.finished for j in jobs):  # ended by the server without a failure (e.g. max_duration)

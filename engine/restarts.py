@@ -171,8 +171,13 @@ def _reused_host(job: Job, index: int) -> Instance:
     return job.instance
 
 
-def hand_back_kept(run: Run) -> None:
-    """Hosts kept for a restart that is not going to happen (the run ends) go back to idle."""
+def hand_back_kept(run: Run, jobs: list[Job] | None = None) -> None:
+    """Hosts kept for a restart that is not going to happen (the run ends) go back to idle.
+
+    `jobs`: the run's current jobs as the caller read them under the run's claim; none of them
+    keeping its host (the usual end of a run) reads nothing more."""
+    if jobs is not None and not any(j.keep_host for j in jobs):
+        return
     for job in run.current_jobs().filter(keep_host=True).select_related("instance", "run"):
         with transaction.atomic():
             if Job.objects.filter(pk=job.pk, keep_host=True).update(keep_host=False) and job.instance_id:

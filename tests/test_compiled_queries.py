@@ -107,3 +107,29 @@ def test_an_argument_the_query_does_not_use_is_refused_when_compiled():
         unused.all(1)
     with pytest.raises(TypeError, match="2 arguments expected"):
         compiled.Select(lambda a, b: Job.objects.filter(pk=a, run_id=b), int, int).all(1)
+
+
+def test_the_provisioning_read_is_its_queryset_with_the_related_rows_in_hand():
+    from engine.submitted import provision
+
+    run, jobs = _placed_run("provision")
+    paths = ("run", "run__project", "run__fleet", "run__user", "instance", "fleet")
+    for job in jobs:
+        expected = Job.objects.select_related(*paths).get(pk=job.pk)
+        got = provision._JOB.get(job.pk)
+        with CaptureQueriesContext(connection) as q:
+            assert _values(got, paths) == _values(expected, paths)
+        assert len(q) == 0
+
+
+def test_the_derives_reads_are_the_run_with_its_project_and_its_current_jobs():
+    from engine import processing
+
+    run, jobs = _placed_run("derive", nodes=3, grouped=False)
+    Job.objects.filter(pk=jobs[2].pk).update(superseded=True)
+    got = processing._RUN.get(run.pk)
+    expected = type(run).objects.select_related("project").get(pk=run.pk)
+    with CaptureQueriesContext(connection) as q:
+        assert _values(got, ("project",)) == _values(expected, ("project",))
+    assert len(q) == 0
+    assert [_values(j, ()) for j in processing._JOBS.all(run.pk)] == [_values(j, ()) for j in run.current_jobs()]

@@ -16,11 +16,17 @@ from engine.submitted import fanout, gang, placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fitting, spanning
 from instances.models import Fleet
+from muster import compiled
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.transitions import end_job, move_job, move_run
 
 log = logging.getLogger(__name__)
+
+
+# the run's user too: placement asks whether its runs may go to local fleets (compiled once)
+_JOB = compiled.Select(lambda pk: Job.objects.select_related(
+    "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk=pk), int)
 
 
 def provision_job(job_id: int) -> bool:
@@ -30,9 +36,7 @@ def provision_job(job_id: int) -> bool:
 
 
 def _provision(held: claims.Held) -> claims.Outcome:
-    # the run's user too: placement asks whether its runs may go to local fleets
-    job = Job.objects.select_related("run", "run__project", "run__fleet", "run__user", "instance", "fleet").get(
-        pk=held.pk)
+    job = _JOB.get(held.pk)
     fields = _attempt(job)
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
     # attempt, it could reach an idle worker while this step still held the job, bounce off the
@@ -123,8 +127,7 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool | dict:
     fleets they go to (the gang); a job 0 whose own group is a cloud group takes only the others'.
     False when job 0 ended (a group was short: nothing is taken); the fields of a wait when a
     group was short and the run's retry lets it wait for the hosts (nothing is taken either)."""
-    fleets = {f.pk: f for f in Fleet.objects.filter(pk__in={j.fleet_id for j in siblings if j.fleet_id})}
-    fleets.setdefault(fleet.pk, fleet)
+    fleets = _fleets_of(siblings, fleet)
     members = sorted((j for j in siblings if j.pk != master.pk and j.status == JobStatus.SUBMITTED
                       and j.instance_id is None and _on_static_fleet(j, fleets, fleet.pk)), key=lambda j: j.job_num)
     gang = [master, *members] if fitting.is_static(fleet) else members
@@ -153,6 +156,18 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool | dict:
                                       taken=f"taken by job {master.run.name}/{master.job_num} for {what}")
         waiting.hand_back(unused, master, "not used: its job ended before it was placed")
     return True
+
+
+def _fleets_of(jobs: list[Job], fleet) -> dict:
+    """The fleets `jobs` go to by pk, read only when this step has not got them in hand already
+    (_record_placement gives every sibling its fleet)."""
+    cached = Job._meta.get_field("fleet").is_cached
+    fleets = {j.fleet_id: j.fleet for j in jobs if j.fleet_id and cached(j)}
+    fleets.setdefault(fleet.pk, fleet)
+    missing = {j.fleet_id for j in jobs if j.fleet_id} - set(fleets)
+    if missing:
+        fleets.update((f.pk, f) for f in Fleet.objects.filter(pk__in=missing))
+    return fleets
 
 
 def _take_group(job: Job, fleet, siblings: list[Job] | None) -> None:
