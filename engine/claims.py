@@ -233,8 +233,11 @@ def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step:
         if outcome.move is not None:
             applied = outcome.move(token)
         else:
-            applied = model.objects.filter(pk=pk, lease_token=token, **outcome.guard()).update(
-                lease_until=None, lease_token="", **outcome.fields) == 1
+            touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.fields)
+            if touched is None:
+                touched = model.objects.filter(pk=pk, lease_token=token, **outcome.guard()).update(
+                    lease_until=None, lease_token="", **outcome.fields)
+            applied = touched == 1
         if applied:
             for send in outcome.then:
                 send()

@@ -1,7 +1,9 @@
-"""PostgreSQL's claims: one statement each, in autocommit, skipping rows other transactions have locked.
+"""The claim protocol's own statements, written out once per shape instead of built by the ORM each call.
 
-engine/claims.py uses them where the database has `SELECT ... FOR UPDATE SKIP LOCKED` (on SQLite a
-claim is an UPDATE in an IMMEDIATE transaction, which excludes every other writer).
+PostgreSQL's claims: one statement each, in autocommit, skipping rows other transactions have
+locked; engine/claims.py uses them where the database has `SELECT ... FOR UPDATE SKIP LOCKED` (on
+SQLite a claim is an UPDATE in an IMMEDIATE transaction, which excludes every other writer). And the
+give-back of one row, on every database.
 """
 
 from __future__ import annotations
@@ -68,3 +70,30 @@ def take(queryset, limit: int | None, until, token: str) -> list:
     with connection.cursor() as cursor:
         cursor.execute(sql, [field.get_db_prep_value(until, connection), token, *params])
         return [row[0] for row in cursor.fetchall()]
+
+
+# (model, field names, how many statuses) -> the give-back's UPDATE, written once
+_GIVE_BACKS: dict[tuple, str] = {}
+
+
+def give_back_one(model, pk, token: str, expect: tuple, fields: dict) -> int | None:
+    """`UPDATE ... SET lease_until = NULL, lease_token = '', <fields> WHERE pk AND lease_token AND
+    status IN (expect)`, the give-back of one row; the rows touched (0 or 1). None when a field's value
+    is an expression, which only the ORM can write (the caller then does)."""
+    if any(hasattr(value, "resolve_expression") for value in fields.values()):
+        return None
+    meta = model._meta
+    names = tuple(sorted(fields))
+    key = (model, names, len(expect), connection.vendor)
+    sql = _GIVE_BACKS.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s"
+                         for name in ("lease_until", "lease_token", *names))
+        guard = f" AND {quote(meta.get_field('status').column)} IN ({', '.join(['%s'] * len(expect))})" if expect else ""
+        sql = _GIVE_BACKS[key] = (f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {quote(meta.pk.column)} = %s "
+                                  f"AND {quote(meta.get_field('lease_token').column)} = %s{guard}")
+    values = [None, "", *(meta.get_field(name).get_db_prep_save(fields[name], connection) for name in names)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, pk, token, *expect])
+        return cursor.rowcount

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from events.services import record, record_many, update_and_record
+from events.services import record, record_many, update_row_and_record
 from instances.models import (
     LIVE_INSTANCE_STATUSES,
     Fleet,
@@ -40,8 +40,8 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str | No
     if len(rows) == 1 and message is not None:
         # one host (a job's, given back): the move and its event are one statement
         (pk, inst), = rows.items()
-        moved = {pk} if update_and_record(
-            Instance.objects.filter(pk=pk, status__in=tuple(frm), **(where or {})),
+        moved = {pk} if update_row_and_record(
+            Instance, pk, {"status__in": tuple(frm), **(where or {})},
             {"status": to, "updated": now, **fields}, inst.project_id, f"instance {inst.name}", message, status=to,
             actor=actor, run_id=run_id, job_id=job_id, instance_id=pk) else set()
         for key, value in {"status": to, **fields}.items() if moved else ():

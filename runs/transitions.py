@@ -10,7 +10,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages
-from events.services import record_many, update_and_record
+from events.services import record_many, update_row_and_record
 from instances.transitions import taken_events
 from runs.choices import (
     FAILING_REASONS,
@@ -60,8 +60,8 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     # savepoint (two statements less): an error in here ends the caller's transaction anyway, as
     # it does move_instances'.
     with transaction.atomic(savepoint=False) if starts_run else nullcontext():
-        touched = update_and_record(
-            Job.objects.filter(pk=job.pk, status__in=frm, **held),
+        touched = update_row_and_record(
+            Job, job.pk, {"status__in": frm, **held},
             {"status": to, "status_changed_at": now, **freed, **fields},
             job.run.project_id, f"job {job.run.name}/{job.job_num}", message or (f"{to} ({reason})" if reason else to),
             status=to, actor=actor, run_id=job.run_id, job_id=job.pk,
@@ -110,10 +110,10 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     first_start = {"started_at": Coalesce(F("started_at"), Value(now))} if to == RunStatus.RUNNING else {}
     reason = fields.get("termination_reason", "")
     # as in move_job: the move and its event in one statement on PostgreSQL
-    touched = update_and_record(Run.objects.filter(pk=run.pk, status__in=frm),
-                                {"status": to, "updated": now, **first_start, **fields}, run.project_id,
-                                f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
-                                actor=actor, run_id=run.pk)
+    touched = update_row_and_record(Run, run.pk, {"status__in": frm},
+                                    {"status": to, "updated": now, **first_start, **fields}, run.project_id,
+                                    f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
+                                    actor=actor, run_id=run.pk)
     if touched != 1:
         return False
     if first_start and run.started_at is None:

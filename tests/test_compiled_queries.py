@@ -133,3 +133,68 @@ def test_the_derives_reads_are_the_run_with_its_project_and_its_current_jobs():
         assert _values(got, ("project",)) == _values(expected, ("project",))
     assert len(q) == 0
     assert [_values(j, ()) for j in processing._JOBS.all(run.pk)] == [_values(j, ()) for j in run.current_jobs()]
+
+
+@pytest.mark.parametrize("where, moves", [
+    ({"status__in": ("provisioning",)}, True),
+    ({"status__in": ("provisioning", "pulling")}, True),
+    ({"status__in": ("running",)}, False),  # moved on: nothing written, no event
+    ({"status__in": ("provisioning",), "lease_token": "mine"}, True),
+    ({"status__in": ("provisioning",), "lease_token": "theirs"}, False),
+])
+def test_a_row_move_written_once_is_the_orms_update_and_its_event(where, moves):
+    """events.services.update_row_and_record against update_and_record, the ORM form it stands for:
+    the same row written the same way, the same event, on every shape of guard."""
+    from events.models import Event
+    from events.services import update_and_record, update_row_and_record
+
+    run, jobs = _placed_run("rowmove", nodes=3, grouped=False)
+    first, second = jobs[0], jobs[1]
+    Job.objects.filter(pk__in=[first.pk, second.pk]).update(lease_token="mine")
+    now = timezone.now()
+    updates = {"status": "running", "status_changed_at": now, "lease_until": None, "lease_token": "",
+               "start_time": 12.5, "ready_at": now}
+    event = {"status": "running", "run_id": run.pk, "job_id": None, "instance_id": None}
+    before = Event.objects.count()
+    written = update_row_and_record(Job, first.pk, where, dict(updates), run.project_id, "job x/0", "moved",
+                                    **{**event, "job_id": first.pk})
+    ormed = update_and_record(Job.objects.filter(pk=second.pk, **where), dict(updates), run.project_id, "job x/1",
+                              "moved", **{**event, "job_id": second.pk})
+    assert written == ormed == (1 if moves else 0)
+    fields = [*updates, "lease_until", "lease_token"]
+    a, b = Job.objects.values(*fields).get(pk=first.pk), Job.objects.values(*fields).get(pk=second.pk)
+    if moves:
+        assert a == b and a["status"] == "running" and a["lease_token"] == ""
+    else:
+        assert (a["status"], a["lease_token"]) == (b["status"], b["lease_token"]) == ("provisioning", "mine")
+    events = list(Event.objects.filter(pk__gt=0).order_by("-id").values(
+        "project_id", "subject", "message", "status", "actor", "run_id", "instance_id")[:Event.objects.count() - before])
+    assert len(events) == (2 if moves else 0)
+    if moves:
+        assert events[0]["subject"] == "job x/1" and events[1]["subject"] == "job x/0"
+        assert {k: v for k, v in events[0].items() if k != "subject"} == \
+            {k: v for k, v in events[1].items() if k != "subject"}
+
+
+def test_the_first_waiting_job_is_the_oldest_unleased_waiter_of_that_project_only():
+    from engine.submitted import waiting
+
+    run, jobs = _placed_run("waits", nodes=3, grouped=False)
+    other, others = _placed_run("waits-b", nodes=2, grouped=False)
+    from projects.models import Project
+    elsewhere = Project.objects.create(name="elsewhere")
+    type(other).objects.filter(pk=other.pk).update(project=elsewhere)
+    now = timezone.now()
+    for j in [*jobs, *others]:
+        Job.objects.filter(pk=j.pk).update(status="submitted", instance=None, waiting_master_job=False,
+                                           waiting_for=f"{waiting.PREFIX} in fleet x")
+    Job.objects.filter(pk=jobs[0].pk).update(lease_until=now + timedelta(seconds=30), lease_token="held")
+    Job.objects.filter(pk=jobs[1].pk).update(waiting_for="")  # not waiting for a host
+
+    def first(project_id, at):
+        return [j.pk for j in waiting._FIRST_WAITING.all(at, project_id)]
+
+    expected = list(waiting._waiting(now, run.project_id).values_list("pk", flat=True)[:1])
+    assert first(run.project_id, now) == expected == [jobs[2].pk]
+    assert first(elsewhere.pk, now) == [others[0].pk]
+    assert first(run.project_id, now + timedelta(minutes=1)) == [jobs[0].pk], "a lease that ran out is no lease"

@@ -20,7 +20,7 @@ fails and the run ends `retry_limit_exceeded`.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -31,6 +31,7 @@ from engine.claims import unleased
 from events.services import record
 from instances import spanning
 from instances.transitions import hand_back as give_back
+from muster import compiled
 from runs.choices import JobStatus
 from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.models import Job, Run
@@ -84,11 +85,20 @@ def hand_back(instances, job=None, message: str = "", project_id: int | None = N
     return freed
 
 
-def wake(project_id: int, count: int) -> int:
+def _waiting(now, project_id: int):
     # unleased: a job whose attempt is under way now would bounce the message; the next one waiting gets it
-    waiting = list(Job.objects.filter(unleased(timezone.now()),
-        run__project_id=project_id, status=JobStatus.SUBMITTED, superseded=False, waiting_master_job=False,
-        waiting_for__startswith=PREFIX).order_by("created", "pk").values_list("pk", flat=True)[:count])
+    return Job.objects.filter(unleased(now), run__project_id=project_id, status=JobStatus.SUBMITTED, superseded=False,
+                              waiting_master_job=False, waiting_for__startswith=PREFIX).order_by("created", "pk")
+
+
+# a job's end gives one host back: the oldest waiting job, its read compiled once (muster/compiled.py)
+_FIRST_WAITING = compiled.Select(lambda now, project_id: _waiting(now, project_id).only("pk")[:1], datetime, int)
+
+
+def wake(project_id: int, count: int) -> int:
+    now = timezone.now()
+    waiting = [j.pk for j in _FIRST_WAITING.all(now, project_id)] if count == 1 else \
+        list(_waiting(now, project_id).values_list("pk", flat=True)[:count])
     for pk in waiting:
         messages.provision_job(pk)
     return len(waiting)
