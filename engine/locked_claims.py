@@ -31,6 +31,15 @@ def _claim_reads(model, conditions: dict) -> tuple[compiled.Select, compiled.Sel
     return reads
 
 
+def _lease(model, select: str, returning: str) -> str:
+    """Lease the rows of `select` nobody has locked: UPDATE ... WHERE pk IN (select FOR UPDATE SKIP LOCKED)."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    return (f"UPDATE {quote(meta.db_table)} SET {quote(meta.get_field('lease_until').column)} = %s, "
+            f"{quote(meta.get_field('lease_token').column)} = %s WHERE {quote(meta.pk.column)} IN "
+            f"({select} FOR UPDATE SKIP LOCKED) RETURNING {returning}")
+
+
 def take_one(model, pk, now, until, token: str, conditions: dict) -> tuple[int, bool]:
     """`take` for one row, its SQL compiled once per (model, conditions), and in
     the same statement whether somebody else holds the row (for /metrics' claim conflicts: a row that
@@ -38,12 +47,8 @@ def take_one(model, pk, now, until, token: str, conditions: dict) -> tuple[int, 
     free, held = _claim_reads(model, conditions)
     free_sql, free_params = free.statement(now, pk)
     held_sql, held_params = held.statement(now, pk)
-    meta = model._meta
-    quote = connection.ops.quote_name
-    sql = (f"WITH taken AS (UPDATE {quote(meta.db_table)} SET {quote(meta.get_field('lease_until').column)} = %s, "
-           f"{quote(meta.get_field('lease_token').column)} = %s WHERE {quote(meta.pk.column)} IN "
-           f"({free_sql} FOR UPDATE SKIP LOCKED) RETURNING 1) "
-           f"SELECT (SELECT count(*) FROM taken), EXISTS ({held_sql})")
+    sql = f"WITH taken AS ({_lease(model, free_sql, '1')}) SELECT (SELECT count(*) FROM taken), EXISTS ({held_sql})"
+    until = model._meta.get_field("lease_until").get_db_prep_value(until, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, [until, token, *free_params, *held_params])
         touched, conflict = cursor.fetchone()
@@ -62,38 +67,21 @@ def take(queryset, limit: int | None, until, token: str) -> list:
     if limit is not None:
         inner = inner[:limit]
     select, params = inner.query.sql_with_params()
-    ops = connection.ops
-    sql = (f"UPDATE {ops.quote_name(meta.db_table)} SET {ops.quote_name(meta.get_field('lease_until').column)} = %s, "
-           f"{ops.quote_name(meta.get_field('lease_token').column)} = %s WHERE {ops.quote_name(meta.pk.column)} IN "
-           f"({select} FOR UPDATE SKIP LOCKED) RETURNING {ops.quote_name(meta.pk.column)}")
-    field = meta.get_field("lease_until")
+    sql = _lease(model, select, connection.ops.quote_name(meta.pk.column))
+    until = meta.get_field("lease_until").get_db_prep_value(until, connection)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [field.get_db_prep_value(until, connection), token, *params])
+        cursor.execute(sql, [until, token, *params])
         return [row[0] for row in cursor.fetchall()]
-
-
-# (model, field names, how many statuses) -> the give-back's UPDATE, written once
-_GIVE_BACKS: dict[tuple, str] = {}
 
 
 def give_back_one(model, pk, token: str, expect: tuple, fields: dict) -> int | None:
     """`UPDATE ... SET lease_until = NULL, lease_token = '', <fields> WHERE pk AND lease_token AND
-    status IN (expect)`, the give-back of one row; the rows touched (0 or 1). None when a field's value
-    is an expression, which only the ORM can write (the caller then does)."""
-    if any(hasattr(value, "resolve_expression") for value in fields.values()):
+    status IN (expect)`, the give-back of one row (muster/compiled.row_update); the rows touched (0
+    or 1). None when a field's value is one only the ORM can write (the caller then does)."""
+    where = {"lease_token": token, **({"status__in": expect} if expect else {})}
+    update = compiled.row_update(model, pk, where, {"lease_until": None, "lease_token": "", **fields})
+    if update is None:
         return None
-    meta = model._meta
-    names = tuple(sorted(fields))
-    key = (model, names, len(expect), connection.vendor)
-    sql = _GIVE_BACKS.get(key)
-    if sql is None:
-        quote = connection.ops.quote_name
-        sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s"
-                         for name in ("lease_until", "lease_token", *names))
-        guard = f" AND {quote(meta.get_field('status').column)} IN ({', '.join(['%s'] * len(expect))})" if expect else ""
-        sql = _GIVE_BACKS[key] = (f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {quote(meta.pk.column)} = %s "
-                                  f"AND {quote(meta.get_field('lease_token').column)} = %s{guard}")
-    values = [None, "", *(meta.get_field(name).get_db_prep_save(fields[name], connection) for name in names)]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, pk, token, *expect])
+        cursor.execute(*update)
         return cursor.rowcount

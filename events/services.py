@@ -7,6 +7,7 @@ from django.db.models import sql
 from django.utils import timezone
 
 from events.models import Event
+from muster import compiled
 
 
 def record(project_id: int, subject: str, message: str, *, status: str = "", actor: str = "server",
@@ -57,54 +58,24 @@ def update_and_record(queryset, updates: dict, project_id: int, subject: str, me
         return cursor.rowcount
 
 
-# (model, SET names, WHERE shape) -> the statement of update_row_and_record, written once
-_ROW_MOVES: dict[tuple, str] = {}
-
-
 def update_row_and_record(model, pk, where: dict, updates: dict, project_id: int, subject: str, message: str,
                           **event) -> int:
-    """`update_and_record(model.objects.filter(pk=pk, **where), updates, ...)` for one row, its
-    statement written once per shape on PostgreSQL instead of built by the ORM on every status move.
-    `where` holds equalities and `__in` lookups on the model's own columns; anything else (an
-    expression to write, a model instance, another lookup, SQLite) takes update_and_record itself."""
-    meta = model._meta
-    plain = connection.vendor == "postgresql" and not any(
-        hasattr(v, "resolve_expression") or hasattr(v, "prepare_database_save") for v in updates.values())
-    shape = []
-    for key, value in where.items() if plain else ():
-        name, _, lookup = key.partition("__")
-        if lookup not in ("", "in") or (lookup == "in" and not value) or hasattr(value, "resolve_expression"):
-            plain = False
-            break
-        shape.append((name, len(value) if lookup else 0))
-    if not plain:
+    """`update_and_record(model.objects.filter(pk=pk, **where), updates, ...)` for one row, its UPDATE
+    written once per shape on PostgreSQL (muster/compiled.row_update) instead of built by the ORM on
+    every status move. What row_update leaves to the ORM, and SQLite, take update_and_record itself."""
+    update = compiled.row_update(model, pk, where, updates) if connection.vendor == "postgresql" else None
+    if update is None:
         return update_and_record(model.objects.filter(pk=pk, **where), updates, project_id, subject, message, **event)
-    names = tuple(updates)
+    update_sql, update_params = update
     entry = {"project_id": project_id, "subject": subject, "message": message, "status": "", "actor": "server",
              "run_id": None, "job_id": None, "instance_id": None, **event, "created": timezone.now()}
-    key = (model, names, tuple(shape), tuple(entry))
-    statement = _ROW_MOVES.get(key)
     ops = connection.ops
-    if statement is None:
-        sets = ", ".join(f"{ops.quote_name(meta.get_field(n).column)} = %s" for n in names)
-        guards = "".join(
-            f" AND {ops.quote_name(meta.get_field(n).column)} " + (f"IN ({', '.join(['%s'] * count)})" if count else "= %s")
-            for n, count in shape)
-        pk_column = ops.quote_name(meta.pk.column)
-        columns = ", ".join(ops.quote_name(Event._meta.get_field(n).column) for n in entry)
-        statement = _ROW_MOVES[key] = (
-            f"WITH moved AS (UPDATE {ops.quote_name(meta.db_table)} SET {sets} WHERE {pk_column} = %s{guards} "
-            f"RETURNING {pk_column}) INSERT INTO {ops.quote_name(Event._meta.db_table)} ({columns}) "
-            f"SELECT {', '.join(['%s'] * len(entry))} FROM moved")
-    params = [meta.get_field(n).get_db_prep_save(updates[n], connection) for n in names]
-    params.append(pk)
-    for (n, count), value in zip(shape, where.values(), strict=True):
-        field = meta.get_field(n)
-        if count:
-            params.extend(field.get_db_prep_value(v, connection) for v in value)
-        else:
-            params.append(field.get_db_prep_value(value, connection))
-    params.extend(Event._meta.get_field(n).get_db_prep_save(v, connection) for n, v in entry.items())
+    pk_column = ops.quote_name(model._meta.pk.column)
+    columns = ", ".join(ops.quote_name(Event._meta.get_field(n).column) for n in entry)
+    statement = (f"WITH moved AS ({update_sql} RETURNING {pk_column}) "
+                 f"INSERT INTO {ops.quote_name(Event._meta.db_table)} ({columns}) "
+                 f"SELECT {', '.join(['%s'] * len(entry))} FROM moved")
+    values = [Event._meta.get_field(n).get_db_prep_save(v, connection) for n, v in entry.items()]
     with connection.cursor() as cursor:
-        cursor.execute(statement, params)
+        cursor.execute(statement, [*update_params, *values])
         return cursor.rowcount

@@ -12,6 +12,9 @@ objects the queryset itself would have returned.
 Arguments are integers (ids) or aware datetimes; a marker is a value no row holds, found back in
 the compiled parameters to know where each argument goes. tests/test_compiled_queries.py holds each
 `Select` of the engine to its queryset.
+
+`row_update` is the same for the guarded UPDATE of one row that every step's give-back and every
+status move makes: written once per shape of its SET and WHERE.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from django.db import connections, router
+from django.db import connection, connections, router
 from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
 
@@ -152,10 +155,48 @@ class Select:
     def statement(self, *args) -> tuple[str, list]:
         """The SQL and its parameters, to be part of a larger statement."""
         alias = self._alias()
-        return self._plan(alias).sql, self._plan(alias).bind(alias, args)
+        plan = self._plan(alias)
+        return plan.sql, plan.bind(alias, args)
 
     def _alias(self) -> str:
         if self._model is None:
             self._model = self.build(*_markers(self.kinds)).model
         return router.db_for_read(self._model)
 
+
+# (model, SET names, WHERE shape, vendor) -> the UPDATE of row_update
+_ROW_UPDATES: dict[tuple, str] = {}
+
+
+def row_update(model: type[Model], pk, where: dict, updates: dict) -> tuple[str, list] | None:
+    """`model.objects.filter(pk=pk, **where).update(**updates)` as (sql, params), its SQL written once
+    per shape. `where` holds equalities and non-empty `__in` lookups on the model's own columns;
+    None for anything else (an expression or a model instance to write, another lookup), which is
+    the ORM's to do."""
+    if any(hasattr(v, "resolve_expression") or hasattr(v, "prepare_database_save") for v in updates.values()):
+        return None
+    shape = []
+    for key, value in where.items():
+        name, _, lookup = key.partition("__")
+        if lookup not in ("", "in") or (lookup == "in" and not value) or hasattr(value, "resolve_expression"):
+            return None
+        shape.append((name, len(value) if lookup else 0))
+    meta = model._meta
+    names = tuple(updates)
+    key = (model, names, tuple(shape), connection.vendor)
+    sql = _ROW_UPDATES.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sets = ", ".join(f"{quote(meta.get_field(n).column)} = %s" for n in names)
+        guards = "".join(f" AND {quote(meta.get_field(n).column)} "
+                         + (f"IN ({', '.join(['%s'] * count)})" if count else "= %s") for n, count in shape)
+        sql = _ROW_UPDATES[key] = f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {quote(meta.pk.column)} = %s{guards}"
+    params = [meta.get_field(n).get_db_prep_save(updates[n], connection) for n in names]
+    params.append(pk)
+    for (n, count), value in zip(shape, where.values(), strict=True):
+        field = meta.get_field(n)
+        if count:
+            params.extend(field.get_db_prep_value(v, connection) for v in value)
+        else:
+            params.append(field.get_db_prep_value(value, connection))
+    return sql, params
