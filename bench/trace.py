@@ -100,6 +100,9 @@ def _steps(queue: collections.deque) -> dict:
     for name in steps:
         setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
             lambda: queue.append((n, pk))))(name))
+    # sent only if, after commit, `due()` says so (runs.transitions.matters_only_last)
+    messages.process_run_if = lambda pk, due: connection.on_commit(
+        lambda: due() and queue.append(("process_run", pk)))
     return steps
 
 

@@ -8,6 +8,8 @@ looks for a row that is not committed yet, nor for a row the sender still holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import transaction
 
 from muster.celery import app
@@ -73,6 +75,27 @@ def process_run(run_id: int) -> None:
         registered.process_run.delay(run_id)
 
     send.processes_run = run_id
+    transaction.on_commit(send)
+
+
+def process_run_if(run_id: int, due: Callable[[], bool]) -> None:
+    """process_run, once the transaction has committed, only if `due()` then says so.
+
+    For a move that matters to the run only when it is the last of its kind (a job ending without
+    a failure while others of its run still run): `due` looks after commit, so of two moves that
+    commit together the later one's look sees both, and at least one of them sends. A nudge this
+    transaction sends anyway makes it needless."""
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(
+            run_id in (getattr(callback, "processes_run", None), getattr(callback, "processes_run_if", None))
+            for _, callback, _ in connection.run_on_commit):
+        return
+
+    def send() -> None:
+        if due():
+            registered.process_run.delay(run_id)
+
+    send.processes_run_if = run_id  # not `processes_run`: a plain nudge after this one still goes
     transaction.on_commit(send)
 
 

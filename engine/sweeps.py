@@ -21,7 +21,7 @@ from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
-from runs.choices import FAILING_REASONS, JOB_FINISHED, JobStatus, RunStatus
+from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
 
@@ -146,10 +146,18 @@ def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
     found: dict[int, set[tuple[str, str]]] = {}
     if not runs:
         return found
+    ids = [pk for pk, _, _ in runs]
     rows = Job.objects.filter(
-        run_id__in=[pk for pk, _, _ in runs], superseded=False,
+        run_id__in=ids, superseded=False,
         status_changed_at__gte=Coalesce(F("run__derived_at"), F("run__submitted_at")), status_changed_at__lt=old)
+    # a job that ended without a failure while others of its run still run nudged nobody
+    # (runs.transitions.matters_only_last): its run is derived as routine, not as a lost message
+    running_on = set(Job.objects.filter(run_id__in=ids, superseded=False, status__in=JOB_UNFINISHED)
+                     .values_list("run_id", flat=True).distinct())
     for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():
+        quiet = status in JOB_FINISHED and status != JobStatus.FAILED and reason not in FAILING_REASONS
+        if quiet and run_id in running_on:
+            continue
         found.setdefault(run_id, set()).add((status, reason))
     return found
 

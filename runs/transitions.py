@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -12,11 +13,13 @@ from django.utils import timezone
 from engine import messages
 from events.services import record_many, update_row_and_record
 from instances.transitions import taken_events
+from muster import compiled
 from runs.choices import (
     FAILING_REASONS,
     FINAL_STATUS,
     JOB_ACTIVE,
     JOB_FINISHED,
+    JOB_UNFINISHED,
     JobStatus,
     RunReason,
     RunStatus,
@@ -40,6 +43,34 @@ def may_change_run(job: Job, to: str, reason: str) -> bool:
     if to == JobStatus.PROVISIONING:
         return job.run.status == RunStatus.SUBMITTED
     return False
+
+
+def matters_only_last(job: Job, to: str, reason: str) -> bool:
+    """Whether a job ending in `to` can change its run only if no other current job of the run is
+    still unfinished: it ended without a failure, so process_run acts once all have ended (the run
+    done, or its teardown over). Not so for the master of a `stop_criteria: master-done` run, nor
+    while a group of the run restarts (its end starts the next pass while other groups run on); a
+    stale `job.run` there only costs a nudge the sweep would send anyway
+    (process_run's `_derive_again_if_moved` and the sweep's routine derive)."""
+    if to not in JOB_FINISHED or reason in FAILING_REASONS or to == JobStatus.FAILED:
+        return False
+    run = job.run
+    if run.restarts:
+        return False
+    return not (job.job_num == 0 and (run.configuration or {}).get("stop_criteria") == "master-done")
+
+
+# the first unfinished current job of a run, compiled once (muster/compiled.py)
+_UNFINISHED = compiled.Select(lambda run_id: Job.objects.filter(
+    run_id=run_id, superseded=False, status__in=JOB_UNFINISHED).values("pk")[:1], int)
+
+
+def has_no_unfinished_jobs(run_id: int) -> bool:
+    """Whether every current job of the run has ended: one short read, after its caller's commit."""
+    sql, params = _UNFINISHED.statement(run_id)
+    with connections[router.db_for_read(Job)].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is None
 
 
 def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: str | None = None,
@@ -72,7 +103,10 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
-            messages.process_run(job.run_id)
+            if matters_only_last(job, to, fields.get("termination_reason") or job.termination_reason):
+                messages.process_run_if(job.run_id, partial(has_no_unfinished_jobs, job.run_id))
+            else:
+                messages.process_run(job.run_id)
     job.status = to
     job.status_changed_at = now
     for key, value in fields.items():
