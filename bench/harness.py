@@ -103,7 +103,11 @@ def free_port() -> int:
 
 class Session:
     def __init__(self, embedded: bool = False, db_name: str | None = None, redis_url: str | None = None,
-                 redis_db: int | None = None, extra_env: dict[str, str] | None = None, log=print):
+                 redis_db: int | None = None, extra_env: dict[str, str] | None = None, log=print,
+                 count: bool = True):
+        """`count`: statements and tasks counted into Redis (bench/instrument.py) by every process
+        started; off, they run as the product runs (bench-peer, which compares with an uninstrumented
+        dstack and prints no counts)."""
         # BENCH_DB_NAME / BENCH_REDIS_DB let two sessions share one machine without sharing rows or queues
         db_name = db_name or os.environ.get("BENCH_DB_NAME", "muster_bench")
         redis_db = redis_db if redis_db is not None else int(os.environ.get("BENCH_REDIS_DB", "15"))
@@ -122,9 +126,11 @@ class Session:
             "BENCH_SESSION": self.id,
             "SECRET_KEY": "bench-" + self.id,
             "PYTHONPATH": str(ROOT),
-            "BENCH_STATS_URL": f"{self.redis_base}/{redis_db}",
+            **({"BENCH_STATS_URL": f"{self.redis_base}/{redis_db}"} if count else {}),
             **(extra_env or {}),
         }
+        if not count:
+            os.environ.pop("BENCH_STATS_URL", None)
         if not embedded:
             self.env["DATABASE_URL"] = f"{PG}/{db_name}"
             self.env["CELERY_BROKER_URL"] = f"{self.redis_base}/{redis_db}"
@@ -137,13 +143,13 @@ class Session:
     def describe(self) -> str:
         if self.embedded:
             return (f"embedded: SQLite {self.data_dir}/muster.sqlite3 + filesystem:// broker "
-                    f"(query counters in {self.env['BENCH_STATS_URL']})")
+                    f"(query counters in {self.env.get('BENCH_STATS_URL', 'none: not counted')})")
         return f"PostgreSQL {PG}/{self.db_name} + Redis broker {self.env['CELERY_BROKER_URL']}"
 
     def redis(self):
         import redis
 
-        return redis.Redis.from_url(self.env["BENCH_STATS_URL"])
+        return redis.Redis.from_url(f"{self.redis_base}/{self.redis_db}")
 
     def _pg_admin(self, sql: str, db: str = "postgres") -> None:
         import psycopg

@@ -60,7 +60,7 @@ def headers(token: str) -> dict:
 
 def paths(project: str = PROJECT) -> dict:
     base = f"/api/project/{project}/"
-    return {"plan": base + "runs/get_plan", "apply": base + "runs/apply", "get": base + "runs/get",
+    return {"plan": base + "runs/get_plan", "apply": base + "runs/apply", "get": base + "runs/get", "stop": base + "runs/stop",
             "list": "/api/runs/list"}
 
 
