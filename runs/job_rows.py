@@ -12,8 +12,13 @@ from runs.models import Job, Run
 
 
 def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
-    """Job 0 is claimable at once; every other job waits for its master (docs/how-it-works.md, step 3)."""
-    jobs = [
+    return Job.objects.bulk_create(new_jobs(run, job_specs, submission_num))
+
+
+def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
+    """The job rows, not written yet. Job 0 is claimable at once; every other job waits for its
+    master (docs/how-it-works.md, step 3)."""
+    return [
         Job(
             run=run,
             job_num=spec["job_num"],
@@ -26,7 +31,6 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
         )
         for spec in job_specs
     ]
-    return Job.objects.bulk_create(jobs)
 
 
 @sensitive_variables()

@@ -7,20 +7,22 @@ import hmac
 import json
 import re
 import secrets as pysecrets
+from contextlib import nullcontext
 from itertools import islice
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.views.decorators.debug import sensitive_variables
 
 from engine import messages
-from events.services import record
+from events.models import Event
 from instances import fitting, spanning
 from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
+from runs import run_rows
 from runs.choices import RunStatus
 from runs.configuration import (
     ConfigurationError,
@@ -32,7 +34,7 @@ from runs.configuration import (
 )
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
-from runs.job_rows import create_jobs
+from runs.job_rows import new_jobs
 from runs.models import Run, SubmissionKey
 from runs.services import container_policy, group_fleets, local_images, submitted_text
 
@@ -313,26 +315,25 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
 def _create_run(project: Project, user, requested: str | None, configuration: dict, specs: list[dict],
                 idempotency: tuple[str | None, str] = (None, ""), text: str = "") -> Run:
     name = requested or _generated_name()
-    with transaction.atomic():
+    run = Run(project=project, user=user if user and user.is_authenticated else None, name=name,
+              configuration=configuration, submitted_text=text, status=RunStatus.SUBMITTED)
+    jobs = new_jobs(run, specs, submission_num=0)
+    event = Event(project_id=project.id, subject=f"run {name}", message=f"submitted with {len(specs)} jobs",
+                  status=run.status, actor=getattr(user, "username", "") or "api")
+    # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/run_rows.py),
+    # atomic by itself. A name to check, a key to keep, SQLite, or a caller's transaction (whose
+    # savepoint lets the clash retry below go on) take a transaction of their own.
+    alone = not requested and not idempotency[0] and connection.vendor == "postgresql" and not connection.in_atomic_block
+    with nullcontext() if alone else transaction.atomic():
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
         if existing is not None:
             if not existing.finished:
                 raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another name")
             existing.delete()
-        run = Run.objects.create(
-            project=project,
-            user=user if user and user.is_authenticated else None,
-            name=name,
-            configuration=configuration,
-            submitted_text=text,
-            status=RunStatus.SUBMITTED,
-        )
+        run_rows.insert(run, jobs, event)
         if idempotency[0]:
             SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
                                          run=run)
-        jobs = create_jobs(run, specs, submission_num=0)
-        record(project.id, f"run {run.name}", f"submitted with {len(specs)} jobs", status=run.status,
-               actor=getattr(user, "username", "") or "api", run_id=run.id)
         # job 0 is claimable at once; the others wait for their master (runs/job_rows.py)
         messages.provision_job(next(j.pk for j in jobs if j.job_num == 0))
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back

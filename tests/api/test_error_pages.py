@@ -48,7 +48,7 @@ def failing_submit(make_user, monkeypatch, settings):
     def boom(*args, **kwargs):
         raise Boom("a fault inside the submission")
 
-    monkeypatch.setattr(submission, "create_jobs", boom)
+    monkeypatch.setattr(submission, "new_jobs", boom)
     monkeypatch.setattr(submission, "plan_capacity", boom)
     return client, key
 

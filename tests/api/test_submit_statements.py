@@ -78,8 +78,16 @@ def test_an_apply_inserts_the_run_its_jobs_and_its_event_once_each(api, project,
     assert answer.status_code == 201, answer.content
     assert [j["job_num"] for j in answer.json()["jobs"]] == list(range(nodes))
     sqls = statements(queries)
-    inserts = [sql.split('"')[1] for sql in sqls if sql.startswith("INSERT")]
-    assert inserts == ["runs_run", "runs_job", "events_event"], sqls
+    writes = [sql for sql in sqls if not sql.startswith("SELECT")]
+    if connection.vendor == "postgresql":
+        # the three as one statement, with no transaction around it (runs/run_rows.py)
+        assert len(writes) == 1 and writes[0].startswith('WITH r AS (INSERT INTO "runs_run"'), writes
+        assert [t for t in ("runs_job", "events_event") if f'INSERT INTO "{t}"' in writes[0]] == ["runs_job", "events_event"]
+    else:
+        # SQLite takes at most 999 parameters a statement: 64 job rows are two INSERTs there
+        tables = [sql.split('"')[1] for sql in writes]
+        assert [t for i, t in enumerate(tables) if i == 0 or t != tables[i - 1]] == [
+            "runs_run", "runs_job", "events_event"], sqls
     # plus the token, the project and the fleets a member's run may use (local ones or not)
-    assert len(sqls) == 6, sqls
+    assert len(sqls) == 3 + len(writes), sqls
     assert Job.objects.filter(run__name=answer.json()["name"]).count() == nodes
