@@ -23,6 +23,7 @@ from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
+from runs.transitions import ended_without_failure
 
 
 def stale_after() -> timedelta:
@@ -155,8 +156,7 @@ def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
     running_on = set(Job.objects.filter(run_id__in=ids, superseded=False, status__in=JOB_UNFINISHED)
                      .values_list("run_id", flat=True).distinct())
     for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():
-        quiet = status in JOB_FINISHED and status != JobStatus.FAILED and reason not in FAILING_REASONS
-        if quiet and run_id in running_on:
+        if run_id in running_on and ended_without_failure(status, reason):
             continue
         found.setdefault(run_id, set()).add((status, reason))
     return found

@@ -4,8 +4,8 @@ On PostgreSQL one data-modifying WITH writes all three: the jobs and the event t
 from the run's INSERT in the same statement, which is atomic on its own, so an apply's write is
 one round trip instead of five (BEGIN, three INSERTs, COMMIT) and Django compiles no INSERT. The
 values are the ones Django's own INSERT would send (each field's `pre_save` and
-`get_db_prep_save`), so the rows are the same (tests/test_run_rows.py). Elsewhere (SQLite) the
-ORM writes them in the caller's transaction.
+`get_db_prep_save`), so the rows are the same (tests/test_run_rows.py). Elsewhere (SQLite), and for
+a run of more than ONE_STATEMENT_JOBS jobs, the ORM writes them in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -25,8 +25,19 @@ def _fields(model) -> list:
     return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != "run_id"]
 
 
-@functools.cache
-def _statement(vendor: str, jobs: int) -> str:
+# The statement's text is kept per number of jobs, and a run may have up to 4,096 (task.py's
+# DEFAULT_MAX_NODES): kept for every size, the texts of large runs would take hundreds of MB. Past
+# this many jobs the ORM writes the run, in the caller's transaction, as before.
+ONE_STATEMENT_JOBS = 256
+
+
+def one_statement(connection, jobs: int) -> bool:
+    """Whether `insert` writes a run of `jobs` jobs as one statement (else the caller's transaction)."""
+    return connection.vendor == "postgresql" and 0 < jobs <= ONE_STATEMENT_JOBS
+
+
+@functools.lru_cache(maxsize=ONE_STATEMENT_JOBS)
+def _statement(jobs: int) -> str:
     quote = connections[router.db_for_write(Run)].ops.quote_name
 
     def columns(model, with_run: bool) -> str:
@@ -53,10 +64,10 @@ def _values(obj, connection) -> list:
 def insert(run: Run, jobs: list[Job], event: Event) -> None:
     """Write the new `run`, its `jobs` and `event` (neither's run set yet), and give each its id.
 
-    Elsewhere than PostgreSQL the caller holds a transaction (three statements)."""
+    Unless `one_statement` says so, the caller holds a transaction (three statements or more)."""
     alias = router.db_for_write(Run)
     connection = connections[alias]
-    if connection.vendor != "postgresql" or not jobs:
+    if not one_statement(connection, len(jobs)):
         insert_with_orm(run, jobs, event)
         return
     params = _values(run, connection)
@@ -64,7 +75,7 @@ def insert(run: Run, jobs: list[Job], event: Event) -> None:
         params += _values(job, connection)
     params += _values(event, connection)
     with connection.cursor() as cursor:
-        cursor.execute(_statement(connection.vendor, len(jobs)), params)
+        cursor.execute(_statement(len(jobs)), params)
         written = cursor.fetchall()
     run.pk = written[0][0]
     event.pk = written[0][1]

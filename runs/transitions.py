@@ -45,6 +45,10 @@ def may_change_run(job: Job, to: str, reason: str) -> bool:
     return False
 
 
+def ended_without_failure(status: str, reason: str) -> bool:
+    return status in JOB_FINISHED and status != JobStatus.FAILED and reason not in FAILING_REASONS
+
+
 def matters_only_last(job: Job, to: str, reason: str) -> bool:
     """Whether a job ending in `to` can change its run only if no other current job of the run is
     still unfinished: it ended without a failure, so process_run acts once all have ended (the run
@@ -52,7 +56,7 @@ def matters_only_last(job: Job, to: str, reason: str) -> bool:
     while a group of the run restarts (its end starts the next pass while other groups run on); a
     stale `job.run` there only costs a nudge the sweep would send anyway
     (process_run's `_derive_again_if_moved` and the sweep's routine derive)."""
-    if to not in JOB_FINISHED or reason in FAILING_REASONS or to == JobStatus.FAILED:
+    if not ended_without_failure(to, reason):
         return False
     run = job.run
     if run.restarts:

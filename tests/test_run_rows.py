@@ -100,3 +100,14 @@ def test_a_generated_name_that_clashes_is_drawn_again(monkeypatch, in_callers_tr
     assert run.name == "run-fresh0"
     assert Run.objects.filter(project=fleet.project).count() == 2
     assert Job.objects.filter(run__project=fleet.project).count() == 6, "the clash left no job behind"
+
+
+def test_a_run_past_the_one_statement_sizes_is_written_whole_by_the_orm():
+    fleet = local_project_fleet(size=3, name="large")
+    nodes = run_rows.ONE_STATEMENT_JOBS + 44
+    with CaptureQueriesContext(connection) as q:
+        run = submit_run(fleet.project, None, {"configuration": f"type: task\nnodes: {nodes}\ncommands: [echo]\n"})
+    assert not [s for s in q if s["sql"].startswith("WITH r AS")], "no statement text kept for this size"
+    assert Job.objects.filter(run=run).count() == nodes
+    assert sorted(j.job_num for j in run.submitted_jobs) == list(range(nodes))
+    assert all(j.pk for j in run.submitted_jobs)

@@ -85,7 +85,6 @@ class Muster:
                  .values("instance").annotate(n=Count("id")).filter(n__gt=1).count())
         return {"hosts_with_two_jobs": twice}
 
-
     def let_go(self, names: list[str]) -> None:
         """Nothing to do: runs on hollow hosts end by themselves."""
 

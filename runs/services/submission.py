@@ -321,9 +321,10 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
     event = Event(project_id=project.id, subject=f"run {name}", message=f"submitted with {len(specs)} jobs",
                   status=run.status, actor=getattr(user, "username", "") or "api")
     # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/run_rows.py),
-    # atomic by itself. A name to check, a key to keep, SQLite, or a caller's transaction (whose
+    # atomic by itself. A name to check, a key to keep, SQLite, a very large run, or a caller's transaction (whose
     # savepoint lets the clash retry below go on) take a transaction of their own.
-    alone = not requested and not idempotency[0] and connection.vendor == "postgresql" and not connection.in_atomic_block
+    alone = (not requested and not idempotency[0] and run_rows.one_statement(connection, len(jobs))
+             and not connection.in_atomic_block)
     with nullcontext() if alone else transaction.atomic():
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
         if existing is not None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine import messages
+from tests.engine.outcome_helpers import Sent
 from tests.local_processes import kill_everything_under
 
 
@@ -17,3 +19,11 @@ from tests.local_processes import kill_everything_under
 def _no_leftover_processes(settings):
     yield
     kill_everything_under(Path(settings.MUSTER["LOCAL_DIR"]))
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The engine's messages recorded, not sent (tests/engine/outcome_helpers.Sent)."""
+    fake = Sent()
+    monkeypatch.setattr(messages, "registered", fake)
+    return fake

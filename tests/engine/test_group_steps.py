@@ -12,21 +12,14 @@ import pytest
 from django.utils import timezone
 
 from backends.base import GroupProgress, GroupWatch
-from engine import claims, groups, messages, pod_watch, pods, processing
+from engine import claims, groups, pod_watch, pods, processing
 from instances.models import GroupKind, Instance, InstanceGroup
 from runs.models import Job, Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
-from tests.engine.outcome_helpers import Sent, around_body, steal
+from tests.engine.outcome_helpers import around_body, steal
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    fake = Sent()
-    monkeypatch.setattr(messages, "registered", fake)
-    return fake
 
 
 class FakeCloud:

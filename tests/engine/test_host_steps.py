@@ -9,21 +9,14 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from engine import attach_revokes, claims, fleet_deletion, messages, registration, ssh_registration
+from engine import attach_revokes, claims, fleet_deletion, registration, ssh_registration
 from instances.models import Fleet, GroupKind, Instance, InstanceGroup
 from instances.services.fleets import delete_fleet as ask_deletion
 from runs.models import AttachGrant
 from tests.engine.helpers import local_project_fleet
-from tests.engine.outcome_helpers import Sent, around_body, steal
+from tests.engine.outcome_helpers import around_body, steal
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    fake = Sent()
-    monkeypatch.setattr(messages, "registered", fake)
-    return fake
 
 
 # ---- register_fleet (the hosts' side faked: ssh_registration.complete_registration) ---------------------

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from engine import claims, finishing, messages
+from engine import claims, finishing
 from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
@@ -22,16 +22,9 @@ from instances.models import Instance
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
-from tests.engine.outcome_helpers import Sent, around_body, steal, stop_job
+from tests.engine.outcome_helpers import around_body, steal, stop_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    fake = Sent()
-    monkeypatch.setattr(messages, "registered", fake)
-    return fake
 
 
 def _jobs(sent, nodes: int = 1, name: str = "steps", status: str = "submitted", **fields) -> list[Job]:

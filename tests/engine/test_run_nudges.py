@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from engine import finishing, messages, sweeps
+from engine import finishing, sweeps
 from instances.models import Instance
 from instances.services.fleets import create_local_fleet
 from projects.models import Project
@@ -24,16 +24,8 @@ from runs import transitions
 from runs.models import Job, Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
-from tests.engine.outcome_helpers import Sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    fake = Sent()
-    monkeypatch.setattr(messages, "registered", fake)
-    return fake
 
 
 def _running_run(sent, nodes: int, name: str = "nudges", project=None) -> list[Job]:
