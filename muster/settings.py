@@ -152,6 +152,10 @@ CACHES = {
 
 if env_str("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL"), conn_max_age=60, conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's, with no `SELECT 1` on a connection used cleanly within the last second
+        DATABASES["default"]["ENGINE"] = "muster.postgresql"
+
 else:
     SQLITE_PATH = DATA_DIR / "muster.sqlite3"
     if not SQLITE_PATH.exists():

@@ -155,7 +155,7 @@ def test_the_data_dir_and_every_file_in_it_are_private_from_creation(tmp_path):
 def test_database_url_and_broker_url_switch_to_postgres_and_redis(tmp_path):
     conf = settings_with(tmp_path / "data", DATABASE_URL="postgres://u@h:5432/db",
                          CELERY_BROKER_URL="redis://h:6379/0")
-    assert conf["engine"] == "django.db.backends.postgresql"
+    assert conf["engine"] == "muster.postgresql"  # Django's, subclassed (muster/postgresql)
     assert (conf["name"], conf["host"], conf["port"]) == ("db", "h", 5432)
     assert "transaction_mode" not in conf["options"]
     assert conf["broker"] == "redis://h:6379/0"
