@@ -4,15 +4,22 @@ On PostgreSQL one data-modifying WITH writes all three: the jobs and the event t
 from the run's INSERT in the same statement, which is atomic on its own, so an apply's write is
 one round trip instead of five (BEGIN, three INSERTs, COMMIT) and Django compiles no INSERT. The
 values are the ones Django's own INSERT would send (each field's `pre_save` and
-`get_db_prep_save`), so the rows are the same (tests/test_run_rows.py). Elsewhere (SQLite), and for
-a run of more than ONE_STATEMENT_JOBS jobs, the ORM writes them in the caller's transaction.
+`get_db_prep_save`), so the rows are the same (tests/test_run_rows.py). They travel as three JSON
+documents (the run, the list of jobs, the event) that `jsonb_populate_record(set)` turns into rows
+of the tables' own types: the statement's text is one for every size of run, short, with three
+parameters, so psycopg keeps its parsed form, where a placeholder per value (141 for 4 jobs) made
+it parse the text and adapt every value again on each apply. Elsewhere (SQLite) the ORM writes
+them in the caller's transaction.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
+import uuid
 
-from django.db import connections, router
+from django.db import connections, models, router
 
 from events.models import Event
 from runs.models import Job, Run
@@ -25,40 +32,75 @@ def _fields(model) -> list:
     return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != "run_id"]
 
 
-# The statement's text is kept per number of jobs, and a run may have up to 4,096 (task.py's
-# DEFAULT_MAX_NODES): kept for every size, the texts of large runs would take hundreds of MB. Past
-# this many jobs the ORM writes the run, in the caller's transaction, as before.
-ONE_STATEMENT_JOBS = 256
-
-
 def one_statement(connection, jobs: int) -> bool:
     """Whether `insert` writes a run of `jobs` jobs as one statement (else the caller's transaction)."""
-    return connection.vendor == "postgresql" and 0 < jobs <= ONE_STATEMENT_JOBS
+    return connection.vendor == "postgresql" and jobs > 0
 
 
-@functools.lru_cache(maxsize=ONE_STATEMENT_JOBS)
-def _statement(jobs: int) -> str:
+@functools.cache
+def _statement() -> str:
     quote = connections[router.db_for_write(Run)].ops.quote_name
 
-    def columns(model, with_run: bool) -> str:
-        names = [quote(f.column) for f in _fields(model)]
-        return ", ".join([quote("run_id"), *names] if with_run else names)
+    def names(model) -> str:
+        return ", ".join(quote(f.column) for f in _fields(model))
 
-    def row(model, with_run: bool) -> str:
-        marks = ["%s"] * len(_fields(model))
-        return "(" + ", ".join(['(SELECT "id" FROM r)', *marks] if with_run else marks) + ")"
+    def rows(model, func: str, with_run: bool) -> str:
+        # the document's keys are the column names; the table's row type converts each value as
+        # the column's input does (a timestamp's ISO text, a jsonb column's nested JSON)
+        run_id = '(SELECT "id" FROM r), ' if with_run else ""
+        into = f"{quote('run_id')}, {names(model)}" if with_run else names(model)
+        table = quote(model._meta.db_table)
+        return f"INSERT INTO {table} ({into}) SELECT {run_id}{names(model)} FROM {func}(NULL::{table}, %s::jsonb)"
 
-    table = lambda model: quote(model._meta.db_table)  # noqa: E731
-    return (f"WITH r AS (INSERT INTO {table(Run)} ({columns(Run, False)}) VALUES {row(Run, False)} RETURNING \"id\"), "
-            f"j AS (INSERT INTO {table(Job)} ({columns(Job, True)}) VALUES "
-            f"{', '.join([row(Job, True)] * jobs)} RETURNING \"id\", {quote('job_num')}), "
-            f"e AS (INSERT INTO {table(Event)} ({columns(Event, True)}) VALUES {row(Event, True)} RETURNING \"id\") "
-            f"SELECT (SELECT \"id\" FROM r), (SELECT \"id\" FROM e), j.\"id\", j.{quote('job_num')} FROM j")
+    return (f'WITH r AS ({rows(Run, "jsonb_populate_record", False)} RETURNING "id"), '
+            f'j AS ({rows(Job, "jsonb_populate_recordset", True)} RETURNING "id", {quote("job_num")}), '
+            f'e AS ({rows(Event, "jsonb_populate_record", True)} RETURNING "id") '
+            f'SELECT (SELECT "id" FROM r), (SELECT "id" FROM e), j."id", j.{quote("job_num")} FROM j')
 
 
-def _values(obj, connection) -> list:
-    # as SQLInsertCompiler: pre_save (auto_now_add sets the attribute too), then the field's prep
-    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in _fields(type(obj))]
+def _plain(value):
+    """A value the fields' get_db_prep_save gave, as JSON (json.dumps' `default`)."""
+    from psycopg.types.json import Jsonb  # here: an embedded (SQLite) server never loads psycopg
+
+    if isinstance(value, Jsonb):  # a JSONField's value: its document, nested as it is (none has an encoder)
+        return value.obj
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()  # an aware datetime keeps its offset
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"run_rows cannot write a {type(value).__name__} as JSON")
+
+
+# A field of exactly these classes whose value is of these types goes as it is: their pre_save only
+# reads the attribute and their get_db_prep_save gives the same value back (int(), str(), bool(); a
+# JSONField without an encoder wraps the document for psycopg, which the JSON nests instead). None
+# is SQL NULL for each. Anything else takes Django's own path.
+_AS_IS = {models.IntegerField: (int,), models.BigIntegerField: (int,), models.ForeignKey: (int,),
+          models.CharField: (str,), models.TextField: (str,), models.BooleanField: (bool,),
+          models.FloatField: (float,), models.JSONField: (dict, list, str, int, float, bool)}
+
+
+@functools.cache
+def _columns(model) -> list[tuple[str, str, tuple, object]]:
+    return [(f.column, f.attname, (type(None), *_AS_IS[type(f)]) if type(f) in _AS_IS else (), f)
+            for f in _fields(model)]
+
+
+def _document(obj, connection) -> dict:
+    values = obj.__dict__
+    doc = {}
+    for column, attname, plain, field in _columns(type(obj)):
+        value = values.get(attname, field)  # deferred or unset: Django's path reads it
+        if type(value) in plain:
+            doc[column] = value
+        else:  # as SQLInsertCompiler: pre_save (auto_now_add sets the attribute too), then the field's prep
+            doc[column] = field.get_db_prep_save(field.pre_save(obj, True), connection)
+    return doc
+
+
+def _json(value) -> str:
+    # allow_nan=False: JSON has no NaN, and PostgreSQL would refuse the document anyway
+    return json.dumps(value, default=_plain, allow_nan=False, ensure_ascii=False)
 
 
 def insert(run: Run, jobs: list[Job], event: Event) -> None:
@@ -70,12 +112,10 @@ def insert(run: Run, jobs: list[Job], event: Event) -> None:
     if not one_statement(connection, len(jobs)):
         insert_with_orm(run, jobs, event)
         return
-    params = _values(run, connection)
-    for job in jobs:
-        params += _values(job, connection)
-    params += _values(event, connection)
+    params = [_json(_document(run, connection)), _json([_document(job, connection) for job in jobs]),
+              _json(_document(event, connection))]
     with connection.cursor() as cursor:
-        cursor.execute(_statement(len(jobs)), params)
+        cursor.execute(_statement(), params)
         written = cursor.fetchall()
     run.pk = written[0][0]
     event.pk = written[0][1]

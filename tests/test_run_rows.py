@@ -102,12 +102,66 @@ def test_a_generated_name_that_clashes_is_drawn_again(monkeypatch, in_callers_tr
     assert Job.objects.filter(run__project=fleet.project).count() == 6, "the clash left no job behind"
 
 
-def test_a_run_past_the_one_statement_sizes_is_written_whole_by_the_orm():
+@postgresql_only
+def test_a_large_run_is_one_statement_of_the_same_text():
     fleet = local_project_fleet(size=3, name="large")
-    nodes = run_rows.ONE_STATEMENT_JOBS + 44
-    with CaptureQueriesContext(connection) as q:
-        run = submit_run(fleet.project, None, {"configuration": f"type: task\nnodes: {nodes}\ncommands: [echo]\n"})
-    assert not [s for s in q if s["sql"].startswith("WITH r AS")], "no statement text kept for this size"
-    assert Job.objects.filter(run=run).count() == nodes
-    assert sorted(j.job_num for j in run.submitted_jobs) == list(range(nodes))
-    assert all(j.pk for j in run.submitted_jobs)
+    texts = set()
+    for nodes in (2, 300):
+        with CaptureQueriesContext(connection) as q:
+            run = submit_run(fleet.project, None, {"configuration": f"type: task\nnodes: {nodes}\ncommands: [echo]\n"})
+        writes = [s["sql"] for s in q if not s["sql"].startswith("SELECT")]
+        assert len(writes) == 1 and writes[0].startswith("WITH r AS (INSERT"), writes
+        texts.add(run_rows._statement())
+        assert Job.objects.filter(run=run).count() == nodes
+        assert sorted(j.job_num for j in run.submitted_jobs) == list(range(nodes))
+        assert sorted(Job.objects.filter(run=run).values_list("pk", flat=True)) == sorted(
+            j.pk for j in run.submitted_jobs)
+    assert len(texts) == 1, "one statement text for every size: nothing kept per size"
+
+
+# values whose JSON form differs from their SQL literal: quotes, backslashes, non-ASCII, a JSON
+# string and a JSON list in jsonb columns, floats, times with and without microseconds
+AWKWARD_TEXT = "it's \"quoted\" \\ back\\slash\t tab, ünïcödé, 日本, 🚀, $1 %s %(x)s {{ x }}"
+
+
+@postgresql_only
+def test_awkward_values_are_written_as_the_orm_writes_them():
+    project = Project.objects.create(name="awkward")
+    written, retry_at, check_at = [], timezone.now().replace(microsecond=0), timezone.now()
+    for name in ("one", "orm"):
+        run, jobs, event = _new(project, name)
+        run.configuration = {"type": "task", "env": {"A": AWKWARD_TEXT}, "nested": [1, 2.5, None, True, {"k": []}]}
+        run.submitted_text = AWKWARD_TEXT
+        run.termination_message = AWKWARD_TEXT
+        run.next_retry_at = retry_at
+        run.restarts = {"0": 2}
+        for job in jobs:
+            job.spec = {**job.spec, "commands": [AWKWARD_TEXT]}
+            job.probes = ["a", AWKWARD_TEXT]
+            job.termination_message = AWKWARD_TEXT
+            job.start_time, job.end_time = 1733400000.123456, 1e-7
+            job.next_check_at = check_at
+            job.waiting_for = AWKWARD_TEXT[:50]
+        event.message = AWKWARD_TEXT
+        if name == "one":
+            run_rows.insert(run, jobs, event)
+        else:
+            with transaction.atomic():
+                run_rows.insert_with_orm(run, jobs, event)
+        written.append((run, jobs, event))
+    (run, jobs, event), (orm_run, orm_jobs, orm_event) = written
+    assert _row(run) == _row(orm_run)
+    assert _row(run)["configuration"]["env"]["A"] == AWKWARD_TEXT
+    assert [_row(j) for j in jobs] == [_row(j) for j in orm_jobs]
+    assert _row(event) == _row(orm_event)
+    assert Run.objects.get(pk=run.pk).next_retry_at == retry_at
+    assert [Job.objects.get(pk=j.pk).next_check_at for j in jobs] == [check_at] * len(jobs)
+
+
+def test_no_json_column_of_the_three_tables_has_an_encoder_the_one_statement_would_skip():
+    from django.db.models import JSONField
+
+    for model in (Run, Job, Event):
+        for field in model._meta.concrete_fields:
+            if isinstance(field, JSONField):
+                assert field.encoder is None, f"{model.__name__}.{field.name}: run_rows._plain nests the value as is"
