@@ -11,6 +11,7 @@ from rest_framework import authentication
 from dstack_api.services.errors import DstackError, NotFound
 from projects.models import Membership, Project, Role
 from projects.services import access
+from projects.services.caller_reads import READ_WITH_CALLER
 from projects.services.tokens import TokenAuthentication
 
 # the newest client this layer speaks to (dstack refuses a client newer than itself the same way)
@@ -35,7 +36,10 @@ class MissingCredentials(authentication.BaseAuthentication):
 
 
 def project_for(request, name: str, change: bool) -> Project:
-    as_native = SimpleNamespace(user=request.user, method="POST" if change else "GET")
+    # dstack's calls are all POSTs: whether this one changes anything is `change`; the project the
+    # token's authentication read with the user (projects.services.tokens) comes along
+    as_native = SimpleNamespace(user=request.user, method="POST" if change else "GET",
+                                **{READ_WITH_CALLER: getattr(request, READ_WITH_CALLER, None)})
     try:
         return access.project_for(as_native, name)
     except Http404:

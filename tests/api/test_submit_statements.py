@@ -61,10 +61,10 @@ def test_a_plan_reads_the_fleets_once_and_the_idle_hosts_once(api, project, node
     assert len(plan["capacity"]["hosts"]["default"]) == min(max(nodes, 8), 32)
     assert [j["job_num"] for j in plan["jobs"]] == list(range(nodes))
     sqls = statements(queries)
-    # the token, the project with the caller's role, the fleets, one page of idle hosts
+    # the token's user with the project and the caller's role in it (one read), the fleets, one page of idle hosts
     assert reads_of("instances_fleet", sqls) == 1, sqls
     assert reads_of("instances_instance", sqls) == 1, sqls
-    assert len(sqls) == 4, sqls
+    assert len(sqls) == 3, sqls
     assert not Run.objects.exists()
 
 
@@ -88,6 +88,6 @@ def test_an_apply_inserts_the_run_its_jobs_and_its_event_once_each(api, project,
         tables = [sql.split('"')[1] for sql in writes]
         assert [t for i, t in enumerate(tables) if i == 0 or t != tables[i - 1]] == [
             "runs_run", "runs_job", "events_event"], sqls
-    # plus the token, the project and the fleets a member's run may use (local ones or not)
-    assert len(sqls) == 3 + len(writes), sqls
+    # plus the token's user with the project (one read) and the fleets a member's run may use (local ones or not)
+    assert len(sqls) == 2 + len(writes), sqls
     assert Job.objects.filter(run__name=answer.json()["name"]).count() == nodes
