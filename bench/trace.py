@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--hosts", type=int, default=100)
     p.add_argument("--quiet", action="store_true", help="totals only, not every statement")
+    p.add_argument("--gpu", help="the run asks `gpu: GPU` (A100:8 on the CPU-only hollow hosts: the no-capacity path)")
     p.add_argument("--runs", type=int, default=1,
                    help="runs submitted at once; more than one prints CPU per job by task, not statements")
     p.add_argument("--profile", metavar="FILE", help="with --runs: write the engine steps' cProfile stats here")
@@ -50,7 +51,7 @@ def trace(args) -> int:
     project, user, _ = project_with_user("trace")
     make_hollow_fleet(project, "hollow", args.hosts)
     with CaptureQueriesContext(connection) as q:
-        run = submit_run(project, user, {"configuration": task_yaml(args.nodes)})
+        run = submit_run(project, user, {"configuration": task_yaml(args.nodes, gpu=args.gpu)})
     per_task: dict[str, int] = collections.Counter({"submit_run": len(q)})
     bare: dict[str, int] = collections.Counter({"submit_run": statements(q)})
     show("submit_run", run.pk, q, args.quiet)
@@ -87,9 +88,10 @@ def trace(args) -> int:
 
 
 def _steps(queue: collections.deque) -> dict:
-    """The engine's steps by name, their messages caught into `queue` (countdowns ignored)."""
-    from django.db import connection
+    """The engine's steps by name, their messages caught into `queue` (countdowns ignored).
 
+    Caught where a message leaves (`messages.registered`), so what decides whether one is sent at
+    all (once per transaction, the look after commit of `process_run_if`) runs as in a worker."""
     from engine import finishing, messages
     from engine.processing import process_run
     from engine.starting.advance import advance_job
@@ -97,12 +99,24 @@ def _steps(queue: collections.deque) -> dict:
 
     steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
              "process_run": process_run}
-    for name in steps:
-        setattr(messages, name, (lambda n: lambda pk, *a, **k: connection.on_commit(
-            lambda: queue.append((n, pk))))(name))
-    # sent only if, after commit, `due()` says so (runs.transitions.matters_only_last)
-    messages.process_run_if = lambda pk, due: connection.on_commit(
-        lambda: due() and queue.append(("process_run", pk)))
+
+    class Caught:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def delay(self, pk, *rest) -> None:
+            queue.append((self.name, pk))
+
+        def apply_async(self, args, **_options) -> None:
+            queue.append((self.name, args[0]))
+
+    class Registered:
+        def __getattr__(self, name: str):
+            if name not in steps:
+                raise AssertionError(f"bench.trace: the engine sent {name}, which this trace does not run")
+            return Caught(name)
+
+    messages.registered = Registered()
     return steps
 
 
@@ -123,7 +137,7 @@ def cpu(args) -> int:
     steps = _steps(queue)
     project, user, _ = project_with_user("trace")
     make_hollow_fleet(project, "hollow", max(args.hosts, args.runs * args.nodes))
-    runs = [submit_run(project, user, {"configuration": task_yaml(args.nodes)}).pk for _ in range(args.runs)]
+    runs = [submit_run(project, user, {"configuration": task_yaml(args.nodes, gpu=args.gpu)}).pk for _ in range(args.runs)]
     spent: dict[str, float] = collections.Counter()
     calls: dict[str, int] = collections.Counter()
     profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not waits on the database
@@ -148,8 +162,8 @@ def cpu(args) -> int:
         if pk is None and not looked:
             time.sleep(0.05)
     jobs = Job.objects.filter(run__in=runs).count()
-    done = Run.objects.filter(pk__in=runs, status="done").count()
-    print(f"{done} of {len(runs)} runs done; {jobs} jobs on {max(args.hosts, args.runs * args.nodes)} hollow hosts; "
+    ended = collections.Counter(Run.objects.filter(pk__in=runs).values_list("status", flat=True))
+    print(f"{len(runs)} runs: {dict(ended)}; {jobs} jobs on {max(args.hosts, args.runs * args.nodes)} hollow hosts; "
           "this process's CPU ms per job by task (calls per job)")
     for name in sorted(spent):
         print(f"  {name:16} {spent[name] * 1000 / jobs:7.2f} ms  ({calls[name] / jobs:.2f})")

@@ -115,20 +115,30 @@ def _say_log_lost(job: Job, exc: OSError) -> None:
         log.warning("job %s: could not record that its log was lost: %s", job, again)
 
 
-def end_active_jobs(run: Run, reason: str, actor: str = "server") -> int:
-    """Terminate every active job of the run's current submission; return how many are still active."""
+def end_active_jobs(run: Run, reason: str, actor: str = "server", jobs: list[Job] | None = None) -> int:
+    """Terminate every active job of the run's current submission; return how many are still active.
+
+    `jobs`: the run's current jobs as its holder read them under the run's claim (each with `run`
+    set), instead of a read of its own. Every move is guarded by the status it was read in, so a
+    job that moved since does not move here: it is counted as still active, and the run waits for
+    the derive its move asks for (a run is never finished past a job that just started)."""
+    if jobs is None:
+        jobs = list(run.current_jobs().select_related("run", "instance"))
     active = 0
-    for job in run.current_jobs().select_related("run", "instance").filter(status__in=JOB_UNFINISHED):
+    for job in jobs:
+        if job.status not in JOB_UNFINISHED:
+            continue
         if job.status == JobStatus.TERMINATING:
             active += 1
             continue
         if job.status == JobStatus.SUBMITTED:
             # never started anywhere: nothing to stop, but a host a group batch reserved goes back
-            if move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
-                        actor=actor) and job.instance_id:
+            if not move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
+                            actor=actor):
+                active += 1
+            elif job.instance_id:
                 hand_back([job.instance], job)
-        else:
-            terminate_job(job, reason, actor=actor)
+        elif not terminate_job(job, reason, actor=actor) or job.status == JobStatus.TERMINATING:
             active += 1
     return active
 

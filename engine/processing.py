@@ -78,7 +78,7 @@ def _derive(run: Run) -> None:
     if run.stop_requested:
         reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
-        _teardown(run, reason, RunStatus.TERMINATED, run_reason)
+        _teardown(run, reason, RunStatus.TERMINATED, run_reason, jobs=jobs)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
     ignored: set[int] = set()
@@ -86,11 +86,11 @@ def _derive(run: Run) -> None:
         verdict = failure_policy.judge(run, jobs, failed)
         if verdict.spent is not None:
             _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED,
-                      cause=verdict.spent)
+                      cause=verdict.spent, jobs=jobs)
         elif verdict.fail is not None:
-            _fail_or_retry(run, verdict.fail)
+            _fail_or_retry(run, verdict.fail, jobs)
         elif verdict.restart_run is not None:
-            _restart_run(run, verdict.restart_run)
+            _restart_run(run, verdict.restart_run, jobs)
         elif verdict.restart:
             restarts.restart(run, jobs, verdict.restart)
         if verdict.spent or verdict.fail or verdict.restart_run or verdict.restart:
@@ -99,7 +99,7 @@ def _derive(run: Run) -> None:
     master = jobs[0]
     stop_criteria = run.configuration.get("stop_criteria") or "all-done"
     if stop_criteria == "master-done" and master.status == JobStatus.DONE:
-        _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE)
+        _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE, jobs=jobs)
         return
     if all(j.status == JobStatus.DONE or (j.pk in ignored and j.finished) for j in jobs):
         restarts.hand_back_kept(run, jobs)
@@ -118,17 +118,17 @@ def _derive(run: Run) -> None:
             move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
 
 
-def _fail_or_retry(run: Run, cause: Job) -> None:
+def _fail_or_retry(run: Run, cause: Job, jobs: list[Job]) -> None:
     """A failure no rule of its group took: the run's `retry`, else the run fails."""
     if _retry_allowed(run, cause.termination_reason):
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
     else:
         reason = RunReason.RETRY_LIMIT_EXCEEDED if _retry_configured(run, cause.termination_reason) \
             else RunReason.JOB_FAILED
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=cause)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=cause, jobs=jobs)
 
 
-def _restart_run(run: Run, cause: Job) -> None:
+def _restart_run(run: Run, cause: Job, jobs: list[Job]) -> None:
     """`restart-run`: the whole run again (dstack's retry), counted against the group's
     max_restarts once per failure and bounded by retry.duration (an hour when `retry` is not set)."""
     index = str(cause.node_group_index)
@@ -141,9 +141,9 @@ def _restart_run(run: Run, cause: Job) -> None:
     retry = run.configuration.get("retry") or {}
     duration = retry.get("duration")
     if _within(run, cause.termination_reason, DEFAULT_RETRY_DURATION if duration is None else duration):
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
     else:
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause, jobs=jobs)
 
 
 def _retry_configured(run: Run, job_reason: str) -> bool:
@@ -172,16 +172,18 @@ def _backoff(run: Run) -> timedelta:
     return timedelta(seconds=steps[min(run.retry_attempts, len(steps) - 1)])
 
 
-def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: bool = False, cause=None) -> None:
-    """Stop every active job; once none is active, move the run to `final`."""
+def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: bool = False, cause=None,
+              jobs: list[Job] | None = None) -> None:
+    """Stop every active job; once none is active, move the run to `final`. `jobs`: the run's
+    current jobs as _derive read them under the run's claim (not read again)."""
     with transaction.atomic():
         if run.status != RunStatus.TERMINATING:
             why = f"job {cause.job_num} {cause.termination_reason}" if cause else (run_reason or job_reason)
             move_run(run, RunStatus.TERMINATING, frm=ACTIVE_RUN, message=f"terminating: {why}")
-        still_active = end_active_jobs(run, job_reason)
+        still_active = end_active_jobs(run, job_reason, jobs=jobs)
         if still_active:
             return
-        restarts.hand_back_kept(run)
+        restarts.hand_back_kept(run, jobs)
         if retry:
             move_run(run, RunStatus.PENDING, frm=[RunStatus.TERMINATING], next_retry_at=timezone.now() + _backoff(run),
                      retry_attempts=run.retry_attempts + 1, fleet=None,

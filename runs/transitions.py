@@ -6,7 +6,7 @@ from contextlib import nullcontext
 from functools import partial
 
 from django.db import connections, router, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -20,6 +20,7 @@ from runs.choices import (
     JOB_ACTIVE,
     JOB_FINISHED,
     JOB_UNFINISHED,
+    RUN_FINISHED,
     JobStatus,
     RunReason,
     RunStatus,
@@ -64,17 +65,19 @@ def matters_only_last(job: Job, to: str, reason: str) -> bool:
     return not (job.job_num == 0 and (run.configuration or {}).get("stop_criteria") == "master-done")
 
 
-# the first unfinished current job of a run, compiled once (muster/compiled.py)
-_UNFINISHED = compiled.Select(lambda run_id: Job.objects.filter(
-    run_id=run_id, superseded=False, status__in=JOB_UNFINISHED).values("pk")[:1], int)
+# the run, if it is still unfinished and none of its current jobs is: compiled once (muster/compiled.py)
+_DERIVE_DUE = compiled.Select(lambda run_id: Run.objects.filter(pk=run_id).exclude(status__in=RUN_FINISHED).exclude(
+    Exists(Job.objects.filter(run_id=OuterRef("pk"), superseded=False, status__in=JOB_UNFINISHED))).values("pk"), int)
 
 
-def has_no_unfinished_jobs(run_id: int) -> bool:
-    """Whether every current job of the run has ended: one short read, after its caller's commit."""
-    sql, params = _UNFINISHED.statement(run_id)
+def derive_due(run_id: int) -> bool:
+    """Whether every current job of the run has ended while the run itself has not: one short read,
+    after its caller's commit. A run already finished needs no derive: process_run could not claim
+    it (the jobs a teardown ends in the step that then finishes the run would each nudge for nothing)."""
+    sql, params = _DERIVE_DUE.statement(run_id)
     with connections[router.db_for_read(Job)].cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone() is None
+        return cursor.fetchone() is not None
 
 
 def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: str | None = None,
@@ -108,7 +111,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
             if matters_only_last(job, to, fields.get("termination_reason") or job.termination_reason):
-                messages.process_run_if(job.run_id, partial(has_no_unfinished_jobs, job.run_id))
+                messages.process_run_if(job.run_id, partial(derive_due, job.run_id))
             else:
                 messages.process_run(job.run_id)
     job.status = to

@@ -160,3 +160,39 @@ def test_the_sweep_counts_a_run_left_running_after_an_early_end_as_routine(sent)
     runs = sweeps.runs_to_derive(timezone.now(), timezone.now() - timedelta(seconds=30))
     lost, routine, _ = sweeps._runs_by_why(runs, sweeps.changed_statuses(runs, timezone.now() - timedelta(seconds=30)))
     assert jobs[0].run_id in lost
+
+
+def test_a_run_its_derive_fails_outright_is_not_derived_again(sent):
+    """No capacity: job 0 fails, the derive ends the never-started others and fails the run in one
+    step. Their ends look after commit, find the run finished, and send nothing (process_run could
+    not claim a finished run: each would be a task for nothing)."""
+    from engine.processing import process_run
+    from engine.submitted.provision import provision_job
+
+    fleet = local_project_fleet(size=2, name="fleet-nocap")
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nnodes: 4\ncommands: [echo]\nretry: false\n"})
+    sent.clear()
+    assert provision_job(run.current_jobs().get(job_num=0).pk)
+    assert sent.names() == [("process_run", run.pk)], "a failure nudges its run at once"
+    sent.clear()
+    assert process_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == "failed" and run.termination_reason == "job_failed"
+    assert sorted(run.current_jobs().values_list("job_num", "status")) == [
+        (0, "failed"), (1, "terminated"), (2, "terminated"), (3, "terminated")]
+    assert sent.names() == []
+
+
+def test_a_teardown_leaves_a_job_that_moved_since_its_read_to_the_next_derive(sent):
+    """The teardown ends the jobs as the derive read them; a member placed in between (its master's
+    batch) is not moved by that stale copy, is counted as still active, and the run is not finished
+    past it."""
+    jobs = _running_run(sent, 2, name="moved")
+    Job.objects.filter(pk=jobs[1].pk).update(status="submitted", instance=None)
+    stale = list(Run.objects.get(pk=jobs[0].run_id).current_jobs().order_by("job_num"))
+    for job in stale:
+        job.run = jobs[0].run
+    Job.objects.filter(pk=jobs[1].pk).update(status="provisioning", instance=jobs[1].instance_id)
+    assert finishing.end_active_jobs(jobs[0].run, "terminated_by_server", jobs=stale) == 2
+    assert Job.objects.get(pk=jobs[1].pk).status == "provisioning"
+    assert Job.objects.get(pk=jobs[0].pk).status == "terminating"
