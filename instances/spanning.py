@@ -43,6 +43,8 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
     whole = fitting.first_fitting_fleet(allowed_by_all, demands, pools, at_least, busy_too)
     if whole is not None:
         return [whole] * len(demands)
+    if len(demands) == 1:
+        return None  # the one group is the whole run: every fleet it may use has just been tried
     if pools is not None:
         pools.clear()  # what a fleet that did not fit left there is no group's answer
     multi_node = sum(n for _, n in demands) > 1
