@@ -24,7 +24,7 @@ from runs.choices import (
     JobStatus,
 )
 from runs.models import Job, Run
-from runs.transitions import move_job, terminate_job
+from runs.transitions import end_unstarted_jobs, move_job, terminate_job
 
 log = logging.getLogger(__name__)
 
@@ -124,21 +124,20 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server", jobs: list[Job
     the derive its move asks for (a run is never finished past a job that just started)."""
     if jobs is None:
         jobs = list(run.current_jobs().select_related("run", "instance"))
-    active = 0
-    for job in jobs:
-        if job.status not in JOB_UNFINISHED:
+    unfinished = [j for j in jobs if j.status in JOB_UNFINISHED]
+    # never started anywhere: nothing to stop, ended together; a host a group batch reserved goes back
+    unstarted = [j for j in unfinished if j.status == JobStatus.SUBMITTED]
+    ended = end_unstarted_jobs(unstarted, reason, actor=actor)
+    for job in ended:
+        if job.instance_id:
+            hand_back([job.instance], job)
+    active = len(unstarted) - len(ended)  # moved since they were read: the derive their move asks for sees them
+    unstarted_ids = {j.pk for j in unstarted}
+    for job in unfinished:
+        if job.pk in unstarted_ids:
             continue
-        if job.status == JobStatus.TERMINATING:
-            active += 1
-            continue
-        if job.status == JobStatus.SUBMITTED:
-            # never started anywhere: nothing to stop, but a host a group batch reserved goes back
-            if not move_job(job, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED], termination_reason=reason,
-                            actor=actor):
-                active += 1
-            elif job.instance_id:
-                hand_back([job.instance], job)
-        elif not terminate_job(job, reason, actor=actor) or job.status == JobStatus.TERMINATING:
+        if job.status == JobStatus.TERMINATING or not terminate_job(job, reason, actor=actor) \
+                or job.status == JobStatus.TERMINATING:
             active += 1
     return active
 

@@ -68,10 +68,12 @@ def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], poo
     return chosen  # type: ignore[return-value]
 
 
-def choose(run: Run, jobs: list[Job] | None = None, busy_too: bool = False) -> list[Fleet] | None:
+def choose(run: Run, jobs: list[Job] | None = None, busy_too: bool = False,
+           usable: list[Fleet] | None = None) -> list[Fleet] | None:
     """The fleet of each group of the run's current submission (fitting.group_demands order);
-    `busy_too`: counting the hosts that are busy now as well."""
-    return assign(fitting.candidate_fleets(run), group_fleet_names(run.configuration),
+    `busy_too`: counting the hosts that are busy now as well; `usable`: fitting.usable_fleets(run)
+    as the caller already read it."""
+    return assign(fitting.candidate_fleets(run, usable), group_fleet_names(run.configuration),
                   fitting.group_demands(run, jobs), busy_too=busy_too)
 
 

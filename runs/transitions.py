@@ -5,12 +5,13 @@ from __future__ import annotations
 from contextlib import nullcontext
 from functools import partial
 
-from django.db import connections, router, transaction
+from django.db import connection, connections, router, transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages
+from events.models import Event
 from events.services import record_many, update_row_and_record
 from instances.transitions import taken_events
 from muster import compiled
@@ -70,10 +71,13 @@ _DERIVE_DUE = compiled.Select(lambda run_id: Run.objects.filter(pk=run_id).exclu
     Exists(Job.objects.filter(run_id=OuterRef("pk"), superseded=False, status__in=JOB_UNFINISHED))).values("pk"), int)
 
 
-def derive_due(run_id: int) -> bool:
+def derive_due(run_id: int, run: Run | None = None) -> bool:
     """Whether every current job of the run has ended while the run itself has not: one short read,
     after its caller's commit. A run already finished needs no derive: process_run could not claim
-    it (the jobs a teardown ends in the step that then finishes the run would each nudge for nothing)."""
+    it (the jobs a teardown ends in the step that then finishes the run would each nudge for nothing).
+    `run`: the caller's copy; one it saw finish (in the transaction that just committed) is not read."""
+    if run is not None and run.status in RUN_FINISHED:
+        return False
     sql, params = _DERIVE_DUE.statement(run_id)
     with connections[router.db_for_read(Job)].cursor() as cursor:
         cursor.execute(sql, params)
@@ -110,15 +114,53 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
         elif may_change_run(job, to, fields.get("termination_reason", "")):
-            if matters_only_last(job, to, fields.get("termination_reason") or job.termination_reason):
-                messages.process_run_if(job.run_id, partial(derive_due, job.run_id))
-            else:
-                messages.process_run(job.run_id)
+            _nudge_run(job, to, fields.get("termination_reason") or job.termination_reason)
     job.status = to
     job.status_changed_at = now
     for key, value in fields.items():
         setattr(job, key, value)
     return True
+
+
+def _nudge_run(job: Job, to: str, reason: str) -> None:
+    if matters_only_last(job, to, reason):
+        messages.process_run_if(job.run_id, partial(derive_due, job.run_id, job.run))
+    else:
+        messages.process_run(job.run_id)
+
+
+def end_unstarted_jobs(jobs: list[Job], reason: str, actor: str = "server") -> list[Job]:
+    """Jobs of one run that never started anywhere (`submitted`), ended for `reason` at once: on
+    PostgreSQL one statement for their moves and their events however many there are (a 300-node
+    run that found no capacity is not 299 UPDATEs). Guarded by `submitted`, so one placed or
+    stopped meanwhile does not move. Returns the jobs moved; the caller's copies move too."""
+    if not jobs:
+        return []
+    if connection.vendor != "postgresql" or len(jobs) == 1:
+        return [j for j in jobs if move_job(j, FINAL_STATUS[reason], frm=[JobStatus.SUBMITTED],
+                                            termination_reason=reason, actor=actor)]
+    run, to, now = jobs[0].run, FINAL_STATUS[reason], timezone.now()
+    job_table, event_table = (connection.ops.quote_name(m._meta.db_table) for m in (Job, Event))
+    with connection.cursor() as cursor:
+        # the UPDATE's RETURNING feeds the events' INSERT, whose RETURNING says which jobs moved
+        cursor.execute(
+            f"WITH moved AS (UPDATE {job_table} SET status = %s, status_changed_at = %s, termination_reason = %s "
+            f"WHERE id = ANY(%s) AND status = %s RETURNING id, job_num, instance_id) "
+            f"INSERT INTO {event_table} (project_id, subject, message, status, actor, run_id, job_id, instance_id, "
+            f"created) SELECT %s, %s || moved.job_num, %s, %s, %s, %s, moved.id, moved.instance_id, %s FROM moved "
+            f"RETURNING job_id",
+            [to, now, reason, [j.pk for j in jobs], JobStatus.SUBMITTED,
+             run.project_id, f"job {run.name}/", f"{to} ({reason})", to, actor, run.pk, now])
+        moved_ids = {row[0] for row in cursor.fetchall()}
+    moved = [j for j in jobs if j.pk in moved_ids]
+    for job in moved:
+        job.status, job.status_changed_at, job.termination_reason = to, now, reason
+    if moved and may_change_run(moved[0], to, reason):  # the one nudge move_job would send for each
+        if all(matters_only_last(j, to, reason) for j in moved):
+            messages.process_run_if(run.pk, partial(derive_due, run.pk, run))
+        else:
+            messages.process_run(run.pk)
+    return moved
 
 
 def end_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:

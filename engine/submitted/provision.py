@@ -14,7 +14,7 @@ from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.submitted import fanout, gang, placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
-from instances import fitting, spanning
+from instances import fit_reasons, fitting, spanning
 from instances.models import Fleet
 from muster import compiled
 from runs.choices import JobReason, JobStatus, RunStatus
@@ -58,12 +58,13 @@ def _attempt(job: Job) -> dict:
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
     siblings = list(run.current_jobs().only(*SIBLING_FIELDS)) if job.node_group_rank == 0 else None
     if run.fleet_id is None:
-        fleets = spanning.choose(run, siblings)
+        usable = fitting.usable_fleets(run)  # read once for the choice, the wait and the failure's words
+        fleets = spanning.choose(run, siblings, usable=usable)
         if fleets is None:
-            full = waiting.fleets_to_wait_for(run, siblings) if job.job_num == 0 else None
+            full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
             if full:
                 return waiting.wait(job, spanning.full_fleets(full))
-            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings))
+            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings, usable))
             return {}
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
@@ -106,13 +107,13 @@ def _record_placement(run: Run, job: Job, fleets: list, siblings: list[Job] | No
         j.fleet = fleets[j.node_group_index]
 
 
-def _no_capacity(run: Run, siblings: list[Job] | None) -> str:
+def _no_capacity(run: Run, siblings: list[Job] | None, usable: list[Fleet]) -> str:
     """The failure message: per group, which requirement no host met (instances/fitting.py `explain`)."""
     jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
     groups = fitting.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
                                lambda j: j.spec["resources"])
-    lines = fitting.explain(run.project_id, run.configuration.get("fleets") or [], groups, run.configuration,
-                            local=fitting.local_allowed(run.user))
+    lines = fit_reasons.explain(run.project_id, run.configuration.get("fleets") or [], groups, run.configuration,
+                            local=fitting.local_allowed(run.user), fleets=usable)
     text = "no fleet can hold every group of this run: " + " | ".join(lines)
     return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."
 

@@ -51,11 +51,12 @@ def retry_lets_it_wait(run: Run) -> bool:
     return timezone.now() < until
 
 
-def fleets_to_wait_for(run: Run, jobs: list[Job] | None) -> list | None:
-    """The fleets the run would get once their busy hosts are free, if it may wait for them."""
+def fleets_to_wait_for(run: Run, jobs: list[Job] | None, usable: list | None = None) -> list | None:
+    """The fleets the run would get once their busy hosts are free, if it may wait for them
+    (`usable`: fitting.usable_fleets(run), when the caller has read it)."""
     if not retry_lets_it_wait(run):
         return None
-    return spanning.choose(run, jobs, busy_too=True)
+    return spanning.choose(run, jobs, busy_too=True, usable=usable)
 
 
 def wait(job: Job, why: str) -> dict:

@@ -17,7 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from engine import messages
 from events.models import Event
-from instances import fitting, spanning
+from instances import fit_reasons, fitting, spanning
 from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
@@ -178,9 +178,8 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
     Two statements when it fits (the fleets, then one page of idle hosts per group): the hosts the
     plan names are those the fit test read, not read again."""
     local = fitting.local_allowed(user)
-    fleets = fitting.fleets_for(project.pk, wanted, local=local)
-    if configuration is not None:
-        fleets = fitting.allowing_fleets(fleets, configuration)
+    usable = fitting.fleets_for(project.pk, wanted, local=local)
+    fleets = fitting.allowing_fleets(usable, configuration) if configuration is not None else usable
     pools: list[list] = []
     chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
                              [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts)
@@ -190,7 +189,7 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups, pools)}
     answer = {"fits": False, "fleet": None,
-              "reasons": fitting.explain(project.pk, wanted, groups, configuration, local=local)}
+              "reasons": fit_reasons.explain(project.pk, wanted, groups, configuration, local=local, fleets=usable)}
     if configuration is not None and spanning.waits_on_full_fleet(configuration):
         # submitted now, the run would wait for hosts of these fleets instead of failing (engine/submitted/waiting.py)
         full = spanning.assign(fleets, spanning.group_fleet_names(configuration), [(req, n) for _, req, n in groups],

@@ -53,15 +53,15 @@ def test_busy_or_unreachable_hosts_are_counted_but_not_offered(api, project):
 
 
 def test_a_large_fleet_is_explained_by_its_kinds_of_host_with_every_host_counted(api, project, monkeypatch):
-    from instances import fitting
+    from instances import fit_reasons
 
     fleet = create_local_fleet(project, "big", 60)
     gpu = {**fleet.instances.first().resources, "gpus": [{"name": "A100", "memory_gb": 80}] * 2}
     fleet.instances.filter(index__lt=3).update(resources=gpu, gpu_count=2)
     fleet.instances.filter(index=0).update(status="busy")
     tested = []
-    real = fitting.fits
-    monkeypatch.setattr(fitting, "fits", lambda req, res: tested.append(1) or real(req, res))
+    real = fit_reasons.fits
+    monkeypatch.setattr(fit_reasons, "fits", lambda req, res: tested.append(1) or real(req, res))
     assert plan(api, "type: task\nnodes: 3\nresources: {gpu: A100:2}\ncommands: [echo]\n")["reasons"] == [
         "default: needs 3 hosts with 2 x gpu A100: fleet big has 60 hosts, 3 with 2 x gpu A100, 2 of them idle and "
         "reachable now; the group needs 3"]

@@ -186,13 +186,14 @@ def test_a_run_its_derive_fails_outright_is_not_derived_again(sent):
 def test_a_teardown_leaves_a_job_that_moved_since_its_read_to_the_next_derive(sent):
     """The teardown ends the jobs as the derive read them; a member placed in between (its master's
     batch) is not moved by that stale copy, is counted as still active, and the run is not finished
-    past it."""
-    jobs = _running_run(sent, 2, name="moved")
-    Job.objects.filter(pk=jobs[1].pk).update(status="submitted", instance=None)
+    past it. The other never-started member ends, with its event."""
+    jobs = _running_run(sent, 3, name="moved")
+    Job.objects.filter(pk__in=[jobs[1].pk, jobs[2].pk]).update(status="submitted", instance=None)
     stale = list(Run.objects.get(pk=jobs[0].run_id).current_jobs().order_by("job_num"))
     for job in stale:
         job.run = jobs[0].run
-    Job.objects.filter(pk=jobs[1].pk).update(status="provisioning", instance=jobs[1].instance_id)
+    Job.objects.filter(pk=jobs[2].pk).update(status="provisioning", instance=jobs[2].instance_id)
     assert finishing.end_active_jobs(jobs[0].run, "terminated_by_server", jobs=stale) == 2
-    assert Job.objects.get(pk=jobs[1].pk).status == "provisioning"
-    assert Job.objects.get(pk=jobs[0].pk).status == "terminating"
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == ["terminating", "terminated", "provisioning"]
+    assert list(jobs[1].events.values_list("subject", "status")) == [("job moved/1", "terminated")]
+    assert not jobs[2].events.filter(status="terminated").exists()

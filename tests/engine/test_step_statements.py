@@ -98,3 +98,22 @@ def test_each_claim_and_each_state_change_of_a_run_is_one_round_trip(monkeypatch
         assert not [sql for sql in call if sql.startswith('SELECT "projects_project"')], call
     # placement reads the run's user with the job, not on its own
     assert not [sql for call in calls["provision_job"] for sql in call if 'FROM "auth_user"' in sql]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement forms are PostgreSQL's")
+def test_a_large_run_that_finds_no_capacity_is_torn_down_in_a_handful_of_statements(monkeypatch, fast_limits):
+    """Job 0 fails for no capacity; the derive ends the 63 others with one statement for their
+    moves and events, and finishes the run: no statement per job, nothing derived twice."""
+    fleet = local_project_fleet(size=2)
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nnodes: 64\ncommands: [echo]\nretry: false\n"})
+    calls = drive(monkeypatch, run)
+    run.refresh_from_db()
+    assert run.status == "failed" and run.termination_reason == "job_failed"
+    jobs = list(run.current_jobs().order_by("job_num").values_list("status", "termination_reason"))
+    assert jobs == [("failed", "failed_to_start_due_to_no_capacity")] + [("terminated", "terminated_by_server")] * 63
+    assert len(calls["provision_job"]) == 1 and len(calls["provision_job"][0]) <= 8, calls["provision_job"]
+    assert len(calls["process_run"]) == 1, "the run is finished in the derive that ends its jobs: no second derive"
+    assert len(calls["process_run"][0]) <= 10, calls["process_run"][0]
+    ends = list(run.events.filter(job__isnull=False, status="terminated").order_by("job__job_num")
+                .values_list("subject", "message", "job__job_num"))
+    assert ends == [(f"job {run.name}/{n}", "terminated (terminated_by_server)", n) for n in range(1, 64)]
