@@ -47,7 +47,8 @@ def no_capacity(system, args) -> dict:
     got = clients(target, args.nocap_runs, args.clients, plan=False)
     ended = harness.wait_until(lambda: system.terminal(got["names"]) >= len(got["names"]), args.timeout, every=0.2)
     seconds = time.perf_counter() - got["started_at"]
-    return {"runs": got["runs"], "seconds": seconds, "complete": bool(ended),
+    # submit_s: the applies alone; the rest of `seconds` is the tail after the last apply was answered
+    return {"runs": got["runs"], "seconds": seconds, "submit_s": got["seconds"], "complete": bool(ended),
             "runs_per_s": got["runs"] / seconds if ended else 0.0, "errors": got["errors"],
             "error_count": got["error_count"], "load_after": loadavg()}
 
