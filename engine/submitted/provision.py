@@ -38,6 +38,8 @@ def provision_job(job_id: int) -> bool:
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
     fields = _attempt(job)
+    if isinstance(fields, claims.Outcome):  # the attempt's last move is the give-back itself
+        return fields
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
     # attempt, it could reach an idle worker while this step still held the job, bounce off the
     # claim and leave the job to the sweep (three sweep intervals later).
@@ -45,8 +47,9 @@ def _provision(held: claims.Held) -> claims.Outcome:
     return job_outcome(job, then, **fields)
 
 
-def _attempt(job: Job) -> dict:
-    """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py)."""
+def _attempt(job: Job) -> dict | claims.Outcome:
+    """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py),
+    or the Outcome whose move gives it back (a job 0 that fails for no capacity ends as it is given back)."""
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
         return {}  # the run is ending; process_run terminates this job
@@ -64,8 +67,9 @@ def _attempt(job: Job) -> dict:
             full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
             if full:
                 return waiting.wait(job, spanning.full_fleets(full))
-            end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, _no_capacity(run, siblings, usable))
-            return {}
+            why = _no_capacity(run, siblings, usable)
+            return claims.Outcome(move=lambda token: end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why,
+                                                             lease=token))
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:
