@@ -117,7 +117,9 @@ class Dstack:
         return self._target(dstack.PROJECT, gpu="A100:8")
 
     def placement_target(self, hosts: int) -> Target:
-        project = f"place{hosts}"
+        # a project of its own per step: dstack refuses to create one that exists (a second round)
+        self._placements = getattr(self, "_placements", 0) + 1
+        project = f"place{hosts}n{self._placements}"
         self.server.call("/api/projects/create", {"project_name": project, "is_public": False})
         dstack_seed.seed_fleet(self.server.db, project, f"idle-{hosts}", hosts)
         self._placement_project = project
