@@ -22,7 +22,9 @@ MUSTER = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit
 
 # A worker that fails on stderr after some output: its last lines must reach the user. The workers
 # start once the router runs (depends_on): one failed node ends the run, and a router not started
-# by then would rightly print nothing.
+# by then would rightly print nothing. For the same reason the failing worker waits (up to 20 s)
+# for its sibling to have written its first line: on a loaded machine it could otherwise fail, and
+# end the run, before the other worker had started at all (seen in CI).
 FAILING = """\
 type: task
 name: failing
@@ -37,9 +39,11 @@ groups:
       - echo "worker $DSTACK_NODE_RANK starting"
       - |
         if [ "$DSTACK_NODE_RANK" = 2 ]; then
+          for _ in $(seq 200); do [ -e {started} ] && break; sleep 0.1; done
           echo "CUDA out of memory on rank $DSTACK_NODE_RANK" >&2
           exit 3
         fi
+        touch {started}
         sleep 30
 """
 
@@ -84,6 +88,10 @@ def muster(live_server, make_user, tmp_path):
     return run
 
 
+def failing(tmp_path: Path) -> str:
+    return FAILING.replace("{started}", str(tmp_path / "worker-1-started"))
+
+
 def write(tmp_path: Path, text: str) -> str:
     path = tmp_path / "task.yml"
     path.write_text(text)
@@ -92,7 +100,7 @@ def write(tmp_path: Path, text: str) -> str:
 
 def test_apply_follows_every_job_and_ends_with_the_failed_workers_last_lines(
         muster, local_fleet, celery_worker, tmp_path):
-    result = muster("apply", "-f", write(tmp_path, FAILING), "-y")
+    result = muster("apply", "-f", write(tmp_path, failing(tmp_path)), "-y")
 
     assert result.returncode == 1, result.stderr
     out, err = result.stdout, result.stderr
@@ -161,7 +169,7 @@ def test_logs_ps_events_and_delete_of_a_run(muster, local_fleet, celery_worker, 
 
 
 def test_deleting_an_active_run_is_refused_with_the_reason(muster, local_fleet, celery_worker, tmp_path):
-    assert muster("apply", "-f", write(tmp_path, FAILING.replace("exit 3", "sleep 30")), "-y", "-d").returncode == 0
+    assert muster("apply", "-f", write(tmp_path, failing(tmp_path).replace("exit 3", "sleep 30")), "-y", "-d").returncode == 0
     result = muster("delete", "failing", "-y")
     assert result.returncode == 1
     assert "stop it before deleting it" in result.stderr
