@@ -126,20 +126,14 @@ def end_active_jobs(run: Run, reason: str, actor: str = "server", jobs: list[Job
         jobs = list(run.current_jobs().select_related("run", "instance"))
     unfinished = [j for j in jobs if j.status in JOB_UNFINISHED]
     # never started anywhere: nothing to stop, ended together; a host a group batch reserved goes back
-    unstarted = [j for j in unfinished if j.status == JobStatus.SUBMITTED]
-    ended = end_unstarted_jobs(unstarted, reason, actor=actor)
-    for job in ended:
+    for job in end_unstarted_jobs([j for j in unfinished if j.status == JobStatus.SUBMITTED], reason, actor=actor):
         if job.instance_id:
             hand_back([job.instance], job)
-    active = len(unstarted) - len(ended)  # moved since they were read: the derive their move asks for sees them
-    unstarted_ids = {j.pk for j in unstarted}
     for job in unfinished:
-        if job.pk in unstarted_ids:
-            continue
-        if job.status == JobStatus.TERMINATING or not terminate_job(job, reason, actor=actor) \
-                or job.status == JobStatus.TERMINATING:
-            active += 1
-    return active
+        if job.status in JOB_ACTIVE and job.status != JobStatus.SUBMITTED:
+            terminate_job(job, reason, actor=actor)
+    # a copy that did not move (it moved since it was read) still holds its status as read
+    return sum(1 for j in unfinished if j.status in JOB_UNFINISHED)
 
 
 def stop_jobs_on_group(group, actor: str = "api") -> None:
