@@ -5,6 +5,9 @@ Each step is `claims.claimed(Model, pk, name, body)`: the body does its work and
 guarded UPDATE before the messages leave after commit (engine/messages.py; a job's outcome:
 engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
+claims        engine/claims.py                   claimed: the claim, the body's Outcome applied in one guarded UPDATE
+              engine/locked_claims.py            the claim protocol's own statements, written once per shape
+              engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
@@ -16,12 +19,16 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
+  ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
   containers  engine/starting/containers.py      show_pull_progress, container_end: an image job's pull
 running       engine/running/watch.py            watch_running: the batch watch of running jobs
   observe     engine/running/observe.py          look, watch_observed: a runner's answer acted on (start, end)
+  readiness   engine/running/readiness.py        when a running job is ready, from its probes
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/finishing.py                finish_job: stop on the host, copy the log, give the host back
 runs          engine/processing.py               process_run: a run's status derived from its jobs (retry, teardown)
+  failures    engine/failure_policy.py           what a failed job means under its group's on_failure
+  restarts    engine/restarts.py                 a group's nodes restarted as a new submission, the others run on
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again

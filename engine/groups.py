@@ -24,10 +24,9 @@ from instances.models import (
     InstanceGroup,
     InstanceStatus,
 )
-from instances.transitions import end_group, move_group, move_instances
+from instances.transitions import NOT_TERMINATED, end_group, move_group, move_instances
 
 log = logging.getLogger(__name__)
-NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 
 
 def end_group_and_jobs(group: InstanceGroup, actor: str = "server") -> bool:

@@ -42,7 +42,7 @@ from instances.models import (
     InstanceStatus,
 )
 from instances.queued import queued_view
-from instances.transitions import end_group, move_group, move_instances
+from instances.transitions import NOT_TERMINATED, end_group, move_group, move_instances
 from muster import crypto
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 # Job statuses that still wait for their host to come up.
 _WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
-NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 NOT_TERMINATED_GROUP = [status for status in GroupStatus.values if status != GroupStatus.TERMINATED]
 
 

@@ -39,12 +39,11 @@ from instances.models import (
     Placement,
 )
 from instances.ssh_hosts import refuse_registered_elsewhere
-from instances.transitions import move_fleet, move_instances
+from instances.transitions import NOT_TERMINATED, move_fleet, move_instances
 from muster.api_errors import InvalidInput
 from projects.models import Project
 
 log = logging.getLogger(__name__)
-NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
 
 
 @dataclass

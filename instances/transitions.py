@@ -22,6 +22,9 @@ from instances.models import (
     InstanceStatus,
 )
 
+# every status a host leaves for `terminated` from: the `frm` of an end that takes any live host
+NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
+
 
 def move_instances(instances: list[Instance], to: str, *, frm, message: str | None, actor: str = "server",
                    run_id=None, job_id=None, where: dict | None = None, **fields) -> set[int]:

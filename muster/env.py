@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def env_str(name: str, default: str = "") -> str:
@@ -24,3 +25,10 @@ def env_int(name: str, default: int) -> int:
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value not in (None, "") else default
+
+
+def data_dir() -> Path:
+    """MUSTER_DATA_DIR, or `.muster-data/` in the checkout whatever the working directory: the server,
+    `muster serve` and its children must agree on it, or beat's schedule and the local agents' stop
+    files land beside a database that is elsewhere."""
+    return Path(env_str("MUSTER_DATA_DIR", str(Path(__file__).resolve().parent.parent / ".muster-data"))).resolve()

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from muster.env import data_dir
+
 WORKER_NICE = 10
 
 
@@ -53,7 +55,7 @@ def commands(bind: str, concurrency: int, dev: bool = False) -> dict[str, list[s
         "worker": [*celery, "worker", "--loglevel=INFO", f"--concurrency={concurrency}", "--without-gossip",
                    "--without-mingle"],
         "beat": [*celery, "beat", "--loglevel=WARNING", "--schedule",
-                 os.path.join(os.environ.get("MUSTER_DATA_DIR", ".muster-data"), "celerybeat-schedule")],
+                 str(data_dir() / "celerybeat-schedule")],
         # the SSH gateway the dstack CLI follows logs through (MUSTER_DSTACK_SSH_BIND)
         "gateway": _manage("dstack_gateway"),
     }
@@ -243,8 +245,5 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
 
 def _stop_local_agents() -> None:
     """Local instances live only while Muster serves: ask their runner agents to exit too."""
-    from pathlib import Path
-
-    data = Path(os.environ.get("MUSTER_DATA_DIR", ".muster-data"))
-    for home in data.glob("local/*/muster"):
+    for home in data_dir().glob("local/*/muster"):
         (home / "agent.stop").touch()

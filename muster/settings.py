@@ -15,11 +15,11 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from muster.env import env_bool, env_float, env_int, env_str
+from muster.env import data_dir, env_bool, env_float, env_int, env_str
 from muster.files import private_dir, read_or_create_private
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("MUSTER_DATA_DIR", str(BASE_DIR / ".muster-data"))).resolve()
+DATA_DIR = data_dir()
 private_dir(DATA_DIR)  # 0700: the database, keys and logs in it are the server user's alone
 PRODUCTION = env_str("MUSTER_ENV") == "production"
 

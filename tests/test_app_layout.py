@@ -82,3 +82,12 @@ def test_every_filterset_of_an_app_is_used_by_a_routed_view(app):
     assert declared, f"{app}/api/filters.py declares no FilterSet"
     used = {getattr(view, "filterset_class", None) for view in _views(get_resolver().url_patterns)}
     assert declared <= used, f"not the filterset_class of any routed view: {declared - used}"
+
+
+def test_the_engine_map_names_every_module_of_the_engine():
+    """engine/__init__.py is a newcomer's map of the steps: a module it does not name is one they
+    cannot find from there."""
+    text = (ROOT / "engine" / "__init__.py").read_text()
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "engine").rglob("*.py")
+                     if p.name != "__init__.py" and "__pycache__" not in p.parts)
+    assert [m for m in modules if m not in text] == []

@@ -10,7 +10,6 @@ from django.db import connection, transaction
 from instances.fitting import candidates, page_for
 from instances.models import Fleet, Instance, InstanceStatus
 from instances.transitions import take_idle
-from runs.models import Job
 
 
 def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
@@ -43,11 +42,6 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
 
 
 GangGroup = tuple[int, str, dict, int]  # (group index, name, requirements, node count)
-
-
-def take_gang(fleet: Fleet, groups: list[GangGroup]) -> tuple[dict[int, list[Instance]], list[str]]:
-    """take_gang_across with every group on one fleet."""
-    return take_gang_across([(fleet, g) for g in groups])
 
 
 def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, list[Instance]], list[str]]:
@@ -83,8 +77,3 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, l
             return {}, short
     return taken, []
 
-
-def take_instance(job: Job, fleet: Fleet) -> Instance | None:
-    """Claim one idle instance that fits the job (never two jobs on one)."""
-    picked = take_instances(fleet, job.spec["resources"], 1)
-    return picked[0] if picked else None

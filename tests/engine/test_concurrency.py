@@ -24,9 +24,7 @@ def test_concurrent_claims_take_each_instance_once(fast_limits):
     def take(job):
         try:
             barrier.wait()
-            inst = placement.take_instance(job, fleet)
-            if inst is not None:
-                taken.append(inst.pk)
+            taken.extend(inst.pk for inst in placement.take_instances(fleet, job.spec["resources"], 1))
         finally:
             connection.close()
 
