@@ -174,6 +174,9 @@ class Outcome:
     once the row is given back as the body left it, each sent after commit.
     `hand_over`: status -> message(pk), for a row found in another status than `expect` (it turned
     terminating while held: the stop's own message bounced off our lease, so it is sent again).
+    `retry_in`: seconds the row stays unclaimable once given back (its lease runs on with nobody's
+    token, as `Held.back_off` does): a step whose work failed and must be tried again later
+    (a cloud call refused) backs off instead of being sent again by the next sweep.
     """
 
     expect: tuple = ()
@@ -181,9 +184,15 @@ class Outcome:
     move: Callable[[str], bool] | None = None
     then: tuple[Callable[[], object], ...] = ()
     hand_over: Mapping[str, Callable[[object], object]] = field(default_factory=dict)
+    retry_in: float | None = None
 
     def guard(self) -> dict:
         return {"status__in": self.expect} if self.expect else {}
+
+    def written(self) -> dict:
+        """The lease's release and the fields, as the give-back's UPDATE writes them."""
+        until = timezone.now() + timedelta(seconds=self.retry_in) if self.retry_in else None
+        return {"lease_until": until, "lease_token": "", **self.fields}
 
 
 class Held:
@@ -233,17 +242,16 @@ def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step:
         if outcome.move is not None:
             applied = outcome.move(token)
         else:
-            touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.fields)
+            touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.written())
             if touched is None:
                 touched = model.objects.filter(pk=pk, lease_token=token, **outcome.guard()).update(
-                    lease_until=None, lease_token="", **outcome.fields)
+                    **outcome.written())
             applied = touched == 1
         if applied:
             for send in outcome.then:
                 send()
             return True
-        if not model.objects.filter(pk=pk, lease_token=token).update(lease_until=None, lease_token="",
-                                                                     **outcome.fields):
+        if not model.objects.filter(pk=pk, lease_token=token).update(**outcome.written()):
             log.warning("step %s: %s %s was no longer held (stale lease): its outcome is dropped", step,
                         model.__name__, pk)
             return False
@@ -269,8 +277,9 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
     those somebody moved are given back as they are and handed over, the others were stale."""
     model, token = held.model, held.token
     outcomes = {pk: outcomes.get(pk) or Outcome() for pk in held.pks if pk not in held.failed}
-    moves = {pk: o for pk, o in outcomes.items() if o.move is not None}
-    plain = {pk: o for pk, o in outcomes.items() if o.move is None}
+    # a move, or a backoff, is given back on its own (the bulk UPDATE clears every lease)
+    moves = {pk: o for pk, o in outcomes.items() if o.move is not None or o.retry_in}
+    plain = {pk: o for pk, o in outcomes.items() if pk not in moves}
     for pk, outcome in moves.items():
         if give_back(model, pk, token, outcome, held.step):
             held.applied.add(pk)

@@ -12,10 +12,11 @@ from django.db import transaction
 from django.db.models import Q
 
 from backends.base import BackendError
-from backends.registry import compute_for_instance, fleet_backend_config, get_compute
+from backends.registry import compute_for_instance, get_compute, group_backend_config
 from engine import claims, messages
 from engine.finishing import stop_jobs_on_group
-from engine.tuning import STOP_THREADS
+from engine.tuning import DELETE_BACKOFF_MAX, STOP_THREADS
+from events.services import record
 from instances.models import (
     Fleet,
     GroupKind,
@@ -49,15 +50,28 @@ def _terminate(held: claims.Held) -> claims.Outcome | None:
     group = InstanceGroup.objects.select_related("fleet").get(pk=held.pk)
     try:
         if group.kind == GroupKind.TPU_POD:
-            backend = group.backend_data.get("backend", "gcp")
-            compute = get_compute(backend, fleet_backend_config(group.fleet) if group.fleet else {})
+            # the fleet's settings, or the server's and what the group kept when its fleet is gone
+            # (a fleet's deletion removes its row before this step runs)
+            compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
             compute.terminate_group(group.name, group.backend_data)
         else:
             stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
     except BackendError as exc:
-        log.warning("deleting group %s failed, will retry: %s", group.name, exc)
-        return None  # given back as it is: the sweep sends the delete again
+        return _failed_delete(group, exc)
     return claims.Outcome(move=partial(_terminated, group))
+
+
+def _failed_delete(group: InstanceGroup, exc: BackendError) -> claims.Outcome:
+    """Given back with a backoff that doubles per failure (one lease, two, ... up to
+    DELETE_BACKOFF_MAX): the sweep sends the delete again only once it is over. The count is kept
+    on the group, and each failure is an event, so why a slice is still there can be read."""
+    failures = int(group.backend_data.get("delete_failures") or 0) + 1
+    wait = min(claims.backoff_seconds() * 2 ** min(failures - 1, 16), DELETE_BACKOFF_MAX)
+    log.warning("deleting group %s failed (%d times), trying again in %.0fs: %s", group.name, failures, wait, exc)
+    record(group.project_id, f"instance group {group.name}",
+           f"delete failed ({failures} times), trying again in {wait:.0f}s: {exc}"[:500], status=group.status)
+    return claims.Outcome(fields={"backend_data": {**group.backend_data, "delete_failures": failures}},
+                          retry_in=wait)
 
 
 def _terminated(group: InstanceGroup, token: str) -> bool:

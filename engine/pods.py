@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backends.base import BackendError, Compute, GroupProgress, NoCapacityError, ProvisioningData
-from backends.registry import fleet_backend_config, get_compute
+from backends.registry import fleet_backend_config, get_compute, group_backend_config, kept_for_group
 from backends.tpu_shapes import SliceShape, parse_slice
 from engine import claims, messages
 from engine.claims import unleased
@@ -163,7 +163,8 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple
         group = InstanceGroup.objects.create(
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=shape.name,
             status=GroupStatus.PROVISIONING,
-            backend_data={"backend": fleet.backend, **({"slices": slices} if slices > 1 else {})},
+            backend_data={"backend": fleet.backend, "fleet": kept_for_group(fleet),
+                          **({"slices": slices} if slices > 1 else {})},
         )
         instances = [
             Instance.objects.create(
@@ -211,8 +212,7 @@ def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
 
 def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
     """The slice is READY: fill in each host (worker k -> instance k) and hand it to its job."""
-    config = fleet_backend_config(group.fleet) if group.fleet else {}
-    key = config.get("ssh_private_key", "")
+    key = group_backend_config(group).get("ssh_private_key", "")
     encrypted = crypto.encrypt(key) if key else ""
     now = timezone.now()
     with transaction.atomic():
@@ -256,8 +256,7 @@ def _poll_once(group: InstanceGroup) -> str:
     records, failure, reason = None, "", ""
     queued = bool((group.backend_data.get("create") or {}).get("queued"))
     try:
-        compute = get_compute(group.backend_data.get("backend", "gcp"),
-                              fleet_backend_config(group.fleet) if group.fleet else {})
+        compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
         before = queued_view(group)
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
         _keep(group, progress)

@@ -52,10 +52,12 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # (engine/submitted/waiting.py): a routine recheck, not a lost message
     submitted = Job.objects.filter(unleased(now), status=JobStatus.SUBMITTED, waiting_master_job=False,
                                    status_changed_at__lt=old).filter(
-        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)).values_list("pk", "waiting_for")[:BATCH]
-    rows = list(submitted)
-    found["provision"] = _enqueue(messages.provision_job, [pk for pk, why in rows if not why.startswith(waiting.PREFIX)])
-    found["waiting_rechecks"] = _enqueue(messages.provision_job, [pk for pk, why in rows if why.startswith(waiting.PREFIX)])
+        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
+    lost = submitted.exclude(waiting_for__startswith=waiting.PREFIX).values_list("pk", flat=True)[:BATCH]
+    found["provision"] = _enqueue(messages.provision_job, lost)
+    # the rechecks take turns across projects: one project's thousands of waiting runs do not fill the
+    # batch while another project's waiting run is never looked at (engine/submitted/waiting.py)
+    found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, BATCH))
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
     # the batch watcher's (engine/running/watch.py): it claims whatever is due, and one watch
     # message (below), not one per job, is what the sweep sends for them.

@@ -42,6 +42,10 @@ DOCKER_PROBE_TIMEOUT = 15.0
 REGISTER_THREADS = 32
 
 # -- stopping (engine/groups.py, engine/finishing.py) --
+# seconds at most between tries of a slice's delete the cloud keeps refusing: the wait doubles from
+# one lease per failure up to this, so a delete that cannot succeed (credentials revoked) costs one
+# call every ten minutes, not two a second, and is still tried again by itself once it can
+DELETE_BACKOFF_MAX = 600.0
 # hosts whose runner agent is asked to exit in parallel when a group goes
 STOP_THREADS = 16
 # seconds: a runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most

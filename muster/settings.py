@@ -302,6 +302,11 @@ MUSTER = {
     # seconds a job's image may take to pull before the job fails (creating_container_error)
     "IMAGE_PULL_TIMEOUT": env_float("MUSTER_IMAGE_PULL_TIMEOUT", 600.0),
     "RETRY_BACKOFF": [15, 30, 60, 120, 300, 600],
+    # what one project may pile up (runs/limits.py; 0: no cap): runs not finished, runs
+    # waiting for a host of a full fleet, and a run's retry.duration (how long it is retried or waits)
+    "MAX_ACTIVE_RUNS_PER_PROJECT": env_int("MUSTER_MAX_ACTIVE_RUNS_PER_PROJECT", 5000),
+    "MAX_WAITING_RUNS_PER_PROJECT": env_int("MUSTER_MAX_WAITING_RUNS_PER_PROJECT", 1000),
+    "MAX_RETRY_DURATION": env_int("MUSTER_MAX_RETRY_DURATION", 7 * 86400),
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     # the loopback address of the first local instance (the next take the addresses after it):
     # `make demo` starts at 127.0.0.6, so it runs beside `make run` (127.0.0.2-5) on one machine

@@ -19,6 +19,8 @@ class RunStatus(models.TextChoices):
 
 
 RUN_FINISHED = (RunStatus.TERMINATED, RunStatus.FAILED, RunStatus.DONE)
+# how job 0's `waiting_for` starts while its run waits for a host of a full fleet (engine/submitted/waiting.py)
+WAITING_FOR_HOST = "a free host"
 
 
 class JobStatus(models.TextChoices):

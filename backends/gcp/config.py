@@ -79,3 +79,19 @@ def merged(server: Mapping[str, Any] | None, configuration: Mapping[str, Any]) -
         **fleet_settings(configuration),
         **dict(configuration.get("gcp") or {}),
     }
+
+
+# keys of a fleet's `gcp` mapping that a group never keeps on its row (engine/pods.py)
+SECRET_KEYS = ("credentials", "ssh_private_key")
+
+
+def kept_settings(configuration: Mapping[str, Any]) -> dict[str, Any]:
+    """The fleet's own keys (3. and 4. above) without secrets: what its groups keep, so that the
+    delete of a slice still finds it (zones, queued or not) once the fleet's row is gone."""
+    own = {k: v for k, v in dict(configuration.get("gcp") or {}).items() if k not in SECRET_KEYS}
+    return {**fleet_settings(configuration), **own}
+
+
+def with_kept(server: Mapping[str, Any] | None, kept: Mapping[str, Any]) -> dict[str, Any]:
+    """A group's settings when its fleet is gone: the server's, then what the group kept."""
+    return {**env_settings(), **dict(server or {}), **{k: v for k, v in kept.items() if k not in SECRET_KEYS}}

@@ -65,9 +65,10 @@ def _attempt(job: Job) -> dict | claims.Outcome:
         fleets = spanning.choose(run, siblings, usable=usable)
         if fleets is None:
             full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
-            if full:
+            crowded = waiting.over_cap(job) if full else ""
+            if full and not crowded:
                 return waiting.wait(job, spanning.full_fleets(full))
-            why = _no_capacity(run, siblings, usable)
+            why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=lambda token: end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why,
                                                              lease=token))
         _record_placement(run, job, fleets, siblings)

@@ -24,6 +24,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from engine import messages
@@ -32,11 +34,12 @@ from events.services import record
 from instances import spanning
 from instances.transitions import hand_back as give_back
 from muster import compiled
-from runs.choices import JobStatus
+from runs import limits as run_limits
+from runs.choices import WAITING_FOR_HOST, JobStatus
 from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.models import Job, Run
 
-PREFIX = "a free host"
+PREFIX = WAITING_FOR_HOST
 
 
 def retry_lets_it_wait(run: Run) -> bool:
@@ -103,3 +106,26 @@ def wake(project_id: int, count: int) -> int:
     for pk in waiting:
         messages.provision_job(pk)
     return len(waiting)
+
+
+def due_rechecks(due, limit: int) -> list[int]:
+    """The waiting jobs among `due` (submitted jobs whose look is due) the sweep sends this time, at
+    most `limit`, taking turns across projects: every project's longest-due job first, then every
+    project's second, and so on. One query: a row number per project, in order of due time."""
+    turns = due.filter(waiting_for__startswith=PREFIX).annotate(turn=Window(
+        RowNumber(), partition_by=[F("run__project_id")], order_by=[F("next_check_at").asc(nulls_first=True),
+                                                                   F("pk").asc()]))
+    return list(turns.order_by("turn", "run__project_id").values_list("pk", flat=True)[:limit])
+
+
+def over_cap(job: Job) -> str:
+    """Why job 0 may not start waiting ("" when it may): its project has MUSTER_MAX_WAITING_RUNS_PER_PROJECT
+    runs waiting already (a run already waiting keeps its place). The submit refuses a run that may
+    wait past the cap (runs/limits.py); this holds it for runs submitted before any waited."""
+    cap = int(settings.MUSTER["MAX_WAITING_RUNS_PER_PROJECT"])
+    if cap <= 0 or job.waiting_for.startswith(PREFIX):
+        return ""
+    if run_limits.waiting_count(job.run.project_id, cap) < cap:
+        return ""
+    return (f"project {job.run.project.name} has {cap} runs waiting for a free host already, the most this server "
+            "allows (MUSTER_MAX_WAITING_RUNS_PER_PROJECT)")

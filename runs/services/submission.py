@@ -22,6 +22,7 @@ from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
+from runs import limits as run_limits
 from runs import run_rows
 from runs.choices import RunStatus
 from runs.configuration import (
@@ -105,6 +106,7 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
         run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
     )
     _check_expanded_size(conf)
+    run_limits.check_retry_duration(conf)
     group_fleets.check(project, conf)  # a group's own `fleets:` names fleets of this project
     local_images.check(project, conf)  # `image` where only local fleets could take it: Docker must answer
     container_policy.check(project, conf)  # privileged or host volumes that no candidate fleet allows
@@ -291,6 +293,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
               "hidden_env": sorted(hidden_values)}
     if conf.registry_password:  # used for the image pull only (engine/starting/cluster.py), encrypted at rest
         stored["secret_registry_password"] = crypto.encrypt(conf.registry_password)
+    run_limits.check_project_caps(project, configuration)
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
     clashes = 0
