@@ -50,6 +50,10 @@ class Counts:
             if self.by_address[address] <= 0:
                 del self.by_address[address]
 
+    def logged_in(self, user_pk: int) -> int:
+        with self.lock:
+            return self.by_user[user_pk]
+
     def login(self, user_pk: int) -> bool:
         with self.lock:
             if self.by_user[user_pk] >= limit("DSTACK_SSH_MAX_PER_USER"):

@@ -86,13 +86,14 @@ class Session(paramiko.ServerInterface):
         if grant is None or (self.user_pk is not None and user.pk != self.user_pk):
             log.info("dstack gateway: %s refused as %s", self.peer, username)
             return paramiko.AUTH_FAILED
-        if self.user_pk is None:
-            if not self.counts.login(user.pk):
-                log.warning("dstack gateway: %s refused as %s: the user holds DSTACK_SSH_MAX_PER_USER connections",
-                            self.peer, username)
-                return paramiko.AUTH_FAILED
-            self.user_pk = user.pk
-        self.key, self.username = (key.get_name(), key.asbytes()), username
+        # asked before the signature is checked (and for a mere "would this key do?"), so the login
+        # is counted only once the transport says it is authenticated (_count_login); refused here
+        # already when full, so the client reads "Permission denied" rather than a closed connection
+        if self.counts.logged_in(user.pk) >= limit("DSTACK_SSH_MAX_PER_USER"):
+            log.warning("dstack gateway: %s refused as %s: the user holds DSTACK_SSH_MAX_PER_USER connections",
+                        self.peer, username)
+            return paramiko.AUTH_FAILED
+        self.user_pk, self.key, self.username = user.pk, (key.get_name(), key.asbytes()), username
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):
@@ -190,6 +191,7 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
     transport = paramiko.Transport(sock)
     session = Session(peer, counts)
     started = time.monotonic()
+    counted = False  # the login is counted against DSTACK_SSH_MAX_PER_USER
     try:
         transport.banner_timeout = transport.handshake_timeout = HANDSHAKE_TIMEOUT
         transport.add_server_key(key)
@@ -201,6 +203,11 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
             if not transport.is_authenticated():
                 if now - started > float(settings.MUSTER["DSTACK_SSH_AUTH_TIMEOUT"]):
                     log.info("dstack gateway: %s did not log in within DSTACK_SSH_AUTH_TIMEOUT; dropped", peer)
+                    break
+            elif not counted:
+                counted = counts.login(session.user_pk)
+                if not counted:  # another login of the user's was counted in between
+                    log.warning("dstack gateway: %s as %s: over DSTACK_SSH_MAX_PER_USER; closed", peer, session.username)
                     break
             elif now >= next_check:
                 next_check = now + float(settings.MUSTER["DSTACK_SSH_RECHECK"])
@@ -221,7 +228,7 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
     finally:
         transport.close()
         connection.close()
-        if session.user_pk is not None:
+        if counted:
             counts.logout(session.user_pk)
         counts.release(peer[0])
 

@@ -139,7 +139,9 @@ def test_clients_that_never_log_in_hold_one_addresss_share_and_are_dropped_at_th
 def test_one_user_holds_at_most_max_per_user_logins(ticking, base, gateway, settings):
     settings.MUSTER = {**settings.MUSTER, "DSTACK_SSH_MAX_PER_USER": 2}
     first, second = _tunnel(base, gateway, ticking), _tunnel(base, gateway, ticking)
+    streams = [_log_stream(first[0]), _log_stream(second[0])]  # both logins in use
     try:
+        assert all(head.startswith(b"HTTP/1.1 101") for _, head in streams)
         third = subprocess.run([*_ssh_args(base, gateway, ticking), "-N"], capture_output=True, text=True,
                                timeout=patient(30), stdin=subprocess.DEVNULL)
         assert third.returncode != 0 and "Permission denied" in third.stderr, third.stderr
@@ -153,6 +155,8 @@ def test_one_user_holds_at_most_max_per_user_logins(ticking, base, gateway, sett
         finally:
             _stop(again)
     finally:
+        for s, _ in streams:
+            s.close()
         for _, proc in (first, second):
             if proc.poll() is None:
                 _stop(proc)
