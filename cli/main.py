@@ -194,7 +194,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here: the client commands must work where the server's dependencies are absent.
     from muster.serve import serve
 
-    return serve(args.bind, args.concurrency, verbose=args.verbose, dev=args.dev)
+    return serve(args.bind, args.concurrency, verbose=args.verbose, dev=args.dev, gateway_port=args.gateway_port)
 
 
 def version() -> str:
@@ -301,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = _command(sub, "serve", cmd_serve, help="run the server: web, Celery worker and beat")
     serve.add_argument("--bind", default="127.0.0.1:8000")
     serve.add_argument("--concurrency", type=int, default=2)
+    serve.add_argument("--gateway-port", type=int, default=None, metavar="PORT",
+                       help="the dstack CLI's SSH gateway's port, on --bind's host (default: MUSTER_DSTACK_SSH_PORT, 2222)")
     serve.add_argument("--dev", action="store_true",
                        help="serve the web with Django's development server instead of gunicorn")
     serve.add_argument("-v", "--verbose", action="store_true",

@@ -56,7 +56,7 @@ def commands(bind: str, concurrency: int, dev: bool = False) -> dict[str, list[s
                    "--without-mingle"],
         "beat": [*celery, "beat", "--loglevel=WARNING", "--schedule",
                  str(data_dir() / "celerybeat-schedule")],
-        # the SSH gateway the dstack CLI follows logs through (MUSTER_DSTACK_SSH_BIND)
+        # the SSH gateway the dstack CLI follows logs through (MUSTER_DSTACK_SSH_BIND, set by serve())
         "gateway": _manage("dstack_gateway"),
     }
 
@@ -178,8 +178,19 @@ class Child:
         _kill_group(self.proc, signal.SIGKILL)  # whatever of its group is left
 
 
+def gateway_bind(web_host: str, port: int | None = None) -> str:
+    """Where the dstack CLI's SSH gateway listens: on the web's host (`make run BIND=0.0.0.0:8000`
+    serves both to other machines), at MUSTER_DSTACK_SSH_PORT (2222); an operator's
+    MUSTER_DSTACK_SSH_BIND names both instead, and `--gateway-port` wins over either port."""
+    from django.conf import settings
+
+    given = os.environ.get("MUSTER_DSTACK_SSH_BIND", "")
+    host, _, given_port = given.rpartition(":") if given else (web_host, "", "")
+    return f"{host}:{port or given_port or settings.MUSTER['DSTACK_SSH_PORT']}"
+
+
 def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False,
-          dev: bool = False) -> int:
+          dev: bool = False, gateway_port: int | None = None) -> int:
     """Start web, worker and beat and keep them running until SIGINT or SIGTERM.
 
     A child that dies is restarted after a backoff (1 s doubling to 30 s, back to 1 s once it has
@@ -191,6 +202,8 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     from django.conf import settings
 
     host, _, port = bind.rpartition(":")
+    # in the environment, so the web (which tells the CLI where to dial) and the gateway agree
+    os.environ["MUSTER_DSTACK_SSH_BIND"] = gateway_bind(host, gateway_port)
     # a wildcard bind is reached through any of the machine's addresses; this one always works here
     url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
     print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/", flush=True)

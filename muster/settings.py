@@ -378,9 +378,16 @@ MUSTER = {
     # where `muster attach` puts a user's key on an SSH host: the file the host's sshd reads for the
     # fleet user (its AuthorizedKeysFile); `~/` is that user's home
     "ATTACH_AUTHORIZED_KEYS": env_str("MUSTER_ATTACH_AUTHORIZED_KEYS") or "~/.ssh/authorized_keys",
-    # the SSH gateway the dstack CLI reaches jobs through (docs/dstack-cli.md): where `muster serve`
-    # binds it, and the host and port the CLI is told to dial (empty: the web's host, the bound port)
-    "DSTACK_SSH_BIND": env_str("MUSTER_DSTACK_SSH_BIND", "127.0.0.1:2222"),
+    # the dstack CLI's SSH gateway: port, bind (`muster serve`: the web's host), where the CLI dials (empty:
+    # the bound host and port) (docs/dstack-cli.md); its limits, each explained in docs/security.md
+    "DSTACK_SSH_PORT": (_gateway_port := env_int("MUSTER_DSTACK_SSH_PORT", 2222)),
+    "DSTACK_SSH_BIND": env_str("MUSTER_DSTACK_SSH_BIND", f"127.0.0.1:{_gateway_port}"),
+    "DSTACK_SSH_AUTH_TIMEOUT": env_float("MUSTER_DSTACK_SSH_AUTH_TIMEOUT", 20.0),
+    "DSTACK_SSH_MAX_CONNECTIONS": env_int("MUSTER_DSTACK_SSH_MAX_CONNECTIONS", 64),
+    "DSTACK_SSH_MAX_PER_ADDRESS": env_int("MUSTER_DSTACK_SSH_MAX_PER_ADDRESS", 16),
+    "DSTACK_SSH_MAX_PER_USER": env_int("MUSTER_DSTACK_SSH_MAX_PER_USER", 16),
+    "DSTACK_SSH_MAX_CHANNELS": env_int("MUSTER_DSTACK_SSH_MAX_CHANNELS", 16),
+    "DSTACK_SSH_RECHECK": env_float("MUSTER_DSTACK_SSH_RECHECK", 5.0),
     "DSTACK_SSH_PUBLIC_HOST": env_str("MUSTER_DSTACK_SSH_PUBLIC_HOST"),
     "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
     # set in a settings file, not the environment: the gcp backend's defaults (the MUSTER_GCP_*

@@ -18,6 +18,10 @@ GPU sources:
 
 Docker: `docker info` (10 s timeout) gives the daemon's version and runtimes; `docker` is None when
 there is no CLI or the daemon does not answer. Jobs with `image` are placed only where it is set.
+
+The internal IP a host reports is its own word, and the server later connects to it (the dstack
+gateway forwards a job's port there), so `probe` holds it to the SSH host policy, the same function
+every SSH connection uses: a host reporting 127.0.0.1 or 169.254.169.254 fails its registration.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 import paramiko
 
+from backends.ssh.address_policy import host_policy, refusal
 from backends.ssh.commands import run
 from backends.ssh.errors import SSHError
 
@@ -91,7 +96,14 @@ def probe(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any]:
         raise SSHError(
             f"the resource probe exited with status {status}: {err.decode(errors='replace')[-300:]}"
         )
-    return parse_probe_output(out.decode(errors="replace"))
+    found = parse_probe_output(out.decode(errors="replace"))
+    why = refusal(found["internal_ip"], host_policy()) if found["internal_ip"] else ""
+    if why:
+        raise SSHError(
+            f"the host reports its internal IP as {found['internal_ip']}, which the server does not connect to: "
+            f"{why}. Jobs' ports are reached at that address, so give the host a private address the policy "
+            "allows (its first global address in `ip addr`), or change the policy")
+    return found
 
 
 def probe_docker(client: paramiko.SSHClient, timeout: float = 20) -> dict[str, Any] | None:

@@ -3,8 +3,14 @@
 paramiko's server mode. A connection logs in with a user's dstack key (UserSSHKey) as
 `<upstream_id>_root`, naming a job the user may read. It may only open `-L` channels: to
 localhost:10999 (the log WebSocket, websocket.py) and to localhost:<one of the job's ports>, which
-goes on to that port on the job's host. A session (shell, command, subsystem) and `-R` are refused.
-Access is checked again at each channel, so a removed member is cut off at once.
+goes on to that port on the job's host (writers only, and only to an address the SSH host policy
+allows: dstack_api/services/gateway.py). A session (shell, command, subsystem) and `-R` are refused.
+
+Access is checked again at each channel and every DSTACK_SSH_RECHECK seconds while connected, so an
+open forward of a removed member is closed within that bound. Limits (settings, docs/security.md): a
+client must log in within DSTACK_SSH_AUTH_TIMEOUT of connecting; connections are capped in all, per
+address and per user (limits.py); channels per connection by DSTACK_SSH_MAX_CHANNELS, and a log
+channel ends when its client goes away.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -21,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import connection
 
+from dstack_api.gateway.limits import Counts, limit
 from dstack_api.gateway.websocket import stream_log
 from dstack_api.services import gateway as rules
 
@@ -29,7 +37,7 @@ HANDSHAKE_TIMEOUT = 15
 CONNECT_TIMEOUT = 10
 IDLE_TIMEOUT = 3600  # a forward nobody sends on for an hour is closed
 BUFFER = 32 * 1024
-MAX_CONNECTIONS = 64
+BIND_RETRY = 5.0  # seconds between tries to listen on a port that was taken
 PROHIBITED = paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 
@@ -56,12 +64,15 @@ def known_hosts_line(host: str, port: int) -> str:
 
 
 class Session(paramiko.ServerInterface):
-    def __init__(self, peer):
-        self.peer = peer
+    def __init__(self, peer, counts: Counts):
+        self.peer, self.counts = peer, counts
         self.user_pk: int | None = None
         self.key: tuple[str, bytes] | None = None
         self.username = ""
+        self.lock = threading.Lock()
         self.targets: dict[int, tuple[rules.Target, object]] = {}
+        self.channels = 0  # approved and not yet ended: capped by DSTACK_SSH_MAX_CHANNELS
+        self.forwards: set = set()  # open channels to job ports, closed if the member loses them
 
     def get_allowed_auths(self, username):
         return "publickey"
@@ -69,11 +80,18 @@ class Session(paramiko.ServerInterface):
     def check_auth_publickey(self, username, key):
         try:
             user = rules.user_of_key(key.get_name(), key.asbytes())
-            job = rules.job_for(user, username) if user is not None else None
+            grant = rules.grant_for(user, username) if user is not None else None
         finally:
             connection.close()  # paramiko's transport thread: it must not keep a database session
-        if job is None:
+        if grant is None or (self.user_pk is not None and user.pk != self.user_pk):
             log.info("dstack gateway: %s refused as %s", self.peer, username)
+            return paramiko.AUTH_FAILED
+        # asked before the signature is checked (and for a mere "would this key do?"), so the login
+        # is counted only once the transport says it is authenticated (_count_login); refused here
+        # already when full, so the client reads "Permission denied" rather than a closed connection
+        if self.counts.logged_in(user.pk) >= limit("DSTACK_SSH_MAX_PER_USER"):
+            log.warning("dstack gateway: %s refused as %s: the user holds DSTACK_SSH_MAX_PER_USER connections",
+                        self.peer, username)
             return paramiko.AUTH_FAILED
         self.user_pk, self.key, self.username = user.pk, (key.get_name(), key.asbytes()), username
         return paramiko.AUTH_SUCCESSFUL
@@ -88,15 +106,30 @@ class Session(paramiko.ServerInterface):
         if self.key is None:
             return PROHIBITED
         try:
-            job = rules.still_allowed(self.user_pk, *self.key, self.username)
-            target = rules.forward_target(job, destination[0], int(destination[1])) if job else None
+            grant = self.recheck()
+            target = rules.forward_target(grant, destination[0], int(destination[1])) if grant else None
         finally:
             connection.close()
         if target is None:
             log.info("dstack gateway: %s as %s: forward to %s:%s refused", self.peer, self.username, *destination)
             return PROHIBITED
-        self.targets[chanid] = (target, job)
+        with self.lock:
+            if self.channels >= limit("DSTACK_SSH_MAX_CHANNELS"):
+                log.info("dstack gateway: %s as %s: channel refused, %d open (DSTACK_SSH_MAX_CHANNELS)",
+                         self.peer, self.username, self.channels)
+                return PROHIBITED
+            self.channels += 1
+            self.targets[chanid] = (target, grant.job)
         return paramiko.OPEN_SUCCEEDED
+
+    def recheck(self):
+        """The login's grant now: None once the key, the user or the membership is gone."""
+        return rules.still_allowed(self.user_pk, *self.key, self.username) if self.key else None
+
+    def channel_ended(self, chan) -> None:
+        with self.lock:
+            self.channels -= 1
+            self.forwards.discard(chan)
 
 
 def _pump(src, dst) -> None:
@@ -116,7 +149,7 @@ def _pump(src, dst) -> None:
                 pass
 
 
-def _serve_channel(chan, target: rules.Target, job) -> None:
+def _serve_channel(session: Session, chan, target: rules.Target, job) -> None:
     try:
         if target.logs:
             chan.settimeout(IDLE_TIMEOUT)
@@ -125,55 +158,120 @@ def _serve_channel(chan, target: rules.Target, job) -> None:
         sock = socket.create_connection((target.ip, target.port), timeout=CONNECT_TIMEOUT)
         sock.settimeout(IDLE_TIMEOUT)
         chan.settimeout(IDLE_TIMEOUT)
-        threading.Thread(target=_pump, args=(sock, chan), daemon=True).start()
+        with session.lock:
+            session.forwards.add(chan)
+        threading.Thread(target=_pump, args=(sock, chan), daemon=True, name="dstack-gateway-forward").start()
         _pump(chan, sock)
         return
     except (OSError, paramiko.SSHException) as exc:
         log.info("dstack gateway: channel to %s ended: %s", target, exc)
     finally:
         connection.close()
-    chan.close()
+        session.channel_ended(chan)
+        chan.close()
 
 
-def _serve_connection(sock, peer, key: paramiko.PKey, slots: threading.Semaphore) -> None:
-    transport = paramiko.Transport(sock)
+def _still_member(session: Session) -> bool:
+    """False once the login's access is gone; a member made read-only loses the open port forwards."""
     try:
-        transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = HANDSHAKE_TIMEOUT
+        grant = session.recheck()
+    finally:
+        connection.close()
+    if grant is None:
+        return False
+    if not grant.ports:
+        with session.lock:
+            forwards = list(session.forwards)
+        for chan in forwards:
+            chan.close()
+    return True
+
+
+def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
+    transport = paramiko.Transport(sock)
+    session = Session(peer, counts)
+    started = time.monotonic()
+    counted = False  # the login is counted against DSTACK_SSH_MAX_PER_USER
+    try:
+        transport.banner_timeout = transport.handshake_timeout = HANDSHAKE_TIMEOUT
         transport.add_server_key(key)
-        session = Session(peer)
         transport.start_server(server=session)
+        next_check = started + float(settings.MUSTER["DSTACK_SSH_RECHECK"])
         while transport.is_active():
             chan = transport.accept(timeout=1)
+            now = time.monotonic()
+            if not transport.is_authenticated():
+                if now - started > float(settings.MUSTER["DSTACK_SSH_AUTH_TIMEOUT"]):
+                    log.info("dstack gateway: %s did not log in within DSTACK_SSH_AUTH_TIMEOUT; dropped", peer)
+                    break
+            elif not counted:
+                counted = counts.login(session.user_pk)
+                if not counted:  # another login of the user's was counted in between
+                    log.warning("dstack gateway: %s as %s: over DSTACK_SSH_MAX_PER_USER; closed", peer, session.username)
+                    break
+            elif now >= next_check:
+                next_check = now + float(settings.MUSTER["DSTACK_SSH_RECHECK"])
+                if not _still_member(session):
+                    log.info("dstack gateway: %s as %s: access ended; connection closed", peer, session.username)
+                    break
             if chan is None:
                 continue
-            found = session.targets.pop(chan.get_id(), None)
+            with session.lock:
+                found = session.targets.pop(chan.get_id(), None)
             if found is None:
                 chan.close()
                 continue
-            threading.Thread(target=_serve_channel, args=(chan, *found), daemon=True).start()
+            name = "dstack-gateway-log" if found[0].logs else "dstack-gateway-forward"
+            threading.Thread(target=_serve_channel, args=(session, chan, *found), daemon=True, name=name).start()
     except (OSError, EOFError, paramiko.SSHException) as exc:
         log.info("dstack gateway: %s: %r", peer, exc)
     finally:
         transport.close()
         connection.close()
-        slots.release()
+        if counted:
+            counts.logout(session.user_pk)
+        counts.release(peer[0])
+
+
+def _listen(host: str, port: int, stop: threading.Event) -> socket.socket | None:
+    """The listening socket; a port in use is said once, on one line, and tried again quietly."""
+    said = False
+    while not stop.is_set():
+        try:
+            listener = socket.create_server((host, port))
+        except OSError as exc:
+            if not said:
+                log.error("ERROR: dstack gateway cannot listen on %s:%s (%s); trying again every %g s. "
+                          "Free the port, or pick another with MUSTER_DSTACK_SSH_PORT or `muster serve "
+                          "--gateway-port`", host, port, exc.strerror or exc, BIND_RETRY)
+                said = True
+            stop.wait(BIND_RETRY)
+            continue
+        return listener
+    return None
 
 
 def serve(bind: str, stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()
     host, _, port = bind.rpartition(":")
     key = host_key()
-    listener = socket.create_server((host.strip("[]") or "0.0.0.0", int(port)))
+    listener = _listen(host.strip("[]") or "0.0.0.0", int(port), stop)
+    if listener is None:
+        return
     listener.settimeout(1)
     log.warning("dstack gateway: listening on %s (host key %s)", bind, key.fingerprint)
-    slots = threading.Semaphore(MAX_CONNECTIONS)
-    while stop is None or not stop.is_set():
+    counts = Counts()
+    while not stop.is_set():
         try:
             sock, peer = listener.accept()
         except TimeoutError:
             continue
-        if not slots.acquire(blocking=False):
-            sock.close()  # full: the CLI retries
+        why = counts.admit(peer[0])
+        if why:
+            log.info("dstack gateway: %s refused: %s", peer, why)
+            sock.close()  # the CLI retries
             continue
         sock.settimeout(HANDSHAKE_TIMEOUT)
-        threading.Thread(target=_serve_connection, args=(sock, peer, key, slots), daemon=True).start()
+        threading.Thread(target=_serve_connection, args=(sock, peer, key, counts), daemon=True,
+                         name="dstack-gateway-connection").start()
     listener.close()

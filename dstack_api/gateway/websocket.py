@@ -2,7 +2,8 @@
 
 A minimal RFC 6455 server: the handshake, the job's log in binary frames, a close frame once the
 job has ended and its whole log is sent. dstack's client sends nothing but the handshake and its
-close, so no frames from it are read.
+close, so no frames from it are read; the stream ends as soon as the client's side of the channel
+is gone (its EOF or close), not at the job's end.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def stream_log(chan, job) -> None:
         return
     offset, quiet = 0, 0
     while True:
+        if chan.closed or chan.eof_received:
+            return  # the client went away: nothing reads the rest
         close_old_connections()
         job.refresh_from_db(fields=["status"])
         data = logs.read(job, offset, FRAME)

@@ -1,25 +1,37 @@
 """Who may use the dstack SSH gateway, for which job, and which forwards it opens.
 
-The gateway (dstack_api/gateway/) asks these at each connection and again at each channel it opens,
-so a key deleted, a user deactivated or a member removed stops working at once, not at the next login.
+The gateway (dstack_api/gateway/) asks these at each connection, again at each channel it opens and
+every DSTACK_SSH_RECHECK seconds while a connection is open, so a key deleted, a user deactivated or
+a member removed stops working within that bound, open forwards included.
+
+A forward to a job's port is a TCP connection made by the control plane, so the address it goes to
+is held to the SSH host policy (backends/ssh/address_policy.py), the same function every SSH
+connection and the registration's check of a host's reported address use: a host that says its
+address is 127.0.0.1 or 169.254.169.254 must not turn the gateway into a proxy to the server's own
+loopback or the cloud's metadata service.
 """
 
 from __future__ import annotations
 
 import base64
 import ipaddress
+import logging
 import uuid
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from django.conf import settings
 from django.http import Http404
+from rest_framework.exceptions import PermissionDenied
 
+from backends.ssh.address_policy import host_policy, refusal
 from dstack_api.models import UserSSHKey
+from instances.models import FleetBackend
 from projects.services import access
 from runs.models import Job
 from runs.services.attach import ATTACHABLE, job_ports
 
+log = logging.getLogger(__name__)
 # the dstack-runner's HTTP port: the CLI forwards it and reads the log WebSocket there
 RUNNER_HTTP_PORT = 10999
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -49,8 +61,17 @@ def user_of_key(key_type: str, blob: bytes):
     return None
 
 
-def job_for(user, username: str) -> Job | None:
-    """The job `<upstream_id>_root` names if `user` may read its project (Muster's own check), else None."""
+@dataclass(frozen=True)
+class Grant:
+    """A login's job and what it may open: logs for every member, the job's ports for writers only
+    (`muster attach` refuses read-only members the same way)."""
+
+    job: Job
+    ports: bool
+
+
+def grant_for(user, username: str) -> Grant | None:
+    """What `<upstream_id>_root` gives `user`: None unless the user may read the job's project."""
     if not username.endswith(USER_SUFFIX):
         return None
     try:
@@ -64,15 +85,20 @@ def job_for(user, username: str) -> Job | None:
         access.project_for(SimpleNamespace(user=user, method="GET"), job.run.project.name)
     except Http404:
         return None
-    return job
+    try:  # the write check, as for any change: read-only raises
+        access.project_for(SimpleNamespace(user=user, method="POST"), job.run.project.name)
+    except PermissionDenied:
+        return Grant(job, ports=False)
+    return Grant(job, ports=True)
 
 
-def still_allowed(user_pk: int, key_type: str, blob: bytes, username: str) -> Job | None:
-    """Checked again at each channel: the key must still be the same user's, the user still a member."""
+def still_allowed(user_pk: int, key_type: str, blob: bytes, username: str) -> Grant | None:
+    """Checked again at each channel and while connected: the key must still be the same user's,
+    the user still a member."""
     user = user_of_key(key_type, blob)
     if user is None or user.pk != user_pk:
         return None
-    return job_for(user, username)
+    return grant_for(user, username)
 
 
 @dataclass(frozen=True)
@@ -82,18 +108,36 @@ class Target:
     port: int = 0
 
 
-def forward_target(job: Job, host: str, port: int) -> Target | None:
+def address_refusal(instance) -> str:
+    """Why the gateway does not connect to this instance's address ("" when it may).
+
+    An SSH or gcp host's address is what the host reported, so it is judged by the SSH host policy.
+    A local instance is the server's own machine by design (docs/security.md: only superusers' runs
+    go there) and its 127.0.0.x address is Muster's own choice, not a host's word: it may be loopback,
+    and nothing else."""
+    ip = instance.internal_ip or ""
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return f"the instance has no IP address ({ip!r})"
+    if instance.backend == FleetBackend.LOCAL:
+        return "" if parsed.is_loopback else "a local instance's address must be loopback"
+    return refusal(ip, host_policy())
+
+
+def forward_target(grant: Grant, host: str, port: int) -> Target | None:
     """Where a `-L` to host:port goes: the runner log endpoint, or the job's own port on its host;
-    None for anything else (another host, another port, a job not on a host)."""
+    None for anything else (another host, another port, a job not on a host, a read-only member's
+    port forward, an address the host policy refuses)."""
     if host not in LOCAL_NAMES:
         return None
     if port == RUNNER_HTTP_PORT:
         return Target(logs=True)
-    if port not in job_ports(job) or job.status not in ATTACHABLE or job.instance is None:
+    job = grant.job
+    if not grant.ports or port not in job_ports(job) or job.status not in ATTACHABLE or job.instance is None:
         return None
-    ip = job.instance.internal_ip or ""
-    try:
-        ipaddress.ip_address(ip)
-    except ValueError:
+    why = address_refusal(job.instance)
+    if why:
+        log.warning("dstack gateway: job %s: not forwarding to %s: %s", job.uuid.hex, job.instance.internal_ip, why)
         return None
-    return Target(logs=False, ip=ip, port=port)
+    return Target(logs=False, ip=job.instance.internal_ip, port=port)
