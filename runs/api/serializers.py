@@ -6,7 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
-from muster.serializers import ModelSerializer
+from muster.serializers import EpochTimeField, ModelSerializer, iso_time
 from runs.choices import JobStatus
 from runs.models import Job, Run
 
@@ -54,6 +54,10 @@ class JobSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     resources = serializers.JSONField(source="spec.resources", read_only=True)
     status_message = serializers.SerializerMethodField()
+    # the runner's clock as epoch seconds in the row, ISO 8601 here like every other time of the API
+    start_time = EpochTimeField()
+    end_time = EpochTimeField()
+    probes = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -64,6 +68,9 @@ class JobSerializer(ModelSerializer):
             "ready_at", "probes", "waiting_for",
         ]
 
+    def get_probes(self, job: Job) -> list:
+        return [dict(p, last_at=iso_time(p.get("last_at"))) if isinstance(p, dict) and "last_at" in p else p
+                for p in job.probes or []]
 
     def get_status_message(self, job: Job) -> str:
         if job.waiting_for and job.status in (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING):
