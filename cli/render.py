@@ -187,10 +187,28 @@ def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def clock(timestamp: str | None) -> str:
+    """An API time as the server's UTC to the minute: `2026-12-06 05:12 UTC`."""
+    try:
+        then = datetime.fromisoformat(timestamp or "")
+    except ValueError:
+        return timestamp or "-"
+    then = then.replace(tzinfo=UTC) if then.tzinfo is None else then.astimezone(UTC)
+    return then.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_state(run: dict[str, Any]) -> tuple[str, str]:
+    """(status, reason) as `ps` shows them: a run waiting for a free host reads `waiting`, with the
+    time it gives up in place of a reason."""
+    if run.get("waiting_for"):
+        until = f"gives up at {clock(run['gives_up_at'])}" if run.get("gives_up_at") else "waits as long as it takes"
+        return "waiting", f"{run['waiting_for']}; {until}"
+    return run.get("status"), run.get("termination_reason")
+
+
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
     rows = [
-        (r.get("name"), r.get("status"), r.get("termination_reason"), r.get("fleet"),
-         status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
+        (r.get("name"), *run_state(r), r.get("fleet"), status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
         for r in runs
     ]
     return table(["name", "status", "reason", "fleet", "jobs", "submitted"], rows)

@@ -33,22 +33,15 @@ from instances import spanning
 from instances.transitions import hand_back as give_back
 from muster import compiled
 from runs.choices import JobStatus
-from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.models import Job, Run
-
-PREFIX = "a free host"
+from runs.waits import PREFIX, gives_up_at
 
 
 def retry_lets_it_wait(run: Run) -> bool:
     if not spanning.waits_on_full_fleet(run.configuration):
         return False
-    retry = run.configuration.get("retry") or {}
-    duration = retry.get("duration")
-    try:
-        until = run.submitted_at + timedelta(seconds=DEFAULT_RETRY_DURATION if duration is None else duration)
-    except OverflowError:  # a duration past the calendar's end: it waits as long as it takes
-        return True
-    return timezone.now() < until
+    until = gives_up_at(run)
+    return until is None or timezone.now() < until  # None: past the calendar's end, it waits as long as it takes
 
 
 def fleets_to_wait_for(run: Run, jobs: list[Job] | None, usable: list | None = None) -> list | None:

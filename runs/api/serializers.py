@@ -9,6 +9,7 @@ from instances.queued import queued_message, queued_view
 from muster.serializers import EpochTimeField, ModelSerializer, iso_time
 from runs.choices import JobStatus
 from runs.models import Job, Run
+from runs.waits import waiting_view
 
 
 class RunRequestSerializer(serializers.Serializer):
@@ -87,25 +88,40 @@ class RunSerializer(ModelSerializer):
     project = serializers.CharField(source="project.name", read_only=True)
     jobs = serializers.SerializerMethodField()
     configuration = serializers.SerializerMethodField()
+    waiting_for = serializers.SerializerMethodField(help_text="what a `submitted` run waits for when its fleet is "
+                                                    "full and its retry lists no-capacity; \"\" otherwise")
+    gives_up_at = serializers.SerializerMethodField(help_text="when such a waiting run stops waiting and fails "
+                                                    "(its submission plus retry.duration); null otherwise")
 
     class Meta:
         model = Run
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "configuration", "jobs",
+            "waiting_for", "gives_up_at", "configuration", "jobs",
         ]
+
+    def get_waiting_for(self, run: Run) -> str:
+        return waiting_view(run, self._current(run)).get("waiting_for", "")
+
+    def get_gives_up_at(self, run: Run) -> str | None:
+        until = waiting_view(run, self._current(run)).get("gives_up_at")
+        return serializers.DateTimeField().to_representation(until) if until else None
+
+    @staticmethod
+    def _current(run: Run) -> list[Job]:
+        # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
+        jobs = getattr(run, "submitted_jobs", None)
+        if jobs is None:
+            jobs = [j for j in run.jobs.all() if not j.superseded]
+        return jobs
 
     def get_configuration(self, run: Run) -> dict:
         return {k: v for k, v in run.configuration.items()
                 if k not in ("secret_env", "hidden_env", "secret_registry_password")}
 
     def get_jobs(self, run: Run) -> list[dict]:
-        # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
-        jobs = getattr(run, "submitted_jobs", None)
-        if jobs is None:
-            jobs = [j for j in run.jobs.all() if not j.superseded]
-        return JobSerializer(sorted(jobs, key=lambda j: j.job_num), many=True).data
+        return JobSerializer(sorted(self._current(run), key=lambda j: j.job_num), many=True).data
 
 
 class RunListSerializer(RunSerializer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -55,3 +55,50 @@ def test_a_stopped_job_has_an_end_time_the_api_writes_as_iso_and_its_run_time_st
     # the console shows the run time to the job's end, not to now
     body = _browser(alice).get("/projects/main/runs/sleeper/").content.decode()
     assert _ran_cells(body) == [_seconds(job.end_time - job.start_time)]
+
+
+TOO_BIG = "type: task\nname: toobig\nnodes: 8\ncommands: [echo hi]\n"
+HOLDER = "type: task\nname: holder\nnodes: 4\ncommands: [sleep 300]\n"
+PATIENT = ("type: task\nname: patient\nretry:\n  on_events: [no-capacity]\n  duration: 2h\n"
+           "commands: [echo finally]\n")
+
+
+def test_a_run_that_cannot_fit_says_the_fix_in_real_figures(muster, local_fleet, celery_worker, tmp_path):
+    result = muster("apply", "-f", write(tmp_path, TOO_BIG), "-y")
+    said = result.stdout + result.stderr
+    assert result.returncode == 1, said
+    assert "fleet local has 4 hosts: lower nodes to 4 or add 4 hosts to fleet local" in said, said
+    assert "the group needs 8" not in said  # the number once, in "needs 8 hosts"
+    run = wait_for_run("toobig")
+    # every job of a run that never started ends too (the batched end of its unstarted jobs)
+    assert all(j.end_time is not None for j in run.current_jobs()), "an unstarted job ends when its run fails"
+
+
+def test_a_run_waiting_for_a_host_reads_waiting_with_the_time_it_gives_up(
+        make_user, muster, local_fleet, celery_worker, tmp_path):
+    bob = _user(make_user, "bob")
+    assert muster("apply", "-f", write(tmp_path, HOLDER), "-y", "-d").returncode == 0
+    wait_for_run("holder", statuses=("running",))
+    assert muster("apply", "-f", write(tmp_path, PATIENT), "-y", "-d").returncode == 0
+    patient = Run.objects.get(name="patient")
+    wait_until(lambda: patient.current_jobs().filter(waiting_for__startswith="a free host").exists(), 60,
+               "the run to wait for a host")
+    until = patient.submitted_at + timedelta(hours=2)
+    shown = until.strftime("%Y-%m-%d %H:%M")
+
+    answer = client_for(bob).get("/api/projects/main/runs/patient/").json()
+    assert answer["status"] == "submitted" and answer["waiting_for"].startswith("a free host"), answer
+    assert datetime.fromisoformat(answer["gives_up_at"]) == until
+
+    ps = muster("ps")
+    assert ps.returncode == 0, ps.stderr
+    row = next(line for line in ps.stdout.splitlines() if line.startswith("patient "))
+    assert row.split()[1] == "waiting", row
+    assert f"gives up at {shown} UTC" in row, row
+
+    body = _browser(bob).get("/").content.decode()
+    cell = re.search(r'<tr data-run="patient">.*?</tr>', body, re.S).group(0)
+    assert ">waiting</span>" in cell and "gives up at" in cell and f"{shown} UTC" in cell, cell
+    assert muster("stop", "holder", "-y", "--abort").returncode == 0
+    assert muster("stop", "patient", "-y", "--abort").returncode == 0
+    wait_for_run("patient")
