@@ -324,11 +324,15 @@ def jobs_summary(jobs: Sequence[dict[str, Any]]) -> str:
 
 
 def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
-    """`ps -v`: one row per job of each run."""
-    rows = [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
-             j.get("instance"), j.get("instance_ip"), j.get("status"), ready_text(j), j.get("termination_reason"))
-            for r in runs for j in (r.get("jobs") or [])]
-    return table(["run", "job", "group", "rank", "host", "ip", "status", "ready", "reason"], rows)
+    """`ps -v`: one row per job of each run, with the restarts of its group so far."""
+    rows = []
+    for r in runs:
+        restarts = {e.get("group"): e.get("restarts", 0) for e in r.get("restarts") or []}
+        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
+                  j.get("instance"), j.get("instance_ip"), j.get("status"), restarts.get(j.get("node_group_name"), 0),
+                  ready_text(j), j.get("termination_reason"))
+                 for j in (r.get("jobs") or [])]
+    return table(["run", "job", "group", "rank", "host", "ip", "status", "restarts", "ready", "reason"], rows)
 
 
 def ready_text(job: dict[str, Any]) -> str:

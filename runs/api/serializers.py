@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
 from muster.serializers import EpochTimeField, ModelSerializer, iso_time
+from runs import restart_view
 from runs.choices import JobStatus
 from runs.models import Job, Run
 from runs.waits import waiting_view
@@ -32,6 +33,9 @@ class LogQuerySerializer(serializers.Serializer):
     LOG_OFFSET_MAX = 2**62
 
     job = serializers.IntegerField(default=0, help_text="the job number (rank) whose log to read")
+    submission = serializers.IntegerField(required=False, help_text="the submission of the job whose log to read "
+                                          "(an earlier attempt's, from the run's `earlier_jobs`); default: the "
+                                          "current one")
     start = serializers.IntegerField(default=0, help_text="the byte offset to read from: the `next` of the "
                                                           "previous answer")
 
@@ -43,6 +47,9 @@ class LogQuerySerializer(serializers.Serializer):
 
     def validate_job(self, value: int) -> int:
         return self._bounded(value, settings.MUSTER["MAX_NODES"])
+
+    def validate_submission(self, value: int) -> int:
+        return self._bounded(value, 2**31 - 1)
 
     def validate_start(self, value: int) -> int:
         return self._bounded(value, self.LOG_OFFSET_MAX)
@@ -92,14 +99,29 @@ class RunSerializer(ModelSerializer):
                                                     "full and its retry lists no-capacity; \"\" otherwise")
     gives_up_at = serializers.SerializerMethodField(help_text="when such a waiting run stops waiting and fails "
                                                     "(its submission plus retry.duration); null otherwise")
+    restarts = serializers.SerializerMethodField(help_text="per group that restarted: restarts so far, the most "
+                                                 "allowed, the cause, and whether one is pending")
+    earlier_jobs = serializers.SerializerMethodField(help_text="the jobs a restart or retry replaced (detail only)")
 
     class Meta:
         model = Run
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "waiting_for", "gives_up_at", "configuration", "jobs",
+            "waiting_for", "gives_up_at", "restarts", "configuration", "jobs", "earlier_jobs",
         ]
+
+    def get_restarts(self, run: Run) -> list[dict]:
+        return [dict(entry, starts_at=serializers.DateTimeField().to_representation(entry["starts_at"])
+                     if entry["starts_at"] else None) for entry in restart_view.restarts(run)]
+
+    def get_earlier_jobs(self, run: Run) -> list[dict]:
+        """The jobs a group restart or a run retry replaced, oldest first: their logs stay readable
+        (`logs?job=N&submission=M`)."""
+        if getattr(run, "submitted_jobs", None) is not None:
+            return []
+        old = [j for j in run.jobs.all() if j.superseded]
+        return JobSerializer(sorted(old, key=lambda j: (j.submission_num, j.job_num)), many=True).data
 
     def get_waiting_for(self, run: Run) -> str:
         return waiting_view(run, self._current(run)).get("waiting_for", "")
@@ -126,4 +148,4 @@ class RunSerializer(ModelSerializer):
 
 class RunListSerializer(RunSerializer):
     class Meta(RunSerializer.Meta):
-        fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration",)]
+        fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration", "earlier_jobs")]

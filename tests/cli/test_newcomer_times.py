@@ -15,7 +15,7 @@ from runs.models import Run
 from tests.cli import test_cli_live as live
 from tests.conftest import client_for
 from tests.console.test_pages import _browser, _user
-from tests.engine.helpers import wait_for_run
+from tests.engine.helpers import Beat, wait_for_run
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -102,3 +102,61 @@ def test_a_run_waiting_for_a_host_reads_waiting_with_the_time_it_gives_up(
     assert muster("stop", "holder", "-y", "--abort").returncode == 0
     assert muster("stop", "patient", "-y", "--abort").returncode == 0
     wait_for_run("patient")
+
+
+RESTARTER = """\
+type: task
+name: restarter
+groups:
+  - name: head
+    commands:
+      - for _ in $(seq 600); do [ -e {tmp}/second ] && break; sleep 0.2; done
+      - echo head done
+  - name: worker
+    on_failure: restart-group
+    commands:
+      - if [ ! -e {tmp}/failed-once ]; then touch {tmp}/failed-once; echo "attempt one dies"; exit 1; fi
+      - touch {tmp}/second
+      - echo second attempt
+"""
+
+
+def test_a_group_restart_is_said_counted_and_its_failed_attempts_log_stays_readable(
+        make_user, muster, local_fleet, celery_worker, settings, tmp_path):
+    settings.MUSTER = {**settings.MUSTER, "RETRY_BACKOFF": [3]}  # the back-off `apply` announces
+    bob = _user(make_user, "bob")
+    with Beat():  # the sweep starts a restart once its back-off is over
+        applied = muster("apply", "-f", write(tmp_path, RESTARTER.replace("{tmp}", str(tmp_path))), "-y")
+    assert applied.returncode == 0, applied.stderr
+    said = applied.stderr
+    assert "group worker restarting (attempt 2 of 4) in 3 s: job 1 (worker/0) exited 1" in said, said
+    assert "run restarter: group worker restarted (submission 1); the failed attempt's log: " \
+           "muster logs restarter --submission 0" in said, said
+    assert "resubmitted" not in said
+
+    ps = muster("ps", "-v", "-a")
+    header, *rows = ps.stdout.splitlines()
+    assert header.split()[7] == "RESTARTS", header
+    restarts = {r.split()[2]: r.split()[7] for r in rows if r.startswith("restarter ")}
+    assert restarts == {"head": "0", "worker": "1"}, ps.stdout
+
+    earlier = muster("logs", "restarter", "--submission", "0", "--job", "1")
+    assert earlier.returncode == 0, earlier.stderr
+    assert earlier.stdout == "attempt one dies\n"
+    current = muster("logs", "restarter", "--job", "1")
+    assert current.stdout == "second attempt\n"
+
+    answer = client_for(bob).get("/api/projects/main/runs/restarter/").json()
+    assert [(j["job_num"], j["submission_num"], j["status"]) for j in answer["earlier_jobs"]] == [(1, 0, "failed")]
+    assert [(r["group"], r["restarts"], r["max_restarts"], r["upcoming"]) for r in answer["restarts"]] == [
+        ("worker", 1, 3, False)]
+
+    browser = _browser(bob)
+    body = browser.get("/projects/main/runs/restarter/").content.decode()
+    said = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<ul class="restarts".*?</ul>', body, re.S).group(0)))
+    assert "group worker: restarted 1 of 3 times; last for: job 1 (worker/0) exited 1" in " ".join(said.split())
+    assert re.findall(r'<td class="restarts">(\d+)</td>', body) == ["0", "1"]
+    link = html.unescape(re.search(r'<a class="earlier-log" href="([^"]+)"', body).group(1))
+    log = browser.get(link)
+    assert log.status_code == 200 and log["Content-Disposition"].startswith("inline")
+    assert b"".join(log.streaming_content) == b"attempt one dies\n"
