@@ -53,8 +53,9 @@ def label(job: Mapping[str, Any]) -> str:
 class JobLog:
     """What has been read of one job's log: the byte offset, an unfinished last line, the tail."""
 
-    def __init__(self, job: Mapping[str, Any]):
+    def __init__(self, job: Mapping[str, Any], submission: int | None = None):
         self.num = job["job_num"]
+        self.submission = submission  # None: the current job of its number
         self.label = label(job)
         self.offset = 0
         self.partial = ""
@@ -70,19 +71,32 @@ class LogFollower:
     """
 
     def __init__(self, client: Client, run: str, job: int | None = None, group: str | None = None,
-                 prefix: bool = True):
+                 prefix: bool = True, submission: int | None = None):
         self.client, self.run = client, run
         self.job, self.group, self.prefix = job, group, prefix
+        # an earlier attempt's jobs (the run's `earlier_jobs`) rather than the current ones
+        self.submission = submission
         self.logs: dict[tuple[int, int | None], JobLog] = {}
+
+    def jobs_of(self, run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        jobs = run.get("jobs") or []
+        if self.submission is None:
+            return jobs
+        every = [*(run.get("earlier_jobs") or []), *jobs]
+        return [j for j in every if j.get("submission_num") == self.submission]
 
     def selected(self, jobs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         return [j for j in jobs if (self.job is None or j.get("job_num") == self.job)
                 and (self.group is None or j.get("node_group_name") == self.group)]
 
     def check_selection(self, run: Mapping[str, Any]) -> None:
-        jobs = run.get("jobs") or []
+        jobs = self.jobs_of(run)
         if self.selected(jobs):
             return
+        if self.submission is not None:
+            known = sorted({j.get("submission_num") for j in [*(run.get("earlier_jobs") or []), *(run.get("jobs") or [])]})
+            raise CliError(f"run {self.run} has no {'job ' + str(self.job) if self.job is not None else 'jobs'} "
+                           f"in submission {self.submission} (submissions: {', '.join(map(str, known))})")
         if self.job is not None:
             raise CliError(f"run {self.run} has no job {self.job} (jobs 0..{len(jobs) - 1})")
         groups = sorted({str(j.get("node_group_name")) for j in jobs})
@@ -90,12 +104,12 @@ class LogFollower:
 
     def tick(self, run: Mapping[str, Any], final: bool = False) -> None:
         """Print what is new in each selected job's log; `final`: the run has ended, read to the end."""
-        for job in self.selected(run.get("jobs") or []):
+        for job in self.selected(self.jobs_of(run)):
             # a retry or a restart of its group makes a job a new row with a log of its own
             key = (job["job_num"], job.get("submission_num"))
             state = self.logs.get(key)
             if state is None:
-                state = self.logs[key] = JobLog(job)
+                state = self.logs[key] = JobLog(job, self.submission)
             if state.drained or (job.get("status") in JOB_NOT_STARTED and not final):
                 continue
             # the logs answer carries the job's status too, newer than the run's by a request
@@ -109,7 +123,8 @@ class LogFollower:
         status = None
         for _ in range(MAX_LOG_CHUNKS_PER_TICK):
             try:
-                data = self.client.get(f"runs/{segment(self.run)}/logs", job=state.num, start=state.offset)
+                where = {} if state.submission is None else {"submission": state.submission}
+                data = self.client.get(f"runs/{segment(self.run)}/logs", job=state.num, start=state.offset, **where)
             except Unreachable:
                 raise
             except CliError:
@@ -145,7 +160,7 @@ class LogFollower:
         write_out("".join(f"{head}{line}\n" for line in lines))
 
     def all_drained(self, run: Mapping[str, Any]) -> bool:
-        jobs = self.selected(run.get("jobs") or [])
+        jobs = self.selected(self.jobs_of(run))
         return all((state := self.logs.get((j["job_num"], j.get("submission_num")))) and state.drained for j in jobs)
 
 
@@ -153,10 +168,12 @@ def get_run(client: Client, name: str) -> dict[str, Any]:
     return client.get(f"runs/{segment(name)}/")
 
 
-def follow_logs(client: Client, name: str, job: int | None, group: str | None, follow: bool) -> int:
-    """`muster logs`: the selected jobs' logs; with `follow`, until each of them has finished."""
+def follow_logs(client: Client, name: str, job: int | None, group: str | None, follow: bool,
+                submission: int | None = None) -> int:
+    """`muster logs`: the selected jobs' logs; with `follow`, until each of them has finished.
+    `submission`: the jobs of that submission (an earlier attempt's, e.g. before a group restart)."""
     # one job asked for by number prints its log as written, so it can be piped like a file
-    follower = LogFollower(client, name, job, group, prefix=job is None)
+    follower = LogFollower(client, name, job, group, prefix=job is None, submission=submission)
     try:
         run = get_run(client, name)
         follower.check_selection(run)
@@ -190,6 +207,7 @@ class RunFollower:
         self.job_status: dict[int, str] = {}
         self.progress = ""
         self.submission: int | None = None
+        self.restarts: dict[str, tuple] = {}  # group -> the last restart said of it
         self.logs = LogFollower(client, name)
         self.lost_contact = False
 
@@ -207,9 +225,15 @@ class RunFollower:
         return run
 
     def show(self, run: Mapping[str, Any]) -> None:
+        self.show_restarts(run)
         submission = run.get("submission_num")
         if self.submission is not None and submission != self.submission:
-            say(f"run {self.name}: resubmitted (submission {submission})")
+            restarted = [r["group"] for r in run.get("restarts") or [] if r.get("submission") == submission]
+            if restarted:
+                say(f"run {self.name}: group {', '.join(restarted)} restarted (submission {submission}); "
+                    f"the failed attempt's log: muster logs {self.name} --submission {self.submission}")
+            else:
+                say(f"run {self.name}: retried (submission {submission})")
             self.job_status = {}
         self.submission = submission
         jobs = run.get("jobs") or []
@@ -221,6 +245,29 @@ class RunFollower:
         if progress != self.progress:
             self.progress = progress
             say(progress)
+
+
+    def show_restarts(self, run: Mapping[str, Any]) -> None:
+        """"group workers restarting (attempt 2 of 4) in 15 s: job 2 (workers/1) exited 3", once per restart.
+
+        The restarts the run had before `apply` began following it are not news: the first poll
+        only remembers them."""
+        for entry in run.get("restarts") or []:
+            # said once per restart, also when it started between two polls (a short back-off)
+            key = (entry.get("restarts"), entry.get("cause"), entry.get("with_group"))
+            if self.restarts.get(entry.get("group")) == key:
+                continue
+            self.restarts[entry.get("group")] = key
+            if self.submission is not None:
+                say(restart_line(entry))
+
+
+def restart_line(entry: Mapping[str, Any]) -> str:
+    wait = f" in {entry['backoff']:.0f} s" if isinstance(entry.get("backoff"), (int, float)) else ""
+    if entry.get("with_group"):
+        return f"group {entry.get('group')} restarting with group {entry['with_group']}{wait}: {entry.get('cause')}"
+    attempt = f"attempt {entry.get('restarts', 0) + 1} of {entry.get('max_restarts', 0) + 1}"
+    return f"group {entry.get('group')} restarting ({attempt}){wait}: {entry.get('cause') or 'a job failed'}"
 
 
 def report_end(run: Mapping[str, Any], logs: LogFollower | None = None) -> int:

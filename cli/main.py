@@ -136,7 +136,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    return follow.follow_logs(client_for(args), args.run, args.job, args.group, follow=not args.no_follow)
+    return follow.follow_logs(client_for(args), args.run, args.job, args.group, follow=not args.no_follow,
+                              submission=args.submission)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -268,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("run")
     logs.add_argument("--job", type=int, help="only this job (its log as written, without prefixes)")
     logs.add_argument("--group", help="only the jobs of this group")
+    logs.add_argument("--submission", type=int, help="the jobs of this submission: an earlier attempt's logs, "
+                                                      "e.g. the failure a group restart followed")
     logs.add_argument("-n", "--no-follow", action="store_true", help="print what is there now and exit")
     # the default since logs follow; still accepted so `muster logs RUN -f` keeps working
     logs.add_argument("-f", "--follow", action="store_true", help=argparse.SUPPRESS)

@@ -187,10 +187,28 @@ def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def clock(timestamp: str | None) -> str:
+    """An API time as the server's UTC to the minute: `2026-12-06 05:12 UTC`."""
+    try:
+        then = datetime.fromisoformat(timestamp or "")
+    except ValueError:
+        return timestamp or "-"
+    then = then.replace(tzinfo=UTC) if then.tzinfo is None else then.astimezone(UTC)
+    return then.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_state(run: dict[str, Any]) -> tuple[str, str]:
+    """(status, reason) as `ps` shows them: a run waiting for a free host reads `waiting`, with the
+    time it gives up in place of a reason."""
+    if run.get("waiting_for"):
+        until = f"gives up at {clock(run['gives_up_at'])}" if run.get("gives_up_at") else "waits as long as it takes"
+        return "waiting", f"{run['waiting_for']}; {until}"
+    return run.get("status"), run.get("termination_reason")
+
+
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
     rows = [
-        (r.get("name"), r.get("status"), r.get("termination_reason"), r.get("fleet"),
-         status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
+        (r.get("name"), *run_state(r), r.get("fleet"), status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
         for r in runs
     ]
     return table(["name", "status", "reason", "fleet", "jobs", "submitted"], rows)
@@ -306,11 +324,15 @@ def jobs_summary(jobs: Sequence[dict[str, Any]]) -> str:
 
 
 def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
-    """`ps -v`: one row per job of each run."""
-    rows = [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
-             j.get("instance"), j.get("instance_ip"), j.get("status"), ready_text(j), j.get("termination_reason"))
-            for r in runs for j in (r.get("jobs") or [])]
-    return table(["run", "job", "group", "rank", "host", "ip", "status", "ready", "reason"], rows)
+    """`ps -v`: one row per job of each run, with the restarts of its group so far."""
+    rows = []
+    for r in runs:
+        restarts = {e.get("group"): e.get("restarts", 0) for e in r.get("restarts") or []}
+        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
+                  j.get("instance"), j.get("instance_ip"), j.get("status"), restarts.get(j.get("node_group_name"), 0),
+                  ready_text(j), j.get("termination_reason"))
+                 for j in (r.get("jobs") or [])]
+    return table(["run", "job", "group", "rank", "host", "ip", "status", "restarts", "ready", "reason"], rows)
 
 
 def ready_text(job: dict[str, Any]) -> str:

@@ -40,4 +40,6 @@ def prefixed(jobs: Iterable) -> Iterator[bytes]:
 
 
 def filename(run, job=None) -> str:
-    return f"{run.name}-job{job.job_num}.log" if job is not None else f"{run.name}-all-jobs.log"
+    if job is None:
+        return f"{run.name}-all-jobs.log"
+    return f"{run.name}-job{job.job_num}" + (f"-submission{job.submission_num}" if job.superseded else "") + ".log"

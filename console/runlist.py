@@ -6,8 +6,9 @@ from django.core.paginator import Paginator
 
 from console import words
 from muster.api_errors import InvalidInput
-from runs.choices import RunStatus
-from runs.models import Run
+from runs import waits
+from runs.choices import JobStatus, RunStatus
+from runs.models import Job, Run
 
 PER_PAGE = 50
 
@@ -58,7 +59,23 @@ def runs_page(projects, status: str, number: int, now):
     if status:
         runs = runs.filter(status=status)
     page = Paginator(runs, PER_PAGE).get_page(number)
+    waiting = _waiting(page.object_list)
     rows = [{"run": run, "nodes": nodes(run.configuration), "gpus": gpus(run.configuration),
-             "user": run.user.username if run.user else "-", "duration": words.run_duration(run, now)}
+             "user": run.user.username if run.user else "-", "duration": words.run_duration(run, now),
+             "waiting": waiting.get(run.pk, {})}
             for run in page.object_list]
     return page, rows
+
+
+def _waiting(runs) -> dict[int, dict]:
+    """waits.waiting_view of the page's runs that wait for a free host: one read for the page."""
+    submitted = {run.pk: run for run in runs if run.status == RunStatus.SUBMITTED}
+    if not submitted:
+        return {}
+    jobs = Job.objects.filter(run_id__in=submitted, superseded=False, status=JobStatus.SUBMITTED,
+                              waiting_for__startswith=waits.PREFIX).only("run_id", "status", "superseded", "waiting_for")
+    found: dict[int, dict] = {}
+    for job in jobs:
+        if job.run_id not in found:
+            found[job.run_id] = waits.waiting_view(submitted[job.run_id], [job])
+    return found

@@ -22,6 +22,7 @@ from muster.text import NUL
 from muster.throttling import throttled
 from projects.models import Membership, Project
 from projects.services.access import WRITE_ROLES, named_or_404
+from runs import restart_view
 from runs.api.serializers import RunSerializer
 from runs.choices import JOB_ON_HOST, RunStatus
 from runs.models import Job, Run
@@ -74,10 +75,16 @@ def index(request):
 def _status_context(request, project: Project, run: Run, role: str | None) -> dict:
     jobs = _jobs(run)
     now = timezone.now()
-    for job in jobs:
+    restarts = restart_view.restarts(run)
+    counts = {entry["group"]: entry["restarts"] for entry in restarts}
+    # the attempts a group restart or a run retry replaced: their logs stay readable
+    earlier = list(run.jobs.filter(superseded=True).select_related("instance").order_by("submission_num", "job_num"))
+    for job in [*jobs, *earlier]:
         job.exit_text, job.duration_text = words.job_exit(job), words.job_duration(job, now)
+        job.restart_count = counts.get(job.node_group_name, 0)
     return {
         "project": project, "run": run, "jobs": jobs, "svg": picture.render(run, jobs, now),
+        "restarts": restarts, "earlier_jobs": earlier,
         "run_duration": words.run_duration(run, now),
         # newest first: on a long run the page opens on what just happened
         "events": Event.objects.filter(run=run).order_by("-created", "-id")[:500],
@@ -122,14 +129,23 @@ def run_log(request, project, name):
     run = _run(project, name)
     job_num = _whole_number(request.GET.get("job", "0"), 1 << 30)
     start = _whole_number(request.GET.get("start", "0"), LOG_OFFSET_MAX)
-    if job_num is None or start is None:
-        return HttpResponseBadRequest("job and start must be whole numbers")
-    job = run.current_jobs().select_related("instance", "run").filter(job_num=job_num).first()
+    submission = _whole_number(request.GET.get("submission", "0"), 1 << 30)
+    if job_num is None or start is None or submission is None:
+        return HttpResponseBadRequest("job, start and submission must be whole numbers")
+    job = _job_of(run, job_num, request.GET.get("submission"))
     if job is None:
         raise Http404("no such job")
     data = logs.read(job, start)
     return JsonResponse({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
                          "finished": job.finished, "text": data.decode("utf-8", errors="replace")})
+
+
+def _job_of(run: Run, job_num: int, submission: str | None) -> Job | None:
+    """The current job of that number, or with `submission` (checked a whole number) an earlier attempt's."""
+    jobs = run.jobs.select_related("instance", "run").filter(job_num=job_num)
+    if submission in (None, ""):
+        return jobs.filter(superseded=False).first()
+    return jobs.filter(submission_num=int(submission)).first()
 
 
 @login_required
@@ -142,15 +158,18 @@ def run_log_download(request, project, name):
     job = None
     if request.GET.get("job") not in (None, ""):
         job_num = _whole_number(request.GET.get("job"), 1 << 30)
-        if job_num is None:
+        if job_num is None or _whole_number(request.GET.get("submission", "0"), 1 << 30) is None:
             return JsonResponse({"errors": [{"loc": ["job"], "msg": "must be a job's number (0, 1, ...) "
-                                             "or left out for every job"}]}, status=400)
-        job = next((j for j in jobs if j.job_num == job_num), None)
+                                             "or left out for every job, and submission a whole number"}]},
+                                status=400)
+        job = _job_of(run, job_num, request.GET.get("submission"))
         if job is None:
             raise Http404("no such job")
     body = logview.whole(job) if job is not None else logview.prefixed(jobs)
     response = StreamingHttpResponse(body, content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{logview.filename(run, job)}"'
+    # an earlier attempt's log is read where it is linked (the run page's earlier attempts), not saved
+    shown = "inline" if job is not None and job.superseded else "attachment"
+    response["Content-Disposition"] = f'{shown}; filename="{logview.filename(run, job)}"'
     response["X-Content-Type-Options"] = "nosniff"
     return response
 

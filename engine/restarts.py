@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine import messages
-from engine.failure_policy import INTERRUPTION, event_of, max_restarts, referencing_groups
+from engine.failure_policy import INTERRUPTION, event_of, group_of, max_restarts, referencing_groups
 from engine.submitted.waiting import hand_back
 from events.services import record, record_many
 from instances.models import Instance, InstanceStatus
@@ -83,17 +83,26 @@ def _decide(run: Run, records: dict, index: int, cause: Job, current: dict, now)
     if rec.get("submission") == cause.submission_num:
         return  # decided by an earlier pass
     count = int(rec.get("count", 0)) + 1
-    due = now + backoff(count)
+    wait = backoff(count)
+    due = now + wait
     moves = event_of(cause) == INTERRUPTION
+    why = cause_text(cause)
+    # `backoff` and `cause` are for readers (the API, `apply`, the console): why and when it restarts
     records[str(index)] = {"count": count, "submission": cause.submission_num, "due": due.isoformat(),
-                           "new_hosts": moves}
+                           "new_hosts": moves, "backoff": wait.total_seconds(), "cause": why}
     group = cause.node_group_name
     where = "on new hosts" if moves else "on the same hosts"
     record(run.project_id, f"run {run.name}",
-           f"group {group} restarts ({count} of {max_restarts(run, index)}) in {backoff(count).total_seconds():.0f}s "
-           f"{where}, after job {cause.job_num} {cause.termination_reason}", status=run.status, run_id=run.pk)
+           f"group {group} restarts ({count} of {max_restarts(run, index)}) in {wait.total_seconds():.0f}s "
+           f"{where}: {why} ({cause.termination_reason})", status=run.status, run_id=run.pk)
     if moves:
         _cascade(run, records, index, current, now, due)
+
+
+def cause_text(job: Job) -> str:
+    """"job 2 (workers/1) exited 3": the failure a restart is for, in the words a user looks for."""
+    what = f"exited {job.exit_status}" if job.exit_status is not None else (job.termination_reason or "failed")
+    return f"job {job.job_num} ({job.node_group_name}/{job.node_group_rank}) {what}"
 
 
 def _cascade(run: Run, records: dict, index: int, current: dict, now, due) -> None:
@@ -103,7 +112,9 @@ def _cascade(run: Run, records: dict, index: int, current: dict, now, due) -> No
             continue
         # not a failure of its own: the group's budget is not spent on it
         records[str(other)] = {"count": int(rec.get("count", 0)), "submission": current.get(other),
-                               "due": due.isoformat(), "new_hosts": False, "follows": index}
+                               "due": due.isoformat(), "new_hosts": False, "follows": index,
+                               "backoff": max(0.0, (due - now).total_seconds()),
+                               "cause": f"it names the addresses of group {group_of(run, index).get('name', index)}"}
         name = (run.configuration.get("groups") or [{}] * (other + 1))[other].get("name", str(other))
         record(run.project_id, f"run {run.name}", f"group {name} restarts with group {index}: it names that "
                "group's addresses", status=run.status, run_id=run.pk)

@@ -83,8 +83,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _static_reason(fleet: Fleet, hosts: list[Shape], parts: list[Part], need: int) -> str | None:
-    """Why the fleet's hosts cannot hold this group alone, or None when they can."""
+def _static_reason(fleet: Fleet, hosts: list[Shape], parts: list[Part], need: int, field: str = "nodes") -> str | None:
+    """Why the fleet's hosts cannot hold this group alone, or None when they can, with the fix in the
+    real figures (`field`: where the group's node count is written)."""
     count = lambda shapes: sum(n for _, _, n in shapes)  # noqa: E731
     if not hosts:
         return f"fleet {fleet.name} has no hosts"
@@ -101,11 +102,15 @@ def _static_reason(fleet: Fleet, hosts: list[Shape], parts: list[Part], need: in
         left = kept
         if not left:
             return text
-    if count(left) < need:
-        return f"{text}; the group needs {need}"
+    have = count(left)
+    if have < need:
+        such = " like those" if have != count(hosts) else ""
+        return f"{text}: lower {field} to {have} or add {_plural(need - have, 'host')}{such} to fleet {fleet.name}"
     free = sum(n for _, ok, n in left if ok)
     if free < need:
-        return f"{text}, {free} of them idle and reachable now; the group needs {need}"
+        wait = "let it wait for busy hosts (retry: {on_events: [no-capacity]})"
+        return f"{text}, {free} of them idle and reachable now: " + (
+            f"lower {field} to {free} or {wait}" if free else wait)
     return None
 
 
@@ -162,7 +167,8 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
             elif fleet.pk in fleet_reason:
                 reasons[g][fleet.pk] = fleet_reason[fleet.pk]
             elif fleet.pk in hosts:
-                reasons[g][fleet.pk] = _static_reason(fleet, hosts[fleet.pk], parts, count)
+                field = "nodes" if len(groups) == 1 else f"the nodes of group {groups[g][0]}"
+                reasons[g][fleet.pk] = _static_reason(fleet, hosts[fleet.pk], parts, count, field)
             else:
                 reasons[g][fleet.pk] = _cloud_reason(fleet, req, " and ".join(shown) or "it")
     lines = [f"{groups[g][0]}: needs {needs[g]}: " + "; ".join(r for r in reasons[g].values() if r)

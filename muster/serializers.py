@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 
 from rest_framework import serializers
 
@@ -25,3 +26,21 @@ class ModelSerializer(serializers.ModelSerializer):
         # a nested serializer binds its child too: that one gets a deep copy
         return {name: copy.deepcopy(field) if isinstance(field, serializers.BaseSerializer) else copy.copy(field)
                 for name, field in built.items()}
+
+
+def iso_time(epoch: float | None) -> str | None:
+    """A time the runner or a cloud poll keeps as epoch seconds, as the API writes every time: ISO 8601
+    in UTC, as DRF renders a DateTimeField (so `start_time` reads like `submitted_at`)."""
+    if epoch is None:
+        return None
+    return serializers.DateTimeField().to_representation(datetime.fromtimestamp(float(epoch), tz=UTC))
+
+
+class EpochTimeField(serializers.Field):
+    """A read-only FloatField of epoch seconds (Job.start_time, Job.end_time) shown as `iso_time`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(read_only=True, **kwargs)
+
+    def to_representation(self, value):
+        return iso_time(value)

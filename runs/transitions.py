@@ -97,6 +97,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     freed = {"lease_until": None, "lease_token": ""} if lease is not None else {}
     reason = fields.get("termination_reason", "")
     starts_run = to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
+    ends = _ends(to, now, fields)
     # The move and its event are one statement on PostgreSQL (update_and_record), atomic on its own;
     # a transaction only when the run moves with it. The caller's when there is one, without a
     # savepoint (two statements less): an error in here ends the caller's transaction anyway, as
@@ -104,7 +105,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     with transaction.atomic(savepoint=False) if starts_run else nullcontext():
         touched = update_row_and_record(
             Job, job.pk, {"status__in": frm, **held},
-            {"status": to, "status_changed_at": now, **freed, **fields},
+            {"status": to, "status_changed_at": now, **freed, **fields, **ends},
             job.run.project_id, f"job {job.run.name}/{job.job_num}", message or (f"{to} ({reason})" if reason else to),
             status=to, actor=actor, run_id=job.run_id, job_id=job.pk,
             instance_id=fields.get("instance_id", job.instance_id))
@@ -119,7 +120,18 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     job.status_changed_at = now
     for key, value in fields.items():
         setattr(job, key, value)
+    if ends and job.end_time is None:
+        job.end_time = now.timestamp()
     return True
+
+
+def _ends(to: str, now, fields: dict) -> dict:
+    """The end time a job entering a finished status gets: the runner's when it reported one (the row
+    keeps it), else now. Without it a job the server or a user stopped never ended, and its run
+    time grew for ever (console, API)."""
+    if to not in JOB_FINISHED or "end_time" in fields:
+        return {}
+    return {"end_time": Coalesce(F("end_time"), Value(now.timestamp()))}
 
 
 def _nudge_run(job: Job, to: str, reason: str) -> None:
@@ -144,17 +156,18 @@ def end_unstarted_jobs(jobs: list[Job], reason: str, actor: str = "server") -> l
     with connection.cursor() as cursor:
         # the UPDATE's RETURNING feeds the events' INSERT, whose RETURNING says which jobs moved
         cursor.execute(
-            f"WITH moved AS (UPDATE {job_table} SET status = %s, status_changed_at = %s, termination_reason = %s "
-            f"WHERE id = ANY(%s) AND status = %s RETURNING id, job_num, instance_id) "
+            f"WITH moved AS (UPDATE {job_table} SET status = %s, status_changed_at = %s, termination_reason = %s, "
+            f"end_time = COALESCE(end_time, %s) WHERE id = ANY(%s) AND status = %s RETURNING id, job_num, instance_id) "
             f"INSERT INTO {event_table} (project_id, subject, message, status, actor, run_id, job_id, instance_id, "
             f"created) SELECT %s, %s || moved.job_num, %s, %s, %s, %s, moved.id, moved.instance_id, %s FROM moved "
             f"RETURNING job_id",
-            [to, now, reason, [j.pk for j in jobs], JobStatus.SUBMITTED,
+            [to, now, reason, now.timestamp(), [j.pk for j in jobs], JobStatus.SUBMITTED,
              run.project_id, f"job {run.name}/", f"{to} ({reason})", to, actor, run.pk, now])
         moved_ids = {row[0] for row in cursor.fetchall()}
     moved = [j for j in jobs if j.pk in moved_ids]
     for job in moved:
         job.status, job.status_changed_at, job.termination_reason = to, now, reason
+        job.end_time = now.timestamp() if job.end_time is None else job.end_time
     if moved and may_change_run(moved[0], to, reason):  # the one nudge move_job would send for each
         if all(matters_only_last(j, to, reason) for j in moved):
             messages.process_run_if(run.pk, partial(derive_due, run.pk, run))

@@ -36,8 +36,8 @@ from instances.transitions import hand_back as give_back
 from muster import compiled
 from runs import limits as run_limits
 from runs.choices import WAITING_FOR_HOST, JobStatus
-from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.models import Job, Run
+from runs.waits import gives_up_at
 
 PREFIX = WAITING_FOR_HOST
 
@@ -45,13 +45,8 @@ PREFIX = WAITING_FOR_HOST
 def retry_lets_it_wait(run: Run) -> bool:
     if not spanning.waits_on_full_fleet(run.configuration):
         return False
-    retry = run.configuration.get("retry") or {}
-    duration = retry.get("duration")
-    try:
-        until = run.submitted_at + timedelta(seconds=DEFAULT_RETRY_DURATION if duration is None else duration)
-    except OverflowError:  # a duration past the calendar's end: it waits as long as it takes
-        return True
-    return timezone.now() < until
+    until = gives_up_at(run)
+    return until is None or timezone.now() < until  # None: past the calendar's end, it waits as long as it takes
 
 
 def fleets_to_wait_for(run: Run, jobs: list[Job] | None, usable: list | None = None) -> list | None:

@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
 from instances.queued import queued_view
-from muster.serializers import ModelSerializer
+from muster.serializers import ModelSerializer, iso_time
 
 
 class DeleteQuerySerializer(serializers.Serializer):
@@ -59,7 +59,8 @@ class InstanceGroupSerializer(ModelSerializer):
         return int((group.backend_data or {}).get("slices") or 1)
 
     def get_queued_resource(self, group: InstanceGroup) -> dict | None:
-        return queued_view(group)
+        view = queued_view(group)
+        return dict(view, since=iso_time(view["since"])) if view else None
 
     def get_instances(self, group: InstanceGroup) -> list[dict]:
         rows = sorted(group.instances.all(), key=lambda i: i.index)

@@ -6,9 +6,11 @@ from django.conf import settings
 from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
-from muster.serializers import ModelSerializer
+from muster.serializers import EpochTimeField, ModelSerializer, iso_time
+from runs import restart_view
 from runs.choices import JobStatus
 from runs.models import Job, Run
+from runs.waits import waiting_view
 
 
 class RunRequestSerializer(serializers.Serializer):
@@ -31,6 +33,9 @@ class LogQuerySerializer(serializers.Serializer):
     LOG_OFFSET_MAX = 2**62
 
     job = serializers.IntegerField(default=0, help_text="the job number (rank) whose log to read")
+    submission = serializers.IntegerField(required=False, help_text="the submission of the job whose log to read "
+                                          "(an earlier attempt's, from the run's `earlier_jobs`); default: the "
+                                          "current one")
     start = serializers.IntegerField(default=0, help_text="the byte offset to read from: the `next` of the "
                                                           "previous answer")
 
@@ -43,6 +48,9 @@ class LogQuerySerializer(serializers.Serializer):
     def validate_job(self, value: int) -> int:
         return self._bounded(value, settings.MUSTER["MAX_NODES"])
 
+    def validate_submission(self, value: int) -> int:
+        return self._bounded(value, 2**31 - 1)
+
     def validate_start(self, value: int) -> int:
         return self._bounded(value, self.LOG_OFFSET_MAX)
 
@@ -54,6 +62,10 @@ class JobSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     resources = serializers.JSONField(source="spec.resources", read_only=True)
     status_message = serializers.SerializerMethodField()
+    # the runner's clock as epoch seconds in the row, ISO 8601 here like every other time of the API
+    start_time = EpochTimeField()
+    end_time = EpochTimeField()
+    probes = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -64,6 +76,9 @@ class JobSerializer(ModelSerializer):
             "ready_at", "probes", "waiting_for",
         ]
 
+    def get_probes(self, job: Job) -> list:
+        return [dict(p, last_at=iso_time(p.get("last_at"))) if isinstance(p, dict) and "last_at" in p else p
+                for p in job.probes or []]
 
     def get_status_message(self, job: Job) -> str:
         if job.waiting_for and job.status in (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING):
@@ -80,27 +95,57 @@ class RunSerializer(ModelSerializer):
     project = serializers.CharField(source="project.name", read_only=True)
     jobs = serializers.SerializerMethodField()
     configuration = serializers.SerializerMethodField()
+    waiting_for = serializers.SerializerMethodField(help_text="what a `submitted` run waits for when its fleet is "
+                                                    "full and its retry lists no-capacity; \"\" otherwise")
+    gives_up_at = serializers.SerializerMethodField(help_text="when such a waiting run stops waiting and fails "
+                                                    "(its submission plus retry.duration); null otherwise")
+    restarts = serializers.SerializerMethodField(help_text="per group that restarted: restarts so far, the most "
+                                                 "allowed, the cause, and whether one is pending")
+    earlier_jobs = serializers.SerializerMethodField(help_text="the jobs a restart or retry replaced (detail only)")
 
     class Meta:
         model = Run
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "configuration", "jobs",
+            "waiting_for", "gives_up_at", "restarts", "configuration", "jobs", "earlier_jobs",
         ]
+
+    def get_restarts(self, run: Run) -> list[dict]:
+        return [dict(entry, starts_at=serializers.DateTimeField().to_representation(entry["starts_at"])
+                     if entry["starts_at"] else None) for entry in restart_view.restarts(run)]
+
+    def get_earlier_jobs(self, run: Run) -> list[dict]:
+        """The jobs a group restart or a run retry replaced, oldest first: their logs stay readable
+        (`logs?job=N&submission=M`)."""
+        if getattr(run, "submitted_jobs", None) is not None:
+            return []
+        old = [j for j in run.jobs.all() if j.superseded]
+        return JobSerializer(sorted(old, key=lambda j: (j.submission_num, j.job_num)), many=True).data
+
+    def get_waiting_for(self, run: Run) -> str:
+        return waiting_view(run, self._current(run)).get("waiting_for", "")
+
+    def get_gives_up_at(self, run: Run) -> str | None:
+        until = waiting_view(run, self._current(run)).get("gives_up_at")
+        return serializers.DateTimeField().to_representation(until) if until else None
+
+    @staticmethod
+    def _current(run: Run) -> list[Job]:
+        # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
+        jobs = getattr(run, "submitted_jobs", None)
+        if jobs is None:
+            jobs = [j for j in run.jobs.all() if not j.superseded]
+        return jobs
 
     def get_configuration(self, run: Run) -> dict:
         return {k: v for k, v in run.configuration.items()
                 if k not in ("secret_env", "hidden_env", "secret_registry_password")}
 
     def get_jobs(self, run: Run) -> list[dict]:
-        # a run just submitted carries its new jobs (runs.services.submission), so the 201 reads nothing back
-        jobs = getattr(run, "submitted_jobs", None)
-        if jobs is None:
-            jobs = [j for j in run.jobs.all() if not j.superseded]
-        return JobSerializer(sorted(jobs, key=lambda j: j.job_num), many=True).data
+        return JobSerializer(sorted(self._current(run), key=lambda j: j.job_num), many=True).data
 
 
 class RunListSerializer(RunSerializer):
     class Meta(RunSerializer.Meta):
-        fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration",)]
+        fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration", "earlier_jobs")]

@@ -93,11 +93,17 @@ class RunLogsView(ProjectScopedMixin, APIView):
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         job_num, start = query.validated_data["job"], query.validated_data["start"]
-        job = run.current_jobs().filter(job_num=job_num).first()
+        submission = query.validated_data.get("submission")
+        if submission is None:
+            job = run.current_jobs().filter(job_num=job_num).first()
+        else:
+            job = run.jobs.filter(job_num=job_num, submission_num=submission).first()
         if job is None:
-            raise InvalidInput(["job"], f"run {name} has no job {job_num}")
+            of = "" if submission is None else f" in submission {submission} (the run's earlier_jobs lists them)"
+            raise InvalidInput(["job"], f"run {name} has no job {job_num}{of}")
         data = logs.read(job, start)
-        return Response({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
+        return Response({"job": job_num, "submission": job.submission_num, "start": start, "next": start + len(data),
+                         "status": job.status,
                          "text": data.decode("utf-8", errors="replace")})
 
 

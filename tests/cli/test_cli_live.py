@@ -143,11 +143,11 @@ def test_logs_ps_events_and_delete_of_a_run(muster, local_fleet, celery_worker, 
     ps = muster("ps", "-v")
     assert ps.returncode == 0, ps.stderr
     header, *rows = ps.stdout.splitlines()
-    assert header.split() == ["RUN", "JOB", "GROUP", "RANK", "HOST", "IP", "STATUS", "READY", "REASON"]
+    assert header.split() == ["RUN", "JOB", "GROUP", "RANK", "HOST", "IP", "STATUS", "RESTARTS", "READY", "REASON"]
     jobs = {j.job_num: j for j in Run.objects.get(name="two").current_jobs().select_related("instance")}
     assert [r.split() for r in rows] == [
         ["two", str(n), jobs[n].node_group_name, str(jobs[n].node_group_rank), jobs[n].instance.name,
-         jobs[n].instance.internal_ip, "done", "yes", "done_by_runner"] for n in (0, 1, 2)]
+         jobs[n].instance.internal_ip, "done", "0", "yes", "done_by_runner"] for n in (0, 1, 2)]
 
     events = muster("events", "two")
     assert events.returncode == 0, events.stderr

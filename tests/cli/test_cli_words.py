@@ -47,8 +47,8 @@ def test_workers_stopped_because_the_master_finished_say_master_done(
     assert applied.returncode == 0, applied.stderr
 
     rows = _ps_rows(muster, "master-ends")
-    # RUN JOB GROUP RANK HOST IP STATUS READY REASON: the master finished its commands, the workers did not
-    assert [(r[1], r[6], r[8]) for r in rows] == [("0", "done", "done_by_runner"), ("1", "done", "master_done"),
+    # RUN JOB GROUP RANK HOST IP STATUS RESTARTS READY REASON: the master finished its commands, the workers did not
+    assert [(r[1], r[6], r[9]) for r in rows] == [("0", "done", "done_by_runner"), ("1", "done", "master_done"),
                                                   ("2", "done", "master_done")], rows
     assert runner_processes("sleep 419") == []
     run = Run.objects.get(name="master-ends")
@@ -65,7 +65,7 @@ def test_a_job_without_an_image_never_says_pulling_and_fails_as_a_process(
     out = applied.stdout + applied.stderr
     assert "pulling" not in out and "container" not in out, out
     rows = _ps_rows(muster, "process-fails")
-    assert [(r[1], r[6], r[8]) for r in rows] == [("0", "terminated", "terminated_by_server"),
+    assert [(r[1], r[6], r[9]) for r in rows] == [("0", "terminated", "terminated_by_server"),
                                                   ("1", "failed", "process_exited_with_error")], rows
     run = Run.objects.get(name="process-fails")
     assert not Event.objects.filter(run=run, status="pulling").exists()

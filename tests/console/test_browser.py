@@ -273,3 +273,34 @@ def test_the_console_refuses_a_script_injected_into_its_page(django_user_model, 
     browser.find_element("css selector", "form.login button").click()
     wait_until(lambda: urlparse(browser.current_url).path == "/", 30, "the runs list after log in")
     assert csp_violations(browser) == []
+
+
+def test_a_group_restart_is_counted_on_the_run_page_and_the_failed_attempts_log_opens(
+        operator, celery_worker, live_server, browser, tmp_path):
+    from tests.engine.helpers import Beat, wait_for_run
+
+    user, api = operator
+    conf = f"""type: task
+name: restarts-shown
+groups:
+  - name: head
+    commands:
+      - for _ in $(seq 600); do [ -e {tmp_path}/second ] && break; sleep 0.2; done
+  - name: worker
+    on_failure: restart-group
+    commands:
+      - if [ ! -e {tmp_path}/failed-once ]; then touch {tmp_path}/failed-once; echo "attempt one dies"; exit 1; fi
+      - touch {tmp_path}/second
+"""
+    with Beat():  # the sweep starts the restart once its back-off is over
+        assert api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+        wait_for_run("restarts-shown", timeout=120)
+    _log_in(browser, live_server, user)
+    browser.get(f"{live_server.url}/projects/main/runs/restarts-shown/")
+    said = " ".join(browser.find_element("id", "restarts").text.split())
+    assert "group worker: restarted 1 of 3 times; last for: job 1 (worker/0) exited 1" in said, said
+    counts = [c.text for c in browser.find_elements("css selector", "table.jobs:not(.earlier) td.restarts")]
+    assert counts == ["0", "1"], counts
+    browser.find_element("css selector", "#earlier-jobs a.earlier-log").click()
+    wait_until(lambda: "attempt one dies" in browser.find_element("tag name", "body").text, 30,
+               "the failed attempt's log, shown in the browser")

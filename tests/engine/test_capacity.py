@@ -49,7 +49,8 @@ def test_busy_or_unreachable_hosts_are_counted_but_not_offered(api, project):
     fleet.instances.filter(name="busy-0").update(status="busy")
     fleet.instances.filter(name="busy-1").update(unreachable=True)
     assert plan(api, "type: task\ncommands: [echo]\n")["reasons"] == [
-        "default: needs 1 host: fleet busy has 2 hosts, 0 of them idle and reachable now; the group needs 1"]
+        "default: needs 1 host: fleet busy has 2 hosts, 0 of them idle and reachable now: let it wait for busy "
+        "hosts (retry: {on_events: [no-capacity]})"]
 
 
 def test_a_large_fleet_is_explained_by_its_kinds_of_host_with_every_host_counted(api, project, monkeypatch):
@@ -64,6 +65,6 @@ def test_a_large_fleet_is_explained_by_its_kinds_of_host_with_every_host_counted
     monkeypatch.setattr(fit_reasons, "fits", lambda req, res: tested.append(1) or real(req, res))
     assert plan(api, "type: task\nnodes: 3\nresources: {gpu: A100:2}\ncommands: [echo]\n")["reasons"] == [
         "default: needs 3 hosts with 2 x gpu A100: fleet big has 60 hosts, 3 with 2 x gpu A100, 2 of them idle and "
-        "reachable now; the group needs 3"]
+        "reachable now: lower nodes to 2 or let it wait for busy hosts (retry: {on_events: [no-capacity]})"]
     # three kinds of host (idle with GPUs, busy with GPUs, idle without): the tests run per kind, not per host
     assert len(tested) < 60, len(tested)

@@ -71,7 +71,7 @@ def test_a_group_whose_named_fleet_is_short_takes_no_host_anywhere(superuser_api
 
     plan = superuser_api.post(f"{RUNS}plan", {"configuration": conf}, format="json").json()["capacity"]
     assert plan["fits"] is False, plan  # b could hold both groups, but y may only go to a
-    assert plan["reasons"] == ["y: needs 2 hosts: fleet a has 1 host; the group needs 2; "
+    assert plan["reasons"] == ["y: needs 2 hosts: fleet a has 1 host: lower the nodes of group y to 1 or add 1 host to fleet a; "
                                "fleet b is not in the group's `fleets` (a)"], plan
 
     with Beat():

@@ -191,7 +191,8 @@ def test_the_plan_says_which_requirement_of_which_group_no_host_meets(pd_fleet, 
     two_decoders = fitting.replace("nodes: 1\n    resources", "nodes: 3\n    resources")
     plan = api.post("/api/projects/main/runs/plan", {"configuration": two_decoders}, format="json")
     assert plan.json()["capacity"]["reasons"] == [
-        "decode: needs 3 hosts with gpu L40S: fleet pd has 3 hosts, 2 with gpu L40S; the group needs 3"]
+        "decode: needs 3 hosts with gpu L40S: fleet pd has 3 hosts, 2 with gpu L40S: lower the nodes of group decode "
+        "to 2 or add 1 host like those to fleet pd"]
 
 
 def test_a_run_that_fits_nowhere_fails_saying_why(pd_fleet, make_user, beat):
