@@ -15,7 +15,7 @@ from django.db.models import Count
 
 from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
-from instances.fitting import LOCAL_REFUSED, Group, fleets_for, is_static, policy_refusals
+from instances.fitting import LOCAL_REFUSED, Group, fleets_for, is_static, policy_refusals, run_backends
 from instances.models import Fleet, Instance, InstanceStatus, Placement
 from runs.configuration import fits
 
@@ -127,10 +127,14 @@ def explain(project_id: int, wanted: list[str], groups: list[Group], configurati
     """One line per group that no fleet can hold, else one per fleet saying what it lacks (with the
     run's `configuration`, a fleet whose container policy forbids the run says that). `fleets`:
     fleets_for(project_id, wanted, local) as the caller already read it."""
+    backends = run_backends(configuration)
     if fleets is None:
-        fleets = fleets_for(project_id, wanted, local=local)
-    if not fleets and not local and fleets_for(project_id, wanted):
+        fleets = fleets_for(project_id, wanted, local=local, backends=backends)
+    if not fleets and not local and fleets_for(project_id, wanted, backends=backends):
         return [LOCAL_REFUSED]
+    if not fleets and backends is not None and fleets_for(project_id, wanted, local=local):
+        return [f"the project has no active fleet of the run's `backends` ({', '.join(backends)}): "
+                "remove `backends`, or name the kinds of its fleets"]
     if not fleets:
         if wanted:
             return [f"the project has no active fleet named {', '.join(wanted)} (the run's `fleets`)"]

@@ -151,7 +151,8 @@ def local_allowed(user) -> bool:
 def usable_fleets(run: Run) -> list[Fleet]:
     """The active fleets the run may use (its `fleets:`, local ones only for whom they allow),
     before their container policies are asked: what placement tries and what its failure explains."""
-    return fleets_for(run.project_id, run.configuration.get("fleets") or [], local=local_allowed(run.user))
+    return fleets_for(run.project_id, run.configuration.get("fleets") or [], local=local_allowed(run.user),
+                      backends=run_backends(run.configuration))
 
 
 def candidate_fleets(run: Run, usable: list[Fleet] | None = None) -> list[Fleet]:
@@ -173,14 +174,32 @@ def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
     return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
-def fleets_for(project_id: int, wanted: list[str], local: bool = True) -> list[Fleet]:
+# dstack's backend names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
+FLEET_KINDS = {"ssh": FleetBackend.SSH.value, "remote": FleetBackend.SSH.value, "local": FleetBackend.LOCAL.value,
+               "gcp": FleetBackend.GCP.value}
+
+
+def run_backends(configuration: dict | None) -> list[str] | None:
+    """The run's `backends:` as written (None: any fleet's kind will do)."""
+    return ((configuration or {}).get("profile") or {}).get("backends")
+
+
+def fleets_for(project_id: int, wanted: list[str], local: bool = True,
+               backends: list[str] | None = None) -> list[Fleet]:
     """The project's active fleets a run may use: those it names in `fleets:` in that order, else all;
-    local fleets only with `local` (local_allowed of the run's user)."""
+    local fleets only with `local` (local_allowed of the run's user); of the kinds its `backends:`
+    names, if it names any (a backend Muster lacks has no fleet here: as in dstack, none fits)."""
     # written SQL, as candidates': a plan, a submit and every placement ask it
     where, params = ["project_id = %s", "status = %s"], [project_id, FleetStatus.ACTIVE.value]
     if not local:
         where.append("backend <> %s")
         params.append(FleetBackend.LOCAL.value)
+    if backends is not None:
+        kinds = sorted({FLEET_KINDS[name] for name in backends if name in FLEET_KINDS})
+        if not kinds:
+            return []
+        where.append(f"backend IN ({', '.join(['%s'] * len(kinds))})")
+        params.extend(kinds)
     if wanted:
         where.append(f"name IN ({', '.join(['%s'] * len(wanted))})")
         params.extend(wanted)

@@ -1,4 +1,5 @@
-"""The API's JSON parser: DRF's, with a bound on nesting, and no NUL in any string (muster/text.py).
+"""The API's JSON parser: DRF's, with a bound on nesting, and no NUL or lone surrogate in any
+string (muster/text.py).
 
 json.loads recurses once per level: a body of 100,000 `[` raises RecursionError (a 500), and a
 body just under the interpreter's limit parses but leaves no stack for whatever walks it next
@@ -11,7 +12,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser as DRFJSONParser
 
-from muster.text import NUL_MESSAGE, nul_at
+from muster.text import unstorable_at
 from runs.configuration import ConfigurationError
 
 
@@ -41,7 +42,7 @@ class JSONParser(DRFJSONParser):
             raise ParseError(f"JSON parse error - nested too deeply (more than {limit} levels)") from None
         if depth_over(data, limit):
             raise ParseError(f"JSON parse error - nested too deeply (more than {limit} levels)")
-        where = nul_at(data)
-        if where is not None:
-            raise ConfigurationError([{"loc": where, "msg": NUL_MESSAGE}])  # a 400 located like any bad input
+        found = unstorable_at(data)
+        if found is not None:  # a 400 located like any bad input
+            raise ConfigurationError([{"loc": found[0], "msg": found[1]}])
         return data

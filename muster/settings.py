@@ -335,6 +335,9 @@ MUSTER = {
     "TOKEN_LIFETIME_DAYS": env_float("MUSTER_TOKEN_LIFETIME_DAYS", 90.0),  # 0: tokens never expire
     "LOG_DIR": DATA_DIR / "logs",
     "LOG_COPY_LIMIT": env_int("MUSTER_LOG_COPY_LIMIT", 64 << 20),  # bytes of a finished job's log kept
+    # bytes of a job's output.log the runner keeps on its host (for a local job: in MUSTER_DATA_DIR),
+    # the last a line that says the rest was dropped; the job goes on (runner/output_log.py)
+    "JOB_LOG_LIMIT": env_int("MUSTER_JOB_LOG_LIMIT", 64 << 20),
     # bytes of finished jobs' logs kept per project (0: no quota; a project's own log_quota wins):
     # the oldest finished runs' logs go first, and a copy that still does not fit is cut short
     "LOG_QUOTA": env_int("MUSTER_LOG_QUOTA", 4 << 30),

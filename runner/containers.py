@@ -24,6 +24,7 @@ from .cluster_env import base_env, cluster_env, job_script
 from .files import JobPaths, write_json_atomic
 from .images import DOCKER_CALL_TIMEOUT, DOCKER_MESSAGE_CAP, docker, pull_image
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
+from .output_log import OutputLog, log_limit
 from .probes import Prober, probe_address
 
 DEFAULT_PULL_TIMEOUT = 600.0
@@ -189,10 +190,12 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
             output.write(b"muster: this host's Docker has no NVIDIA runtime (install nvidia-container-toolkit); "
                          b"the container runs without GPUs\n")
             output.flush()
-        attached = subprocess.Popen(
-            ["docker", "start", "--attach", "--", name], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-            env=base_env(job.home), start_new_session=True, close_fds=True,
-        )
+    # a pipe, not the file: the runner caps what output.log keeps (runner/output_log.py)
+    attached = subprocess.Popen(
+        ["docker", "start", "--attach", "--", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, env=base_env(job.home), start_new_session=True, close_fds=True,
+    )
+    output_log = OutputLog(job.output, log_limit(spec)).start(attached.stdout)
     started = time.monotonic()
     running = dict(base, state="running", pid=attached.pid, start_time=time.time())
     write_json_atomic(job.status, running)
@@ -215,6 +218,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     except subprocess.TimeoutExpired:
         attached.kill()
         attached.wait()
+    output_log.finish()
     code, out = docker(["inspect", "--format", "{{.State.ExitCode}}|{{.State.Error}}", "--", name])
     status_text, _, error = out.partition("|")
     if code == 0 and error.strip() and reason is None:

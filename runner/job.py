@@ -15,6 +15,7 @@ from .cluster_env import base_env, build_env, hostfile_content, job_script
 from .containers import run_container_job
 from .files import JobPaths, Paths, log_err, read_json, write_json_atomic
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
+from .output_log import OutputLog, log_limit
 from .probes import Prober, probe_address
 from .protocol import validate_spec
 
@@ -45,7 +46,7 @@ def watch_job(
     return None
 
 
-def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.Popen:
+def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> tuple[subprocess.Popen, OutputLog]:
     env = build_env(spec, base_env(job.home), job.hostfile)
     # Set after the user's env so a job cannot drop or change them and escape its stop.
     env.update(entry.split("=", 1) for entry in job.marker)
@@ -58,18 +59,19 @@ def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> subprocess.
         except OSError:
             pass  # the marker still finds the job's processes
 
-    with open(job.output, "ab") as output:
-        return subprocess.Popen(
-            ["/bin/sh", "-c", job_script(spec["commands"])],
-            preexec_fn=enter_cgroup if cgroup else None,
-            cwd=job.workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: a stop kills everything the job spawned
-            close_fds=True,
-        )
+    # a pipe, not the file: the runner caps what output.log keeps (runner/output_log.py)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", job_script(spec["commands"])],
+        preexec_fn=enter_cgroup if cgroup else None,
+        cwd=job.workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # own process group: a stop kills everything the job spawned
+        close_fds=True,
+    )
+    return proc, OutputLog(job.output, log_limit(spec)).start(proc.stdout)
 
 
 def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:
@@ -110,7 +112,7 @@ def run_job(home: str, job_id: str) -> int:
             return run_container_job(job, spec, flag, base)
         # `"cgroup": false` in a spec keeps the job out of cgroups (the marker alone then stops it).
         cgroup = create_job_cgroup(job) if spec.get("cgroup", True) is not False else ""
-        proc = start_shell(job, spec, cgroup)
+        proc, output = start_shell(job, spec, cgroup)
     except (OSError, ValueError) as e:
         remove_cgroup(locals().get("cgroup", ""))
         write_json_atomic(
@@ -127,6 +129,7 @@ def run_job(home: str, job_id: str) -> int:
         prober.stop()
     # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
     kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
+    output.finish()  # all the job printed is in output.log before its status says it ended
     final = dict(running, state=final_state(proc.returncode, reason), end_time=time.time())
     final.update(exit_fields(proc.returncode))
     write_json_atomic(job.status, final)

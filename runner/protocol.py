@@ -57,6 +57,7 @@ SPEC_FIELDS = (
     "container",  # None (commands on the host), or CONTAINER_FIELDS
     "cgroup",  # false keeps the job out of cgroups (the marker alone then stops it)
     "probes",  # readiness probes, run by the job runner once the job runs (runner/probes.py); None: none
+    "log_limit",  # bytes of output.log kept on the host, the last a line that says so (runner/output_log.py)
 )
 CONTAINER_FIELDS = (
     "image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes", "shm_size",
@@ -87,6 +88,9 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         raise ValueError("spec.commands must be a list of strings")
     if spec.get("env") is not None and not isinstance(spec.get("env"), dict):
         raise ValueError("spec.env must be an object")
+    limit = spec.get("log_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise ValueError("spec.log_limit must be a positive whole number of bytes or null")
     for key in ("max_duration", "stop_grace"):
         value = spec.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -80,6 +80,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "container": None,
         # run by the job runner against 127.0.0.1 once the job runs (runner/probes.py)
         "probes": probes_of(job) or None,
+        "log_limit": int(settings.MUSTER["JOB_LOG_LIMIT"]),
     }
     if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
         spec["tpu"] = tpu_spec(instance)

@@ -13,6 +13,7 @@ import math
 import time
 
 from django.conf import settings
+from django.contrib.auth.forms import UsernameField
 from django.core.cache import caches
 
 
@@ -35,7 +36,14 @@ def _address_key(address: str) -> str:
 
 def _user_key(username: str) -> str:
     # hashed: any text may be sent as a user name, and a cache key must be short and plain
-    return "u:" + hashlib.sha256(username.casefold().encode()).hexdigest()
+    return "u:" + hashlib.sha256(_as_the_form_reads(username).casefold().encode()).hexdigest()
+
+
+def _as_the_form_reads(username: str) -> str:
+    """The name the log-in form authenticates: Django's form strips it and NFKC-normalises it, so
+    `" admin"`, `"admin "` and a fullwidth `ａdmin` all log in as `admin` and must count as `admin`.
+    The form's own field does it, so the two cannot drift apart."""
+    return UsernameField().to_python(username) or ""
 
 
 def _keys(address: str, username: str) -> list[tuple[str, int]]:

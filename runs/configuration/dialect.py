@@ -23,7 +23,7 @@ PYTHON_VERSIONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
 # Every backend a dstack configuration may name; Muster has the last three (`remote` is how
 # dstack names SSH fleets).
 DSTACK_BACKENDS = (
-    "amddevcloud", "aws", "azure", "cloudrift", "cudo", "datacrunch", "digitalocean", "dstack",
+    "amddevcloud", "aws", "azure", "cloudrift", "crusoe", "cudo", "datacrunch", "digitalocean", "dstack",
     "gcp", "hotaisle", "kubernetes", "lambda", "nebius", "oci", "runpod", "tensordock", "vastai",
     "verda", "vultr", "local", "remote", "ssh",
 )  # fmt: skip
@@ -206,7 +206,7 @@ class ProfileKeys(WrittenModel):
     @field_validator("backends")
     @classmethod
     def _backends(cls, value: list[str] | None) -> list[str] | None:
-        return check_backends(value)
+        return check_backends(value, lacking_ok=True)
 
     @field_validator("max_price")
     @classmethod
@@ -237,15 +237,32 @@ def check_max_price(value: float | None) -> float | None:
     return value
 
 
-def check_backends(value: list[str] | None) -> list[str] | None:
+def check_backends(value: list[str] | None, lacking_ok: bool = False) -> list[str] | None:
+    """`lacking_ok`: a run's backends, where a dstack backend Muster lacks (`crusoe` in dstack's own
+    examples) is accepted, as dstack does: the run goes only to fleets of the named kinds, and finds
+    none of it (backends_warning). A fleet is made by its backend: one Muster lacks is refused."""
     if value is None:
         return None
     for name in value:
         if name not in DSTACK_BACKENDS:
             raise ValueError(f"unknown backend `{name}`: Muster supports {SUPPORTED_BACKENDS_TEXT}")
-        if name not in MUSTER_BACKENDS:
+        if name not in MUSTER_BACKENDS and not lacking_ok:
             raise ValueError(f"Muster has no `{name}` backend: it supports {SUPPORTED_BACKENDS_TEXT}")
     return list(dict.fromkeys(value))
+
+
+def backends_warning(backends: list[str]) -> str:
+    """What a task's `backends` does here: it keeps the run to fleets of those kinds."""
+    lacking = [name for name in backends if name not in MUSTER_BACKENDS]
+    kept = [name for name in backends if name in MUSTER_BACKENDS]
+    if not lacking:
+        return f"{', '.join(backends)}: the run goes only to the project's fleets of these kinds"
+    missing = ", ".join(f"`{name}`" for name in lacking)
+    said = f"Muster has no {missing} backend{'s' if len(lacking) > 1 else ''} (it supports {SUPPORTED_BACKENDS_TEXT})"
+    if kept:
+        return f"{said}: the run goes only to the project's {', '.join(kept)} fleets"
+    return (f"{said}: no fleet here is of the named backends, so the run finds no capacity; "
+            "remove `backends` to run on the project's fleets")
 
 
 def has_image(task: Any) -> bool:
@@ -294,7 +311,6 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
         _warn(warnings, "setup", "deprecated by dstack; Muster runs these commands before `commands` on every node")
 
     profile_notes = {
-        "backends": "a run goes to the project's fleets (choose them with `fleets`); backends are set on the fleet",
         "regions": "regions are set on a fleet; a run goes to any fleet it fits",
         "availability_zones": "zones are set on a fleet (gcp fleets: `zones`); a run goes to any fleet it fits",
         "instance_types": "Muster picks hosts by `resources`, not by instance type",
@@ -315,6 +331,8 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
         "instance_name": "deprecated by dstack: use `fleets`",
         "retry_policy": "deprecated by dstack: write `retry` instead",
     }
+    if "backends" in written and task.backends is not None:
+        _warn(warnings, "backends", backends_warning(task.backends))
     for key, note in profile_notes.items():
         if key in written and getattr(task, key) is not None:
             _warn(warnings, key, f"has no effect here: {note}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from cli.strict_yaml import StrictLoader
-from muster.text import NUL_MESSAGE, nul_at
+from muster.text import unstorable_at
 
 from .errors import ConfigurationError
 
@@ -49,9 +49,9 @@ def load_document(data: str | dict) -> dict:
 
 def _without_nul(doc: dict) -> dict:
     # YAML's "\0" escape makes a NUL, which PostgreSQL cannot store (muster/text.py)
-    where = nul_at(doc)
-    if where is not None:
-        raise ConfigurationError([{"loc": where, "msg": NUL_MESSAGE}])
+    found = unstorable_at(doc)
+    if found is not None:
+        raise ConfigurationError([{"loc": found[0], "msg": found[1]}])
     return doc
 
 

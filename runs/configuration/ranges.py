@@ -10,6 +10,10 @@ T = TypeVar("T", int, float)
 
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(kb|mb|gb|tb|k|m|g|t)?$", re.IGNORECASE)
 _GB_PER_UNIT = {"k": 1 / 1024**2, "m": 1 / 1024, "g": 1.0, "t": 1024.0}
+# Bounds on what a resource may ask for, far above any host: a count past 2**63 reached the database
+# (a 500 on plan, a run stuck `submitted`), and a count past 2**31 does not fit an integer column.
+MAX_COUNT = 1_000_000
+MAX_SIZE_GB = 1024.0**2  # 1PB
 
 
 def split_range(text: str) -> tuple[str | None, str | None] | None:
@@ -23,11 +27,18 @@ def split_range(text: str) -> tuple[str | None, str | None] | None:
     return (low or None, high or None)
 
 
-def parse_count(text: str) -> int:
+def parse_count(text: str, what: str = "a count") -> int:
     text = text.strip()
     if not (text.isascii() and text.isdigit()):
         raise ValueError(f"`{text}` is not a whole number")
-    return int(text)
+    # compared as text first: int() of thousands of digits is itself refused
+    return bounded_count(int(text) if len(text) <= len(str(MAX_COUNT)) + 1 else MAX_COUNT + 1, what)
+
+
+def bounded_count(n: int, what: str) -> int:
+    if n > MAX_COUNT:
+        raise ValueError(f"{what} is at most {MAX_COUNT}")
+    return n
 
 
 def _range_object(value: dict, what: str, parse) -> tuple:
@@ -51,14 +62,14 @@ def parse_count_range(value: object, what: str) -> tuple[int | None, int | None]
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{what} cannot be negative")
-        return value, value
+        return bounded_count(value, what), value
     bounds = split_range(value)
     if bounds is None:
         if value.strip().startswith("-"):
             raise ValueError(f"{what} cannot be negative")
-        n = parse_count(value)
+        n = parse_count(value, what)
         return n, n
-    low, high = (parse_count(b) if b is not None else None for b in bounds)
+    low, high = (parse_count(b, what) if b is not None else None for b in bounds)
     return check_order(low, high)
 
 
@@ -81,8 +92,10 @@ def parse_size(value: object) -> float:
 
 def _finite(size: float) -> float:
     # NaN and infinity are valid YAML floats but meaningless sizes (and not JSON).
-    if not math.isfinite(size) or size > 2**50:
+    if math.isnan(size):
         raise ValueError("expected a size like 16GB")
+    if size > MAX_SIZE_GB:
+        raise ValueError(f"a size is at most 1PB ({MAX_SIZE_GB:.0f}GB)")
     return size
 
 

@@ -180,7 +180,7 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
     Two statements when it fits (the fleets, then one page of idle hosts per group): the hosts the
     plan names are those the fit test read, not read again."""
     local = fitting.local_allowed(user)
-    usable = fitting.fleets_for(project.pk, wanted, local=local)
+    usable = fitting.fleets_for(project.pk, wanted, local=local, backends=fitting.run_backends(configuration))
     fleets = fitting.allowing_fleets(usable, configuration) if configuration is not None else usable
     pools: list[list] = []
     chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),

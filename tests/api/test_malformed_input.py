@@ -134,3 +134,54 @@ def test_yaml_nested_past_what_the_parser_takes_is_a_400_at_the_configuration(ra
     else:
         (error,) = assert_errors(resp, 400, ["configuration"])
         assert "nesting depth" in error["msg"], error
+
+
+HUGE = "99999999999999999999"  # past 2**63: it reached the database as a count
+
+
+@pytest.mark.parametrize("resources, loc, maximum", [
+    (f"cpu: {HUGE}", ["resources", "cpu"], "cpu is at most 1000000"),
+    (f"cpu: 2..{HUGE}", ["resources", "cpu"], "cpu is at most 1000000"),
+    (f"cpu: {{min: 2, max: {HUGE}}}", ["resources", "cpu"], "cpu is at most 1000000"),
+    (f"gpu: A100:{HUGE}", ["resources", "gpu"], "gpu count is at most 1000000"),
+    (f"gpu: {{name: A100, count: {HUGE}}}", ["resources", "gpu", "count"], "gpu count is at most 1000000"),
+    (f"memory: {HUGE}GB", ["resources", "memory"], "at most 1PB"),
+    (f"memory: {HUGE}", ["resources", "memory"], "at most 1PB"),
+    (f"disk: {HUGE}MB..", ["resources", "disk"], "at most 1PB"),
+])
+def test_a_resource_count_or_size_past_the_maximum_is_a_400_naming_the_field_and_the_maximum(
+        raw, resources, loc, maximum):
+    from runs.models import Run
+
+    conf = f"type: task\nname: huge\ncommands: [echo]\nresources:\n  {resources}\n"
+    for path in (PLAN, "/api/projects/main/runs/"):
+        (error,) = assert_errors(raw.post(path, json.dumps({"configuration": conf}), content_type="application/json"),
+                                 400, loc)
+        assert maximum in error["msg"], error
+    assert not Run.objects.exists()
+
+
+def test_a_fleets_node_count_past_the_maximum_is_a_400(raw):
+    from instances.models import Fleet
+
+    conf = f"type: fleet\nname: many\nnodes: {HUGE}\nresources:\n  cpu: 2\n"
+    resp = raw.post("/api/projects/main/fleets/", json.dumps({"configuration": conf}), content_type="application/json")
+    errors = assert_errors(resp, 400, ["nodes"])
+    assert "nodes is at most 1000000" in errors[0]["msg"], errors
+    assert not Fleet.objects.exists()
+
+
+@pytest.mark.parametrize("body, loc", [
+    ('{"configuration": {"type": "task", "commands": ["echo \\ud800"]}}', ["configuration", "commands", 0]),
+    ('{"configuration": "type: task\\ncommands: [echo]\\n", "env": {"A": "\\udfff x"}}', ["env", "A"]),
+    ('{"configuration": {"type": "task", "commands": ["echo"], "env": {"\\ud800": "x"}}}',
+     ["configuration", "env", "\\ud800"]),
+])
+def test_a_lone_utf16_surrogate_in_a_body_is_a_400_naming_where(raw, body, loc):
+    """json.loads takes `\\ud800` alone; no UTF-8 encoder does: it was a 500 when the answer was written."""
+    from runs.models import Run
+
+    for path in (PLAN, "/api/projects/main/runs/"):
+        (error,) = assert_errors(raw.post(path, body, content_type="application/json"), 400, loc)
+        assert "surrogate" in error["msg"], error
+    assert not Run.objects.exists()

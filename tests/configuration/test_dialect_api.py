@@ -167,7 +167,6 @@ def test_retry_true_is_dstacks_default_policy(api):
 @pytest.mark.parametrize(("key", "value", "phrase"), [
     ("repos", ["."], "no code upload"),
     ("files", ["../utils:/utils"], "no code upload"),
-    ("backends", ["aws"], "Muster has no `aws` backend: it supports gcp"),
     ("volumes", ["my-vol:/data"], "Muster has no network volumes"),
     ("backends", ["awss"], "unknown backend"),
 ])

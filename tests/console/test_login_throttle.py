@@ -132,3 +132,34 @@ def test_failures_counted_by_another_web_process_lock_this_one(limits, admin_use
     assert other.stdout.strip() == "[200, 200, 200, 200, 200]", other.stderr[-2000:]
     right = _try(Client(), "/login/", "operator", PASSWORD)
     assert right.status_code == 429 and not _logged_in(right)
+
+
+def _http_try(base: str, page: str, username: str, password: str) -> int:
+    """One log-in through a real HTTP client (its own cookies and CSRF token): the status code."""
+    import re
+
+    import requests
+
+    with requests.Session() as session:
+        form = session.get(base + page, timeout=30)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+        answer = session.post(base + page, data={"username": username, "password": password, "next": "/",
+                                                 "csrfmiddlewaretoken": token},
+                              headers={"Referer": base + page}, allow_redirects=False, timeout=30)
+        return answer.status_code
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", PAGES)
+def test_spellings_the_form_reads_as_the_same_name_share_its_lock(page, limits, live_server, django_user_model):
+    """Django's log-in form strips a user name and NFKC-normalises it, so " admin", "admin " and a
+    fullwidth "ａdmin" all log in as admin: they must count against, and be refused by, admin's lock."""
+    from django.core.cache import caches
+
+    caches["login"].clear()  # a table a transactional test's flush does not empty
+    django_user_model.objects.create_superuser(username="admin", password=PASSWORD)
+    spellings = [" admin", "admin ", "\uff41dmin", "admin", "\tadmin\u3000"]
+    codes = [_http_try(live_server.url, page, spellings[i % len(spellings)], f"wrong-{i}") for i in range(7)]
+    assert codes[:5] == [200] * 5 and codes[5:] == [429, 429], codes
+    for spelling in spellings:
+        assert _http_try(live_server.url, page, spelling, PASSWORD) == 429, spelling

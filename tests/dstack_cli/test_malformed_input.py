@@ -130,3 +130,33 @@ def test_options_and_get_on_every_path_answer_without_a_500(make_user, role):
             answers[("GET", path)] = client.get(path).status_code
     assert not {call: code for call, code in answers.items() if code >= 500}, answers
     assert {code for (verb, _), code in answers.items() if verb == "GET"} <= {400, 403, 405}, answers
+
+
+HUGE = 99999999999999999999  # past 2**63: it reached the database as a count
+
+
+@pytest.mark.parametrize("resources, where, maximum", [
+    ({"cpu": {"arch": None, "count": {"min": HUGE, "max": None}}}, "resources.cpu", "cpu is at most 1000000"),
+    ({"gpu": {"name": ["A100"], "count": {"min": 1, "max": HUGE}}}, "resources.gpu.count",
+     "gpu count is at most 1000000"),
+    ({"memory": {"min": HUGE, "max": None}}, "resources.memory", "at most 1PB"),
+    ({"disk": {"size": {"min": float(HUGE), "max": None}}}, "resources.disk", "at most 1PB"),
+])
+def test_a_resource_past_the_maximum_is_one_dstack_error_naming_the_field_and_the_maximum(
+        alice, resources, where, maximum):
+    spec = spec_with(resources={**TASK["resources"], **resources})
+    for path, body in (("runs/get_plan", {"run_spec": spec}), ("runs/apply", {"plan": {"run_spec": spec}})):
+        msg = one_detail(post(alice, f"project/main/{path}", body), 400, "error")
+        assert where in msg and maximum in msg, msg
+    assert not Run.objects.exists()
+
+
+def test_a_lone_utf16_surrogate_in_a_body_is_one_dstack_error_naming_where(raw):
+    """json.loads takes `\\ud800` alone; no UTF-8 encoder does: it was a 500 when the answer was written."""
+    body = json.dumps({"plan": {"run_spec": spec_with(commands=["echo SURROGATE"])}}).replace("SURROGATE", "\\ud800")
+    for path in ("runs/get_plan", "runs/apply"):
+        sent = body if path == "runs/apply" else json.dumps({"run_spec": spec_with(working_dir="/wSURROGATE")}) \
+            .replace("SURROGATE", "\\udc00")
+        msg = refused(raw.post(f"/dstack/api/project/main/{path}", sent, content_type="application/json"))
+        assert "surrogate" in msg and ("commands.0" in msg or "working_dir" in msg), msg
+    assert not Run.objects.exists()
