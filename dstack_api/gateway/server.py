@@ -5,6 +5,11 @@ paramiko's server mode. A connection logs in with a user's dstack key (UserSSHKe
 localhost:10999 (the log WebSocket, websocket.py) and to localhost:<one of the job's ports>, which
 goes on to that port on the job's host. A session (shell, command, subsystem) and `-R` are refused.
 Access is checked again at each channel, so a removed member is cut off at once.
+
+dstack's ProxyJump path, which the CLI takes without asking for a host key: it logs in as
+`<upstream_id>_jump` and asks for a stream to the job's host; the gateway connects it nowhere but
+serves SSH in that stream itself, where the same key logs in for the same job and gets the same
+`-L` forwards as above.
 """
 
 from __future__ import annotations
@@ -55,9 +60,14 @@ def known_hosts_line(host: str, port: int) -> str:
     return f"{where} {key.get_name()} {key.get_base64()}"
 
 
+JUMP = rules.Target(logs=False)  # a jump login's stream: the gateway's own SSH server inside it
+
+
 class Session(paramiko.ServerInterface):
-    def __init__(self, peer):
+    def __init__(self, peer, outer: Session | None = None):
         self.peer = peer
+        self.outer = outer  # the jump login whose stream this session runs in
+        self.jump = False
         self.user_pk: int | None = None
         self.key: tuple[str, bytes] | None = None
         self.username = ""
@@ -67,15 +77,20 @@ class Session(paramiko.ServerInterface):
         return "publickey"
 
     def check_auth_publickey(self, username, key):
+        jump = rules.jump_login(username) if self.outer is None else None
+        # inside a jump stream the job is the jump login's, whatever name the CLI sends there (root)
+        name = self.outer.username if self.outer is not None else (jump or username)
         try:
             user = rules.user_of_key(key.get_name(), key.asbytes())
-            job = rules.job_for(user, username) if user is not None else None
+            if self.outer is not None and user is not None and user.pk != self.outer.user_pk:
+                user = None
+            job = rules.job_for(user, name) if user is not None else None
         finally:
             connection.close()  # paramiko's transport thread: it must not keep a database session
         if job is None:
             log.info("dstack gateway: %s refused as %s", self.peer, username)
             return paramiko.AUTH_FAILED
-        self.user_pk, self.key, self.username = user.pk, (key.get_name(), key.asbytes()), username
+        self.user_pk, self.key, self.username, self.jump = user.pk, (key.get_name(), key.asbytes()), name, bool(jump)
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):
@@ -89,7 +104,10 @@ class Session(paramiko.ServerInterface):
             return PROHIBITED
         try:
             job = rules.still_allowed(self.user_pk, *self.key, self.username)
-            target = rules.forward_target(job, destination[0], int(destination[1])) if job else None
+            if self.jump:  # the stream to "the job's host": served here, connected nowhere
+                target = JUMP if job else None
+            else:
+                target = rules.forward_target(job, destination[0], int(destination[1])) if job else None
         finally:
             connection.close()
         if target is None:
@@ -135,12 +153,13 @@ def _serve_channel(chan, target: rules.Target, job) -> None:
     chan.close()
 
 
-def _serve_connection(sock, peer, key: paramiko.PKey, slots: threading.Semaphore) -> None:
+def _serve_transport(sock, peer, key: paramiko.PKey, outer: Session | None = None) -> None:
+    """One SSH connection: on a client's socket, or (outer given) in a jump login's stream."""
     transport = paramiko.Transport(sock)
     try:
         transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = HANDSHAKE_TIMEOUT
         transport.add_server_key(key)
-        session = Session(peer)
+        session = Session(peer, outer)
         transport.start_server(server=session)
         while transport.is_active():
             chan = transport.accept(timeout=1)
@@ -150,12 +169,21 @@ def _serve_connection(sock, peer, key: paramiko.PKey, slots: threading.Semaphore
             if found is None:
                 chan.close()
                 continue
+            if found[0] is JUMP:
+                threading.Thread(target=_serve_transport, args=(chan, peer, key, session), daemon=True).start()
+                continue
             threading.Thread(target=_serve_channel, args=(chan, *found), daemon=True).start()
     except (OSError, EOFError, paramiko.SSHException) as exc:
         log.info("dstack gateway: %s: %r", peer, exc)
     finally:
         transport.close()
         connection.close()
+
+
+def _serve_connection(sock, peer, key: paramiko.PKey, slots: threading.Semaphore) -> None:
+    try:
+        _serve_transport(sock, peer, key)
+    finally:
         slots.release()
 
 
