@@ -35,6 +35,7 @@ CONNECT_TIMEOUT = 10
 IDLE_TIMEOUT = 3600  # a forward nobody sends on for an hour is closed
 BUFFER = 32 * 1024
 MAX_CONNECTIONS = 64
+MAX_JUMP_STREAMS = 4  # per jump login: the CLI opens one; each is an SSH server of its own here
 PROHIBITED = paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 
@@ -68,6 +69,7 @@ class Session(paramiko.ServerInterface):
         self.peer = peer
         self.outer = outer  # the jump login whose stream this session runs in
         self.jump = False
+        self.jump_streams = threading.BoundedSemaphore(MAX_JUMP_STREAMS)
         self.user_pk: int | None = None
         self.key: tuple[str, bytes] | None = None
         self.username = ""
@@ -105,7 +107,7 @@ class Session(paramiko.ServerInterface):
         try:
             job = rules.still_allowed(self.user_pk, *self.key, self.username)
             if self.jump:  # the stream to "the job's host": served here, connected nowhere
-                target = JUMP if job else None
+                target = JUMP if job and self.jump_streams.acquire(blocking=False) else None
             else:
                 target = rules.forward_target(job, destination[0], int(destination[1])) if job else None
         finally:
@@ -178,6 +180,8 @@ def _serve_transport(sock, peer, key: paramiko.PKey, outer: Session | None = Non
     finally:
         transport.close()
         connection.close()
+        if outer is not None:
+            outer.jump_streams.release()
 
 
 def _serve_connection(sock, peer, key: paramiko.PKey, slots: threading.Semaphore) -> None:

@@ -126,3 +126,60 @@ def test_the_plan_offers_the_local_fleet_to_its_superuser(live_server, admin, ba
     assert re.search(r"^\s*1\s+ssh \(local\)", out, re.M), out  # the local fleet's host is the offer
     assert plan.returncode == 0, out
     wait_until(lambda: Run.objects.filter(name="planned").exists(), timeout=30, what="the run submitted")
+
+
+def _client(port: int, username: str, key_pem: str, sock=None):
+    import io
+
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port, username=username, pkey=paramiko.Ed25519Key.from_private_key(io.StringIO(key_pem)),
+                   sock=sock, look_for_keys=False, allow_agent=False, timeout=10, banner_timeout=10, auth_timeout=10)
+    return client
+
+
+def test_a_jump_login_is_the_jobs_readers_key_only_and_its_streams_are_few(live_server, admin, gateway, make_user):
+    """The jump path with a real SSH client (paramiko's): the job's reader logs in as `<job>_jump` and,
+    inside a stream, as the same user for the same job; someone else's key is refused at either
+    hop, and one login gets a few streams, not a thread per request."""
+    import paramiko
+
+    from dstack_api.services import keys
+    from dstack_api.services import gateway as rules
+    from runs.models import Job
+    from tests.conftest import client_for
+
+    submitted = client_for(admin).post("/api/projects/main/runs/", {"configuration": {
+        "type": "task", "name": "jumped", "commands": ["sleep 60"]}}, format="json")
+    assert submitted.status_code == 201, submitted.json()
+    job = Job.objects.get(run__name="jumped")
+    login = rules.upstream_id(job) + rules.JUMP_SUFFIX
+    mine = keys.keypair_of(admin).private_key
+    stranger = keys.keypair_of(make_user("mallory", project="other")).private_key
+
+    with pytest.raises(paramiko.AuthenticationException):
+        _client(gateway, login, stranger).close()
+
+    outer = _client(gateway, login, mine)
+    try:
+        streams = [outer.get_transport().open_channel("direct-tcpip", ("10.0.0.9", 22), ("127.0.0.1", 0))
+                   for _ in range(server.MAX_JUMP_STREAMS)]
+        with pytest.raises(paramiko.ChannelException):
+            outer.get_transport().open_channel("direct-tcpip", ("10.0.0.9", 22), ("127.0.0.1", 0))
+        with pytest.raises(paramiko.AuthenticationException):
+            _client(gateway, "root", stranger, sock=streams[0]).close()
+        inner = _client(gateway, "root", mine, sock=streams[1])
+        try:
+            with pytest.raises(paramiko.ChannelException):  # no shell or command inside either
+                inner.get_transport().open_session()
+            with pytest.raises(paramiko.ChannelException):  # no stream onwards from inside
+                inner.get_transport().open_channel("direct-tcpip", ("10.0.0.9", 22), ("127.0.0.1", 0))
+            logs = inner.get_transport().open_channel("direct-tcpip", ("localhost", rules.RUNNER_HTTP_PORT),
+                                                      ("127.0.0.1", 0))
+            logs.close()
+        finally:
+            inner.close()
+    finally:
+        outer.close()
