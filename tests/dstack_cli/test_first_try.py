@@ -6,6 +6,7 @@ through the SSH gateway without any known_hosts step."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -15,15 +16,18 @@ import tempfile
 import threading
 from pathlib import Path
 
+import paramiko
 import pytest
 import yaml
 
 from dstack_api.gateway import server
+from dstack_api.services import gateway as rules
+from dstack_api.services import keys
 from instances.services.fleets import create_local_fleet
 from projects.models import Project
-from runs.models import Run
-from tests.conftest import token_for
-from tests.dstack_cli.helpers import DSTACK, ROOT
+from runs.models import Job, Run
+from tests.conftest import client_for, token_for
+from tests.dstack_cli.helpers import DSTACK, ROOT, dstack_runner
 from tests.dstack_cli.test_gateway import own_ssh_dir
 from tests.waiting import wait_until
 
@@ -116,8 +120,6 @@ def test_readme_project_add_then_attached_apply_prints_the_jobs_output(live_serv
 
 
 def test_the_plan_offers_the_local_fleet_to_its_superuser(live_server, admin, base):
-    from tests.dstack_cli.helpers import dstack_runner
-
     dstack = dstack_runner(base, live_server.url, token_for(admin))
     (base / "task.yml").write_text(yaml.safe_dump({"type": "task", "name": "planned", "commands": ["true"]}))
     plan = dstack("apply", "-f", "task.yml", "-y", "-d")
@@ -129,10 +131,6 @@ def test_the_plan_offers_the_local_fleet_to_its_superuser(live_server, admin, ba
 
 
 def _client(port: int, username: str, key_pem: str, sock=None):
-    import io
-
-    import paramiko
-
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect("127.0.0.1", port, username=username, pkey=paramiko.Ed25519Key.from_private_key(io.StringIO(key_pem)),
@@ -144,13 +142,6 @@ def test_a_jump_login_is_the_jobs_readers_key_only_and_its_streams_are_few(live_
     """The jump path with a real SSH client (paramiko's): the job's reader logs in as `<job>_jump` and,
     inside a stream, as the same user for the same job; someone else's key is refused at either
     hop, and one login gets a few streams, not a thread per request."""
-    import paramiko
-
-    from dstack_api.services import keys
-    from dstack_api.services import gateway as rules
-    from runs.models import Job
-    from tests.conftest import client_for
-
     submitted = client_for(admin).post("/api/projects/main/runs/", {"configuration": {
         "type": "task", "name": "jumped", "commands": ["sleep 60"]}}, format="json")
     assert submitted.status_code == 201, submitted.json()
