@@ -106,10 +106,11 @@ def _provisioning(job: Job) -> dict | None:
     if instance is None:
         return None
     return {"backend": BACKEND.get(instance.backend, "remote"), "instance_type": _instance_type(instance),
-            "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip,
+            "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip or instance.name,
             "internal_ip": instance.internal_ip or None, "region": instance.region or instance.backend,
             "price": instance.price, "username": instance.username or "root", "ssh_port": instance.port,
-            # the CLI reaches the job through Muster's gateway as its jump host (dstack_api/gateway/)
+            # the CLI reaches the job through Muster's gateway as its jump host (dstack_api/gateway/),
+            # which serves the stream to hostname:ssh_port itself: they need only be there (the CLI asserts them)
             "dockerized": False, "ssh_proxy": gateway.jump_host(job), "backend_data": None}
 
 
