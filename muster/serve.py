@@ -165,14 +165,22 @@ class Child:
         _say(f"{self.name} (pid {self.proc.pid}) exited with {_how(code)}; restarting it in {delay:g}s")
 
     def stop(self) -> None:
+        # to the child alone, not its group: the Celery worker's warm shutdown lets its pool
+        # processes finish and stops them itself, while a SIGTERM that reaches them as well kills
+        # them under it and its shutdown then waits for them until it is killed (gunicorn's master
+        # likewise stops its own workers)
         if self.proc is not None and self.restart_at is None and self.proc.poll() is None:
-            _kill_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def wait(self, deadline: float) -> None:
         if self.proc is None or self.restart_at is not None:
             return
         try:
-            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            code = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            _say(f"{self.name} stopped ({_how(code)})")
         except subprocess.TimeoutExpired:
             _say(f"{self.name} (pid {self.proc.pid}) did not stop in time; killing it")
         _kill_group(self.proc, signal.SIGKILL)  # whatever of its group is left
@@ -191,7 +199,7 @@ def gateway_bind(web_host: str, port: int | None = None) -> str:
 
 def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False,
           dev: bool = False, gateway_port: int | None = None) -> int:
-    """Start web, worker and beat and keep them running until SIGINT or SIGTERM.
+    """Start web, worker and beat and keep them running until SIGINT (exit status 130) or SIGTERM (0).
 
     A child that dies is restarted after a backoff (1 s doubling to 30 s, back to 1 s once it has
     run for a minute), with a line on stderr for the death and one for the restart. The others
@@ -223,11 +231,14 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
         from muster.serve_console import Console
 
         console = Console(logs)
-    stopping = False
+    stopping = 0
 
-    def stop(*_):
+    def stop(signum, _frame):
         nonlocal stopping
-        stopping = True
+        if not stopping:
+            # at once, and by os.write: a print here could land inside the loop's own print
+            os.write(2, f"muster serve: stopping {', '.join(c.name for c in children)}...\n".encode())
+        stopping = signum
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -253,7 +264,7 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     for child in children:
         child.wait(deadline)
     _stop_local_agents()
-    return 0
+    return 130 if stopping == signal.SIGINT else 0  # Ctrl-C: the shell's status for an interrupted command
 
 
 def _stop_local_agents() -> None:

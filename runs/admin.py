@@ -7,7 +7,7 @@ from django.utils.html import format_html
 
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
-from runs.services import logs
+from runs.services import logs, submitted_text
 from runs.transitions import request_stop
 
 
@@ -57,12 +57,24 @@ class RunAdmin(admin.ModelAdmin):
     inlines = [JobInline]
     actions = ["stop_runs", "abort_runs", "delete_finished_runs"]
 
+    class Media:
+        css = {"all": ["runs/admin.css"]}  # the list fits its column at 1280-1400 px
+
     def get_readonly_fields(self, request, obj=None):
-        return [f for f in _all_fields(Run) if f not in self.exclude] + ["configuration_as_submitted",
-                                                                        "console_link"]
+        # the text as a block that keeps its indentation (a plain read-only field folds it to <br>s)
+        shown = {"submitted_text": "submitted_text_shown"}
+        return [shown.get(f, f) for f in _all_fields(Run) if f not in self.exclude] + [
+            "configuration_as_submitted", "console_link"]
+
+    def get_fields(self, request, obj=None):
+        return self.get_readonly_fields(request, obj)
 
     def has_add_permission(self, request):
         return False  # runs are submitted through the API or the CLI, where they are validated
+
+    def has_change_permission(self, request, obj=None):
+        # read-only here: the page has nothing to save (Stop, Abort and Delete are the list's actions)
+        return False
 
     def has_delete_permission(self, request, obj=None):
         if obj is not None and not obj.finished:
@@ -74,6 +86,11 @@ class RunAdmin(admin.ModelAdmin):
         # Django's bulk delete would take running runs with it: delete_finished_runs replaces it
         actions.pop("delete_selected", None)
         return actions
+
+    @admin.display(description="Submitted text")
+    def submitted_text_shown(self, run: Run):
+        return format_html("<pre style='white-space:pre;overflow:auto;max-height:40em'>{}</pre>",
+                           submitted_text.shown(run))
 
     @admin.display(description="configuration (as the API shows it)")
     def configuration_as_submitted(self, run: Run):

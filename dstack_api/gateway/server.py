@@ -11,6 +11,12 @@ open forward of a removed member is closed within that bound. Limits (settings, 
 client must log in within DSTACK_SSH_AUTH_TIMEOUT of connecting; connections are capped in all, per
 address and per user (limits.py); channels per connection by DSTACK_SSH_MAX_CHANNELS, and a log
 channel ends when its client goes away.
+
+dstack's ProxyJump path, which the CLI takes without asking for a host key: it logs in as
+`<upstream_id>_jump` and asks for a stream to the job's host; the gateway connects it nowhere but
+serves SSH in that stream itself, where the same key logs in for the same job and gets the same
+`-L` forwards as above (at most MAX_JUMP_STREAMS such streams per jump login; they count as its
+channels, not as connections of their own).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ CONNECT_TIMEOUT = 10
 IDLE_TIMEOUT = 3600  # a forward nobody sends on for an hour is closed
 BUFFER = 32 * 1024
 BIND_RETRY = 5.0  # seconds between tries to listen on a port that was taken
+MAX_JUMP_STREAMS = 4  # per jump login: the CLI opens one; each is an SSH server of its own here
 PROHIBITED = paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 
@@ -63,9 +70,15 @@ def known_hosts_line(host: str, port: int) -> str:
     return f"{where} {key.get_name()} {key.get_base64()}"
 
 
+JUMP = rules.Target(logs=False)  # a jump login's stream: the gateway's own SSH server inside it
+
+
 class Session(paramiko.ServerInterface):
-    def __init__(self, peer, counts: Counts):
+    def __init__(self, peer, counts: Counts, outer: Session | None = None):
         self.peer, self.counts = peer, counts
+        self.outer = outer  # the jump login whose stream this session runs in
+        self.jump = False
+        self.jump_streams = threading.BoundedSemaphore(MAX_JUMP_STREAMS)
         self.user_pk: int | None = None
         self.key: tuple[str, bytes] | None = None
         self.username = ""
@@ -78,9 +91,14 @@ class Session(paramiko.ServerInterface):
         return "publickey"
 
     def check_auth_publickey(self, username, key):
+        jump = rules.jump_login(username) if self.outer is None else None
+        # inside a jump stream the job is the jump login's, whatever name the CLI sends there (root)
+        name = self.outer.username if self.outer is not None else (jump or username)
         try:
             user = rules.user_of_key(key.get_name(), key.asbytes())
-            grant = rules.grant_for(user, username) if user is not None else None
+            if self.outer is not None and user is not None and user.pk != self.outer.user_pk:
+                user = None
+            grant = rules.grant_for(user, name) if user is not None else None
         finally:
             connection.close()  # paramiko's transport thread: it must not keep a database session
         if grant is None or (self.user_pk is not None and user.pk != self.user_pk):
@@ -89,11 +107,11 @@ class Session(paramiko.ServerInterface):
         # asked before the signature is checked (and for a mere "would this key do?"), so the login
         # is counted only once the transport says it is authenticated (_count_login); refused here
         # already when full, so the client reads "Permission denied" rather than a closed connection
-        if self.counts.logged_in(user.pk) >= limit("DSTACK_SSH_MAX_PER_USER"):
+        if self.outer is None and self.counts.logged_in(user.pk) >= limit("DSTACK_SSH_MAX_PER_USER"):
             log.warning("dstack gateway: %s refused as %s: the user holds DSTACK_SSH_MAX_PER_USER connections",
                         self.peer, username)
             return paramiko.AUTH_FAILED
-        self.user_pk, self.key, self.username = user.pk, (key.get_name(), key.asbytes()), username
+        self.user_pk, self.key, self.username, self.jump = user.pk, (key.get_name(), key.asbytes()), name, bool(jump)
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):
@@ -107,7 +125,10 @@ class Session(paramiko.ServerInterface):
             return PROHIBITED
         try:
             grant = self.recheck()
-            target = rules.forward_target(grant, destination[0], int(destination[1])) if grant else None
+            if self.jump:  # the stream to "the job's host": served here, connected nowhere
+                target = JUMP if grant and self.jump_streams.acquire(blocking=False) else None
+            else:
+                target = rules.forward_target(grant, destination[0], int(destination[1])) if grant else None
         finally:
             connection.close()
         if target is None:
@@ -187,9 +208,11 @@ def _still_member(session: Session) -> bool:
     return True
 
 
-def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
+def _serve_transport(sock, peer, key: paramiko.PKey, counts: Counts, outer: Session | None = None) -> None:
+    """One SSH connection: on a client's socket, or (outer given) in a jump login's stream, which
+    holds no connection slot and no login of its own: its outer login holds them."""
     transport = paramiko.Transport(sock)
-    session = Session(peer, counts)
+    session = Session(peer, counts, outer)
     started = time.monotonic()
     counted = False  # the login is counted against DSTACK_SSH_MAX_PER_USER
     try:
@@ -204,7 +227,7 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
                 if now - started > float(settings.MUSTER["DSTACK_SSH_AUTH_TIMEOUT"]):
                     log.info("dstack gateway: %s did not log in within DSTACK_SSH_AUTH_TIMEOUT; dropped", peer)
                     break
-            elif not counted:
+            elif not counted and outer is None:
                 counted = counts.login(session.user_pk)
                 if not counted:  # another login of the user's was counted in between
                     log.warning("dstack gateway: %s as %s: over DSTACK_SSH_MAX_PER_USER; closed", peer, session.username)
@@ -221,6 +244,10 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
             if found is None:
                 chan.close()
                 continue
+            if found[0] is JUMP:
+                threading.Thread(target=_serve_transport, args=(chan, peer, key, counts, session), daemon=True,
+                                 name="dstack-gateway-jump").start()
+                continue
             name = "dstack-gateway-log" if found[0].logs else "dstack-gateway-forward"
             threading.Thread(target=_serve_channel, args=(session, chan, *found), daemon=True, name=name).start()
     except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -230,7 +257,15 @@ def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
         connection.close()
         if counted:
             counts.logout(session.user_pk)
-        counts.release(peer[0])
+        if outer is None:
+            counts.release(peer[0])
+        else:
+            outer.jump_streams.release()
+            outer.channel_ended(sock)
+
+
+def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:
+    _serve_transport(sock, peer, key, counts)
 
 
 def _listen(host: str, port: int, stop: threading.Event) -> socket.socket | None:

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 RUNNER_HTTP_PORT = 10999
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 USER_SUFFIX = "_root"  # the CLI logs in to the proxy as `<upstream_id>_root`
+# dstack's ProxyJump path: the CLI logs in as `<upstream_id>_jump` and asks for a stream to the job's
+# host, in which the gateway itself is the SSH server (server.py); as `<upstream_id>_root` inside
+JUMP_SUFFIX = "_jump"
 
 
 def upstream_id(job: Job) -> str:
@@ -50,6 +53,20 @@ def connection_info(job: Job) -> dict:
     host = conf["DSTACK_SSH_PUBLIC_HOST"] or ("127.0.0.1" if bind_host in ("", "0.0.0.0", "[::]") else bind_host)
     port = conf["DSTACK_SSH_PUBLIC_PORT"] or int(bind_port)
     return {"sshproxy_hostname": host, "sshproxy_port": port, "sshproxy_upstream_id": upstream_id(job)}
+
+
+def jump_host(job: Job) -> dict:
+    """dstack's `ssh_proxy` (JobProvisioningData) naming the gateway as the job's jump host. Unlike the
+    sshproxy path, dstack's CLI checks no host key on this one (StrictHostKeyChecking=no on both
+    hops), so `dstack project add` is all a user does: no known_hosts line to fetch and add."""
+    info = connection_info(job)
+    return {"hostname": info["sshproxy_hostname"], "port": info["sshproxy_port"],
+            "username": upstream_id(job) + JUMP_SUFFIX}
+
+
+def jump_login(username: str) -> str | None:
+    """The `<upstream_id>_root` that a jump login `<upstream_id>_jump` stands for, or None."""
+    return username[: -len(JUMP_SUFFIX)] + USER_SUFFIX if username.endswith(JUMP_SUFFIX) else None
 
 
 def user_of_key(key_type: str, blob: bytes):

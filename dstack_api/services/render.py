@@ -101,14 +101,17 @@ def _instance_type(instance: Instance) -> dict:
         "gpus": gpus, "spot": False, "disk": {"size_mib": int(float(res.get("disk_gb") or 0) * 1024)}}}
 
 
-def _provisioning(instance: Instance | None) -> dict | None:
+def _provisioning(job: Job) -> dict | None:
+    instance = job.instance
     if instance is None:
         return None
     return {"backend": BACKEND.get(instance.backend, "remote"), "instance_type": _instance_type(instance),
-            "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip,
+            "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip or instance.name,
             "internal_ip": instance.internal_ip or None, "region": instance.region or instance.backend,
             "price": instance.price, "username": instance.username or "root", "ssh_port": instance.port,
-            "dockerized": False, "backend_data": None}
+            # the CLI reaches the job through Muster's gateway as its jump host (dstack_api/gateway/),
+            # which serves the stream to hostname:ssh_port itself: they need only be there (the CLI asserts them)
+            "dockerized": False, "ssh_proxy": gateway.jump_host(job), "backend_data": None}
 
 
 def job_submission(job: Job) -> dict:
@@ -120,7 +123,7 @@ def job_submission(job: Job) -> dict:
         "status": job.status, "status_message": JOB_STATUS_MESSAGE.get(job.status, job.status),
         "termination_reason": job.termination_reason or None,
         "termination_reason_message": job.termination_message or None, "exit_status": job.exit_status,
-        "job_provisioning_data": _provisioning(job.instance), "error": None,
+        "job_provisioning_data": _provisioning(job), "error": None,
         # dstack's shape for a service replica's probes: the streak of each, as the runner counted it
         "probes": [{"success_streak": p.get("success_streak", 0)} for p in job.probes or [] if isinstance(p, dict)],
     }
@@ -149,7 +152,7 @@ def run_object(run: Run, ssh_key_pub: str, jobs: list[Job] | None = None) -> dic
                   key=lambda j: j.job_num)
     rendered = [{"job_spec": job_spec(run.name, run.configuration, {**j.spec, "job_num": j.job_num}, len(jobs),
                                       job_ports(j)),
-                 "job_submissions": [job_submission(j)], "job_connection_info": gateway.connection_info(j)}
+                 "job_submissions": [job_submission(j)], "job_connection_info": None}
                 for j in jobs]
     latest = rendered[0]["job_submissions"][-1] if rendered else None
     message = run.status if run.status != RunStatus.SUBMITTED else "pending"

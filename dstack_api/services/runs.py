@@ -46,7 +46,7 @@ def _payload(run_spec: dict) -> dict:
 
 def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:
     ssh_key_pub = keys.public_key_of(user)
-    planned = plan_run(project, _payload(run_spec))
+    planned = plan_run(project, _payload(run_spec), user)
     conf = planned["configuration"]
     name = run_spec.get("run_name") or conf.get("name")
     specs = [{**j, "resources": (conf["groups"][j["node_group_index"]].get("resources"))} for j in planned["jobs"]]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
@@ -20,6 +21,7 @@ class DeleteQuerySerializer(serializers.Serializer):
         return query.validated_data["force"]
 
 
+@extend_schema_serializer(component_name="Fleet")  # the schema adds `Request`: FleetRequest
 class FleetRequestSerializer(serializers.Serializer):
     configuration = serializers.JSONField(help_text="The fleet configuration: YAML text or a JSON object.")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
@@ -13,6 +14,7 @@ from runs.models import Job, Run
 from runs.waits import waiting_view
 
 
+@extend_schema_serializer(component_name="Run")  # the schema adds `Request`: RunRequest
 class RunRequestSerializer(serializers.Serializer):
     """Documents the plan/apply body; the configuration itself is validated by runs.configuration."""
 
@@ -21,6 +23,7 @@ class RunRequestSerializer(serializers.Serializer):
                                 help_text="Values for bare `KEY` entries in the configuration's env.")
 
 
+@extend_schema_serializer(component_name="Stop")  # StopRequest
 class StopRequestSerializer(serializers.Serializer):
     abort = serializers.BooleanField(default=False)
 
@@ -146,6 +149,7 @@ class RunSerializer(ModelSerializer):
         return JobSerializer(sorted(self._current(run), key=lambda j: j.job_num), many=True).data
 
 
+@extend_schema_serializer(component_name="RunSummary")  # a list page: PaginatedRunSummaryList
 class RunListSerializer(RunSerializer):
     class Meta(RunSerializer.Meta):
         fields = [f for f in RunSerializer.Meta.fields if f not in ("configuration", "earlier_jobs")]
