@@ -196,7 +196,8 @@ def test_the_openapi_schema_shows_every_filter_parameter(raw):
     assert "terminated" in query("instances/")["status"]["enum"]
     assert query("events/")["limit"]["type"] == "integer" and query("events/")["run"]["type"] == "string"
     assert query("members/")["role"]["enum"] == ["admin", "read-only", "user"]
-    assert {k: v["type"] for k, v in query("runs/{name}/logs").items()} == {"job": "integer", "start": "integer"}
+    assert {k: v["type"] for k, v in query("runs/{name}/logs").items()} == {"job": "integer", "start": "integer",
+                                                                                 "submission": "integer"}
     assert query("fleets/{name}/", "delete")["force"]["type"] == "boolean"
     assert query("instance-groups/{name}/", "delete")["force"]["type"] == "boolean"
     assert "status" not in query("runs/", "post"), "a filter belongs to the list, not to a submission"

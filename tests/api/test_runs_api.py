@@ -156,3 +156,28 @@ def test_a_body_that_cannot_be_read_is_a_400_with_located_errors(api, body, cont
     errors = resp.json()["errors"]
     assert errors and all(set(e) == {"loc", "msg"} and e["msg"] for e in errors)
     assert errors[0]["loc"] == []
+
+
+def test_an_earlier_attempts_log_is_read_by_its_submission_and_a_wrong_one_is_a_located_400(api, settings, tmp_path):
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": str(tmp_path)}
+    assert api.post("/api/projects/main/runs/", {"configuration": "type: task\nname: again\ncommands: [echo]\n"},
+                    format="json").status_code == 201
+    run = Run.objects.get(name="again")
+    old = run.jobs.get()
+    Job.objects.filter(pk=old.pk).update(superseded=True)
+    Job.objects.create(run=run, job_num=0, submission_num=1, node_group_name="default", spec=old.spec)
+    from runs.log_storage import stored_path
+
+    path = stored_path(old)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"the first attempt\n")
+
+    earlier = api.get("/api/projects/main/runs/again/logs?job=0&submission=0").json()
+    assert (earlier["submission"], earlier["text"]) == (0, "the first attempt\n")
+    assert api.get("/api/projects/main/runs/again/logs?job=0").json()["text"] == ""  # the current attempt's
+    detail = api.get("/api/projects/main/runs/again/").json()
+    assert [(j["job_num"], j["submission_num"]) for j in detail["earlier_jobs"]] == [(0, 0)]
+    missing = api.get("/api/projects/main/runs/again/logs?job=0&submission=7")
+    assert missing.status_code == 400 and "in submission 7" in str(missing.json())
+    bad = api.get("/api/projects/main/runs/again/logs?job=0&submission=-1")
+    assert bad.status_code == 400 and "submission" in str(bad.json())
