@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin, named_or_404
+from runs import usage
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
     LogQuerySerializer,
@@ -113,3 +114,11 @@ class RunAttachView(ProjectScopedMixin, APIView):
         info = attach.attach(_run(self.project, name), job, body.get("public_key"),
                                   actor=request.user.username, user=request.user)
         return Response(info)
+
+
+class RunMetricsView(ProjectScopedMixin, APIView):
+    """Each current job's last samples of CPU, memory and GPU use on its host (runs/usage.py)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, project, name):
+        return Response(usage.run_metrics(named_or_404(Run.objects.all(), "run", self.project, name)))
