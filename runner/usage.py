@@ -7,7 +7,8 @@ makes anyway, never from a call of its own (as probes.json).
 - CPU and memory of the job's own processes: from the job's cgroup where it has one (cgroup v2
   ``cpu.stat`` usage_usec and ``memory.current``), else summed over its processes from /proc
   (``stat`` utime+stime plus the times of the children they reaped, ``statm`` resident pages).
-  CPU is in percent of one core over the last interval: a job busy on 4 cores shows 400.
+  CPU is in percent of one core over the last interval: a job busy on 4 cores shows 400. A
+  container job's processes are the container's init process and its descendants (ContainerPids).
 - GPUs: the host's, as ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` prints them,
   where there is an nvidia-smi (whole-GPU figures: a GPU is not split between jobs here).
 - TPUs: nothing. libtpu serves its runtime metrics over gRPC, read by Google's ``tpu-info`` CLI,
@@ -28,6 +29,8 @@ import time
 from typing import Any, Callable
 
 from .files import JobPaths, write_json_atomic
+from .images import docker
+from .processes import pid_alive
 
 SAMPLE_INTERVAL = 5.0
 NVIDIA_SMI_TIMEOUT = 5.0
@@ -84,6 +87,38 @@ def proc_memory_bytes(pids: list[int]) -> int:
         if len(fields) > 1 and fields[1].isdigit():
             pages += int(fields[1])
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every live process descended from it (parents read from /proc/<pid>/stat)."""
+    if root <= 0 or not pid_alive(root):
+        return []
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        raw = _read(f"/proc/{name}/stat", 4096) if name.isdigit() else None
+        fields = raw[raw.rfind(")") + 2:].split() if raw else []
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root]
+    while todo and len(found) < 100_000:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+class ContainerPids:
+    """The processes of a container job: its init process (Docker's State.Pid, asked again only when
+    it is gone) and its descendants. They are not in the job's cgroup nor carry its marker."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.pid = name, 0
+
+    def __call__(self) -> list[int]:
+        if self.pid <= 0 or not pid_alive(self.pid):
+            code, out = docker(["inspect", "--format", "{{.State.Pid}}", "--", self.name])
+            self.pid = int(out.strip()) if code == 0 and out.strip().isdigit() else 0
+        return process_tree(self.pid)
 
 
 def host_memory_bytes() -> int | None:
