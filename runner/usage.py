@@ -20,6 +20,7 @@ timeout or a size cap and gives up quietly; the server checks every value again 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -38,10 +39,24 @@ NVIDIA_SMI_CAP = 64 * 1024  # bytes of its output read; a GPU is one short line
 MAX_GPUS = 64
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total"
 MIB = 1024 * 1024
+USAGE_FILE_CAP = 16 * 1024  # a sample with MAX_GPUS GPUs is under 8 KiB
 
 
 def usage_path(job: JobPaths) -> str:
     return os.path.join(job.dir, "usage.json")
+
+
+def read_usage(job: JobPaths) -> dict[str, Any] | None:
+    """The last sample, for ``status``; None without one, or when the file is larger than a sample
+    can be (the job may write its own directory: its status must stay small enough to be read)."""
+    text = _read(usage_path(job), USAGE_FILE_CAP + 1)
+    if text is None or len(text) > USAGE_FILE_CAP:
+        return None
+    try:
+        sample = json.loads(text)
+    except ValueError:
+        return None
+    return sample if isinstance(sample, dict) else None
 
 
 def _read(path: str, cap: int = 64 * 1024) -> str | None:

@@ -4,6 +4,7 @@ Each is a real program on PATH; the reader must come back with what it could par
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,21 @@ def test_junk_lines_are_skipped_and_values_that_are_no_numbers_are_none(nvidia_s
 def test_without_nvidia_smi_there_are_no_gpus(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert usage.gpu_usage() == []
+
+
+def test_status_leaves_out_a_usage_file_larger_than_a_sample_can_be(tmp_path):
+    # the job may write its own directory: a huge usage.json must not make its host's status too
+    # large to read (the server would take the host for unreachable)
+    from runner.commands import status_report
+    from runner.files import Paths
+
+    paths = Paths(str(tmp_path / "home"))
+    small, big = paths.job("small"), paths.job("big")
+    for job in (small, big):
+        Path(job.dir).mkdir(parents=True)
+        Path(job.status).write_text('{"state": "running"}')
+    Path(usage.usage_path(small)).write_text('{"t": 1, "cpu_percent": 5}')
+    Path(usage.usage_path(big)).write_text('{"t": 1, "junk": "' + "x" * usage.USAGE_FILE_CAP + '"}')
+    jobs = status_report(paths)["jobs"]
+    assert jobs["small"]["usage"] == {"t": 1, "cpu_percent": 5}
+    assert "usage" not in jobs["big"]
