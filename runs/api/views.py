@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -19,15 +20,18 @@ from runs.api.serializers import (
     RunSerializer,
     StopRequestSerializer,
 )
-from runs.models import Run
+from runs.models import Job, Run
 from runs.services import attach, logs
 from runs.services.submission import idempotency_key_of, plan_run, submit_run
 from runs.transitions import request_stop
 
+# the jobs without their usage samples (runs/usage.py), which only runs/<name>/metrics answers with
+JOBS = Prefetch("jobs", queryset=Job.objects.defer("usage"))
+
 
 def _run(project, name: str) -> Run:
-    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet"),
-                        "run", project, name)
+    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related(
+        JOBS, "jobs__instance__group", "jobs__fleet"), "run", project, name)
 
 
 class RunPlanView(ProjectScopedMixin, APIView):
@@ -39,7 +43,8 @@ class RunPlanView(ProjectScopedMixin, APIView):
 class RunListView(ProjectScopedMixin, GenericAPIView):
     """A GenericAPIView for its filter backend: RunFilter reads the query and the schema shows it."""
 
-    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet")
+    queryset = Run.objects.select_related("fleet", "project").prefetch_related(JOBS, "jobs__instance__group",
+                                                                               "jobs__fleet")
     filterset_class = RunFilter
     pagination_class = LinkHeaderCursorPagination
     serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it
