@@ -63,11 +63,13 @@ def clean_sample(raw: Any) -> dict[str, Any] | None:
 
 
 def with_sample(history: Any, raw: Any) -> list[dict[str, Any]] | None:
-    """`history` with the runner's sample added when it is newer than the last one kept (the same
-    sample is seen by every look until the next is taken); None when nothing changes."""
+    """`history` with the runner's sample added unless it is the last one kept (the same sample is
+    seen by every look until the next is taken); None when nothing changes. Kept in the order they
+    came, not by time: a host whose clock stepped back (or a sample dated in 2200) must not stop
+    the ones after it."""
     sample = clean_sample(raw)
     history = history if isinstance(history, list) else []
-    if sample is None or (history and sample["t"] <= history[-1].get("t", 0)):
+    if sample is None or (history and sample["t"] == history[-1].get("t")):
         return None
     return [*history, sample][-USAGE_KEEP:]
 
