@@ -40,18 +40,19 @@ echo "-3, 50, 1, 2"
 BUSY = "type: task\nname: busy\nnodes: 2\nresources: {cpu: 1.., memory: 1GB..}\ncommands:\n  - while :; do :; done\n"
 
 # A job may write its own directory; what it puts in usage.json reaches the server as the runner's
-# sample would: a NaN, a negative CPU, absurd sizes, a string, junk GPUs.
+# sample would: a time in 2286, a NaN, a negative CPU, absurd sizes, a string, junk GPUs. The
+# runner's own sample replaces it every 5 s, for a second at least.
 HOSTILE = """\
 type: task
 name: hostile
 commands:
   - |
     while :; do
-      printf '{"t": %s, "cpu_percent": -12, "cpus": 1e9, "memory_bytes": 1e300, "memory_total_bytes": "lots",
+      printf '{"t": 9999999999, "cpu_percent": -12, "cpus": 1e9, "memory_bytes": 1e300, "memory_total_bytes": "lots",
         "gpus": [{"index": 0, "util_percent": NaN, "memory_used_bytes": -1, "memory_total_bytes": 1e30},
-                 "junk", {"index": true}, {"index": 2, "util_percent": 1e9}]}' "$(date +%s)" > ../usage.json.new
+                 "junk", {"index": true}, {"index": 2, "util_percent": 1e9}]}' > ../usage.json.new
       mv ../usage.json.new ../usage.json
-      sleep 0.1
+      sleep 1
     done
 """
 
@@ -186,6 +187,15 @@ def test_what_a_hostile_host_reports_is_clamped_or_dropped_before_anyone_sees_it
                         {"index": 0, "util_percent": None, "memory_used_bytes": 0,
                          "memory_total_bytes": usage.MAX_GPU_MEMORY},
                         {"index": 2, "util_percent": 100.0, "memory_used_bytes": None, "memory_total_bytes": None}]}
+    assert last["t"] == usage.LATEST_TIME
+
+    def real_after_hostile():
+        kept = Job.objects.get(run__name="hostile").usage
+        hostile = [i for i, s in enumerate(kept) if s["cpus"] == usage.MAX_CPUS]
+        return any(s["cpus"] != usage.MAX_CPUS for s in kept[hostile[0]:]) if hostile else False
+
+    # a sample dated far ahead does not stop the runner's own after it
+    wait_until(real_after_hostile, timeout=60, what="the runner's sample kept after the hostile one")
     assert len(Job.objects.get(run__name="hostile").usage) <= usage.USAGE_KEEP
     scraped = _scrape(live_server, settings)
     assert all(value == value for value in scraped.values())  # no NaN reached Prometheus
