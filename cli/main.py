@@ -40,6 +40,7 @@ from cli.fleets import (  # noqa: F401  (POLL_SECONDS: the tests shorten it here
     submit_fleet,
 )
 from cli.follow import RUN_FINISHED, say, segment
+from cli.metrics import add_metrics_command
 from cli.prompts import Parser, client_for, confirm
 
 # ---- commands ----------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{config,apply,plan,ps,logs,attach,events,stop,delete,fleet,instances,serve}")
+                                metavar="{config,apply,plan,ps,logs,metrics,attach,events,stop,delete,fleet,instances,serve}")
 
     config = _command(sub, "config", cmd_config, help="save the server URL and token to ~/.muster/config")
     config.add_argument("--url", required=True)
@@ -274,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--no-follow", action="store_true", help="print what is there now and exit")
     # the default since logs follow; still accepted so `muster logs RUN -f` keeps working
     logs.add_argument("-f", "--follow", action="store_true", help=argparse.SUPPRESS)
+
+    add_metrics_command(sub, _command)
 
     attach = _command(sub, "attach", cmd_attach,
                       help="forward a job's ports to localhost and follow the logs until Ctrl-C")

@@ -206,12 +206,24 @@ def run_state(run: dict[str, Any]) -> tuple[str, str]:
     return run.get("status"), run.get("termination_reason")
 
 
+def requested(jobs: Iterable[dict[str, Any]], key: str, unit: str = "") -> str:
+    """What all the run's nodes ask for of `cpu` or `memory` (GB): `8`, or `8+` when more may be given."""
+    total, more = 0.0, False
+    for job in jobs:
+        wanted = (job.get("resources") or {}).get(key) or {}
+        total += wanted.get("min") or 0
+        more = more or wanted.get("max") != wanted.get("min")
+    return f"{_number(total)}{unit}{'+' if more else ''}" if total else "-"
+
+
 def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> str:
     rows = [
-        (r.get("name"), *run_state(r), r.get("fleet"), status_counts(r.get("jobs") or []), age(r.get("submitted_at"), now))
+        (r.get("name"), *run_state(r), r.get("fleet"), status_counts(r.get("jobs") or []),
+         requested(r.get("jobs") or [], "cpu"), requested(r.get("jobs") or [], "memory", "GB"),
+         age(r.get("submitted_at"), now))
         for r in runs
     ]
-    return table(["name", "status", "reason", "fleet", "jobs", "submitted"], rows)
+    return table(["name", "status", "reason", "fleet", "jobs", "cpu", "memory", "submitted"], rows)
 
 
 def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:

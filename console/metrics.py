@@ -15,6 +15,8 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from console.usage_metrics import usage_families
+
 # the classic text format, which every Prometheus version reads (generate_latest writes it; newer
 # clients label it 1.0.0, a version older servers refuse)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,7 +51,7 @@ class _DatabaseCollector:
         from console.models import Counter
         from console.run_times import histograms
         from engine.messages import queued_messages
-        from instances.models import Instance, InstanceStatus
+        from instances.models import FleetBackend, Instance, InstanceStatus
         from runs.models import Job, Run
 
         label_of = project_labels()
@@ -71,11 +73,16 @@ class _DatabaseCollector:
                                         "Live instances the engine cannot reach, by backend", labels=["backend"])
         _add_summed(instances, Instance.objects.values("status", "backend", "project_id").annotate(n=Count("id")),
                     label_of, ("status", "backend"))
+        # every backend has a sample, 0 when none is unreachable: an alert on `> 0` needs a series to compare
+        counts = dict.fromkeys(FleetBackend.values, 0)
         for row in (Instance.objects.filter(unreachable=True).exclude(status=InstanceStatus.TERMINATED)
                     .values("backend").annotate(n=Count("id"))):
-            unreachable.add_metric([row["backend"]], row["n"])
+            counts[row["backend"]] = row["n"]
+        for backend, n in sorted(counts.items()):
+            unreachable.add_metric([backend], n)
         yield instances
         yield unreachable
+        yield from usage_families(label_of)
 
         tasks = CounterMetricFamily("muster_tasks", "Celery tasks run, by task and outcome",
                                     labels=["task", "outcome"])

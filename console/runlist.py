@@ -47,6 +47,18 @@ def gpus(configuration: dict) -> str:
     return ", ".join(f"{label}" if label.startswith("tpu") else f"{n}x {label}" for label, n in wanted.items()) or "-"
 
 
+def requested(configuration: dict, key: str, unit: str = "") -> str:
+    """What all the run's nodes ask for of `cpu` or `memory` (GB): `8`, or `8+` when more may be given."""
+    total, more = 0.0, False
+    for group in (configuration or {}).get("groups") or []:
+        wanted = (group.get("resources") or {}).get(key) or {}
+        total += (wanted.get("min") or 0) * int(group.get("nodes") or 0)
+        more = more or wanted.get("max") != wanted.get("min")
+    if not total:
+        return "-"
+    return f"{int(total) if float(total).is_integer() else round(total, 1)}{unit}{'+' if more else ''}"
+
+
 def nodes(configuration: dict) -> int:
     return sum(int(g.get("nodes") or 0) for g in (configuration or {}).get("groups") or [])
 
@@ -61,6 +73,7 @@ def runs_page(projects, status: str, number: int, now):
     page = Paginator(runs, PER_PAGE).get_page(number)
     waiting = _waiting(page.object_list)
     rows = [{"run": run, "nodes": nodes(run.configuration), "gpus": gpus(run.configuration),
+             "cpu": requested(run.configuration, "cpu"), "memory": requested(run.configuration, "memory", "GB"),
              "user": run.user.username if run.user else "-", "duration": words.run_duration(run, now),
              "waiting": waiting.get(run.pk, {})}
             for run in page.object_list]

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from console import logview, picture, runlist, words
+from console import logview, picture, runlist, usage_words, words
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from instances.queued import queued_view
@@ -82,6 +82,7 @@ def _status_context(request, project: Project, run: Run, role: str | None) -> di
     for job in [*jobs, *earlier]:
         job.exit_text, job.duration_text = words.job_exit(job), words.job_duration(job, now)
         job.restart_count = counts.get(job.node_group_name, 0)
+        job.uses = usage_words.cells(job)
     return {
         "project": project, "run": run, "jobs": jobs, "svg": picture.render(run, jobs, now),
         "restarts": restarts, "earlier_jobs": earlier,

@@ -293,7 +293,7 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
         for expect, pks in by_expect.items():
             guard |= Q(pk__in=pks, status__in=expect) if expect else Q(pk__in=pks)
         touched = model.objects.filter(guard, lease_token=token).update(
-            lease_until=None, lease_token="", **_fields_by_row(plain))
+            lease_until=None, lease_token="", **_fields_by_row(model, plain))
         applied = set(plain)
         if touched != len(plain):
             rows = dict(model.objects.filter(pk__in=plain).exclude(lease_token="").values_list("pk", "lease_token"))
@@ -315,9 +315,9 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
         _renewer.drop(model, token, set(plain))
 
 
-def _fields_by_row(outcomes: Mapping) -> dict:
+def _fields_by_row(model, outcomes: Mapping) -> dict:
     """One value per field for the bulk UPDATE: the value when every row has the same, else a CASE
-    on pk (rows without the field keep theirs)."""
+    on pk (rows without the field keep theirs), typed by the field (a JSON list is no SQL literal)."""
     names = {name for o in outcomes.values() for name in o.fields}
     values = {}
     for name in names:
@@ -326,7 +326,9 @@ def _fields_by_row(outcomes: Mapping) -> dict:
         if len(given) == len(outcomes) and len(distinct) == 1:
             values[name] = next(iter(given.values()))
         else:
-            values[name] = Case(*(When(pk=pk, then=Value(v)) for pk, v in given.items()), default=F(name))
+            field = model._meta.get_field(name)
+            values[name] = Case(*(When(pk=pk, then=Value(v, output_field=field)) for pk, v in given.items()),
+                                default=F(name), output_field=field)
     return values
 
 

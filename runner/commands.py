@@ -19,6 +19,7 @@ from .files import Paths, create_exclusively, emit, program, read_json, touch
 from .probes import probes_report
 from .processes import is_runner_process
 from .protocol import FINAL_STATES, validate_spec
+from .usage import read_usage
 
 ENSURE_AGENT_WAIT = 5.0
 
@@ -125,6 +126,9 @@ def status_report(paths: Paths) -> dict[str, Any]:
                 probes = probes_report(paths.job(job_id))
                 if probes is not None:
                     status["probes"] = probes
+                usage = read_usage(paths.job(job_id))
+                if usage is not None:
+                    status["usage"] = usage  # the last sample (runner/usage.py)
                 jobs[job_id] = status
     return {"now": now, "agent": agent if isinstance(agent, dict) else None, "agent_alive": alive, "jobs": jobs}
 

@@ -26,6 +26,7 @@ from .images import DOCKER_CALL_TIMEOUT, DOCKER_MESSAGE_CAP, docker, pull_image
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
 from .output_log import OutputLog, log_limit
 from .probes import Prober, probe_address
+from .usage import ContainerPids, Sampler
 
 DEFAULT_PULL_TIMEOUT = 600.0
 CONTAINER_WORKDIR = "/workflow"  # dstack's default working directory inside the container
@@ -200,6 +201,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
     running = dict(base, state="running", pid=attached.pid, start_time=time.time())
     write_json_atomic(job.status, running)
     prober = Prober(job, spec.get("probes") or [], container=name, address=probe_address(spec)).start()
+    sampler = Sampler(job, "", ContainerPids(name)).start()
     reason = None
     max_duration = spec.get("max_duration")
     while attached.poll() is None:
@@ -213,6 +215,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
             break
         time.sleep(WATCH_INTERVAL)
     prober.stop()
+    sampler.stop()
     try:
         attached.wait(DOCKER_CALL_TIMEOUT)
     except subprocess.TimeoutExpired:

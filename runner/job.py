@@ -17,7 +17,9 @@ from .files import JobPaths, Paths, log_err, read_json, write_json_atomic
 from .lifecycle import WATCH_INTERVAL, StopFlag, exit_fields, final_state, stop_grace
 from .output_log import OutputLog, log_limit
 from .probes import Prober, probe_address
+from .processes import marked_pids
 from .protocol import validate_spec
+from .usage import Sampler
 
 
 def prepare_job_dirs(job: JobPaths, spec: dict[str, Any]) -> None:
@@ -123,10 +125,12 @@ def run_job(home: str, job_id: str) -> int:
     running = dict(base, state="running", pid=proc.pid, pgid=proc.pid, cgroup=cgroup, start_time=time.time())
     write_json_atomic(job.status, running)
     prober = Prober(job, spec.get("probes") or [], address=probe_address(spec)).start()
+    sampler = Sampler(job, cgroup, lambda: sorted(set(marked_pids(job.marker)) | {proc.pid})).start()
     try:
         reason = watch_job(job, proc, spec, started, flag, cgroup)
     finally:
         prober.stop()
+        sampler.stop()
     # Background children (`server &`, daemons) outlive the shell; a finished job must not leak them.
     kill_job_tree(job.marker, proc.pid, stop_grace(spec), proc, cgroup)
     output.finish()  # all the job printed is in output.log before its status says it ended

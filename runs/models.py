@@ -92,6 +92,8 @@ class Job(Claimable):
     ready_at = models.DateTimeField(null=True, blank=True)
     probes = models.JSONField(default=list, blank=True)
     waiting_for = models.CharField(max_length=200, blank=True, default="")
+    # the last samples of what the job uses on its host, checked and bounded (runs/usage.py)
+    usage = models.JSONField(default=list, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -16,6 +16,7 @@ from backends.base import BackendError
 from engine import health, log_copy, runner_status
 from engine.running import readiness
 from engine.starting import cluster, containers, ordering
+from runs import usage
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
 from runs.transitions import end_job, move_job
@@ -82,6 +83,7 @@ def watch_observed(job: Job, status: dict | None) -> None:
         if job.status == JobStatus.RUNNING:
             end_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
         return
+    job.usage = usage.with_sample(job.usage, state.get("usage")) or job.usage  # given back by the watch
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
              "exit_status": state.get("exit_status")}
     if job.status == JobStatus.PULLING:

@@ -63,6 +63,7 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     seen_before = {job.pk: job.agent_seen_at for job in jobs}
+    usage_before = {job.pk: job.usage for job in jobs}
     for job in jobs:
         if job.pk not in looks:
             continue
@@ -80,7 +81,8 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
     # agent answered with agent_seen_at, the ones that ended with their finish_job sent after
     return {job.pk: job_outcome(job, next_check_at=next_at,
                                 **({"agent_seen_at": job.agent_seen_at} if job.agent_seen_at != seen_before[job.pk]
-                                   else {}))
+                                   else {}),
+                                **({"usage": job.usage} if job.usage is not usage_before[job.pk] else {}))
             for job in jobs if job.pk not in held.failed}
 
 

@@ -12,5 +12,6 @@ urlpatterns = [
     path("runs/<str:name>/", views.RunDetailView.as_view(), name="run-detail"),
     path("runs/<str:name>/stop", views.RunStopView.as_view(), name="run-stop"),
     path("runs/<str:name>/logs", views.RunLogsView.as_view(), name="run-logs"),
+    path("runs/<str:name>/metrics", views.RunMetricsView.as_view(), name="run-metrics"),
     path("runs/<str:name>/attach", views.RunAttachView.as_view(), name="run-attach"),
 ]

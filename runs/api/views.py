@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
@@ -10,6 +11,7 @@ from rest_framework.views import APIView
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin, named_or_404
+from runs import usage
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
     LogQuerySerializer,
@@ -18,15 +20,18 @@ from runs.api.serializers import (
     RunSerializer,
     StopRequestSerializer,
 )
-from runs.models import Run
+from runs.models import Job, Run
 from runs.services import attach, logs
 from runs.services.submission import idempotency_key_of, plan_run, submit_run
 from runs.transitions import request_stop
 
+# the jobs without their usage samples (runs/usage.py), which only runs/<name>/metrics answers with
+JOBS = Prefetch("jobs", queryset=Job.objects.defer("usage"))
+
 
 def _run(project, name: str) -> Run:
-    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet"),
-                        "run", project, name)
+    return named_or_404(Run.objects.select_related("fleet", "project").prefetch_related(
+        JOBS, "jobs__instance__group", "jobs__fleet"), "run", project, name)
 
 
 class RunPlanView(ProjectScopedMixin, APIView):
@@ -38,7 +43,8 @@ class RunPlanView(ProjectScopedMixin, APIView):
 class RunListView(ProjectScopedMixin, GenericAPIView):
     """A GenericAPIView for its filter backend: RunFilter reads the query and the schema shows it."""
 
-    queryset = Run.objects.select_related("fleet", "project").prefetch_related("jobs__instance__group", "jobs__fleet")
+    queryset = Run.objects.select_related("fleet", "project").prefetch_related(JOBS, "jobs__instance__group",
+                                                                               "jobs__fleet")
     filterset_class = RunFilter
     pagination_class = LinkHeaderCursorPagination
     serializer_class = RunRequestSerializer  # what POST takes; OPTIONS describes it
@@ -119,3 +125,11 @@ class RunAttachView(ProjectScopedMixin, APIView):
         info = attach.attach(_run(self.project, name), job, body.get("public_key"),
                                   actor=request.user.username, user=request.user)
         return Response(info)
+
+
+class RunMetricsView(ProjectScopedMixin, APIView):
+    """Each current job's last samples of CPU, memory and GPU use on its host (runs/usage.py)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, project, name):
+        return Response(usage.run_metrics(named_or_404(Run.objects.all(), "run", self.project, name)))

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 P = "/api/projects/alpha"
 READS = [
     f"{P}/", f"{P}/members/", f"{P}/secrets/", f"{P}/events/", f"{P}/runs/", f"{P}/runs/r1/",
-    f"{P}/runs/r1/logs?job=0", f"{P}/fleets/", f"{P}/fleets/f1/", f"{P}/instances/", f"{P}/instance-groups/",
+    f"{P}/runs/r1/logs?job=0", f"{P}/runs/r1/metrics", f"{P}/fleets/", f"{P}/fleets/f1/", f"{P}/instances/", f"{P}/instance-groups/",
     f"{P}/instance-groups/g1/",
 ]
 RUN_BODY = {"configuration": "type: task\ncommands: [echo hi]\n"}

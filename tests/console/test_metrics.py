@@ -64,6 +64,20 @@ def test_runs_and_instances_are_counted_by_status_and_backend(client, token, mak
     assert value(samples, "muster_instances_unreachable", backend="ssh") == 1
 
 
+@pytest.mark.django_db
+def test_unreachable_instances_have_a_zero_sample_for_every_backend_when_none_is_unreachable(client, token):
+    from instances.models import Fleet, Instance
+    from projects.models import Project
+
+    project = Project.objects.create(name="main")
+    fleet = Fleet.objects.create(project=project, name="hosts", backend="ssh", configuration={})
+    Instance.objects.create(project=project, fleet=fleet, name="h0", status="idle", backend="ssh")
+    samples = scrape(client)
+    # a series at 0, not a missing one: `muster_instances_unreachable > 0` must have something to compare
+    for backend in ("gcp", "local", "ssh"):
+        assert samples[("muster_instances_unreachable", (("backend", backend),))] == 0
+
+
 @pytest.fixture
 def local_fleet(superuser_api):
     """A one-host local fleet, its runner agent stopped however the test ends."""
