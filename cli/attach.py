@@ -172,8 +172,9 @@ class Forward:
 
 
 def attach(client: Client, name: str, job_num: int, local_ports: dict[int, int]) -> int:
-    pkey, public = ensure_key()
+    # the run is looked at first: no key is made for a run that does not exist or has ended
     wait_until_started(client, name, job_num)
+    pkey, public = ensure_key()
     info = client.post(f"runs/{segment(name)}/attach", {"job": job_num, "public_key": public})
     where = f"job {job_num} ({info.get('node_group_name')}/{info.get('node_group_rank')})"
     transport, forwards = None, []

@@ -143,19 +143,35 @@ def format_error(error: Mapping[str, Any]) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def api_error(status: int, raw: bytes) -> CliError:
+def api_error(status: int, raw: bytes, url: str = "the server") -> CliError:
     try:
         body = json.loads(raw)
     except ValueError:
         body = None
+    hint = " (check MUSTER_TOKEN or `muster config`)" if status == 401 else ""
     if isinstance(body, dict) and isinstance(body.get("errors"), list):
         lines = [format_error(e) if isinstance(e, dict) else str(e) for e in body["errors"]]
-        return CliError("\n".join(lines) or f"HTTP {status}")
-    if isinstance(body, dict) and "detail" in body:
-        hint = " (check MUSTER_TOKEN or `muster config`)" if status == 401 else ""
+        return CliError(("\n".join(lines) or f"HTTP {status}") + hint)
+    if isinstance(body, dict) and "detail" in body:  # a server from before the one error shape
         return CliError(f"{body['detail']}{hint}")
-    text = raw.decode("utf-8", errors="replace").strip()[:300]
-    return CliError(f"HTTP {status}: {text}" if text else f"HTTP {status}")
+    return CliError(not_an_api(status, raw, url))
+
+
+def not_an_api(status: int, raw: bytes, url: str) -> str:
+    """What to say of an answer that is not the API's JSON (a docs page, a proxy's error page):
+    never the page itself."""
+    where = url.split("/api/", 1)[0] if "/api/" in url else url
+    looks_html = raw.lstrip()[:15].lower().startswith((b"<!doctype", b"<html", b"<"))
+    what = "an HTML page" if looks_html else ("an empty answer" if not raw.strip() else "an answer that is not JSON")
+    return (f"{where} is not a Muster API: it answered HTTP {status} with {what}. Set MUSTER_URL "
+            "(or `muster config --url`) to the server's address, e.g. http://HOST:8000")
+
+
+def _json(raw: bytes, url: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise CliError(not_an_api(200, raw, url)) from None
 
 
 class Client:
@@ -184,7 +200,7 @@ class Client:
         url = self._url(path, query)
         for _ in range(MAX_PAGES):
             raw, headers = self._send("GET", url)
-            items += json.loads(raw) if raw else []
+            items += _json(raw, url) if raw else []
             found = NEXT_LINK.search(headers.get("Link") or "")
             if found is None:
                 return items
@@ -196,8 +212,9 @@ class Client:
         return self.base + path + ("?" + urlencode(params) if params else "")
 
     def request(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None) -> Any:
-        raw, _ = self._send(method, self._url(path, query), body)
-        return json.loads(raw) if raw else None
+        url = self._url(path, query)
+        raw, _ = self._send(method, url, body)
+        return _json(raw, url) if raw else None
 
     def _send(self, method: str, url: str, body: Any = None) -> tuple[bytes, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -209,7 +226,7 @@ class Client:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw, headers = resp.read(), resp.headers
         except urllib.error.HTTPError as exc:
-            raise api_error(exc.code, exc.read()) from None
+            raise api_error(exc.code, exc.read(), url) from None
         except urllib.error.URLError as exc:
             raise Unreachable(f"cannot reach {self.settings.url}: {exc.reason}") from None
         except (OSError, http.client.HTTPException) as exc:

@@ -27,7 +27,37 @@ def read_document(path: str) -> tuple[str, dict[str, Any]]:
         raise CliError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise CliError(f"{path}: the configuration must be a mapping (type: task or type: fleet)")
+    found = command_read_as_mapping(text)
+    if found is not None:
+        line, command = found
+        raise CliError(f"{path}: line {line}: the command `{command}` holds `: `, so YAML reads it as a mapping, "
+                       f"not a command: quote the command, e.g. - \"{command}\"")
     return text, doc
+
+
+COMMAND_LISTS = ("commands", "setup")
+
+
+def command_read_as_mapping(text: str) -> tuple[int, str] | None:
+    """(line, the command as written) of the first item of a `commands:` list that YAML read as a
+    one-key mapping: `- echo a: b` is {"echo a": "b"}, which the server refuses as "expected a
+    string" without the line or the cause."""
+    stack = [yaml.compose(text, Loader=StrictLoader)]  # noqa: S506 - a SafeLoader subclass
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value in COMMAND_LISTS \
+                        and isinstance(value, yaml.SequenceNode):
+                    for item in value.value:
+                        if isinstance(item, yaml.MappingNode) and len(item.value) == 1 and all(
+                                isinstance(part, yaml.ScalarNode) for part in item.value[0]):
+                            first, second = item.value[0]
+                            return item.start_mark.line + 1, f"{first.value}: {second.value}"
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 def yaml_problem(exc: yaml.MarkedYAMLError) -> str:

@@ -73,6 +73,8 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
         print(render.plan_placement(capacity))
     if plan.get("warnings"):
         print(render.plan_warnings(plan["warnings"]))
+    if (plan.get("replaces") or {}).get("message"):
+        print(f"Note: {plan['replaces']['message']}")
     return plan
 
 
@@ -335,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`muster logs RUN | head`): stop quietly, as `cat` does, and let
+        # nothing flush into the closed pipe at exit (Python would print a traceback for it)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
 if __name__ == "__main__":

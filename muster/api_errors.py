@@ -1,8 +1,9 @@
-"""One error shape for the whole API: {"errors": [{"loc": [...], "msg": "..."}]} for bad input.
+"""One error shape for the whole API: {"errors": [{"loc": [...], "msg": "..."}]}, whatever went wrong.
 
 A body that cannot be read (malformed JSON: 400; a media type the API does not take: 415) is bad
 input too and gets the same shape, located at the body (`loc: []`). Authentication, permission,
-not-found and method errors keep DRF's {"detail": ...} with their own status.
+not-found, method and rate errors keep their status (and headers: WWW-Authenticate, Retry-After)
+and say what DRF says, in the same shape at `loc: []`: a client reads one shape, never two.
 """
 
 from __future__ import annotations
@@ -72,4 +73,7 @@ def exception_handler(exc, context):
     if isinstance(exc, ParseError | UnsupportedMediaType):
         hint = "send a JSON object (Content-Type: application/json)"
         return errors_response([{"loc": [], "msg": f"{exc.detail}: {hint}"}], exc.status_code)
-    return drf_exception_handler(exc, context)
+    answer = drf_exception_handler(exc, context)
+    if answer is not None and isinstance(answer.data, dict) and set(answer.data) == {"detail"}:
+        answer.data = {"errors": [{"loc": [], "msg": str(answer.data["detail"])}]}
+    return answer

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
+from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.login import throttled
@@ -22,6 +23,16 @@ def healthz(request):
         return JsonResponse({"ok": False, "reason": full}, status=503)
     return JsonResponse({"ok": True})
 
+
+def not_found(request, exception):
+    # an /api/ path no endpoint has: the API's one error shape (docs/api.md), not an HTML page
+    if request.path.startswith("/api/"):
+        return JsonResponse({"errors": [{"loc": [], "msg": f"no API endpoint at {request.path}: see /api/docs/"}]},
+                            status=404)
+    return defaults.page_not_found(request, exception)
+
+
+handler404 = not_found
 
 urlpatterns = [
     # ahead of admin.site.urls, so the admin's own log-in page is throttled like the console's

@@ -64,5 +64,5 @@ def exception_handler(exc, context):
     answer = muster_handler(exc, context)
     if answer is None:
         return None  # a real bug: Django's 500, logged
-    message = answer.data.get("detail") if isinstance(answer.data, dict) else None
+    message = folded(answer.data["errors"]) if isinstance(answer.data, dict) and "errors" in answer.data else None
     return detail(str(message or exc), ERROR, answer.status_code)

@@ -126,6 +126,12 @@ def _message(item: dict[str, Any], loc: list[Any]) -> str:
         return f"missing `{key}:`: write `{key}: {expected}`" if expected else f"`{key}` is empty"
     if kind == "invalid_key":
         return "keys must be strings"
+    given = item.get("input")
+    if kind == "string_type" and isinstance(given, dict) and len(given) == 1:
+        # `- echo a: b` is YAML for the mapping {"echo a": "b"}: the command had an unquoted `: `
+        (k, v), = given.items()
+        return (f"expected a string, got the mapping `{k}: {v}`: a `: ` in a command makes YAML read a "
+                f"mapping: quote the command, e.g. - \"{k}: {v}\"")
     if kind in _TYPE_MESSAGES:
         return _TYPE_MESSAGES[kind]
     msg = str(item["msg"])

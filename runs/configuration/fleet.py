@@ -125,8 +125,8 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
         )
         if fleet.spot_policy is not None:
             if "spot" in fleet.model_fields_set and fleet.spot != (fleet.spot_policy == "spot"):
-                errors.add(["spot_policy"], f"spot_policy: {fleet.spot_policy} contradicts spot: "
-                           f"{str(fleet.spot).lower()}: write one of them")
+                errors.add(["spot_policy"], f"`spot_policy: {fleet.spot_policy}` contradicts "
+                           f"`spot: {str(fleet.spot).lower()}`: write one of them")
             spot = fleet.spot_policy == "spot"
             if fleet.spot_policy == "auto":
                 warnings.append({"field": ["spot_policy"], "message": (

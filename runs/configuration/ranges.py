@@ -45,9 +45,9 @@ def _range_object(value: dict, what: str, parse) -> tuple:
     """dstack's object form of a range, `{min: 2, max: 8}` (either bound may be left out)."""
     unknown = [str(k) for k in value if k not in ("min", "max")]
     if unknown:
-        raise ValueError(f"{what}: unknown key `{unknown[0]}` (a range object takes min and max)")
+        raise ValueError(f"unknown key `{unknown[0]}`: a range object takes min and max")
     if value.get("min") is None and value.get("max") is None:
-        raise ValueError(f"{what}: a range needs at least one of min and max")
+        raise ValueError("a range needs at least one of min and max")
     low = None if value.get("min") is None else parse(value["min"])
     high = None if value.get("max") is None else parse(value["max"])
     return check_order(low, high)

@@ -121,9 +121,12 @@ def parse_resources(
 def parse_cpu(value: object) -> tuple[int | None, int | None, str | None]:
     """`4`, `2..8`, `arm:8`, `x86:4..`, `arm`, {arch, count} -> (min, max, arch or None when not said)."""
     if isinstance(value, dict) and not (set(value) <= {"min", "max"}):
-        unknown = [str(k) for k in value if k not in _CPU_OBJECT_KEYS]
+        # a key of neither form is the one to name (`{min: 2, foo: 3}`: `foo`, not `min`)
+        unknown = [str(k) for k in value if k not in (*_CPU_OBJECT_KEYS, "min", "max")] or \
+            [str(k) for k in value if k not in _CPU_OBJECT_KEYS]
         if unknown:
-            raise ValueError(f"unknown key `{unknown[0]}` in cpu: the object form takes arch and count")
+            raise ValueError(f"unknown key `{unknown[0]}` in cpu: the object form takes arch and count "
+                             "(or min and max, a range)")
         arch_written = value.get("arch")
         arch_value = None
         if arch_written is not None:

@@ -114,8 +114,9 @@ def fill_env(
 def warn_part(part: Part, warnings: Warnings) -> None:
     if part.ports:
         warnings.append({"field": [*part.loc, "ports"], "message": (
-            f"ports: {', '.join(str(p) for p in part.ports)} are kept with each job but not forwarded: "
-            "reach them on the node's own address (DSTACK_NODE_IP)")})
+            f"ports: {', '.join(str(p) for p in part.ports)} are not forwarded by apply: "
+            "`muster attach RUN` forwards them to localhost (`-p LOCAL:PORT` picks the local port); "
+            "on the cluster, reach them on the node's own address (DSTACK_NODE_IP)")})
 
 
 def _read_group(

@@ -170,7 +170,22 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
                                   dumped, user),
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
+        "replaces": replaced_run(project, conf.name),
     }
+
+
+def replaced_run(project: Project, name: str | None) -> dict | None:
+    """The finished run a submit under `name` replaces (as dstack replaces it), said before it is:
+    its jobs, logs and events go with it. None when the name is free (or held by a live run, which
+    the submit refuses)."""
+    if not name:
+        return None
+    old = Run.objects.filter(project=project, name=name).only("status", "submitted_at", "finished_at").first()
+    if old is None or not old.finished:
+        return None
+    return {"name": name, "status": old.status, "submitted_at": old.submitted_at.isoformat(),
+            "message": f"run {name} exists and has ended ({old.status}): submitting replaces it, as dstack "
+                       "does; its jobs, logs and events are deleted (pick another name to keep it)"}
 
 
 def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, dict, int]],
@@ -332,6 +347,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         if existing is not None:
             if not existing.finished:
                 raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another name")
+            # said in the new run's history: the old one's goes with it
+            event.message += (f", replacing the run of this name that had ended ({existing.status}, submitted "
+                              f"{existing.submitted_at:%Y-%m-%d %H:%M:%S} UTC): its jobs, logs and events were deleted")
             existing.delete()
         run_rows.insert(run, jobs, event)
         if idempotency[0]:

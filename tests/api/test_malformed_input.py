@@ -185,3 +185,11 @@ def test_a_lone_utf16_surrogate_in_a_body_is_a_400_naming_where(raw, body, loc):
         (error,) = assert_errors(raw.post(path, body, content_type="application/json"), 400, loc)
         assert "surrogate" in error["msg"], error
     assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize("method, path", [("get", "/api/nope/"), ("post", "/api/projects/main/nope"),
+                                          ("get", "/api/projects/main/runs/r1/nope")])
+def test_an_api_path_no_endpoint_has_is_a_404_in_the_errors_shape(raw, method, path):
+    """One error shape for everything under /api (docs/api.md): a client never reads an HTML page."""
+    (error,) = assert_errors(getattr(raw, method)(path), 404, [])
+    assert "no API endpoint" in error["msg"], error

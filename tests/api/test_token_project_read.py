@@ -64,9 +64,10 @@ def test_what_a_caller_may_do_in_a_project(make_user, role, method, status):
         missing = api.get("/api/projects/absent/runs/") if method == "get" else api.post(
             "/api/projects/absent/runs/plan", body, format="json")
         assert missing.status_code == 404
-        assert got.json()["detail"].replace("main", "X") == missing.json()["detail"].replace("absent", "X")
+        assert got.json()["errors"][0]["msg"].replace("main", "X") == \
+            missing.json()["errors"][0]["msg"].replace("absent", "X")
     if status == 403:
-        assert "read-only" in got.json()["detail"]
+        assert "read-only" in got.json()["errors"][0]["msg"]
 
 
 def test_a_superuser_may_use_a_project_it_is_not_a_member_of(make_user, django_user_model):

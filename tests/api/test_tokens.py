@@ -57,7 +57,7 @@ def test_an_expired_token_is_refused_with_a_401_saying_so():
     ApiToken.objects.filter(pk=token.pk).update(expires=timezone.now() - timedelta(seconds=1))  # a day later
     resp = client.get(RUNS)
     assert resp.status_code == 401
-    assert "expired" in resp.json()["detail"]
+    assert "expired" in resp.json()["errors"][0]["msg"]
     assert resp.headers["WWW-Authenticate"] == "Token"
 
 

@@ -60,7 +60,8 @@ def test_a_run_that_does_not_exist_is_named_with_its_project(muster, live_server
     with pytest.raises(urllib.error.HTTPError) as answer:
         urllib.request.urlopen(request, timeout=30)
     assert answer.value.code == 404
-    assert json.loads(answer.value.read()) == {"detail": "run nope not found in project main"}
+    # the one error shape of the API (docs/api.md), for a lookup as for bad input
+    assert json.loads(answer.value.read()) == {"errors": [{"loc": [], "msg": "run nope not found in project main"}]}
 
 
 def test_a_configuration_without_type_says_type_is_missing(muster, live_server, tmp_path):  # noqa: F811
