@@ -236,3 +236,30 @@ def _read_until(port: int, send: bytes, wanted: bytes) -> bytes:
     except OSError:
         pass
     return data if wanted in data else b""
+
+
+def test_a_local_instance_keeps_its_port_forward_under_the_production_policy(
+        dstack, base, alice, gateway, superuser_api, settings, production_policy):
+    # the local backend is the server's own machine by design (docs/security.md): its 127.0.0.x
+    # addresses are Muster's, not a host's word, and stay reachable through the gateway although the
+    # production policy denies loopback and the server's own addresses to SSH hosts
+    assert superuser_api.post("/api/projects/main/fleets/", {"configuration": "type: fleet\nname: here\n"
+                               "backends: [local]\nnodes: 1\n"}, format="json").status_code == 201
+    port = _free_port()
+    task = _write(base / "here.yml", {
+        "type": "task", "name": "here-web", "ports": [port], "fleets": ["here"],
+        "commands": ["mkdir -p /tmp/here-$$ && echo served-from-a-local-instance > /tmp/here-$$/index.html",
+                     f"timeout 200 python3 -m http.server {port} --bind 0.0.0.0 --directory /tmp/here-$$"]})
+    assert dstack("apply", "-f", task, "-y", "-d").returncode == 0
+    _status("here-web", ("running",))
+    job = Run.objects.get(name="here-web").jobs.get()
+    assert job.instance.backend == "local" and job.instance.internal_ip.startswith("127.")
+    local, tunnel = _forward(base, gateway, _key_file(base, alice), f"{job.uuid.hex}_root", f"localhost:{port}")
+    try:
+        answer = wait_until(lambda: _read(local, b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n").decode(errors="replace"),
+                            timeout=60, what="the local job's answer through the tunnel")
+        assert "served-from-a-local-instance" in answer
+    finally:
+        tunnel.kill()
+        tunnel.wait(timeout=10)
+        dstack("stop", "here-web", "-y")
