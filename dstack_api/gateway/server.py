@@ -278,7 +278,7 @@ def _listen(host: str, port: int, stop: threading.Event) -> socket.socket | None
             if not said:
                 log.error("ERROR: dstack gateway cannot listen on %s:%s (%s); trying again every %g s. "
                           "Free the port, or pick another with MUSTER_DSTACK_SSH_PORT or `muster serve "
-                          "--gateway-port`", host, port, exc.strerror or exc, BIND_RETRY)
+                          "--gateway-port`", host, port, os.strerror(exc.errno) if exc.errno else exc, BIND_RETRY)
                 said = True
             stop.wait(BIND_RETRY)
             continue

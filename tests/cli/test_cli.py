@@ -454,8 +454,8 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     seen = {}
 
-    def fake_serve(bind, concurrency, verbose, dev):
-        seen.update(bind=bind, concurrency=concurrency, verbose=verbose, dev=dev,
+    def fake_serve(bind, concurrency, verbose, dev, gateway_port):
+        seen.update(bind=bind, concurrency=concurrency, verbose=verbose, dev=dev, gateway_port=gateway_port,
                     settings=os.environ.get("DJANGO_SETTINGS_MODULE"))
         return 0
 
@@ -464,4 +464,7 @@ def test_serve_passes_bind_and_concurrency_and_sets_the_settings_module(monkeypa
 
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--concurrency", "3"]) == 0
 
-    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "dev": False, "settings": "muster.settings"}
+    assert seen == {"bind": "0.0.0.0:9000", "concurrency": 3, "verbose": False, "dev": False, "gateway_port": None,
+                    "settings": "muster.settings"}
+    assert cli.main(["serve", "--gateway-port", "2300"]) == 0
+    assert seen["gateway_port"] == 2300

@@ -18,7 +18,7 @@ import pytest
 
 from dstack_api.services import keys
 from instances.models import Fleet, FleetStatus
-from projects.models import Project
+from projects.models import Membership, Project
 from runs.models import Run
 from tests.dstack_cli.test_gateway import (  # noqa: F401 - fixtures
     _free_port,
@@ -186,14 +186,15 @@ def test_the_gateway_does_not_forward_a_port_to_an_address_the_host_policy_denie
 
 
 def test_a_read_only_member_follows_the_log_but_gets_no_tunnel_to_the_jobs_port(
-        dstack, pool, base, alice, gateway, make_user):
+        dstack, pool, base, alice, gateway, make_user, settings):
     bob = make_user("bob", role="read-only")
     _fleet_of(dstack, pool, [pool[1]], base, "web")
     port = _free_port()
     task = _write(base / "ro.yml", {
         "type": "task", "name": "ro-web", "ports": [port],
         "commands": ["echo ro-log-line", "mkdir -p /tmp/ro-$$ && echo served-to-writers > /tmp/ro-$$/index.html",
-                     f"timeout 200 python3 -m http.server {port} --bind 0.0.0.0 --directory /tmp/ro-$$"]})
+                     f"timeout 200 python3 -m http.server {port} --bind 0.0.0.0 --directory /tmp/ro-$$ "
+                     "--protocol HTTP/1.1"]})  # keep-alive: a connection through the forward stays open
     assert dstack("apply", "-f", task, "-y", "-d").returncode == 0
     _status("ro-web", ("running",))
     user = f"{Run.objects.get(name='ro-web').jobs.get().uuid.hex}_root"
@@ -205,6 +206,7 @@ def test_a_read_only_member_follows_the_log_but_gets_no_tunnel_to_the_jobs_port(
         tunnels.append(tunnel)
         assert "served-to-writers" in wait_until(lambda: _read(local, get).decode(errors="replace"), timeout=60,
                                                  what="alice's answer through the tunnel")
+        alice_local = local
         # bob (read-only) follows the log, as `muster logs` lets him
         bob_key = _key_file(base, bob)
         local, tunnel = _forward(base, gateway, bob_key, user, "localhost:10999")
@@ -218,12 +220,32 @@ def test_a_read_only_member_follows_the_log_but_gets_no_tunnel_to_the_jobs_port(
         local, tunnel = _forward(base, gateway, bob_key, user, f"localhost:{port}")
         tunnels.append(tunnel)
         assert _read(local, get) == b""
+        # alice made read-only: her open forward to the port is closed at the next check
+        settings.MUSTER = {**settings.MUSTER, "DSTACK_SSH_RECHECK": 1}
+        with socket.create_connection(("127.0.0.1", alice_local), timeout=10) as held:
+            held.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            answer = b""
+            while b"served-to-writers" not in answer:  # the forward is open end to end, and stays open
+                answer += held.recv(65536) or b"(closed)"
+                assert b"(closed)" not in answer, answer
+            held.settimeout(1)
+            Membership.objects.filter(user=alice).update(role="read-only")
+            wait_until(lambda: _closed(held), timeout=30, what="alice's open forward closed")
     finally:
         for tunnel in tunnels:
             tunnel.kill()
             tunnel.wait(timeout=10)
         dstack("stop", "ro-web", "-y")
     assert "prohibited" in tunnels[-1].stderr.read()
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(65536) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
 
 
 def _read_until(port: int, send: bytes, wanted: bytes) -> bytes:
@@ -236,3 +258,30 @@ def _read_until(port: int, send: bytes, wanted: bytes) -> bytes:
     except OSError:
         pass
     return data if wanted in data else b""
+
+
+def test_a_local_instance_keeps_its_port_forward_under_the_production_policy(
+        dstack, base, alice, gateway, superuser_api, settings, production_policy):
+    # the local backend is the server's own machine by design (docs/security.md): its 127.0.0.x
+    # addresses are Muster's, not a host's word, and stay reachable through the gateway although the
+    # production policy denies loopback and the server's own addresses to SSH hosts
+    assert superuser_api.post("/api/projects/main/fleets/", {"configuration": "type: fleet\nname: here\n"
+                               "backends: [local]\nnodes: 1\n"}, format="json").status_code == 201
+    port = _free_port()
+    task = _write(base / "here.yml", {
+        "type": "task", "name": "here-web", "ports": [port], "fleets": ["here"],
+        "commands": ["mkdir -p /tmp/here-$$ && echo served-from-a-local-instance > /tmp/here-$$/index.html",
+                     f"timeout 200 python3 -m http.server {port} --bind 0.0.0.0 --directory /tmp/here-$$"]})
+    assert dstack("apply", "-f", task, "-y", "-d").returncode == 0
+    _status("here-web", ("running",))
+    job = Run.objects.get(name="here-web").jobs.get()
+    assert job.instance.backend == "local" and job.instance.internal_ip.startswith("127.")
+    local, tunnel = _forward(base, gateway, _key_file(base, alice), f"{job.uuid.hex}_root", f"localhost:{port}")
+    try:
+        answer = wait_until(lambda: _read(local, b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n").decode(errors="replace"),
+                            timeout=60, what="the local job's answer through the tunnel")
+        assert "served-from-a-local-instance" in answer
+    finally:
+        tunnel.kill()
+        tunnel.wait(timeout=10)
+        dstack("stop", "here-web", "-y")

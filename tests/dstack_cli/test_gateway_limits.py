@@ -89,10 +89,11 @@ def _channel_threads() -> list[threading.Thread]:
 
 @pytest.fixture
 def ticking(dstack, pool, base, alice):
-    """A running job that logs a line a second for minutes, and the gateway login naming it."""
+    """A running job that logs one line and then nothing for minutes (a log stream with nothing to
+    send never writes to its channel, so only watching the channel tells that its client left), and
+    the gateway login naming it."""
     _fleet(dstack, pool, base)
-    task = _write(base / "tick.yml", {"type": "task", "name": "tick",
-                                      "commands": ["for i in $(seq 300); do echo tick $i; sleep 1; done"]})
+    task = _write(base / "tick.yml", {"type": "task", "name": "tick", "commands": ["echo log-start", "sleep 300"]})
     assert dstack("apply", "-f", task, "-y", "-d").returncode == 0
     _status("tick", ("running",))
     key = base / "dstack-home" / "id_user"
@@ -195,7 +196,9 @@ def test_an_open_log_stream_and_login_end_when_the_member_is_removed(ticking, ba
     stream, head = _log_stream(local)
     try:
         assert head.startswith(b"HTTP/1.1 101"), head
-        wait_until(lambda: b"tick" in stream.recv(65536), timeout=30, what="the log flowing")
+        seen = [head]
+        wait_until(lambda: b"log-start" in b"".join(seen) or seen.append(stream.recv(65536)), timeout=30,
+                   what="the log's first line")
         Membership.objects.filter(user=alice).delete()
         # the open login is closed by the gateway, and with it the stream
         wait_until(lambda: tunnel.poll() is not None, timeout=30, what="the gateway to close the login")

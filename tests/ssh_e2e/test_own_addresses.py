@@ -135,8 +135,18 @@ def test_ordinary_private_hosts_still_register_in_production_mode(member, produc
 
 def test_an_own_address_the_operator_allows_registers(member, production_policy, server_sshd, ssh_hosts, settings):
     bridge = ssh_hosts(1, mode="netns").bridge_address
+    # the host (this machine) reports its first global address as its internal IP, which the dstack
+    # gateway forwards jobs' ports to: the operator allows that one too, or the host is refused
+    first = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                           timeout=30, check=True).stdout.split()[3].split("/")[0]
     settings.MUSTER = {**settings.MUSTER, "SSH_OWN_ADDRESSES_ALLOW": [f"{bridge}/32"]}
-    assert register(member, _fleet(server_sshd, [bridge]))["status"] == "active"
+    if first != bridge:
+        refused = register(member, _fleet(server_sshd, [bridge]))
+        assert refused["status"] == "failed", refused
+        assert f"reports its internal IP as {first}" in refused["errors"][0]["msg"], refused["errors"]
+        assert "the Muster server itself" in refused["errors"][0]["msg"], refused["errors"]
+    settings.MUSTER = {**settings.MUSTER, "SSH_OWN_ADDRESSES_ALLOW": [f"{bridge}/32", f"{first}/32"]}
+    assert register(member, _fleet(server_sshd, [bridge], name="cp2"))["status"] == "active"
 
 
 def test_a_name_that_resolves_elsewhere_at_connect_time_reaches_only_the_checked_address(
