@@ -9,55 +9,21 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import secrets
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from muster.env import data_dir, env_bool, env_float, env_int, env_str
-from muster.files import private_dir, read_or_create_private
+from muster.files import private_dir
+from muster.server_keys import encryption_keys, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
 private_dir(DATA_DIR)  # 0700: the database, keys and logs in it are the server user's alone
 PRODUCTION = env_str("MUSTER_ENV") == "production"
-
-
-def _secret_key() -> str:
-    key = env_str("SECRET_KEY")
-    if key:
-        return key
-    if PRODUCTION:
-        raise ImproperlyConfigured("SECRET_KEY must be set in the environment when MUSTER_ENV=production")
-    return read_or_create_private(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
-
-
-SECRET_KEY = _secret_key()
-
-
-def _encryption_keys() -> list[str]:
-    """Fernet keys for data at rest (muster/crypto.py), first one encrypting; not SECRET_KEY, so
-    rotating either never makes the other's data unreadable."""
-    from cryptography.fernet import Fernet
-
-    keys = [k.strip() for k in env_str("MUSTER_ENCRYPTION_KEYS").split(",") if k.strip()]
-    if not keys:
-        if PRODUCTION:
-            raise ImproperlyConfigured(
-                "MUSTER_ENCRYPTION_KEYS must be set when MUSTER_ENV=production (comma-separated Fernet keys; make "
-                "one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')")
-        keys = [read_or_create_private(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())]
-    for i, key in enumerate(keys):
-        try:
-            Fernet(key)
-        except ValueError:
-            raise ImproperlyConfigured(f"MUSTER_ENCRYPTION_KEYS: key {i + 1} is not a Fernet key (32 url-safe "
-                                       "base64-encoded bytes)") from None
-    return keys
-
-
-MUSTER_ENCRYPTION_KEYS = _encryption_keys()
+SECRET_KEY = secret_key(PRODUCTION, DATA_DIR)
+MUSTER_ENCRYPTION_KEYS = encryption_keys(PRODUCTION, DATA_DIR)
 # Django's technical 500 page shows a failed request's variables: only when asked for (DEBUG=1), and
 # even then only to a client on this machine (muster/debug.py)
 DEBUG = env_bool("DEBUG", False)
