@@ -86,11 +86,11 @@ def test_the_lines_of_all_jobs_are_shown_in_the_order_they_were_written(
         lines = answer["text"].splitlines()
         times = _expand(answer["times"])
         assert len(times) == len(lines), answer
-        stamps.update(zip(lines, times))
+        stamps.update(zip(lines, times, strict=True))
     ordered = [stamps[line] for line in IN_TURN]
     assert before <= ordered[0] and ordered[-1] <= after, ordered
     # each line came at least a second (the job's sleep) after the other job's line before it
-    assert all(later - earlier >= 900 for earlier, later in zip(ordered, ordered[1:])), ordered
+    assert all(later - earlier >= 900 for earlier, later in zip(ordered, ordered[1:], strict=False)), ordered
 
     # the console over HTTP: the all-jobs text in time order, and the times its log view shows
     browser = _login(live_server.url, bob)
