@@ -109,7 +109,7 @@ commands:
   - echo first
   - sleep 0.5
   - >-
-    python3 -c "import struct, time; f = open('../output.times', 'r+b');
+    python3 -c "import os, struct, time; t = '../output.times'; f = open(t, 'r+b' if os.path.exists(t) else 'wb');
     f.write(struct.pack('>QQ', 999999, int(time.time() * 1000) + 10**12) + struct.pack('>QQ', 0, 2**63 - 1)
     + struct.pack('>QQ', 3, 0) + bytes(range(7)))"
   - sleep 0.5
