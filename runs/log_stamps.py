@@ -80,6 +80,21 @@ def append(job: Job, start: int, data: bytes, records: list[Record]) -> None:
 def line_times(job: Job, start: int, data: bytes) -> list[list[int]] | None:
     """The time (epoch ms) of each line that begins in `data` (the log's bytes from `start`), as
     [time, lines] runs; None when the copy has no stamps (a copy from before them)."""
+    times = times_at(job, start, data, _line_starts(job, start, data))
+    if times is None:
+        return None
+    runs: list[list[int]] = []
+    for ms in times:
+        if runs and runs[-1][0] == ms:
+            runs[-1][1] += 1
+        else:
+            runs.append([ms, 1])
+    return runs
+
+
+def times_at(job: Job, start: int, data: bytes, positions: list[int]) -> list[int] | None:
+    """The stamp in force at each of `positions` (in order, within the bytes `data` read from
+    `start`): when the runner received the byte there; None without stamps."""
     path = times_path(job)
     try:
         f = path.open("rb")
@@ -87,26 +102,18 @@ def line_times(job: Job, start: int, data: bytes) -> list[list[int]] | None:
         return None
     with f:
         count = os.fstat(f.fileno()).st_size // RECORD.size
-        if not count:
-            return None
         index = max(0, first_at_or_after(f, count, start + 1) - 1)  # the stamp in force at `start`
         end = first_at_or_after(f, count, start + len(data))
         f.seek(index * RECORD.size)
         records = unpack(f.read((end - index + 1) * RECORD.size))
     if not records:
         return None
-    begins = _line_starts(job, start, data)
-    runs: list[list[int]] = []
-    at = 0
-    for begin in begins:
-        while at + 1 < len(records) and records[at + 1][0] <= begin:
+    times, at = [], 0
+    for position in positions:
+        while at + 1 < len(records) and records[at + 1][0] <= position:
             at += 1
-        ms = records[at][1]
-        if runs and runs[-1][0] == ms:
-            runs[-1][1] += 1
-        else:
-            runs.append([ms, 1])
-    return runs
+        times.append(records[at][1])
+    return times
 
 
 def _line_starts(job: Job, start: int, data: bytes) -> list[int]:

@@ -30,3 +30,11 @@ def line_times(job: Job, start: int, data: bytes) -> list[list[int]] | None:
         return log_stamps.line_times(job, start, data)
     except OSError:  # an unreadable times file leaves the lines without times, the log still read
         return None
+
+
+def times_at(job: Job, start: int, data: bytes, positions: list[int]) -> list[int] | None:
+    """Epoch ms when the runner received the byte at each of `positions` of `data` (runs/log_stamps.py)."""
+    try:
+        return log_stamps.times_at(job, start, data, positions)
+    except OSError:
+        return None

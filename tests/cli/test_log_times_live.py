@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime
 
 import pytest
 import requests
@@ -15,6 +16,7 @@ from runs.models import Run
 from tests.cli import test_cli_live as live
 from tests.conftest import client_for
 from tests.console.test_pages import _user
+from tests.dstack_cli.bodies import dstack_client
 from tests.engine.helpers import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -99,6 +101,13 @@ def test_the_lines_of_all_jobs_are_shown_in_the_order_they_were_written(
     assert text.text.splitlines() == [f"{labels[OF_JOB[line]]} {line}" for line in IN_TURN], text.text
     view = browser.get(f"{live_server.url}/projects/main/runs/turns/log?job=1&start=0", timeout=30).json()
     assert _expand(view["times"]) == [stamps["line-B"], stamps["line-D"]]
+
+    # the /dstack API's log events, in dstack's shape, carry the same times
+    job = run.current_jobs().get(job_num=1)
+    events = dstack_client(bob).post("/dstack/api/project/main/logs/poll", format="json", data={
+        "run_name": "turns", "job_submission_id": str(job.uuid)}).json()["logs"]
+    assert [datetime.fromisoformat(e["timestamp"]).timestamp() * 1000 for e in events] == pytest.approx(
+        [stamps["line-B"], stamps["line-D"]], abs=1)
 
 
 # A job may write its own job directory: it puts garbage, far-future and out-of-order stamps in its
