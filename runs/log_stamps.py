@@ -42,7 +42,8 @@ def last_of(path: Path) -> Record | None:
         return None
 
 
-def checked(records: list[Record], start: int, end: int, last: Record | None, now_ms: int) -> list[Record]:
+def checked(records: list[Record], start: int, end: int, last: Record | None, now_ms: int,
+            earliest: int = 0) -> list[Record]:
     """The stamps worth keeping of the bytes [start, end), copied after the stamp `last`; `records`
     are the host's, from the one in force at `start` (runner/log_times.py: records_between)."""
     if end <= start or last is not None and last[0] >= start:
@@ -55,7 +56,7 @@ def checked(records: list[Record], start: int, end: int, last: Record | None, no
     if not in_force and not rest:
         in_force = [now_ms]  # no stamps from the host: when the server copied them
     kept: list[Record] = []
-    floor = last[1] if last else 0
+    floor = last[1] if last else min(earliest, now_ms)
     for offset, ms in [(start, (in_force or [rest[0][1]])[0]), *rest]:
         ms = min(max(ms, floor), now_ms)  # never before the line above, never in the future
         if ms != (kept[-1][1] if kept else last[1] if last else None):
@@ -68,7 +69,10 @@ def append(job: Job, start: int, data: bytes, records: list[Record]) -> None:
     """Keep the stamps of `data`, just appended to the job's copy at `start` (its lock held)."""
     path = times_path(job)
     last = last_of(path)
-    kept = checked(records, start, start + len(data), last, int(time.time() * 1000))
+    # no time before the job started (its runner's clock, as the stamps): a job writing its own
+    # stamps cannot put its lines before every other job's
+    earliest = int(job.start_time * 1000) if job.start_time else 0
+    kept = checked(records, start, start + len(data), last, int(time.time() * 1000), earliest)
     if not kept:
         return
     # as private as the log itself (0600)

@@ -43,6 +43,10 @@ def test_stamps_out_of_order_outside_or_ahead_are_dropped_or_clamped(records, ex
     assert checked(records, 0, 10, None, NOW) == expected
 
 
+def test_no_stamp_is_kept_from_before_the_job_started():
+    assert checked([(0, 5), (4, NOW - 100)], 0, 8, None, NOW, earliest=NOW - 1000) == [(0, NOW - 1000), (4, NOW - 100)]
+
+
 def test_garbage_stamps_never_make_an_insane_answer():
     rng = random.Random(38)
     for _ in range(2000):
