@@ -13,6 +13,7 @@ what the `log --times` verb answers: one header line, the log bytes, then the re
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from typing import Tuple
 
@@ -54,14 +55,20 @@ def records_between(path: str, start: int, end: int, most: int = MAX_RECORDS + 1
     """Records of output.times for the bytes [start, end): the one in force at `start` (the last at
     or before it), then those within; at most `most`; none without the file."""
     try:
-        f = open(path, "rb")
+        # not blocking, and only a file: the job may have put a FIFO or a device in its place
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return []
-    with f:
-        count = os.fstat(f.fileno()).st_size // RECORD.size
-        index = max(0, first_at_or_after(f, count, start + 1) - 1)
-        f.seek(index * RECORD.size)
-        found = unpack(f.read(min(count - index, most) * RECORD.size))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        try:
+            count = os.fstat(f.fileno()).st_size // RECORD.size
+            index = max(0, first_at_or_after(f, count, start + 1) - 1)
+            f.seek(index * RECORD.size)
+            found = unpack(f.read(min(count - index, most) * RECORD.size))
+        except (OSError, struct.error):  # cut short while read: the log is read without its times
+            return []
     return [r for r in found if r[0] < end]
 
 

@@ -71,7 +71,10 @@ def append(job: Job, start: int, data: bytes, records: list[Record]) -> None:
     last = last_of(path)
     # no time before the job started (its runner's clock, as the stamps): a job writing its own
     # stamps cannot put its lines before every other job's
-    earliest = int(job.start_time * 1000) if job.start_time else 0
+    try:
+        earliest = int(job.start_time * 1000) if job.start_time else 0
+    except (TypeError, ValueError, OverflowError):
+        earliest = 0
     kept = checked(records, start, start + len(data), last, int(time.time() * 1000), earliest)
     if not kept:
         return

@@ -4,6 +4,7 @@ answer, driven through the zipapp and a real agent as hosts run them."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -51,6 +52,16 @@ def test_the_stamps_count_against_the_jobs_log_limit(home: Path, agent):  # noqa
     assert b"reached its log limit" in log
     offsets = [offset for offset, _ in unpack(times)]
     assert offsets == sorted(set(offsets)) and offsets[-1] < len(log)
+
+
+def test_a_fifo_the_job_put_in_place_of_its_stamps_does_not_hold_the_log_read(home: Path):  # noqa: F811
+    job = home / "jobs" / "j3"
+    job.mkdir(parents=True)
+    (job / "output.log").write_bytes(b"hello\n")
+    os.mkfifo(job / "output.times")
+    answer = cli(home, "log", "--job", "j3", "--times", timeout=10)
+    assert answer.returncode == 0, answer.stderr
+    assert unframe(answer.stdout, 1 << 20) == (b"hello\n", [])
 
 
 @pytest.mark.parametrize("body", [
