@@ -107,6 +107,11 @@ class RunnerHost(ABC):
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         """Bytes of the job's combined output from `offset`."""
 
+    def read_log_timed(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[bytes, list[tuple[int, int]]]:
+        """read_log's bytes and the runner's (offset, epoch ms) stamps of them (runner/log_times.py),
+        as the host sent them: the caller checks them. No stamps: a runner from before them."""
+        return self.read_log(job_id, offset, limit), []
+
     @abstractmethod
     def cleanup(self, job_id: str) -> None:
         """Forget a finished job's directory (logs are copied to the server first)."""

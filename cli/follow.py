@@ -2,7 +2,8 @@
 changes, and the summary `apply` ends with.
 
 Only the REST API is used: GET runs/<name>/ for the jobs and their statuses, GET runs/<name>/logs
-for each job's bytes from an offset.
+for each job's bytes from an offset, with the time each line was written (its `times`): the lines of
+many jobs are printed in that order.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class JobLog:
         self.label = label(job)
         self.offset = 0
         self.partial = ""
+        self.partial_ms: int | None = None  # the time of the line begun and not ended yet
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.drained = False
 
@@ -77,6 +79,7 @@ class LogFollower:
         # an earlier attempt's jobs (the run's `earlier_jobs`) rather than the current ones
         self.submission = submission
         self.logs: dict[tuple[int, int | None], JobLog] = {}
+        self.pending: list[tuple[int, int, str]] = []  # (ms, order, line) of a tick, printed in time order
 
     def jobs_of(self, run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         jobs = run.get("jobs") or []
@@ -118,6 +121,7 @@ class LogFollower:
                 self.read(state)  # what was stored as the job ended
                 self.flush(state)
                 state.drained = True
+        self.print_pending()
 
     def read(self, state: JobLog) -> str | None:
         status = None
@@ -131,37 +135,67 @@ class LogFollower:
                 return status  # e.g. the job was replaced by a retry; the next tick sees the new rows
             status = data.get("status")
             if data.get("text"):
-                self.emit(state, data["text"])
+                self.emit(state, data["text"], data.get("times"))
             # `next` is a byte offset: counting characters of the decoded text would drift on UTF-8
             if data["next"] <= state.offset:
                 return status
             state.offset = data["next"]
         return status
 
-    def emit(self, state: JobLog, text: str) -> None:
-        text = state.partial + text
-        lines = text.split("\n")
-        state.partial = lines.pop()
-        if len(state.partial) > MAX_PARTIAL_LINE:
-            lines.append(state.partial)
+    def emit(self, state: JobLog, text: str, times: list | None = None) -> None:
+        """Cut the job's text into lines, each with its time (the answer's [ms, lines] runs, for the
+        lines beginning in it; a server without them: 0, the lines keep the order they were read in)."""
+        stamps = _expand(times)
+        pieces = text.split("\n")
+        lines: list[tuple[int, str]] = []
+        for index, piece in enumerate(pieces):
+            ending = index < len(pieces) - 1
+            if index == 0 and state.partial_ms is not None:
+                ms, piece = state.partial_ms, state.partial + piece
+            elif not ending and not piece:
+                break
+            else:
+                ms = next(stamps, state.partial_ms or 0)
+            if ending:
+                lines.append((ms, piece))
+                state.partial, state.partial_ms = "", None
+            else:
+                state.partial, state.partial_ms = piece, ms
+        if len(state.partial) > MAX_PARTIAL_LINE:  # printed as it is; its rest still carries its time
+            lines.append((state.partial_ms or 0, state.partial))
             state.partial = ""
         self.print_lines(state, lines)
 
     def flush(self, state: JobLog) -> None:
         if state.partial:
-            self.print_lines(state, [state.partial])
-            state.partial = ""
+            self.print_lines(state, [(state.partial_ms or 0, state.partial)])
+        state.partial, state.partial_ms = "", None
 
-    def print_lines(self, state: JobLog, lines: list[str]) -> None:
+    def print_lines(self, state: JobLog, lines: list[tuple[int, str]]) -> None:
         if not lines:
             return
-        state.tail.extend(lines)
-        head = f"[{state.label}] " if self.prefix else ""
-        write_out("".join(f"{head}{line}\n" for line in lines))
+        state.tail.extend(line for _, line in lines)
+        if not self.prefix:
+            write_out("".join(f"{line}\n" for _, line in lines))
+            return
+        head = f"[{state.label}] "
+        self.pending.extend((ms, len(self.pending), f"{head}{line}\n") for ms, line in lines)
+
+    def print_pending(self) -> None:
+        """The lines every job gave in this tick, in the order they were written."""
+        if self.pending:
+            write_out("".join(line for _, _, line in sorted(self.pending)))
+            self.pending = []
 
     def all_drained(self, run: Mapping[str, Any]) -> bool:
         jobs = self.selected(self.jobs_of(run))
         return all((state := self.logs.get((j["job_num"], j.get("submission_num")))) and state.drained for j in jobs)
+
+
+def _expand(runs: list | None):
+    for entry in runs or []:
+        if isinstance(entry, list) and len(entry) == 2 and all(isinstance(v, int) for v in entry):
+            yield from [entry[0]] * max(0, min(entry[1], 1 << 20))
 
 
 def get_run(client: Client, name: str) -> dict[str, Any]:

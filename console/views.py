@@ -138,7 +138,8 @@ def run_log(request, project, name):
         raise Http404("no such job")
     data = logs.read(job, start)
     return JsonResponse({"job": job_num, "start": start, "next": start + len(data), "status": job.status,
-                         "finished": job.finished, "text": data.decode("utf-8", errors="replace")})
+                         "finished": job.finished, "text": data.decode("utf-8", errors="replace"),
+                         "times": logs.line_times(job, start, data)})
 
 
 def _job_of(run: Run, job_num: int, submission: str | None) -> Job | None:

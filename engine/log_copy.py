@@ -3,7 +3,9 @@
 While a job is on its host, each look of the engine at that host (the batch watch of running jobs,
 advance_job before that) also fetches what the job printed since the last look, over the
 connection the look opens anyway, and appends it to the copy (`Follow`, `take`). Once the job
-has ended, keep_copy adds the rest. Readers (runs/services/logs.py) only read the copy.
+has ended, keep_copy adds the rest. Readers (runs/services/logs.py) only read the copy. The runner's
+stamps of the bytes (when each part was written) come in the same answer and are kept next to the
+copy (runs/log_stamps.py).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 
 from backends.base import BackendError
-from runs import log_storage
+from runs import log_stamps, log_storage
 from runs.log_storage import CHUNK, over_quota_note, stored_path, truncated_note
 from runs.models import Job
 
@@ -51,6 +53,7 @@ class Follow:
     offset: int  # bytes the server has
     room: int  # bytes the copy may still take (LOG_COPY_LIMIT)
     data: bytes = b""
+    stamps: list = field(default_factory=list)  # the host's (offset, epoch ms) of `data`
 
     def fetch(self, host, status: dict) -> None:
         """Network I/O only (the batch watcher runs it in its threads), after the status was read.
@@ -66,7 +69,8 @@ class Follow:
         if want <= 0:
             return
         try:
-            self.data = host.read_log(self.runner_job_id, self.offset, want)[:want]
+            self.data, self.stamps = host.read_log_timed(self.runner_job_id, self.offset, want)
+            self.data = self.data[:want]
         except BackendError as exc:
             # the status answered, so the host is up: the next look fetches this part again
             log.info("log of job %s not fetched now: %s", self.runner_job_id, exc)
@@ -96,6 +100,8 @@ def take(job: Job, fetched: Follow | None) -> None:
         with os.fdopen(fd, "ab") as out:
             if os.fstat(fd).st_size == fetched.offset:  # else another look or the finish got there first
                 out.write(fetched.data)
+                out.flush()
+                log_stamps.append(job, fetched.offset, fetched.data, fetched.stamps)
     except OSError as exc:
         # The server's disk (full, unwritable) must not hold the watch of the job; keep_copy tries again.
         log.warning("job %s: its live log could not be kept: %s", job, exc)
@@ -118,6 +124,7 @@ def keep_copy(job: Job, host) -> None:
         # A full disk: a part of the log without the line that says it is cut would pass for all
         # of it, and deleting it gives back the space it took.
         path.unlink(missing_ok=True)
+        log_stamps.times_path(job).unlink(missing_ok=True)
         raise
 
 
@@ -142,12 +149,13 @@ def _copy(job: Job, host, path: Path, limit: int, budget: log_storage.Budget) ->
                 out.write(over_quota_note(kept, budget.quota))
                 return
         while offset < limit:
-            chunk = host.read_log(job.runner_job_id, offset, min(CHUNK, limit - offset))
+            chunk, stamps = host.read_log_timed(job.runner_job_id, offset, min(CHUNK, limit - offset))
             if not chunk:
                 return
             allowed = budget.take(len(chunk))
             out.write(chunk[:allowed])
             out.flush()
+            log_stamps.append(job, offset, chunk[:allowed], stamps)
             offset += allowed
             if allowed < len(chunk):
                 out.write(over_quota_note(offset, budget.quota))

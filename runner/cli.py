@@ -45,6 +45,7 @@ def _ensure_agent_arguments(parser: argparse.ArgumentParser) -> None:
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offset", type=non_negative, default=0)
     parser.add_argument("--limit", type=non_negative, default=DEFAULT_LOG_LIMIT)
+    parser.add_argument("--times", action="store_true", help="framed with output.times (runner/log_times.py)")
 
 
 def _forward_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +68,7 @@ HANDLERS: dict[str, Callable[[Paths, Any], int]] = {
     "status": lambda paths, args: commands.cmd_status(paths),
     "submit": lambda paths, args: commands.cmd_submit(paths, args.job),
     "stop": lambda paths, args: commands.cmd_stop(paths, args.job),
-    "log": lambda paths, args: commands.cmd_log(paths, args.job, args.offset, args.limit),
+    "log": lambda paths, args: commands.cmd_log(paths, args.job, args.offset, args.limit, args.times),
     "cleanup": lambda paths, args: commands.cmd_cleanup(paths, args.job),
     "job": lambda paths, args: run_job(paths.home, args.job),
     "forward": lambda paths, args: cmd_forward(args.to, args.ports, args.keys, args.grant),

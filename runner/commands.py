@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from . import log_times
 from .agent import heartbeat_fresh, job_cgroup, job_is_active, job_status, live_agent_pid, private_home
 from .cgroups import kill_job_tree
 from .cluster_env import as_int, base_env
@@ -146,12 +147,22 @@ def stop_job(paths: Paths, job_id: str) -> dict[str, Any]:
     return {"stopping": True}
 
 
-def cmd_log(paths: Paths, job_id: str, offset: int, limit: int) -> int:
+def cmd_log(paths: Paths, job_id: str, offset: int, limit: int, times: bool = False) -> int:
     out = sys.stdout.buffer
-    for chunk in log_chunks(paths, job_id, offset, limit):
-        out.write(chunk)
+    if times:
+        out.write(log_timed(paths, job_id, offset, limit))
+    else:
+        for chunk in log_chunks(paths, job_id, offset, limit):
+            out.write(chunk)
     out.flush()
     return 0
+
+
+def log_timed(paths: Paths, job_id: str, offset: int, limit: int) -> bytes:
+    """The log's bytes from `offset` with their output.times records (runner/log_times.py: framed)."""
+    data = b"".join(log_chunks(paths, job_id, offset, limit))
+    return log_times.framed(data, log_times.records_between(paths.job(job_id).times, offset, offset + len(data)),
+                            offset)
 
 
 def log_chunks(paths: Paths, job_id: str, offset: int, limit: int):

@@ -196,7 +196,7 @@ def run_container_job(job: JobPaths, spec: dict[str, Any], flag: StopFlag, base:
         ["docker", "start", "--attach", "--", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, env=base_env(job.home), start_new_session=True, close_fds=True,
     )
-    output_log = OutputLog(job.output, log_limit(spec)).start(attached.stdout)
+    output_log = OutputLog(job.output, log_limit(spec), job.times).start(attached.stdout)
     started = time.monotonic()
     running = dict(base, state="running", pid=attached.pid, start_time=time.time())
     write_json_atomic(job.status, running)

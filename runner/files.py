@@ -9,6 +9,7 @@ Layout under the runner home directory HOME::
     HOME/jobs/<job_id>/spec.sha256    digest of the spec as submitted (tells a resubmit from a clash)
     HOME/jobs/<job_id>/status.json    written by the runner, always atomically
     HOME/jobs/<job_id>/output.log     the commands' stdout + stderr, appended as produced
+    HOME/jobs/<job_id>/output.times   when the runner received each part of output.log
     HOME/jobs/<job_id>/runner.log     the job runner's own diagnostics
     HOME/jobs/<job_id>/mpi/hostfile
     HOME/jobs/<job_id>/workdir/       cwd of the commands
@@ -117,6 +118,7 @@ class JobPaths:
         self.spec_digest = os.path.join(self.dir, "spec.sha256")
         self.status = os.path.join(self.dir, "status.json")
         self.output = os.path.join(self.dir, "output.log")
+        self.times = os.path.join(self.dir, "output.times")  # when each part of it came (runner/log_times.py)
         self.runner_log = os.path.join(self.dir, "runner.log")
         self.runner_lock = os.path.join(self.dir, "runner.lock")
         self.mpi_dir = os.path.join(self.dir, "mpi")

@@ -73,7 +73,7 @@ def start_shell(job: JobPaths, spec: dict[str, Any], cgroup: str) -> tuple[subpr
         start_new_session=True,  # own process group: a stop kills everything the job spawned
         close_fds=True,
     )
-    return proc, OutputLog(job.output, log_limit(spec)).start(proc.stdout)
+    return proc, OutputLog(job.output, log_limit(spec), job.times).start(proc.stdout)
 
 
 def forget_env_values(job: JobPaths, spec: dict[str, Any]) -> None:

@@ -7,13 +7,20 @@ last of them a line that says the rest was dropped; the job goes on, its further
 dropped so that it never blocks on a full pipe. A write the disk refuses (full, over quota) drops
 that output too, said in a line once the disk takes writes again: the job is neither held nor
 failed because its host's disk filled, and it frees the space of nothing it did not write.
+
+Each chunk kept is stamped in output.times (runner/log_times.py) with the host's clock as the pump
+read it: the time of a line is when the job wrote it, not when the server copied it. The stamps
+count against `log_limit` with the log.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, BinaryIO
+
+from .log_times import GRAIN_MS, RECORD
 
 DEFAULT_LOG_LIMIT = 64 << 20  # a spec without log_limit (an older server): the server's default
 READ_SIZE = 64 * 1024
@@ -37,8 +44,9 @@ def lost_line(lost: int, why: str) -> bytes:
 class OutputLog:
     """Copies a job's stdout+stderr pipe into output.log in a thread: start(pipe), then finish()."""
 
-    def __init__(self, path: str, limit: int) -> None:
+    def __init__(self, path: str, limit: int, times_path: str = "") -> None:
         self.path = path
+        self.times_path = times_path or os.path.join(os.path.dirname(path), "output.times")
         self.limit = max(limit, len(cut_line(limit)))
         self._thread: threading.Thread | None = None
         self.why = ""  # why the last write failed
@@ -55,6 +63,7 @@ class OutputLog:
 
     def _copy(self, pipe: BinaryIO) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        stamps = _Stamps(self.times_path)
         try:
             room = self.limit - len(cut_line(self.limit))
             lost, cut = 0, False
@@ -69,16 +78,48 @@ class OutputLog:
                     continue
                 lost = 0
                 size = os.fstat(fd).st_size  # a container job's runner may have written a line first
-                kept = chunk[:max(0, room - size)]
+                kept = chunk[:max(0, room - size - stamps.size - RECORD.size)]
                 if kept and not _write(fd, kept, self):
                     lost += len(chunk)
                     continue
+                if kept:
+                    stamps.add(size)
                 if len(kept) < len(chunk):
                     _write(fd, cut_line(self.limit))
                     cut = True
         finally:
             os.close(fd)
+            stamps.close()
             pipe.close()
+
+
+class _Stamps:
+    """output.times, appended a record per chunk kept, GRAIN_MS apart at least."""
+
+    def __init__(self, path: str) -> None:
+        self.size, self.last = 0, -GRAIN_MS
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError:
+            self.fd = -1  # the log goes on without times: the server stamps lines as it copies them
+
+    def add(self, offset: int) -> None:
+        ms = int(time.time() * 1000)
+        if self.fd < 0 or 0 <= ms - self.last < GRAIN_MS:
+            return
+        if _write(self.fd, RECORD.pack(offset, max(ms, 0))):
+            self.size += RECORD.size
+            self.last = ms
+            return
+        try:  # a torn record would shift every later one: back to the last whole record
+            os.ftruncate(self.fd, self.size)
+        except OSError:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
 def _write(fd: int, data: bytes, log: OutputLog | None = None) -> bool:

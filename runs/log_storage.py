@@ -55,6 +55,7 @@ def over_quota_note(kept: int, quota: int) -> bytes:
 def _unlink(paths: list[Path]) -> int:
     freed = 0
     for path in paths:
+        path.with_suffix(".times").unlink(missing_ok=True)  # its lines' times (runs/log_stamps.py)
         try:
             size = path.stat().st_size
             path.unlink()
@@ -165,6 +166,9 @@ def sweep_retention(now=None) -> int:
     for where in root.iterdir():
         if not where.is_dir():
             continue
+        for times in where.glob("*.times"):
+            if not times.with_suffix(".log").exists():
+                times.unlink(missing_ok=True)  # its log went (a full disk while copying it)
         paths = sorted(where.glob("*.log"))
         # in batches: SQLite takes a bounded number of query parameters
         for start in range(0, len(paths), BATCH):

@@ -18,7 +18,7 @@ from typing import Any
 
 from backends.base import BackendError, RunnerHost
 from backends.runner_archive import runner_archive
-from runner import commands
+from runner import commands, log_times
 from runner.files import Paths
 
 
@@ -70,6 +70,11 @@ class LocalRunnerHost(RunnerHost):
         if offset < 0 or limit < 0:
             raise BackendError("runner log failed: offset and limit must be >= 0")
         return self._verb("log", lambda paths, *a: b"".join(commands.log_chunks(paths, *a)), job_id, offset, limit)
+
+    def read_log_timed(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[bytes, list[tuple[int, int]]]:
+        if offset < 0 or limit < 0:
+            raise BackendError("runner log failed: offset and limit must be >= 0")
+        return log_times.unframe(self._verb("log", commands.log_timed, job_id, offset, limit), limit)
 
     def cleanup(self, job_id: str) -> None:
         self._verb("cleanup", commands.cleanup_job, job_id)

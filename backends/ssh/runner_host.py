@@ -23,6 +23,7 @@ from backends.ssh.connection import SSHTarget
 from backends.ssh.errors import HostUnreachable
 from backends.ssh.output_limit import output_limit
 from backends.ssh.probe import probe, probe_docker
+from runner import log_times
 
 # Where the zipapp (runner/shipping.py) lives under the runner home on the host.
 REMOTE_RUNNER = "bin/muster_runner.pyz"
@@ -197,6 +198,18 @@ class SSHRunnerHost(RunnerHost):
         return self._runner(
             f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)}", max_output=cap
         )
+
+    def read_log_timed(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[bytes, list[tuple[int, int]]]:
+        # the records of a chunk are MAX_RECORDS at most (runner/log_times.py: framed)
+        cap = max(output_limit(), int(limit) + (64 << 10) + log_times.MAX_RECORDS * log_times.RECORD.size)
+        try:
+            body = self._runner(f"log --job {shlex.quote(job_id)} --offset {int(offset)} --limit {int(limit)} --times",
+                                max_output=cap)
+        except BackendError as exc:
+            if "unrecognized arguments" not in str(exc):
+                raise
+            return self.read_log(job_id, offset, limit), []  # a runner from before output.times
+        return log_times.unframe(body, int(limit))
 
     def cleanup(self, job_id: str) -> None:
         self._runner_json(f"cleanup --job {shlex.quote(job_id)}")

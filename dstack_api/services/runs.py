@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 from datetime import UTC, datetime
 
 from dstack_api.services import keys, render, translate
@@ -151,7 +152,11 @@ def poll_logs(project: Project, name: str, submission_id: str, next_token: str |
     stamp = datetime.fromtimestamp(job.start_time, tz=UTC).isoformat() \
         if job.start_time else render._iso(job.created)
     lines = data.splitlines(keepends=True)
-    return {"logs": [{"timestamp": stamp, "log_source": "stdout", "message": base64.b64encode(line).decode()}
-                     for line in lines],
+    # each event's time: when the runner received its first byte (a copy without times: the job's start)
+    positions = list(itertools.accumulate([start, *(len(line) for line in lines[:-1])]))
+    stamps = [datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat() for ms in
+              logs.times_at(job, start, data, positions) or []] or [stamp] * len(lines)
+    return {"logs": [{"timestamp": at, "log_source": "stdout", "message": base64.b64encode(line).decode()}
+                     for at, line in zip(stamps, lines, strict=True)],
             "next_token": str(start + len(data)), "external_url": None}
 

@@ -110,7 +110,9 @@ class RunLogsView(ProjectScopedMixin, APIView):
         data = logs.read(job, start)
         return Response({"job": job_num, "submission": job.submission_num, "start": start, "next": start + len(data),
                          "status": job.status,
-                         "text": data.decode("utf-8", errors="replace")})
+                         "text": data.decode("utf-8", errors="replace"),
+                         # [epoch ms, lines] of the lines beginning in text (docs/api.md)
+                         "times": logs.line_times(job, start, data)})
 
 
 class RunAttachView(ProjectScopedMixin, APIView):

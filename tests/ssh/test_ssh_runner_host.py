@@ -112,6 +112,10 @@ def test_job_runs_to_done_inside_the_host_namespace(pool, runner):
     log = runner.read_log(job_id)
     assert b"hello from the job" in log
     assert runner.read_log(job_id, offset=len(log) - 4) == log[-4:]
+    # the same bytes with the runner's stamps of them, in the one login (runner/log_times.py)
+    timed, stamps = runner.read_log_timed(job_id)
+    assert timed == log and stamps and stamps[0][0] == 0
+    assert all(0 < ms <= time.time() * 1000 for _, ms in stamps), stamps
     runner.cleanup(job_id)
     assert job_id not in runner.status()["jobs"]
 

@@ -48,13 +48,35 @@
       text.appendChild(document.createTextNode(chunk));
       if (atBottom && follow && follow.checked) { text.scrollTop = text.scrollHeight; }
     };
-    var prefixLines = function (reader, chunk, ended) {
-      var lines = (reader.rest + chunk).split("\n");
-      reader.rest = lines.pop();
-      if (ended && reader.rest) { lines.push(reader.rest); reader.rest = ""; }
-      var stamp = clock();
-      return lines.map(function (line) { return "[" + reader.prefix + "] " + stamp + " " + line + "\n"; }).join("");
+    // [ms, lines] runs (the answer's `times`: when each line beginning in its text was written) expanded
+    var expand = function (runs) {
+      var out = [];
+      (runs || []).forEach(function (run) { for (var i = 0; i < run[1] && i < 1048576; i++) { out.push(run[0]); } });
+      return out;
     };
+    var stampOf = function (ms) {
+      return ms ? new Date(ms).toTimeString().slice(0, 8) : clock();  // a copy without times: when read
+    };
+    // the chunk cut into lines, each with its time; reader.rest is a line begun and not ended yet
+    var timedLines = function (reader, chunk, runs, ended) {
+      var times = expand(runs), next = 0, out = [];
+      var pieces = chunk.split("\n");
+      for (var i = 0; i < pieces.length; i++) {
+        var ending = i < pieces.length - 1, piece = pieces[i], ms;
+        if (i === 0 && reader.restMs !== null) { ms = reader.restMs; piece = reader.rest + piece; }
+        else if (!ending && !piece) { break; }
+        else { ms = next < times.length ? times[next++] : 0; }
+        if (ending) { out.push({ms: ms, line: piece}); reader.rest = ""; reader.restMs = null; }
+        else { reader.rest = piece; reader.restMs = ms; }
+      }
+      if (ended && reader.restMs !== null) {
+        out.push({ms: reader.restMs, line: reader.rest}); reader.rest = ""; reader.restMs = null;
+      }
+      return out.map(function (l) {
+        return {ms: l.ms, text: "[" + reader.prefix + "] " + stampOf(l.ms) + " " + l.line + "\n"};
+      });
+    };
+    var pending = [];
     var readOne = function (reader) {
       var url = select.dataset.log + "?job=" + encodeURIComponent(reader.job) + "&start=" + reader.offset;
       return get(url, true).then(function (body) {
@@ -62,10 +84,18 @@
         reader.finished = body.finished && !body.text;
         reader.more = !!body.text;
         var chunk = body.text || "";
-        if (reader.prefix) { chunk = prefixLines(reader, chunk, reader.finished); }
-        if (chunk) { append(chunk); }
+        if (reader.prefix) {
+          // every job's lines of one pass are shown together, in the order they were written
+          pending = pending.concat(timedLines(reader, chunk, body.times, reader.finished));
+        } else if (chunk) { append(chunk); }
         text.dataset.jobStatus = body.status;
       });
+    };
+    var showPending = function () {
+      var lines = pending.map(function (l, i) { return [l.ms, i, l.text]; });
+      lines.sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });
+      pending = [];
+      if (lines.length) { append(lines.map(function (l) { return l[2]; }).join("")); }
     };
     var readLog = function (gen) {
       // one request at a time, job after job: a run of many nodes costs the server one log read
@@ -74,6 +104,7 @@
         return done.then(function () { return reader.finished ? null : readOne(reader); });
       }, Promise.resolve()).then(function () {
         if (gen !== generation) { return; }
+        showPending();
         showEmpty();
         var more = readers.some(function (r) { return r.more; });
         // keep reading while a job may still print or a chunk came back full
@@ -88,13 +119,13 @@
       });
     };
     var restart = function () {
-      generation += 1; shown = false; text.textContent = "";
+      generation += 1; shown = false; text.textContent = ""; pending = [];
       if (timer) { clearTimeout(timer); }
       var all = select.value === "all";
       readers = Array.prototype.filter.call(select.options, function (o) {
         return o.value !== "all" && (all || o.value === select.value);
       }).map(function (o) {
-        return {job: o.value, offset: 0, rest: "", prefix: all ? o.dataset.prefix : "", finished: false, more: false};
+        return {job: o.value, offset: 0, rest: "", restMs: null, prefix: all ? o.dataset.prefix : "", finished: false, more: false};
       });
       if (download) { download.href = download.dataset.base + (all ? "" : "?job=" + encodeURIComponent(select.value)); }
       if (note) { note.hidden = !all; }
