@@ -20,7 +20,8 @@ def limit(name: str) -> int:
     return int({"DSTACK_SSH_MAX_CONNECTIONS": muster["DSTACK_SSH_MAX_CONNECTIONS"],
                 "DSTACK_SSH_MAX_PER_ADDRESS": muster["DSTACK_SSH_MAX_PER_ADDRESS"],
                 "DSTACK_SSH_MAX_PER_USER": muster["DSTACK_SSH_MAX_PER_USER"],
-                "DSTACK_SSH_MAX_CHANNELS": muster["DSTACK_SSH_MAX_CHANNELS"]}[name])
+                "DSTACK_SSH_MAX_CHANNELS": muster["DSTACK_SSH_MAX_CHANNELS"],
+                "DSTACK_SSH_MAX_LOG_STREAMS": muster["DSTACK_SSH_MAX_LOG_STREAMS"]}[name])
 
 
 class Counts:
@@ -31,6 +32,18 @@ class Counts:
         self.total = 0
         self.by_address: Counter[str] = Counter()
         self.by_user: Counter[int] = Counter()
+        self.log_streams = 0  # each polls the database: capped below the server's connection budget
+
+    def open_log(self) -> bool:
+        with self.lock:
+            if self.log_streams >= limit("DSTACK_SSH_MAX_LOG_STREAMS"):
+                return False
+            self.log_streams += 1
+            return True
+
+    def close_log(self) -> None:
+        with self.lock:
+            self.log_streams -= 1
 
     def admit(self, address: str) -> str:
         """Take a connection slot for `address`; why not ("" when taken)."""

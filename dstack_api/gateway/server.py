@@ -9,14 +9,15 @@ allows: dstack_api/services/gateway.py). A session (shell, command, subsystem) a
 Access is checked again at each channel and every DSTACK_SSH_RECHECK seconds while connected, so an
 open forward of a removed member is closed within that bound. Limits (settings, docs/security.md): a
 client must log in within DSTACK_SSH_AUTH_TIMEOUT of connecting; connections are capped in all, per
-address and per user (limits.py); channels per connection by DSTACK_SSH_MAX_CHANNELS, and a log
-channel ends when its client goes away.
+address and per user (limits.py); channels per login by DSTACK_SSH_MAX_CHANNELS (the channels of
+the SSH sessions inside a jump login's streams count as that login's), log streams in all by
+DSTACK_SSH_MAX_LOG_STREAMS, and a log channel ends when its client goes away.
 
 dstack's ProxyJump path, which the CLI takes without asking for a host key: it logs in as
 `<upstream_id>_jump` and asks for a stream to the job's host; the gateway connects it nowhere but
 serves SSH in that stream itself, where the same key logs in for the same job and gets the same
-`-L` forwards as above (at most MAX_JUMP_STREAMS such streams per jump login; they count as its
-channels, not as connections of their own).
+`-L` forwards as above (at most MAX_JUMP_STREAMS such streams per jump login; a stream is no
+connection of its own, and the forwards inside it are the jump login's channels).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Session(paramiko.ServerInterface):
         self.username = ""
         self.lock = threading.Lock()
         self.targets: dict[int, tuple[rules.Target, object]] = {}
-        self.channels = 0  # approved and not yet ended: capped by DSTACK_SSH_MAX_CHANNELS
+        self.channels = 0  # approved and not yet ended, of this login and its jump streams: DSTACK_SSH_MAX_CHANNELS
         self.forwards: set = set()  # open channels to job ports, closed if the member loses them
 
     def get_allowed_auths(self, username):
@@ -134,12 +135,15 @@ class Session(paramiko.ServerInterface):
         if target is None:
             log.info("dstack gateway: %s as %s: forward to %s:%s refused", self.peer, self.username, *destination)
             return PROHIBITED
+        if target is not JUMP:  # a jump stream is bounded by jump_streams; what opens inside it counts here
+            owner = self.outer or self
+            with owner.lock:
+                if owner.channels >= limit("DSTACK_SSH_MAX_CHANNELS"):
+                    log.info("dstack gateway: %s as %s: channel refused, %d open (DSTACK_SSH_MAX_CHANNELS)",
+                             self.peer, self.username, owner.channels)
+                    return PROHIBITED
+                owner.channels += 1
         with self.lock:
-            if self.channels >= limit("DSTACK_SSH_MAX_CHANNELS"):
-                log.info("dstack gateway: %s as %s: channel refused, %d open (DSTACK_SSH_MAX_CHANNELS)",
-                         self.peer, self.username, self.channels)
-                return PROHIBITED
-            self.channels += 1
             self.targets[chanid] = (target, grant.job)
         return paramiko.OPEN_SUCCEEDED
 
@@ -148,8 +152,10 @@ class Session(paramiko.ServerInterface):
         return rules.still_allowed(self.user_pk, *self.key, self.username) if self.key else None
 
     def channel_ended(self, chan) -> None:
+        owner = self.outer or self
+        with owner.lock:
+            owner.channels -= 1
         with self.lock:
-            self.channels -= 1
             self.forwards.discard(chan)
 
 
@@ -173,8 +179,15 @@ def _pump(src, dst) -> None:
 def _serve_channel(session: Session, chan, target: rules.Target, job) -> None:
     try:
         if target.logs:
-            chan.settimeout(IDLE_TIMEOUT)
-            stream_log(chan, job)
+            if not session.counts.open_log():
+                log.warning("dstack gateway: %s as %s: log stream refused: DSTACK_SSH_MAX_LOG_STREAMS are open",
+                            session.peer, session.username)
+                return
+            try:
+                chan.settimeout(IDLE_TIMEOUT)
+                stream_log(chan, job)
+            finally:
+                session.counts.close_log()
             return
         sock = socket.create_connection((target.ip, target.port), timeout=CONNECT_TIMEOUT)
         sock.settimeout(IDLE_TIMEOUT)
@@ -261,7 +274,6 @@ def _serve_transport(sock, peer, key: paramiko.PKey, counts: Counts, outer: Sess
             counts.release(peer[0])
         else:
             outer.jump_streams.release()
-            outer.channel_ended(sock)
 
 
 def _serve_connection(sock, peer, key: paramiko.PKey, counts: Counts) -> None:

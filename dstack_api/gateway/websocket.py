@@ -13,7 +13,7 @@ import hashlib
 import struct
 import time
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from runs.services import logs
 
@@ -86,5 +86,6 @@ def stream_log(chan, job) -> None:
             quiet += 1
             if quiet >= QUIET_READS_AT_END:
                 break
+        connection.close()  # not held while idle: an open stream must not keep a database session
         time.sleep(POLL)
     chan.sendall(frame(struct.pack("!H", 1000), opcode=0x8))

@@ -17,14 +17,14 @@ import base64
 import ipaddress
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from django.conf import settings
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
-from backends.ssh.address_policy import host_policy, refusal
+from backends.ssh.address_policy import HostPolicy, host_policy, refusal
 from dstack_api.models import UserSSHKey
 from instances.models import FleetBackend
 from projects.services import access
@@ -139,7 +139,23 @@ def address_refusal(instance) -> str:
         return f"the instance has no IP address ({ip!r})"
     if instance.backend == FleetBackend.LOCAL:
         return "" if parsed.is_loopback else "a local instance's address must be loopback"
-    return refusal(ip, host_policy())
+    return refusal(ip, forward_policy())
+
+
+# link-local: the cloud's metadata service (169.254.169.254) and IPv6's equivalent
+FORWARD_DENY = ("169.254.0.0/16", "fe80::/10")
+
+
+def forward_policy() -> HostPolicy:
+    """The SSH host policy, tightened for forwards in every environment: a forward is a TCP connection
+    the control plane makes on a member's word, and `muster serve` binds the gateway wherever the web
+    listens (`make run BIND=0.0.0.0:8000` included), so outside production too it never reaches the
+    server's own addresses (loopback included) or link-local ones, unless the operator names them
+    (MUSTER_SSH_OWN_ADDRESSES_ALLOW, MUSTER_SSH_HOSTS_ALLOW)."""
+    policy = host_policy()
+    named = policy.allow + policy.own_allow
+    return replace(policy, deny_own=True,
+                   deny=policy.deny + [net for net in FORWARD_DENY if net not in named])
 
 
 def forward_target(grant: Grant, host: str, port: int) -> Target | None:

@@ -174,3 +174,64 @@ def test_a_jump_login_is_the_jobs_readers_key_only_and_its_streams_are_few(live_
             inner.close()
     finally:
         outer.close()
+
+
+def _websocket(chan) -> bytes:
+    """What the gateway answers a log WebSocket request on `chan` (b"" when it closes the channel)."""
+    chan.settimeout(10)
+    chan.sendall(b"GET /logs_ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    try:
+        return chan.recv(4096)
+    except (OSError, TimeoutError):
+        return b""
+
+
+def test_the_channels_inside_a_jump_logins_streams_are_that_logins_and_log_streams_are_capped(
+        live_server, admin, gateway, settings):
+    """Each jump stream runs an SSH session of its own inside the gateway: what opens there counts
+    against the jump login's DSTACK_SSH_MAX_CHANNELS, not a fresh allowance per stream; and every log
+    stream (each polls the database) counts against DSTACK_SSH_MAX_LOG_STREAMS, whoever opens it."""
+    settings.MUSTER = {**settings.MUSTER, "DSTACK_SSH_MAX_CHANNELS": 3}
+    submitted = client_for(admin).post("/api/projects/main/runs/", {"configuration": {
+        "type": "task", "name": "capped", "commands": ["sleep 60"]}}, format="json")
+    assert submitted.status_code == 201, submitted.json()
+    job = Job.objects.get(run__name="capped")
+    mine = keys.keypair_of(admin).private_key
+    jump = rules.upstream_id(job) + rules.JUMP_SUFFIX
+    outer = _client(gateway, jump, mine)
+    try:
+        streams = [outer.get_transport().open_channel("direct-tcpip", ("10.0.0.9", 22), ("127.0.0.1", 0))
+                   for _ in range(2)]
+        inners = [_client(gateway, "root", mine, sock=stream) for stream in streams]
+        opened = []
+        for inner in inners:
+            for _ in range(3):
+                try:
+                    opened.append(inner.get_transport().open_channel(
+                        "direct-tcpip", ("localhost", rules.RUNNER_HTTP_PORT), ("127.0.0.1", 0)))
+                except paramiko.ChannelException:
+                    pass
+        assert len(opened) == 3  # the jump login's 3, over both streams (each stream alone allowed 3)
+        for inner in inners:
+            inner.close()
+    finally:
+        outer.close()
+
+    settings.MUSTER = {**settings.MUSTER, "DSTACK_SSH_MAX_CHANNELS": 16, "DSTACK_SSH_MAX_LOG_STREAMS": 2}
+
+    def three_streams() -> list[bytes]:
+        login = _client(gateway, rules.upstream_id(job) + rules.USER_SUFFIX, mine)
+        try:
+            return [_websocket(login.get_transport().open_channel(
+                "direct-tcpip", ("localhost", rules.RUNNER_HTTP_PORT), ("127.0.0.1", 0))) for _ in range(3)]
+        finally:
+            login.close()
+
+    # once the streams above have ended (they are released as their channels close): two of three
+    def two_of_three() -> list[bytes] | None:
+        got = three_streams()
+        return got if got.count(b"") == 1 else None
+
+    answers = wait_until(two_of_three, timeout=60, what="two log streams answered and the third closed")
+    assert sum(a.startswith(b"HTTP/1.1 101") for a in answers) == 2, answers
