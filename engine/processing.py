@@ -19,8 +19,8 @@ from events.models import Event
 from events.services import record
 from muster import compiled
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
-from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.job_rows import create_jobs
+from runs.limits import retry_duration
 from runs.models import Job, Run
 from runs.transitions import move_run
 
@@ -138,9 +138,7 @@ def _restart_run(run: Run, cause: Job, jobs: list[Job]) -> None:
                                                    "submission": cause.submission_num, "whole_run": True}}
         Run.objects.filter(pk=run.pk).update(restarts=counted)
         run.restarts = counted
-    retry = run.configuration.get("retry") or {}
-    duration = retry.get("duration")
-    if _within(run, cause.termination_reason, DEFAULT_RETRY_DURATION if duration is None else duration):
+    if _within(run, cause.termination_reason, retry_duration(run.configuration)):
         _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
     else:
         _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause, jobs=jobs)
@@ -155,8 +153,7 @@ def _retry_configured(run: Run, job_reason: str) -> bool:
 def _retry_allowed(run: Run, job_reason: str) -> bool:
     if not _retry_configured(run, job_reason):
         return False
-    duration = run.configuration["retry"].get("duration")
-    return _within(run, job_reason, DEFAULT_RETRY_DURATION if duration is None else duration)
+    return _within(run, job_reason, retry_duration(run.configuration))
 
 
 def _within(run: Run, job_reason: str, duration: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from runs.choices import WAITING_FOR_HOST, JobStatus, RunStatus
-from runs.configuration.task_written import DEFAULT_RETRY_DURATION
+from runs.limits import retry_duration
 
 PREFIX = WAITING_FOR_HOST  # how a job 0 that waits for a host starts its `waiting_for`
 
@@ -14,9 +14,8 @@ PREFIX = WAITING_FOR_HOST  # how a job 0 that waits for a host starts its `waiti
 def gives_up_at(run) -> datetime | None:
     """When a run that may wait for capacity stops waiting: its submission plus `retry.duration`,
     counted as dstack counts no-capacity (None: past the calendar's end, it waits as long as it takes)."""
-    duration = (run.configuration.get("retry") or {}).get("duration")
     try:
-        return run.submitted_at + timedelta(seconds=DEFAULT_RETRY_DURATION if duration is None else duration)
+        return run.submitted_at + timedelta(seconds=retry_duration(run.configuration))
     except OverflowError:
         return None
 

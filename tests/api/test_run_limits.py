@@ -10,6 +10,7 @@ from engine.submitted import provision
 from instances.models import InstanceStatus
 from projects.models import Project
 from runs.models import Job, Run
+from runs.waits import gives_up_at
 from tests.api.test_submit_statements import ssh_fleet
 
 pytestmark = pytest.mark.django_db
@@ -73,3 +74,17 @@ def test_retry_duration_past_the_servers_maximum_is_a_located_400_on_plan_and_su
     assert not Run.objects.exists()
     assert _submit(api, WAITING.replace("duration: 1h", "duration: 7d")).status_code == 201
 
+
+
+def test_a_run_stored_with_a_longer_retry_duration_is_held_to_the_cap_when_it_waits(api, project, settings):
+    """A run submitted before MUSTER_MAX_RETRY_DURATION was lowered (or before it existed) gives up
+    at the cap, not at what its row says (runs.waits, which the engine's wait and the API read)."""
+    settings.MUSTER = {**settings.MUSTER, "MAX_RETRY_DURATION": 2 * 3600}
+    submitted = _submit(api, WAITING)
+    assert submitted.status_code == 201, submitted.content
+    run = Run.objects.get(project=project)
+    Run.objects.filter(pk=run.pk).update(configuration={**run.configuration, "retry": {
+        **run.configuration["retry"], "duration": 3650 * 86400}})
+    run.refresh_from_db()
+
+    assert (gives_up_at(run) - run.submitted_at).total_seconds() == 2 * 3600

@@ -5,6 +5,7 @@ copied, in order, never before the stamp above them nor after the server's clock
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -56,3 +57,23 @@ def test_garbage_stamps_never_make_an_insane_answer():
         records = [(rng.choice([rng.randrange(0, 200), 2**64 - 1]), rng.choice([0, rng.randrange(0, 2 * NOW), 2**64 - 1]))
                    for _ in range(rng.randrange(0, 8))]
         _sane(checked(records, start, end, last, NOW), start, end, last)
+
+
+@pytest.mark.django_db
+def test_a_host_stamping_every_byte_keeps_stamps_to_a_quarter_of_the_log(settings, tmp_path):
+    """A hostile host (or a job writing its own output.times) may send a stamp per byte: what the
+    server keeps stays within a quarter of the log's bytes past a small allowance, not 16 times it."""
+    from projects.models import Project
+    from runner.log_times import RECORD
+    from runs.log_stamps import append, times_path
+    from runs.models import Job, Run
+
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": tmp_path}
+    run = Run.objects.create(project=Project.objects.create(name="stamps"), name="r", configuration={})
+    job = Job.objects.create(run=run, job_num=0, node_group_name="g", spec={})
+    times_path(job).parent.mkdir(parents=True, exist_ok=True)
+    size, now = 1 << 16, int(time.time() * 1000) - 10**7
+    for start in range(0, size, 4096):
+        append(job, start, b"x" * 4096, [(offset, now + offset) for offset in range(start, start + 4096)])
+    kept = times_path(job).stat().st_size
+    assert kept % RECORD.size == 0 and RECORD.size * 64 < kept <= size // 4 + 64 * RECORD.size, kept
