@@ -85,11 +85,16 @@ def test_the_dstack_cli_runs_the_core_loop_on_an_ssh_fleet(dstack, pool, tmp_pat
     typo = _write(tmp_path / "typo.yml", {"type": "task", "name": "typo", "comands": ["echo"]})
     refused = dstack("apply", "-f", typo, "-y", "-d")
     assert refused.returncode != 0 and "comands" in refused.stdout + refused.stderr, (refused.stdout, refused.stderr)
-    aws = _write(tmp_path / "aws.yml", {"type": "task", "name": "aws", "commands": ["echo"], "backends": ["aws"]})
-    refused = dstack("apply", "-f", aws, "-y", "-d")
-    assert refused.returncode != 0, refused.stdout
-    assert "Muster has no `aws` backend" in refused.stdout + refused.stderr, (refused.stdout, refused.stderr)
-    assert not Run.objects.filter(name__in=["typo", "aws"]).exists()
+    assert not Run.objects.filter(name="typo").exists()
+    # a backend Muster does not have (dstack's own examples name `crusoe`) is accepted, as dstack accepts
+    # it: no fleet here is of that kind, so the plan has no offer and the run finds no capacity
+    crusoe = _write(tmp_path / "crusoe.yml", {"type": "task", "name": "crusoe", "commands": ["echo"],
+                                              "backends": ["crusoe"]})
+    accepted = dstack("apply", "-f", crusoe, "-y", "-d")
+    assert accepted.returncode == 0, (accepted.stdout, accepted.stderr)
+    assert "No matching instance offers available" in accepted.stdout, accepted.stdout
+    assert _run_status("crusoe", ("failed",)) == "failed"
+    assert "`backends` (crusoe)" in Run.objects.get(name="crusoe").termination_message
 
     sleeper_yml = _write(tmp_path / "sleeper.yml", {
         "type": "task", "name": "sleeper", "commands": ["echo started", "sleep 333"]})
