@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest injects the fixtures imported from test_gateway by parameter name
 """A newcomer's first try with the stock dstack CLI, as README says it: `make run`'s admin token,
 README's own `dstack project add` line and nothing else (a fresh HOME, an empty ~/.ssh), then an
 attached `dstack apply` of a task on the local fleet `make run` made, which must find the fleet
@@ -9,12 +10,7 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
-import socket
 import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
 import paramiko
 import pytest
@@ -28,43 +24,10 @@ from projects.models import Project
 from runs.models import Job, Run
 from tests.conftest import client_for, token_for
 from tests.dstack_cli.helpers import DSTACK, ROOT, dstack_runner
-from tests.dstack_cli.test_gateway import own_ssh_dir
+from tests.dstack_cli.test_gateway import base, gateway, own_ssh_dir  # noqa: F401 - fixtures
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.dstack_cli, pytest.mark.django_db(transaction=True)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gateway(settings):
-    port = _free_port()
-    settings.MUSTER = {**settings.MUSTER, "DSTACK_SSH_BIND": f"127.0.0.1:{port}"}
-    stop = threading.Event()
-    threading.Thread(target=server.serve, args=(f"127.0.0.1:{port}", stop), daemon=True).start()
-
-    def listening():
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-
-    wait_until(listening, timeout=10, what="the gateway to listen")
-    yield port
-    stop.set()
-
-
-@pytest.fixture
-def base():
-    """A short home: OpenSSH's control socket under ~/.dstack/ssh must fit a Unix socket path (108)."""
-    path = Path(tempfile.mkdtemp(prefix="ft", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -67,7 +67,8 @@ def alice(make_user):
 @pytest.fixture
 def dstack(live_server, alice, celery_worker, gateway, base):
     run = dstack_runner(base, live_server.url, token_for(alice), prefix=own_ssh_dir(base))
-    # the one-time step a user does (docs/dstack-cli.md): the gateway's host key into known_hosts
+    # the known_hosts line `manage.py dstack_gateway --known-hosts` prints (docs/dstack-cli.md: for a plain
+    # `ssh` or the sshproxy path; the CLI's jump path needs none, test_first_try.py): the keyscan must match it
     scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(gateway), "127.0.0.1"],
                              capture_output=True, text=True, timeout=30)
     line = next(ln for ln in scanned.stdout.splitlines() if not ln.startswith("#"))
