@@ -136,8 +136,8 @@ class SubmissionKey(models.Model):
 class AttachGrant(Claimable):
     """One user's attach key line on one job's host (runs/services/attach.py).
 
-    Written before the line is installed and deleted only once the line is gone from the host, so
-    a line is never on a host without its row: `revoke_due` rows are the lines still to remove (the
+    Written (with `install_due`) by the request, before a worker installs the line, and deleted
+    only once the line is gone from the host, so a line is never on a host without its row: `revoke_due` rows are the lines still to remove (the
     job ended, the member left, the user lost every token), retried by the sweep until the host
     answers. The job and user may go first; the row keeps what it needs to find the line.
     """
@@ -149,6 +149,12 @@ class AttachGrant(Claimable):
                              related_name="attach_grants")
     marker = models.CharField(max_length=120, blank=True, default="")  # the line's comment (unique per grant)
     revoke_due = models.BooleanField(default=False, db_index=True)
+    # what the install step (engine/attach_installs.py) puts on the host: the request writes them,
+    # and `install_due` until the line is in; `install_error` is why the last try did not take
+    install_due = models.BooleanField(default=False)
+    public_key = models.TextField(blank=True, default="")
+    ports = models.JSONField(default=list, blank=True)
+    install_error = models.CharField(max_length=300, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
