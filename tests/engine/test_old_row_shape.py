@@ -1,4 +1,4 @@
-"""Runs stored when each job row held its group's commands (runs/migrations/0012): rewritten once
+"""Runs stored when each job row held its group's commands (runs/migrations/0013): rewritten once
 into the current shape, after which their jobs start with the same commands, env and image."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from engine.starting.cluster import group_commands_and_env, group_image
 from runs.models import Job, Run
 from runs.services.submission import submit_run
 
-migration = importlib.import_module("runs.migrations.0012_group_commands_in_configuration")
+migration = importlib.import_module("runs.migrations.0013_group_commands_in_configuration")
 
 TWO_GROUPS = """
 type: task

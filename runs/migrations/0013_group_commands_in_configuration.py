@@ -49,7 +49,7 @@ def current_shape(apps, schema_editor) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("runs", "0011_job_usage"),
+        ("runs", "0012_attach_install"),
     ]
 
     operations = [
