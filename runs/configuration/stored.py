@@ -8,8 +8,8 @@ field an older row lacks takes the value the engine has always assumed for it (s
 `ready_timeout` is 0, no limit, not the parser's default). Keys the engine does not read are
 ignored, so a row keeps working when a key is added or dropped.
 
-A run has one `type`; each type is one variant (`STORED_TYPES`). `type: service` is meant to be
-the second, told apart by `type` as the parser tells documents apart.
+A run has one `type`; each type is one variant (`STORED_TYPES`), told apart by `type` as the parser
+tells documents apart: `task`, and `service`, whose groups are replica groups.
 
 Built once per Run instance (`run_configuration`) and frozen: the engine asks for it on every
 placement, start and watch, and one instance is shared by a run's jobs read through it.
@@ -64,6 +64,22 @@ class StoredResources(_Stored):
     shm_size: float | None = None
 
 
+class StoredScaling(_Stored):
+    """A replica group's `scaling` (dstack's ScalingSpec): requests per second per replica."""
+
+    metric: str = "rps"
+    target: float = 1.0
+    scale_up_delay: int = 300  # seconds
+    scale_down_delay: int = 600  # seconds
+
+
+class StoredReplicas(_Stored):
+    """How many replicas a service's group may have: min == max for a fixed count."""
+
+    min: int = 1
+    max: int = 1
+
+
 class StoredGroup(_Stored):
     name: str = ""
     index: int = 0
@@ -80,6 +96,12 @@ class StoredGroup(_Stored):
     depends_on: tuple[StoredDependency, ...] = ()
     on_failure: tuple[StoredRule, ...] = ()
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    # a service's replica group only (a task's groups leave them unset): each replica is `nodes`
+    # jobs (1 until multi-host replicas), the range it is kept in, how it scales, and the router
+    # it is (`smg`: the group the endpoint sends to, whose worker list the engine keeps)
+    replicas: StoredReplicas | None = None
+    scaling: StoredScaling | None = None
+    router: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -152,14 +174,29 @@ class StoredTask(_Stored):
         return self.groups[index] if 0 <= index < len(self.groups) else _NO_GROUP
 
 
+class StoredService(StoredTask):
+    """`type: service` as stored: a task's fields (its `groups` are the replica groups, each with
+    `replicas`; a service without `groups` is stored with one group), and the endpoint's keys."""
+
+    type: Literal["service"] = "service"
+    port: int = 80  # the replicas' port the endpoint sends to
+    auth: bool = True
+    strip_prefix: bool = True
+    model: str | None = None
+    https: bool | None = None
+
+    def replica_group(self, name: str) -> StoredGroup | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+
 def _without_nulls(value: Any) -> Any:
     # the engine has always read a stored key as `value or default`: a stored null is the default
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
 _NO_GROUP = StoredGroup()
-StoredRun = StoredTask  # with services: StoredTask | StoredService
-STORED_TYPES: dict[str, type[StoredTask]] = {"task": StoredTask}
+StoredRun = StoredTask  # StoredService is a StoredTask: what the engine reads of a task, it reads of both
+STORED_TYPES: dict[str, type[StoredTask]] = {"task": StoredTask, "service": StoredService}
 
 
 def stored_run(configuration: dict | None) -> StoredRun:

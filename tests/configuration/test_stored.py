@@ -79,9 +79,14 @@ def test_it_is_frozen():
 
 
 def test_the_type_picks_the_variant():
-    assert set(STORED_TYPES) == {"task"}
+    assert set(STORED_TYPES) == {"task", "service"}
+    service = stored_run({"type": "service", "port": 8000, "groups": [
+        {"name": "web", "replicas": {"min": 0, "max": 3}, "scaling": {"target": 10}}]})
+    assert (service.type, service.port, service.auth, service.strip_prefix) == ("service", 8000, True, True)
+    assert service.replica_group("web").replicas.max == 3 and service.replica_group("web").scaling.metric == "rps"
+    assert stored_run({"type": "task"}).groups == () and stored_run({}).type == "task"
     with pytest.raises(KeyError):
-        stored_run({"type": "service"})
+        stored_run({"type": "dev-environment"})
 
 
 def test_it_is_built_once_per_run_and_again_when_the_configuration_is_replaced():
