@@ -25,7 +25,7 @@ from serving.proxy.paths import Refused, response_headers
 from serving.proxy.table import Entry
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-CHUNK = 1 << 16
+SMALL = 1 << 16  # bytes of a known-length answer sent back in one write
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,24 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
 
 
 async def _stream_back(request: web.BaseRequest, upstream: aiohttp.ClientResponse, report: Upstream):
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                  headers=CIMultiDict(response_headers(upstream.headers)))
+    headers = CIMultiDict(response_headers(upstream.headers))
     length = upstream.headers.get("Content-Length")
-    if length is not None and length.isdigit():
-        response.content_length = int(length)
+    length = int(length) if length is not None and length.isdigit() else None
+    if length is not None and length <= SMALL:
+        # a small answer of known length goes back in one write with its headers, as nginx's
+        # proxy buffers do; a stream (no length, or chunked) or a larger body is never held
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
+            upstream.close()
+            report.error = "replica_error"
+            raise Refused(502, "the replica's answer broke off before its Content-Length") from None
+        finally:
+            upstream.release()
+        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=body)
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    if length is not None:
+        response.content_length = length
     try:
         await response.prepare(request)
         async for chunk in upstream.content.iter_any():

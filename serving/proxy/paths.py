@@ -59,7 +59,7 @@ def parse(raw_path: str) -> Target:
     path, _, query = raw_path.partition("?")
     if "\\" in path or _ENCODED_BAD.search(path) or "\x00" in path:
         raise Refused(400, "the path may not hold a backslash, a NUL or an encoded slash")
-    if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+    if ("." in path or "%2" in path) and any(unquote(segment) in (".", "..") for segment in path.split("/")):
         raise Refused(400, "the path may not hold '.' or '..' segments")
     if "//" in path:
         raise Refused(400, "the path may not hold empty segments ('//')")

@@ -235,7 +235,8 @@ async def serve(bind: str, ready: asyncio.Event | None = None) -> None:
     runner = web.ServerRunner(server, handle_signals=True, shutdown_timeout=10.0)
     await runner.setup()
     host, _, port = bind.rpartition(":")
-    site = web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port), backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port), backlog=1024, reuse_address=True,
+                       reuse_port=True)  # several processes may share a port (bench/proxy.py --endpoints)
     await site.start()
     log.warning("services endpoint listening on %s", bind)
     tasks = [asyncio.ensure_future(endpoint.flush_forever()),
