@@ -101,7 +101,7 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                 request.method, url, headers=headers, data=body.chunks() if body else None, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
                                               sock_read=limits.read_timeout))
-        except aiohttp.ClientConnectorError:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
             entry.eject(replica)  # refused or unreachable: it got nothing, another may take it
             if body is not None and body.started:
                 break

@@ -27,7 +27,7 @@ from django.conf import settings
 from serving.proxy import auth, metrics, paths
 from serving.proxy.forward import Limits, Upstream, forward
 from serving.proxy.paths import Refused
-from serving.proxy.table import Table
+from serving.proxy.table import EJECT, Table
 
 log = logging.getLogger("muster.endpoint")
 COLD_START_LOOK = 1.0  # seconds between reads of a scale-to-zero service a request waits for
@@ -139,8 +139,10 @@ class Endpoint:
                 response = await self.wait_for_replica(request, entry, path, headers, report)
             if response is None:
                 report.error = "no_replica"
-                raise Refused(503, f"service {target.project}/{target.run} has no ready replica "
-                                   f"({service.total_replicas} not finished, none ready yet)")
+                ready = len(service.replicas)
+                raise Refused(503, f"service {target.project}/{target.run} has no ready replica" + (
+                    f" ({service.total_replicas} starting or not ready)" if not ready
+                    else f" that accepts connections ({ready} ready, each refused within {EJECT:g}s)"))
             status = response.status
             return response
         except Refused as refused:

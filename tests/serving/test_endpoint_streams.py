@@ -64,3 +64,35 @@ def test_a_scale_to_zero_service_holds_the_first_request_until_a_replica_is_read
     asker.join(30)
     assert result["status"] == 200 and result["replica"] == "a", result
     assert result["waited"] >= 1.0
+
+
+@pytest.fixture
+def endpoint_on_a_timer(db, tmp_path):
+    """An endpoint that re-reads its table every second: what SQLite has instead of NOTIFY, and
+    the safety net under it (a notification lost while the LISTEN connection was down)."""
+    from django.db import connection
+
+    from tests.serving.replicas import Endpoint
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the endpoint subprocess reads the test database by URL: PostgreSQL's")
+    settings = connection.settings_dict
+    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    proc = Endpoint(url, {"MUSTER_ENDPOINT_ROUTES_REFRESH": "1"}, log=tmp_path / "endpoint.log")
+    yield proc
+    proc.stop()
+
+
+def test_without_a_notification_the_timer_brings_the_change_and_a_stop_empties_the_pool(
+        endpoint_on_a_timer, replicas, port):  # noqa: F811
+    from runs.models import Job, Run
+
+    a, b = replicas("a", "b")
+    run = make_service("quiet", [a, b], port, auth=False, ready={"a"})
+    assert {answer(requests.get(url(endpoint_on_a_timer, "quiet"), timeout=10))["replica"] for _ in range(4)} == {"a"}
+    Job.objects.filter(run=run, instance__hostname=b.host).update(ready_at=timezone.now())  # no notify_routes
+    wait_until(lambda: "b" in {requests.get(url(endpoint_on_a_timer, "quiet"), timeout=10).json()["replica"]
+                               for _ in range(4)}, timeout=10, what="b in the pool by the timer")
+    Run.objects.filter(pk=run.pk).update(stop_requested="stop")  # a stop drains: out of the pool first
+    wait_until(lambda: requests.get(url(endpoint_on_a_timer, "quiet"), timeout=10).status_code == 503, timeout=10,
+               what="no replica once the run is asked to stop")
