@@ -223,7 +223,28 @@ def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> s
          age(r.get("submitted_at"), now))
         for r in runs
     ]
-    return table(["name", "status", "reason", "fleet", "jobs", "cpu", "memory", "submitted"], rows)
+    headers = ["name", "status", "reason", "fleet", "jobs", "cpu", "memory", "submitted"]
+    if any(r.get("service") for r in runs):  # services: where they are served, and replicas ready
+        rows = [(*row, service_text(r)) for row, r in zip(rows, runs, strict=True)]
+        headers.append("service")
+    return table(headers, rows)
+
+
+def service_text(run: dict[str, Any]) -> str:
+    service = run.get("service")
+    if not service:
+        return ""
+    replicas = service.get("replicas") or {}
+    return f"{service.get('url')} ({replicas.get('ready', 0)}/{replicas.get('total', 0)} ready)"
+
+
+def service_plan(plan: dict[str, Any]) -> str:
+    """A service's plan head: its URL and each replica group's replicas."""
+    lines = [f"Service {plan.get('run_name')}: {plan.get('service_url') or 'URL once named'}"]
+    for name, r in (plan.get("replicas") or {}).items():
+        span = f"{r['min']}" if r["min"] == r["max"] else f"{r['min']}..{r['max']}, starts with {r['desired']}"
+        lines.append(f"  replica group {name}: {span} replica(s)")
+    return "\n".join(lines)
 
 
 def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
@@ -340,7 +361,8 @@ def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
     rows = []
     for r in runs:
         restarts = {e.get("group"): e.get("restarts", 0) for e in r.get("restarts") or []}
-        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
+        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"),
+                  f"replica {j.get('replica_num', 0)}" if r.get("service") else j.get("node_group_rank"),
                   j.get("instance"), j.get("instance_ip"), j.get("status"), restarts.get(j.get("node_group_name"), 0),
                   ready_text(j), j.get("termination_reason"))
                  for j in (r.get("jobs") or [])]
