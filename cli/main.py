@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cli import follow, render
+from cli import follow, render, service_render
 from cli.client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
     CliError,
@@ -63,7 +63,7 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
     if plan.get("replicas") is not None:
-        print(render.service_plan(plan))
+        print(service_render.service_plan(plan))
     else:
         print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
     print(render.plan_table(jobs, (plan.get("configuration") or {}).get("groups")))

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cli.service_render import service_text
+
 # A command longer than this is cut in the plan table: the table is a summary, not the config.
 COMMAND_WIDTH = 60
 # The defaults a resources block gets when it says nothing (runs/configuration/resources.py); showing
@@ -228,23 +230,6 @@ def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> s
         rows = [(*row, service_text(r)) for row, r in zip(rows, runs, strict=True)]
         headers.append("service")
     return table(headers, rows)
-
-
-def service_text(run: dict[str, Any]) -> str:
-    service = run.get("service")
-    if not service:
-        return ""
-    replicas = service.get("replicas") or {}
-    return f"{service.get('url')} ({replicas.get('ready', 0)}/{replicas.get('total', 0)} ready)"
-
-
-def service_plan(plan: dict[str, Any]) -> str:
-    """A service's plan head: its URL and each replica group's replicas."""
-    lines = [f"Service {plan.get('run_name')}: {plan.get('service_url') or 'URL once named'}"]
-    for name, r in (plan.get("replicas") or {}).items():
-        span = f"{r['min']}" if r["min"] == r["max"] else f"{r['min']}..{r['max']}, starts with {r['desired']}"
-        lines.append(f"  replica group {name}: {span} replica(s)")
-    return "\n".join(lines)
 
 
 def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:

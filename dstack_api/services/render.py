@@ -14,12 +14,12 @@ from django.utils import timezone
 from dstack_api.services import gateway
 from dstack_api.services.access import WRITE_ROLES, dstack_role
 from dstack_api.services.ids import uuid_of
-from serving.urls_for import service_url
 from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
 from projects.models import Role
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.services.attach import job_ports
+from serving.urls_for import service_url
 
 FLEET_STATUS = {FleetStatus.PENDING: "submitted", FleetStatus.ACTIVE: "active", FleetStatus.FAILED: "failed",
                 FleetStatus.TERMINATING: "terminating"}

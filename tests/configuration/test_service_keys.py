@@ -183,6 +183,7 @@ def test_the_checked_service_is_what_the_engine_reads_stored():
     stored = stored_run(conf.model_dump(mode="json"))
     assert isinstance(stored, StoredService)
     assert (stored.port, stored.auth, stored.strip_prefix, stored.model) == (8000, False, True, "m")
-    assert stored.replica_group("w").replicas.max == 3 and stored.replica_group("w").scaling.scale_up_delay == 60
+    assert stored.replica_group("w").replicas.max == 3 and stored.replica_group("w").scaling.scale_up_delay == 60 \
+        and stored.replica_group("w").scaling.window == 60
     assert stored.replica_group("r").router == "smg"
     assert conf.desired_replicas() == {"w": 1, "r": 1}

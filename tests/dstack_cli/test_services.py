@@ -40,7 +40,7 @@ def admin(make_user, fast_limits, settings):
 def _service_url(dstack_home, url: str, token: str) -> str:
     """What dstack's own client makes of the run's service URL (`Run.service_url`, which its apply prints)."""
     code = ("import json, sys; from dstack.api import Client; "
-            f"c = Client.from_config(project_name='main'); print(json.dumps(c.runs.get('web').service_url))")
+            "c = Client.from_config(project_name='main'); print(json.dumps(c.runs.get('web').service_url))")
     done = subprocess.run([str(DSTACK.parent / "python"), "-c", code], env={"HOME": str(dstack_home), "PATH": "/usr/bin"},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
