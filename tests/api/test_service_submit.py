@@ -132,3 +132,13 @@ def test_an_update_without_a_running_service_of_the_name_submits_a_new_one(api):
 def test_update_must_be_a_boolean(api):
     resp = submit(api, SERVICE, update="yes")
     assert resp.status_code == 400 and resp.json()["errors"][0]["loc"] == ["update"]
+
+
+def test_the_local_service_example_plans_two_replicas_probed_on_its_port(api):
+    from tests.conftest import example
+
+    resp = api.post(f"{RUNS}plan", {"configuration": example("service-local.yml")}, format="json")
+    assert resp.status_code == 200, resp.json()
+    body = resp.json()
+    assert body["replicas"] == {"0": {"min": 2, "max": 2, "desired": 2}} and body["warnings"] == []
+    assert body["configuration"]["groups"][0]["probes"][0]["port"] == 8000
