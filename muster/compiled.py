@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, connections, router
-from django.db.models import Model, QuerySet
+from django.db.models import Model, QuerySet, sql
 from django.db.models.query import ModelIterable, get_related_populators
 
 # Far below any id a sequence hands out, and dates no row carries: found back in the parameters.
@@ -200,3 +200,13 @@ def row_update(model: type[Model], pk, where: dict, updates: dict) -> tuple[str,
         else:
             params.append(field.get_db_prep_value(value, connection))
     return sql, params
+
+
+def update_of(queryset: QuerySet, updates: dict) -> tuple[str, list]:
+    """`queryset.update(**updates)` as (sql, params), compiled by the ORM (expressions and all), to be
+    part of a larger statement."""
+    query = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(updates)
+    query.annotations = {}  # as QuerySet.update: none in the statement
+    statement, params = query.get_compiler(queryset.db).as_sql()
+    return statement, list(params)

@@ -22,9 +22,10 @@ def one_statement(connection) -> bool:
 
 
 def columns(model, names: tuple[str, ...] | None = None) -> list:
-    """The model's concrete fields, all of them or those of `names` (field names), in order."""
-    meta = model._meta
-    return list(meta.concrete_fields) if names is None else [meta.get_field(n) for n in names]
+    """The model's concrete fields, all of them or those of `names` (field names), in the model's
+    order (the one Model.from_db takes a subset of columns in)."""
+    fields = model._meta.concrete_fields
+    return list(fields) if names is None else [f for f in fields if f.name in names or f.attname in names]
 
 
 def column_list(model, alias: str, names: tuple[str, ...] | None = None) -> str:
