@@ -34,27 +34,33 @@ def column_list(model, alias: str, names: tuple[str, ...] | None = None) -> str:
 
 
 @functools.cache
-def _converters(model, names: tuple[str, ...] | None, vendor: str, alias: str) -> tuple:
-    # as the ORM converts what the cursor gives (SQLite's datetimes come naive, its booleans as 0/1)
+def _reader(model, names: tuple[str, ...] | None, alias: str, vendor: str) -> tuple[list[str], tuple]:
+    """The attnames of the columns, and the converters of those that have any (as the ORM converts
+    what the cursor gives: SQLite's datetimes come naive, a JSON column as text)."""
     connection = connections[alias]
-    found = []
-    for field in columns(model, names):
+    fields = columns(model, names)
+    convert = []
+    for position, field in enumerate(fields):
         col = field.get_col(model._meta.db_table)
-        found.append((col, tuple(connection.ops.get_db_converters(col) + field.get_db_converters(connection))))
-    return tuple(found)
+        found = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if found:
+            convert.append((position, col, tuple(found)))
+    return [f.attname for f in fields], tuple(convert)
 
 
 def from_row(model, values, names: tuple[str, ...] | None = None, alias: str | None = None):
     """An instance of `model` from the values of its columns (all, or those of `names`; the others
     deferred) as the cursor gave them, converted as the ORM converts them."""
     connection = connections[alias] if alias else default_connection
-    converted = []
-    for (col, convert), value in zip(_converters(model, names, connection.vendor, connection.alias), values, strict=True):
-        for converter in convert:
-            value = converter(value, col, connection)
-        converted.append(value)
-    attnames = [f.attname for f in columns(model, names)]
-    return model.from_db(connection.alias, attnames, converted)
+    attnames, convert = _reader(model, names, connection.alias, connection.vendor)
+    if convert:
+        values = list(values)
+        for position, col, converters in convert:
+            value = values[position]
+            for converter in converters:
+                value = converter(value, col, connection)
+            values[position] = value
+    return model.from_db(connection.alias, attnames, values)
 
 
 def fetch(sql: str, params: list, alias: str | None = None) -> list[tuple]:
