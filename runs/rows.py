@@ -58,17 +58,21 @@ def _statement() -> str:
         # the column's input does (a timestamp's ISO text, a jsonb column's nested JSON)
         return f"{func}(NULL::{quote(model._meta.db_table)}, %s::jsonb)"
 
-    def rows(model, func: str, with_run: bool) -> str:
-        run_id = '(SELECT "id" FROM r), ' if with_run else ""
-        into = f"{quote('run_id')}, {names(model)}" if with_run else names(model)
-        return f"INSERT INTO {quote(model._meta.db_table)} ({into}) SELECT {run_id}{names(model)} FROM {source(model, func)}"
+    pk = {model: quote(model._meta.pk.column) for model in (Run, Job, Event)}
+    job_num = quote(Job._meta.get_field("job_num").column)
+    run_id = f"(SELECT {pk[Run]} FROM r)"
 
-    event = event_rows.insert_select({"run_id": '(SELECT "id" FROM r)', **{f.attname: quote(f.column) for f in _fields(Event)}},
-                                     source(Event, "jsonb_populate_record"), returning='"id"')
-    return (f'WITH r AS ({rows(Run, "jsonb_populate_record", False)} RETURNING "id"), '
-            f'j AS ({rows(Job, "jsonb_populate_recordset", True)} RETURNING "id", {quote("job_num")}), '
+    def rows(model, func: str, with_run: bool) -> str:
+        into = f"{quote(model._meta.get_field('run').column)}, {names(model)}" if with_run else names(model)
+        values = f"{run_id}, {names(model)}" if with_run else names(model)
+        return f"INSERT INTO {quote(model._meta.db_table)} ({into}) SELECT {values} FROM {source(model, func)}"
+
+    event = event_rows.insert_select({"run": run_id, **{f.attname: quote(f.column) for f in _fields(Event)}},
+                                     source(Event, "jsonb_populate_record"), returning=pk[Event])
+    return (f'WITH r AS ({rows(Run, "jsonb_populate_record", False)} RETURNING {pk[Run]}), '
+            f'j AS ({rows(Job, "jsonb_populate_recordset", True)} RETURNING {pk[Job]}, {job_num}), '
             f'e AS ({event}) '
-            f'SELECT (SELECT "id" FROM r), (SELECT "id" FROM e), j."id", j.{quote("job_num")} FROM j')
+            f'SELECT {run_id}, (SELECT {pk[Event]} FROM e), j.{pk[Job]}, j.{job_num} FROM j')
 
 
 def _plain(value):
