@@ -18,6 +18,7 @@ from functools import partial
 from engine import messages
 from runs import rows
 from runs.choices import FAILING_REASONS, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
+from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
 
 
@@ -53,7 +54,7 @@ def matters_only_last(job: Job, to: str, reason: str) -> bool:
     run = job.run
     if run.restarts:
         return False
-    return not (job.job_num == 0 and (run.configuration or {}).get("stop_criteria") == "master-done")
+    return not (job.job_num == 0 and run_configuration(run).stop_criteria == "master-done")
 
 
 def derive_due(run_id: int, run: Run | None = None) -> bool:
