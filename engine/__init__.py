@@ -6,7 +6,8 @@ guarded UPDATE before the messages leave after commit (engine/messages.py; a job
 engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
 claims        engine/claims.py                   claimed: the claim, the body's Outcome applied in one guarded UPDATE
-              engine/locked_claims.py            the claim protocol's own statements, written once per shape
+              engine/locked_claims.py            the claim protocol's own statements, written once per shape (its rows module)
+              engine/nudges.py                   which job moves nudge their run: the rules the transition functions call
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
               engine/errors.py                   Refused: what a step refuses, in the {loc, msg} shape, none of the API's types
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0

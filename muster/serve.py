@@ -201,6 +201,11 @@ def gateway_bind(web_host: str, port: int | None = None) -> str:
     return f"{host}:{port or given_port or settings.MUSTER['DSTACK_SSH_PORT']}"
 
 
+def _reachable(host: str) -> str:
+    # a wildcard bind is reached through any of the machine's addresses; this one always works here
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
 def endpoint_bind(web_host: str) -> str:
     """Where the services endpoint listens: on the web's host at MUSTER_ENDPOINT_BIND's port (8001),
     unless MUSTER_ENDPOINT_BIND was given, which names both."""
@@ -225,10 +230,12 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     host, _, port = bind.rpartition(":")
     # in the environment, so the web (which tells the CLI where to dial) and the gateway agree
     os.environ["MUSTER_DSTACK_SSH_BIND"] = gateway_bind(host, gateway_port)
-    # likewise for the endpoint and the web, which redirects /proxy/services/... to it
+    # likewise for the endpoint and the web, which redirects /proxy/services/... to it: services'
+    # URLs name where it listens unless the operator named a public URL (a TLS proxy's)
     os.environ["MUSTER_ENDPOINT_BIND"] = endpoint_bind(host)
-    # a wildcard bind is reached through any of the machine's addresses; this one always works here
-    url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
+    endpoint_host, _, endpoint_port = os.environ["MUSTER_ENDPOINT_BIND"].rpartition(":")
+    os.environ.setdefault("MUSTER_ENDPOINT_URL", f"http://{_reachable(endpoint_host)}:{endpoint_port}")
+    url = f"http://{_reachable(host)}:{port}"
     print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/", flush=True)
     logs: dict[str, Path] = {}
     if not verbose:

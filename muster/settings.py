@@ -274,6 +274,9 @@ MUSTER = {
     "MAX_ACTIVE_RUNS_PER_PROJECT": env_int("MUSTER_MAX_ACTIVE_RUNS_PER_PROJECT", 5000),
     "MAX_WAITING_RUNS_PER_PROJECT": env_int("MUSTER_MAX_WAITING_RUNS_PER_PROJECT", 1000),
     "MAX_RETRY_DURATION": env_int("MUSTER_MAX_RETRY_DURATION", 7 * 86400),
+    # the services' endpoint (serving/proxy/) as clients reach it: a service's URL is
+    # <this>/proxy/services/<project>/<run>/; an https:// URL means a TLS proxy is in front of it
+    "ENDPOINT_URL": env_str("MUSTER_ENDPOINT_URL", "http://127.0.0.1:8001"),
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     # the loopback address of the first local instance (the next take the addresses after it):
     # `make demo` starts at 127.0.0.6, so it runs beside `make run` (127.0.0.2-5) on one machine
@@ -361,13 +364,12 @@ MUSTER = {
     "DSTACK_SSH_RECHECK": env_float("MUSTER_DSTACK_SSH_RECHECK", 5.0),
     "DSTACK_SSH_PUBLIC_HOST": env_str("MUSTER_DSTACK_SSH_PUBLIC_HOST"),
     "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
-    # the services endpoint (serving/proxy/, docs/services.md): where it listens, the public base of
-    # service URLs (empty: http://<bind>), seconds to connect to a replica / of a replica's silence /
-    # for a client's headers or of its silence mid-body, bytes of a request body / of one header
-    # line, headers per request; a scale-to-zero service's wait for a replica, the routing table's
-    # re-read (the safety net under PostgreSQL's NOTIFY; SQLite's only way), a token check's cache
+    # the services endpoint (serving/proxy/, docs/services.md): where it listens (`muster serve`: on
+    # the web's host, ENDPOINT_URL to match unless given), seconds to connect to a replica / of a
+    # replica's silence / for a client's headers or of its silence mid-body, bytes of a request
+    # body / of one header line, headers per request; a scale-to-zero service's wait for a replica,
+    # the routing table's re-read (the safety net under NOTIFY; SQLite's only way), a token's cache
     "ENDPOINT_BIND": env_str("MUSTER_ENDPOINT_BIND", "127.0.0.1:8001"),
-    "ENDPOINT_URL": env_str("MUSTER_ENDPOINT_URL").rstrip("/"),
     "ENDPOINT_CONNECT_TIMEOUT": env_float("MUSTER_ENDPOINT_CONNECT_TIMEOUT", 5.0),
     "ENDPOINT_READ_TIMEOUT": env_float("MUSTER_ENDPOINT_READ_TIMEOUT", 300.0),
     "ENDPOINT_CLIENT_TIMEOUT": env_float("MUSTER_ENDPOINT_CLIENT_TIMEOUT", 30.0),

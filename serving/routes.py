@@ -1,8 +1,8 @@
 """The routing table the endpoint reads: a service, its keys, and its ready replicas' addresses.
 
-A replica is in the table (ready) when its job runs, is its replica's current submission (not
-superseded), has `ready_at` set (probes passed, or it runs and has none), and the run is neither
-finished nor asked to stop. The engine sends `serving.rows.notify_routes(run_id)` in the
+A replica is in the table when it is ready (serving.replicas.is_ready: its job runs, is its
+replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
+is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends `serving.rows.notify_routes(run_id)` in the
 transaction that changes any of those; the endpoint re-reads on that and on a timer.
 
 The address is the one Muster reaches the job's instance on (its `hostname`: the SSH host's
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.choices import JOB_FINISHED, RUN_FINISHED, JobStatus
+from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
+from serving.replicas import is_ready
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,10 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "ready_at", "instance__id", "instance__hostname"))
+                .only("id", "status", "superseded", "ready_at", "instance__id", "instance__hostname"))
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id) for job in live
-        if job.status == JobStatus.RUNNING and job.ready_at is not None and job.instance is not None
-        and job.instance.hostname)
+        if is_ready(job) and job.instance is not None and job.instance.hostname)
     groups = [g for g in conf.groups if g.replicas is not None]
     return Service(run_id=run.id, project=run.project.name, name=run.name, auth=conf.auth,
                    strip_prefix=conf.strip_prefix, port=conf.port,

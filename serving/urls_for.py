@@ -1,22 +1,27 @@
-"""Where a service is reached: the endpoint's public base URL, and a service's URL under it."""
+"""Where a service is reached: its URL at the endpoint (serving/proxy/), built in one place for the
+API, the CLI's answer and the console."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from django.conf import settings
 
-WILDCARDS = ("", "0.0.0.0", "[::]", "::")
+
+def endpoint_url() -> str:
+    """The endpoint's public base URL (MUSTER_ENDPOINT_URL), without a trailing slash."""
+    return settings.MUSTER["ENDPOINT_URL"].rstrip("/")
 
 
-def endpoint_base(host: str = "127.0.0.1") -> str:
-    """MUSTER_ENDPOINT_URL (production: the TLS proxy's https://... that routes /proxy/ to the
-    endpoint), else http://<MUSTER_ENDPOINT_BIND>, with `host` for a wildcard bind's host."""
-    given = settings.MUSTER["ENDPOINT_URL"]
-    if given:
-        return given
-    bound, _, port = settings.MUSTER["ENDPOINT_BIND"].rpartition(":")
-    return f"http://{host if bound in WILDCARDS else bound}:{port}"
+def endpoint_tls() -> bool:
+    """Whether clients reach the endpoint over TLS (a TLS proxy in front of it)."""
+    return endpoint_url().startswith("https://")
+
+
+def url_for(project: str, run: str) -> str:
+    return f"{endpoint_url()}/proxy/services/{quote(project, safe='')}/{quote(run, safe='')}/"
 
 
 def service_url(run) -> str:
-    """`{endpoint}/proxy/services/<project>/<run>/`: what the run's API object shows as `service.url`."""
-    return f"{endpoint_base()}/proxy/services/{run.project.name}/{run.name}/"
+    """`<endpoint>/proxy/services/<project>/<run>/` of a service run."""
+    return url_for(run.project.name, run.name)

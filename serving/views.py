@@ -11,14 +11,13 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from serving.urls_for import endpoint_base
+from serving.urls_for import endpoint_url
 
 
 @csrf_exempt  # a redirect: nothing is changed here, and the endpoint does its own auth
 def to_endpoint(request):
-    host = request.get_host()
-    base = endpoint_base(host.rsplit(":", 1)[0] if not host.endswith("]") else host)
-    if base.rstrip("/") == f"{request.scheme}://{host}":
+    base = endpoint_url()
+    if base == f"{request.scheme}://{request.get_host()}":
         return JsonResponse({"detail": "the services endpoint is not in front of this server: route /proxy/ to "
                                        "it (MUSTER_ENDPOINT_URL, docs/services.md)"}, status=503)
     # the path as the client sent it (gunicorn's RAW_URI): the endpoint checks it as sent

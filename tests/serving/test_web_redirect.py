@@ -17,11 +17,14 @@ def test_the_web_redirects_every_method_to_the_endpoint(settings, method):
     assert got["Location"] == "https://models.example.com/proxy/services/main/llm/v1/chat?stream=1"
 
 
-@pytest.mark.django_db
-def test_without_a_public_url_the_endpoint_is_on_the_web_hosts_address_at_its_bind_port(settings):
-    settings.MUSTER = {**settings.MUSTER, "ENDPOINT_URL": "", "ENDPOINT_BIND": "0.0.0.0:8001"}
-    got = Client().get("/proxy/services/main/llm/", HTTP_HOST="10.1.2.3:8000")
-    assert got.status_code == 307 and got["Location"] == "http://10.1.2.3:8001/proxy/services/main/llm/"
+def test_muster_serve_names_the_endpoint_where_it_listens_unless_a_public_url_is_given(monkeypatch):
+    from muster import serve
+
+    monkeypatch.delenv("MUSTER_ENDPOINT_BIND", raising=False)
+    assert serve.endpoint_bind("10.1.2.3") == "10.1.2.3:8001"
+    monkeypatch.setenv("MUSTER_ENDPOINT_BIND", "0.0.0.0:9001")
+    assert serve.endpoint_bind("10.1.2.3") == "0.0.0.0:9001"
+    assert serve._reachable("0.0.0.0") == "127.0.0.1"
 
 
 @pytest.mark.django_db
