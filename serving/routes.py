@@ -2,8 +2,9 @@
 
 A replica is in the table when it is ready (serving.replicas.is_ready: its job runs, is its
 replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
-is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends `serving.rows.notify_routes(run_id)` in the
-transaction that changes any of those; the endpoint re-reads on that and on a timer.
+is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends
+`serving.rows.notify_routes(run_id)` in the transaction that changes any of those; the endpoint
+re-reads on that and on a timer.
 
 The address is the one Muster reaches the job's instance on (its `hostname`: the SSH host's
 address, a local instance's loopback address) and the service's `port`.
