@@ -176,7 +176,7 @@ class Endpoint:
             try:
                 await asyncio.wait_for(changed.wait(), min(COLD_START_LOOK, max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                await self.table.load((entry.service.project, entry.service.name))
+                entry = await self.table.load((entry.service.project, entry.service.name))
             if entry.service is None:
                 return None
             response = await forward(request, entry, path, headers, self.session, self.limits, report)
