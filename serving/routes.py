@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from instances.models import FleetBackend, Instance
 from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
@@ -27,8 +28,11 @@ class Replica:
     job_id: int
     host: str
     port: int
-    # the SSH path (serving/proxy/) for hosts the server cannot reach directly: the instance's id
     instance_id: int | None = None
+    # the SSH path (serving/proxy/tunnels.py) for an SSH host the server cannot reach directly:
+    # whether the host has one, and its own address for the replica (DSTACK_NODE_IP)
+    ssh: bool = False
+    inner: str = ""
 
     @property
     def address(self) -> str:
@@ -55,9 +59,11 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "superseded", "ready_at", "instance__id", "instance__hostname"))
+                .only("id", "status", "superseded", "ready_at", "instance__id", "instance__hostname",
+                      "instance__internal_ip", "instance__backend"))
     ready = () if run.stop_requested else tuple(
-        Replica(job.id, job.instance.hostname, conf.port, job.instance.id) for job in live
+        Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
+                ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in live
         if is_ready(job) and job.instance is not None and job.instance.hostname)
     groups = [g for g in conf.groups if g.replicas is not None]
     return Service(run_id=run.id, project=run.project.name, name=run.name, auth=conf.auth,
@@ -78,3 +84,9 @@ def service_by_run(run_id: int) -> Service | None:
     """The service of run `run_id` as `service` reads it; None once it finished (or is no service)."""
     run = Run.objects.filter(pk=run_id).exclude(status__in=RUN_FINISHED).select_related("project").first()
     return _service(run) if run is not None else None
+
+
+def ssh_target(instance_id: int):
+    """How the engine logs in to the instance's host (its SSHTarget), or None when it has no SSH."""
+    instance = Instance.objects.filter(pk=instance_id, backend=FleetBackend.SSH).select_related("fleet").first()
+    return instance.ssh_target() if instance is not None else None

@@ -78,12 +78,13 @@ def _failed(status: int, message: str) -> Refused:
 
 
 async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: list, session: aiohttp.ClientSession,
-                  limits: Limits, report: Upstream) -> web.StreamResponse:
+                  limits: Limits, report: Upstream, tunnels) -> web.StreamResponse:
     websocket = request.headers.get("Upgrade", "").lower() == "websocket"
     body = _Body(request, limits) if request.body_exists and not websocket else None
     if body is not None and (request.content_length or 0) > limits.max_body:
         raise Refused(413, f"the request body is larger than {limits.max_body} bytes (MUSTER_ENDPOINT_MAX_BODY)")
     tried: set[int] = set()
+    timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout, sock_read=limits.read_timeout)
     while True:
         replica = entry.pick(tried)
         if replica is None:
@@ -93,41 +94,53 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
             return None  # no ready replica: the caller decides (503, or wait for a cold start)
         tried.add(replica.job_id)
         report.replica = replica
-        url = f"http://{replica.address}{path}"
-        try:
-            if websocket:
-                return await _websocket(request, session, url, headers, report)
-            upstream = await session.request(
-                request.method, url, headers=headers, data=body.chunks() if body else None, allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout,
-                                              sock_read=limits.read_timeout))
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-            entry.eject(replica)  # refused or unreachable: it got nothing, another may take it
+        upstream, dropped = None, False
+        for through_ssh in (False, True):
+            if not through_ssh and tunnels.prefers(replica):
+                continue  # its host needed the SSH path lately
+            if through_ssh and not replica.ssh:
+                break
+            address = await tunnels.local_address(replica) if through_ssh else replica.address
+            if address is None:
+                break
+            try:
+                if websocket:
+                    return await _websocket(request, session, f"http://{address}{path}", headers, report)
+                upstream = await session.request(
+                    request.method, f"http://{address}{path}", headers=headers, data=body.chunks() if body else None,
+                    allow_redirects=False, timeout=timeout)
+                break
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                continue  # refused or unreachable there: it got nothing; the SSH path, or another replica
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if body is not None and body.problem is not None:
+                    raise body.problem from None
+                if request.method in IDEMPOTENT and (body is None or not body.started):
+                    dropped = True  # (a kept connection it had closed, perhaps): another replica, no ejection
+                    break
+                report.error = "replica_error"
+                raise _failed(502, "the replica closed the connection before answering") from None
+            except TimeoutError:
+                if body is not None and body.problem is not None:
+                    raise body.problem from None
+                report.error = "timeout"
+                raise _failed(504, f"the replica did not answer within {limits.read_timeout:g}s") from None
+            except aiohttp.ClientResponseError as exc:  # a malformed answer (bad status line, headers too large)
+                report.error = "replica_error"
+                raise _failed(502, f"the replica's answer is not valid HTTP: {exc.message}") from None
+            except Refused:
+                raise
+            except aiohttp.ClientError as exc:
+                if body is not None and body.problem is not None:
+                    raise body.problem from None
+                report.error = "replica_error"
+                raise _failed(502, f"forwarding to the replica failed: {exc}") from None
+        if upstream is None:
+            if not dropped:
+                entry.eject(replica)
             if body is not None and body.started:
                 break
             continue
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if body is not None and body.problem is not None:
-                raise body.problem from None
-            if request.method in IDEMPOTENT and (body is None or not body.started):
-                continue
-            report.error = "replica_error"
-            raise _failed(502, "the replica closed the connection before answering") from None
-        except TimeoutError:
-            if body is not None and body.problem is not None:
-                raise body.problem from None
-            report.error = "timeout"
-            raise _failed(504, f"the replica did not answer within {limits.read_timeout:g}s") from None
-        except aiohttp.ClientResponseError as exc:  # a malformed answer (bad status line, headers too large)
-            report.error = "replica_error"
-            raise _failed(502, f"the replica's answer is not valid HTTP: {exc.message}") from None
-        except Refused:
-            raise
-        except aiohttp.ClientError as exc:
-            if body is not None and body.problem is not None:
-                raise body.problem from None
-            report.error = "replica_error"
-            raise _failed(502, f"forwarding to the replica failed: {exc}") from None
         report.first_byte = time.monotonic()
         return await _stream_back(request, upstream, report)
     report.error = "replica_error"

@@ -28,6 +28,7 @@ from serving.proxy import auth, metrics, paths
 from serving.proxy.forward import Limits, Upstream, forward
 from serving.proxy.paths import Refused
 from serving.proxy.table import EJECT, Table
+from serving.proxy.tunnels import Tunnels
 
 log = logging.getLogger("muster.endpoint")
 COLD_START_LOOK = 1.0  # seconds between reads of a scale-to-zero service a request waits for
@@ -45,6 +46,15 @@ def _read_service(project: str, name: str):
 
     close_old_connections()
     return service(project, name)
+
+
+def _ssh_target(instance_id: int):
+    from django.db import close_old_connections
+
+    from serving.routes import ssh_target
+
+    close_old_connections()
+    return ssh_target(instance_id)
 
 
 def _read_run(run_id: int):
@@ -67,6 +77,7 @@ class Endpoint:
         self.metrics = metrics.Metrics()
         self.table = Table(_read_service, _read_run, self.executor, on_load=self.metrics.loaded)
         self.tokens = auth.TokenCheck(self.executor, conf["ENDPOINT_AUTH_CACHE"])
+        self.tunnels = Tunnels(self.executor, _ssh_target)
         self.counts: Counter[int] = Counter()
         self.muster_cookies = frozenset({settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME})
         self.session: aiohttp.ClientSession | None = None
@@ -82,6 +93,7 @@ class Endpoint:
         if self.session is not None:
             await self.session.close()
         await self.flush()
+        self.tunnels.close()
         self.executor.shutdown(wait=False)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -134,7 +146,7 @@ class Endpoint:
                 peer=request.remote or "", host=request.host, scheme=request.scheme,
                 prefix=target.prefix if service.strip_prefix else None,
                 websocket=request.headers.get("Upgrade", "").lower() == "websocket")
-            response = await forward(request, entry, path, headers, self.session, self.limits, report)
+            response = await forward(request, entry, path, headers, self.session, self.limits, report, self.tunnels)
             if response is None and service.scales_to_zero:
                 response = await self.wait_for_replica(request, entry, path, headers, report)
             if response is None:
@@ -179,7 +191,7 @@ class Endpoint:
                 entry = await self.table.load((entry.service.project, entry.service.name))
             if entry.service is None:
                 return None
-            response = await forward(request, entry, path, headers, self.session, self.limits, report)
+            response = await forward(request, entry, path, headers, self.session, self.limits, report, self.tunnels)
             if response is not None:
                 return response
         return None
