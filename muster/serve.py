@@ -236,7 +236,8 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     endpoint_host, _, endpoint_port = os.environ["MUSTER_ENDPOINT_BIND"].rpartition(":")
     os.environ.setdefault("MUSTER_ENDPOINT_URL", f"http://{_reachable(endpoint_host)}:{endpoint_port}")
     url = f"http://{_reachable(host)}:{port}"
-    print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/", flush=True)
+    print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/  "
+          f"services {os.environ['MUSTER_ENDPOINT_URL'].rstrip('/')}/proxy/services/", flush=True)
     logs: dict[str, Path] = {}
     if not verbose:
         log_dir = Path(settings.DATA_DIR) / "serve-logs"

@@ -103,11 +103,13 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
             address = await tunnels.local_address(replica) if through_ssh else replica.address
             if address is None:
                 break
+            # through the tunnel the replica still gets its own address as Host, not the local port
+            sent = [*headers, ("Host", replica.address)] if through_ssh else headers
             try:
                 if websocket:
-                    return await _websocket(request, session, f"http://{address}{path}", headers, report)
+                    return await _websocket(request, session, f"http://{address}{path}", sent, report)
                 upstream = await session.request(
-                    request.method, f"http://{address}{path}", headers=headers, data=body.chunks() if body else None,
+                    request.method, f"http://{address}{path}", headers=sent, data=body.chunks() if body else None,
                     allow_redirects=False, timeout=timeout)
                 break
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):

@@ -231,7 +231,9 @@ def _conninfo() -> str | None:
         return None
     from psycopg.conninfo import make_conninfo
 
-    given = {"dbname": db.get("NAME"), "user": db.get("USER"), "password": db.get("PASSWORD"),
+    # the web's own connection settings, its OPTIONS (sslmode, ...) included
+    options = {k: v for k, v in (db.get("OPTIONS") or {}).items() if isinstance(v, str | int) and k != "pool"}
+    given = {**options, "dbname": db.get("NAME"), "user": db.get("USER"), "password": db.get("PASSWORD"),
              "host": db.get("HOST"), "port": db.get("PORT")}
     return make_conninfo(**{k: str(v) for k, v in given.items() if v})
 
@@ -252,7 +254,7 @@ async def serve(bind: str, ready: asyncio.Event | None = None) -> None:
     site = web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port), backlog=1024, reuse_address=True,
                        reuse_port=True)  # several processes may share a port (bench/proxy.py --endpoints)
     await site.start()
-    log.warning("services endpoint listening on %s", bind)
+    log.info("services endpoint listening on %s", bind)
     tasks = [asyncio.ensure_future(endpoint.flush_forever()),
              asyncio.ensure_future(endpoint.table.refresh_forever(conf["ENDPOINT_ROUTES_REFRESH"]))]
     conninfo = _conninfo()
@@ -265,5 +267,6 @@ async def serve(bind: str, ready: asyncio.Event | None = None) -> None:
     finally:
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # the LISTEN connection closed, not dropped
         await runner.cleanup()
         await endpoint.close()
