@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 
+from serving.proxy import upstream as upstream_client
 from serving.proxy.paths import Refused, response_headers
 from serving.proxy.table import Entry
 
@@ -78,13 +79,12 @@ def _failed(status: int, message: str) -> Refused:
 
 
 async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: list, session: aiohttp.ClientSession,
-                  limits: Limits, report: Upstream, tunnels) -> web.StreamResponse:
+                  pool: upstream_client.Pool, limits: Limits, report: Upstream, tunnels) -> web.StreamResponse:
     websocket = request.headers.get("Upgrade", "").lower() == "websocket"
     body = _Body(request, limits) if request.body_exists and not websocket else None
     if body is not None and (request.content_length or 0) > limits.max_body:
         raise Refused(413, f"the request body is larger than {limits.max_body} bytes (MUSTER_ENDPOINT_MAX_BODY)")
     tried: set[int] = set()
-    timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout, sock_read=limits.read_timeout)
     while True:
         replica = entry.pick(tried)
         if replica is None:
@@ -108,17 +108,18 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
             try:
                 if websocket:
                     return await _websocket(request, session, f"http://{address}{path}", sent, report)
-                upstream = await session.request(
-                    request.method, f"http://{address}{path}", headers=sent, data=body.chunks() if body else None,
-                    allow_redirects=False, timeout=timeout)
+                upstream = await pool.request(address, request.method, path, sent, body.chunks() if body else None,
+                                              request.content_length if body else None, limits.read_timeout)
                 break
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            except upstream_client.ConnectFailed:
                 continue  # refused or unreachable there: it got nothing; the SSH path, or another replica
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                continue  # the same for a WebSocket's handshake
+            except upstream_client.Dropped:
                 if body is not None and body.problem is not None:
                     raise body.problem from None
                 if request.method in IDEMPOTENT and (body is None or not body.started):
-                    dropped = True  # (a kept connection it had closed, perhaps): another replica, no ejection
+                    dropped = True  # another replica, without ejecting this one
                     break
                 report.error = "replica_error"
                 raise _failed(502, "the replica closed the connection before answering") from None
@@ -127,12 +128,15 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                     raise body.problem from None
                 report.error = "timeout"
                 raise _failed(504, f"the replica did not answer within {limits.read_timeout:g}s") from None
-            except aiohttp.ClientResponseError as exc:  # a malformed answer (bad status line, headers too large)
+            except upstream_client.Malformed as exc:
+                report.error = "replica_error"
+                raise _failed(502, f"the replica's answer is not valid HTTP: {exc}") from None
+            except aiohttp.ClientResponseError as exc:  # a WebSocket handshake refused or malformed
                 report.error = "replica_error"
                 raise _failed(502, f"the replica's answer is not valid HTTP: {exc.message}") from None
             except Refused:
                 raise
-            except aiohttp.ClientError as exc:
+            except (OSError, aiohttp.ClientError) as exc:
                 if body is not None and body.problem is not None:
                     raise body.problem from None
                 report.error = "replica_error"
@@ -144,47 +148,43 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                 break
             continue
         report.first_byte = time.monotonic()
-        return await _stream_back(request, upstream, report)
+        return await _stream_back(request, upstream, report, limits.read_timeout)
     report.error = "replica_error"
     raise _failed(502, "the replica refused the connection after the request body was sent")
 
 
-async def _stream_back(request: web.BaseRequest, upstream: aiohttp.ClientResponse, report: Upstream):
-    headers = CIMultiDict(response_headers(upstream.headers))
-    length = upstream.headers.get("Content-Length")
-    length = int(length) if length is not None and length.isdigit() else None
-    if length is not None and length <= SMALL:
+async def _stream_back(request: web.BaseRequest, upstream: upstream_client.Answer, report: Upstream,
+                       read_timeout: float):
+    headers = CIMultiDict(response_headers(CIMultiDict(upstream.headers)))
+    length = upstream.length
+    broken = (upstream_client.Dropped, upstream_client.Malformed, TimeoutError)
+    if length is not None and length <= SMALL and request.method != "HEAD":
         # a small answer of known length goes back in one write with its headers, as nginx's
         # proxy buffers do; a stream (no length, or chunked) or a larger body is never held
         try:
-            body = await upstream.read()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
-            upstream.close()
+            body = b"".join([piece async for piece in upstream.chunks(read_timeout)])
+        except broken:
+            upstream.release()
             report.error = "replica_error"
             raise Refused(502, "the replica's answer broke off before its Content-Length") from None
-        finally:
-            upstream.release()
-        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=body)
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        upstream.release()
+        return web.Response(status=upstream.code, reason=upstream.reason, headers=headers, body=body)
+    response = web.StreamResponse(status=upstream.code, reason=upstream.reason, headers=headers)
     if length is not None:
         response.content_length = length
     try:
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
+        async for chunk in upstream.chunks(read_timeout):
             await response.write(chunk)
         await response.write_eof()
-    except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+    except broken as exc:
         # the answer began: the only way left to tell the client it is cut short is to cut the
         # connection without the final chunk (or before Content-Length bytes)
-        upstream.close()
-        if not isinstance(exc, aiohttp.ClientConnectionResetError):
-            report.error = "timeout" if isinstance(exc, TimeoutError) else "replica_error"
+        report.error = "timeout" if isinstance(exc, TimeoutError) else "replica_error"
         if request.transport is not None:
             request.transport.close()
-        return response
     except ConnectionResetError:  # the client went away
-        upstream.close()
-        return response
+        pass
     finally:
         upstream.release()
     return response

@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 from django.conf import settings
 
-from serving.proxy import auth, metrics, paths
+from serving.proxy import auth, metrics, paths, upstream
 from serving.proxy.forward import Limits, Upstream, forward
 from serving.proxy.paths import Refused
 from serving.proxy.table import EJECT, Table
@@ -80,7 +80,8 @@ class Endpoint:
         self.tunnels = Tunnels(self.executor, _ssh_target)
         self.counts: Counter[int] = Counter()
         self.muster_cookies = frozenset({settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME})
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # WebSockets
+        self.pool = upstream.Pool(self.limits.connect_timeout)  # every other request
 
     async def start(self) -> None:
         # no limit on connections per replica (a stream holds one for its length); idle ones are
@@ -146,7 +147,8 @@ class Endpoint:
                 peer=request.remote or "", host=request.host, scheme=request.scheme,
                 prefix=target.prefix if service.strip_prefix else None,
                 websocket=request.headers.get("Upgrade", "").lower() == "websocket")
-            response = await forward(request, entry, path, headers, self.session, self.limits, report, self.tunnels)
+            response = await forward(request, entry, path, headers, self.session, self.pool, self.limits, report,
+                                     self.tunnels)
             if response is None and service.scales_to_zero:
                 response = await self.wait_for_replica(request, entry, path, headers, report)
             if response is None:
@@ -191,7 +193,8 @@ class Endpoint:
                 entry = await self.table.load((entry.service.project, entry.service.name))
             if entry.service is None:
                 return None
-            response = await forward(request, entry, path, headers, self.session, self.limits, report, self.tunnels)
+            response = await forward(request, entry, path, headers, self.session, self.pool, self.limits, report,
+                                     self.tunnels)
             if response is not None:
                 return response
         return None
