@@ -84,6 +84,7 @@ class _Conn(asyncio.Protocol):
         self.idle_handle: asyncio.TimerHandle | None = None
         self.writable = asyncio.Event()
         self.writable.set()
+        self.body_sent = True
 
     # asyncio.Protocol
     def connection_made(self, transport):
@@ -158,6 +159,8 @@ class _Conn(asyncio.Protocol):
         length = None
         if self.head_request or status in (204, 304):
             self.mode = "none"
+            declared = lower.get("content-length", "")
+            length = int(declared) if self.head_request and declared.isdigit() else None  # what a GET would get
         elif "chunked" in lower.get("transfer-encoding", "").lower():
             self.mode = "chunked"
         elif "content-length" in lower:
@@ -240,8 +243,9 @@ class _Conn(asyncio.Protocol):
                     return
 
     def finish(self):
-        if self.complete and self.keep and self.error is None and not self.buffer and self.transport is not None \
-                and not self.transport.is_closing():
+        # a body still being sent (a replica that answered before reading it all) spoils the connection
+        if self.complete and self.keep and self.body_sent and self.error is None and not self.buffer \
+                and self.transport is not None and not self.transport.is_closing():
             self.pool.put_back(self)
         elif self.transport is not None:
             self.transport.close()
@@ -308,6 +312,7 @@ class Pool:
         if body is not None:
             lines.append(f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked")
         conn.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        conn.body_sent = body is None
         sending = asyncio.ensure_future(_send(conn, body, length is None)) if body is not None else None
         try:
             conn.waiter = asyncio.get_running_loop().create_future()
@@ -335,5 +340,6 @@ async def _send(conn: _Conn, body, chunked: bool) -> None:
             await conn.writable.wait()
         if chunked and not conn.transport.is_closing():
             conn.transport.write(b"0\r\n\r\n")
+        conn.body_sent = True
     except Exception as exc:  # the client's body broke a limit or stalled: the request ends here
         conn._fail(exc)

@@ -104,6 +104,11 @@ def test_two_ready_replicas_are_both_reached_and_a_not_ready_one_never(endpoint,
     got = answer(requests.get(url(endpoint, "two", "v1/models?x=1"), timeout=10))
     assert got["path"] == "/v1/models?x=1"  # strip_prefix: the replica sees its own paths
     assert requests.get(url(endpoint, "two", "")[:-1], allow_redirects=False, timeout=10).status_code == 308
+    head = requests.head(url(endpoint, "two"), timeout=10)
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) > 0 and head.content == b""
+    for _ in range(3):  # the kept connections still answer after a HEAD and a body of each kind
+        assert requests.post(url(endpoint, "two", "echo"), data=b"z" * 70000, timeout=10).json()["body_length"] == 70000
+        assert requests.get(url(endpoint, "two", "sse"), timeout=10).text.count("data:") == 3
 
 
 def test_auth_needs_a_member_token_and_nothing_of_muster_reaches_the_replica(endpoint, replicas, port, make_user):
