@@ -176,9 +176,10 @@ class Compute(ABC):
         return {}
 
     @classmethod
-    def plan_group(cls, requirements: dict[str, Any]) -> GroupPlan | None:
-        """The group one job's (normalized) resources ask for; None when it asks for none this
-        backend makes."""
+    def plan_group(cls, requirements: dict[str, Any], hosts: int) -> GroupPlan | None:
+        """The group one job's (normalized) resources ask for, for a run's group of `hosts` nodes
+        (per slice); None when it asks for none this backend makes. The engine makes the group
+        only when the plan's hosts are the run's."""
         return None
 
     @classmethod

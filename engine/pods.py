@@ -71,8 +71,8 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
     Returns {job id: instance id}; {} when the fleet has no offer for the slice. A capacity or
     API error is raised after the planned rows are marked terminated.
     """
-    plan = compute.plan_group(group_jobs[0].spec["resources"])
     slices = slices_of(group_jobs[0])
+    plan = compute.plan_group(group_jobs[0].spec["resources"], len(group_jobs) // slices)
     if plan is None or len(group_jobs) != plan.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)

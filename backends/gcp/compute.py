@@ -60,7 +60,8 @@ class GcpTpuCompute(Compute):
         return config.with_kept(settings.MUSTER["GCP"], kept)
 
     @classmethod
-    def plan_group(cls, requirements: dict[str, Any]) -> GroupPlan | None:
+    def plan_group(cls, requirements: dict[str, Any], hosts: int) -> GroupPlan | None:
+        # the slice decides the hosts, whatever the run counted
         shape = parse_slice(str(((requirements or {}).get("gpu") or {}).get("tpu") or ""))
         return GroupPlan(shape.hosts, shape.name) if shape is not None else None
 
