@@ -157,6 +157,8 @@ class Compute(ABC):
     spot_note: str = ""
     # Its fleets are the hosts written in `ssh_config`, never named in `backends`.
     given_hosts: bool = False
+    # Its name in dstack's answers (dstack calls every fleet of hosts `remote`).
+    dstack_name: str = "remote"
 
     @classmethod
     def fleet_config(cls, configuration: dict[str, Any]) -> dict[str, Any]:

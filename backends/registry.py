@@ -21,8 +21,8 @@ from backends.gcp.tpu_shapes import (  # noqa: F401
 # The product's backends: name -> Compute class. A deployment adds its own by settings
 # (MUSTER["EXTRA_BACKENDS"], same shape; the benchmarks' hollow instances come that way).
 BACKENDS = {
-    "local": "backends.local.compute.LocalCompute",
     "ssh": "backends.ssh.compute.SSHCompute",
+    "local": "backends.local.compute.LocalCompute",
     "gcp": "backends.gcp.compute.GcpTpuCompute",
 }
 
@@ -52,6 +52,12 @@ def fleet_backend(backends: list[str] | None, given_hosts: bool = False) -> str:
         return next(name for name in BACKENDS if compute_class(name).given_hosts)
     name = (backends or [DEFAULT_BACKEND])[0]
     return ALIASES.get(name, name)
+
+
+def dstack_name(backend: str) -> str:
+    """The backend's name in dstack's answers (its fleets of hosts are all dstack's `remote`)."""
+    path = BACKENDS.get(backend) or settings.MUSTER["EXTRA_BACKENDS"].get(backend)
+    return import_string(path).dstack_name if path else "remote"
 
 
 def compute_class(name: str) -> type[Compute]:
@@ -116,3 +122,43 @@ def group_backend_config(group) -> dict[str, Any]:
     if group.fleet is not None:
         return fleet_backend_config(group.fleet)
     return compute_class(group_backend(group)).group_config(group.backend_data.get("fleet") or {})
+
+
+# What the apps use of the product's own host backends that the contract does not cover: hosts you
+# have are reached over SSH by their registration, health look, attach keys and address policy,
+# and a plan asks this machine's Docker. Reached through here so that no module outside backends/
+# imports a backend; each is imported when first used.
+
+def ssh_target(**fields: Any):
+    """How to reach a host over SSH (backends/ssh/connection.py: SSHTarget)."""
+    from backends.ssh.connection import SSHTarget
+
+    return SSHTarget(**fields)
+
+
+def ssh_runner_host(target, timeout: float):
+    """The runner channel to a host you have, before or besides its instance's row."""
+    from backends.ssh.runner_host import SSHRunnerHost
+
+    return SSHRunnerHost(target, timeout=timeout)
+
+
+def attach_keys():
+    """The module that installs and removes attach keys in a host's authorized_keys."""
+    from backends.ssh import attach_keys as module
+
+    return module
+
+
+def address_policy():
+    """The module holding the SSH host policy (which addresses Muster may reach)."""
+    from backends.ssh import address_policy as module
+
+    return module
+
+
+def local_docker() -> dict[str, Any]:
+    """This machine's Docker, as local hosts see it."""
+    from backends.local.host import local_docker as look
+
+    return look()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from backends.registry import compute_for_instance
-from backends.ssh import attach_keys
+from backends.registry import attach_keys, compute_for_instance
 from engine import claims
 from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
@@ -26,7 +25,8 @@ def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> 
     `token`: the rows' lease; only those it still holds are deleted (a worker whose lease was taken
     over leaves the rows to their new holder; removing a line twice is harmless, a row is not)."""
     if grants:
-        attach_keys.remove(host, attach_keys.authorized_keys_path(), [g.needle for g in grants])
+        keys = attach_keys()
+        keys.remove(host, keys.authorized_keys_path(), [g.needle for g in grants])
         rows = AttachGrant.objects.filter(pk__in=[g.pk for g in grants])
         (rows if token is None else rows.filter(lease_token=token)).delete()
 

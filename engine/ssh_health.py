@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from backends.base import BackendError
-from backends.ssh.runner_host import SSHRunnerHost
+from backends.base import BackendError, RunnerHost
+from backends.registry import ssh_runner_host
 from engine import claims, health
 from engine.tuning import DOCKER_PROBE_TIMEOUT, HEALTH_BATCH, HEALTH_THREADS
 from instances import docker_facts
@@ -62,7 +62,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
 def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]:
     """(None when the host answered over SSH, else why not; its Docker facts when probed, else
     docker_facts.UNCHANGED). A missing agent is not an outage."""
-    host = SSHRunnerHost(instance.ssh_target(), timeout=timeout)
+    host = ssh_runner_host(instance.ssh_target(), timeout)
     try:
         host.status()
         return None, _probe_docker(instance, host)
@@ -75,7 +75,7 @@ def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]
         host.close()
 
 
-def _probe_docker(instance: Instance, host: SSHRunnerHost) -> object:
+def _probe_docker(instance: Instance, host: RunnerHost) -> object:
     """In a health check's thread, on a host that just answered: its Docker facts when a probe is
     due and succeeds, else UNCHANGED. Never writes to the database."""
     if not docker_facts.due(instance):

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from backends.registry import creates_groups, fleet_backend_config, get_compute
+from backends.registry import creates_groups, fleet_backend, fleet_backend_config, get_compute, written_names
 from instances.models import (
     Fleet,
     FleetBackend,
@@ -174,11 +174,6 @@ def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
     return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
-# dstack's backend names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
-FLEET_KINDS = {"ssh": FleetBackend.SSH.value, "remote": FleetBackend.SSH.value, "local": FleetBackend.LOCAL.value,
-               "gcp": FleetBackend.GCP.value}
-
-
 def run_backends(configuration: dict | None) -> list[str] | None:
     """The run's `backends:` as written (None: any fleet's kind will do)."""
     return ((configuration or {}).get("profile") or {}).get("backends")
@@ -195,7 +190,8 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
         where.append("backend <> %s")
         params.append(FleetBackend.LOCAL.value)
     if backends is not None:
-        kinds = sorted({FLEET_KINDS[name] for name in backends if name in FLEET_KINDS})
+        # dstack's names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
+        kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})
         if not kinds:
             return []
         where.append(f"backend IN ({', '.join(['%s'] * len(kinds))})")

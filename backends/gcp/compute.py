@@ -42,6 +42,7 @@ class GcpTpuCompute(Compute):
     name = "gcp"
     creates_groups = True
     group_noun = "TPU slice"
+    dstack_name = "gcp"
     own_fleet_keys = ("queued_resource", "reservation")
     # the TPU runtime opens the chips' devices directly
     privileged_by_default = True

@@ -76,9 +76,10 @@ def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], hos
     say. docs/cli.md has the design."""
     # the address comes from the host's own probe: only a plain IP goes into the command
     ip = str(ipaddress.ip_address(ip))
-    from backends.ssh import attach_keys
+    from backends.registry import attach_keys
 
-    forward = host.forward_command(ip, ports, attach_keys.path_expr(attach_keys.authorized_keys_path()), grant.marker)
+    keys = attach_keys()
+    forward = host.forward_command(ip, ports, keys.path_expr(keys.authorized_keys_path()), grant.marker)
     # sshd's own quoting of a command="..." option: a double quote is written \"
     return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {public_key} {grant.marker}'
 
@@ -114,8 +115,7 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
     except ValueError:
         raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
     from backends.base import BackendError
-    from backends.registry import compute_for_instance
-    from backends.ssh import attach_keys
+    from backends.registry import attach_keys, compute_for_instance
     from engine import messages
     from events.services import record
 
@@ -124,9 +124,10 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
            f"forwarding to {inst.internal_ip}:{','.join(map(str, ports))}", actor=actor, run_id=run.pk,
            job_id=job.pk, instance_id=inst.pk)
     host = compute_for_instance(inst).runner_host(inst)
+    keys = attach_keys()
     try:
         try:
-            attach_keys.install(host, attach_keys.authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
+            keys.install(host, keys.authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
         except BackendError as exc:
             # the line may be there (the answer was lost): it goes with the grant, by a worker
             AttachGrant.objects.filter(pk=grant.pk).update(revoke_due=True)
@@ -137,7 +138,7 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
         # row) before this found no line yet, so the line goes here; one that marks it after
         # this look removes the line itself.
         if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
-            attach_keys.remove(host, attach_keys.authorized_keys_path(), [grant.needle])
+            keys.remove(host, keys.authorized_keys_path(), [grant.needle])
             AttachGrant.objects.filter(pk=grant.pk).delete()
             raise InvalidInput(["job"], f"job {job_num} of run {run.name} ended while attaching")
     finally:

@@ -15,7 +15,7 @@ other: it goes to a fleet that fits, or the plan's capacity says per fleet why n
 
 from __future__ import annotations
 
-from backends.local.host import local_docker
+from backends.registry import local_docker
 from instances import docker_facts, fitting
 from instances.models import FleetBackend, Instance, InstanceStatus
 from projects.models import Project
