@@ -16,7 +16,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
-  pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
+  pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
@@ -32,7 +32,7 @@ runs          engine/processing.py               process_run: a run's status der
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
-  watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
+  watch       engine/pod_watch.py                watch_pods: live groups at their provider; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
               engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts
               engine/fleet_deletion.py           delete_fleet: a terminating fleet's hosts stopped and ended, the fleet removed
