@@ -128,6 +128,11 @@ def stop_agents(instance_ids: list[int]) -> None:
         transaction.on_commit(lambda: registered.stop_agents.delay(list(instance_ids)))
 
 
+def install_attach_key(grant_id: int) -> None:
+    """An attach grant's line may go onto its host (install_attach_key)."""
+    transaction.on_commit(lambda: registered.install_attach_key.delay(grant_id))
+
+
 def revoke_attach_keys(instance_id: int) -> None:
     """Attach lines on this host are due to go (revoke_attach_keys)."""
     transaction.on_commit(lambda: registered.revoke_attach_keys.delay(instance_id))

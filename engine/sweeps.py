@@ -14,7 +14,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine import attach_revokes, messages, pods
+from engine import attach_installs, attach_revokes, messages, pods
 from engine.claims import unleased
 from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
@@ -93,6 +93,8 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # a fleet whose deletion was asked for and that nobody is deleting (the step holds a lease)
     ending = Fleet.objects.filter(unleased(now), status=FleetStatus.TERMINATING).values_list("pk", flat=True)[:BATCH]
     found["fleet_deletions"] = _enqueue(messages.delete_fleet, ending)
+    # attach lines not installed yet: the message was lost, or the host did not answer and the try backed off
+    found["attach_installs"] = _enqueue(messages.install_attach_key, attach_installs.grants_due(now, old))
     # attach lines whose removal failed (the host was down): once it answers again
     found["attach_revokes"] = _enqueue(messages.revoke_attach_keys, attach_revokes.instances_with_due_revokes(now))
     return found

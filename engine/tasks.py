@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from engine import (
+    attach_installs,
     attach_revokes,
     finishing,
     fleet_deletion,
@@ -100,6 +101,11 @@ def delete_fleet(fleet_id: int, actor: str = "server") -> None:
 def stop_agents(instance_ids: list[int]) -> None:
     # best effort, as the agents of a deleted fleet: hosts already out of the pool, nothing to claim
     groups.stop_agents(list(Instance.objects.filter(pk__in=instance_ids)))
+
+
+@step_task(priority=NEXT)
+def install_attach_key(grant_id: int) -> None:
+    attach_installs.install_attach_key(grant_id)
 
 
 @step_task(priority=NEXT)
