@@ -192,6 +192,13 @@ class Compute(ABC):
         return f"{base}-{_digest(run_name, group_name, attempt)}"
 
     @classmethod
+    def queued_view(cls, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a group's request waits at its provider ({name, zone, state, since}) while it is
+        queued there, from what the group keeps; None when it is not queued (a direct create). A
+        queued group's own request bounds its wait, not WAITING_INSTANCE_LIMIT."""
+        return None
+
+    @classmethod
     def group_env(cls, hosts: list[str], index: int, backend_data: dict[str, Any]) -> dict[str, Any] | None:
         """What the job on host `index` of a group (all its hosts' internal addresses in worker
         order) is told about the group (the runner's spec "tpu" entry); None: nothing."""

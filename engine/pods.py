@@ -240,7 +240,7 @@ def _poll_once(group: InstanceGroup) -> str:
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
     records, failure, reason = None, "", ""
-    queued = bool((group.backend_data.get("create") or {}).get("queued"))
+    queued = queued_view(group) is not None
     try:
         compute = compute_for_group(group)
         before = queued_view(group)

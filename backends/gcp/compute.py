@@ -77,6 +77,14 @@ class GcpTpuCompute(Compute):
         return f"{base[:50].rstrip('-')}-{digest}"
 
     @classmethod
+    def queued_view(cls, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        create = backend_data.get("create") or {}
+        if not create.get("queued"):
+            return None
+        return {"name": backend_data.get("queued_resource", ""), "zone": create.get("zone", ""),
+                "state": create.get("qr_state", ""), "since": create.get("since")}
+
+    @classmethod
     def group_env(cls, hosts: list[str], index: int, backend_data: dict[str, Any]) -> dict[str, Any] | None:
         """TPU_WORKER_ID and TPU_WORKER_HOSTNAMES within the host's slice; for a multislice set also
         the slice, the number of slices and the coordinator (slice 0 worker 0), the same on every host."""
