@@ -29,6 +29,8 @@ BACKENDS = {
 
 # dstack's word for the backend of hosts you have
 ALIASES = {"remote": "ssh"}
+# the backend of hosts you have, written as a fleet's `ssh_config` and registered over SSH
+GIVEN_HOSTS = "ssh"
 # the backend whose hosts are this machine, made at once by a fleet's apply (and by bootstrap)
 LOCAL_HOSTS = "local"
 # a fleet written without `ssh_config` or `backends` is made here
@@ -49,7 +51,7 @@ def fleet_backend(backends: list[str] | None, given_hosts: bool = False) -> str:
     """The backend a written fleet is made by: the one of given hosts when it lists them
     (`ssh_config`), else the first of `backends`, else the default."""
     if given_hosts:
-        return next(name for name in BACKENDS if compute_class(name).given_hosts)
+        return GIVEN_HOSTS
     name = (backends or [DEFAULT_BACKEND])[0]
     return ALIASES.get(name, name)
 

@@ -23,11 +23,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backends.base import BackendError, RunnerHost
-from backends.registry import ssh_runner_host
+from backends.registry import GIVEN_HOSTS, ssh_runner_host
 from engine import claims, health
 from engine.tuning import DOCKER_PROBE_TIMEOUT, HEALTH_BATCH, HEALTH_THREADS
 from instances import docker_facts
-from instances.models import FleetBackend, Instance, InstanceStatus
+from instances.models import Instance, InstanceStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
     every = float(settings.MUSTER["SSH_HEALTH_INTERVAL"])
     due = Instance.objects.filter(
         Q(last_seen__isnull=True) | Q(last_seen__lt=now - timedelta(seconds=every)),
-        backend=FleetBackend.SSH, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
+        backend=GIVEN_HOSTS, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
     )
     # Not released afterwards on purpose: the lease is what spaces the checks of one host.
     _token, pks = claims.claim_batch(due, HEALTH_BATCH, seconds=every, renew=False)

@@ -18,10 +18,16 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from backends.registry import creates_groups, fleet_backend, fleet_backend_config, get_compute, written_names
+from backends.registry import (
+    LOCAL_HOSTS,
+    creates_groups,
+    fleet_backend,
+    fleet_backend_config,
+    get_compute,
+    written_names,
+)
 from instances.models import (
     Fleet,
-    FleetBackend,
     FleetStatus,
     GroupKind,
     Instance,
@@ -188,7 +194,7 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
     where, params = ["project_id = %s", "status = %s"], [project_id, FleetStatus.ACTIVE.value]
     if not local:
         where.append("backend <> %s")
-        params.append(FleetBackend.LOCAL.value)
+        params.append(LOCAL_HOSTS)
     if backends is not None:
         # dstack's names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
         kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})

@@ -8,7 +8,9 @@ tests and the benchmarks are where backends are exercised by name, so neither is
   `from backends import local` (backends.base, .registry and .runner_archive are everyone's);
 - a string constant that is a backend's name or dstack's alias of one ("gcp", "ssh", "local",
   "remote"), wherever it stands: a comparison, a default, a dict key, an argument. Words of the
-  configuration language that are not backend names (`ssh_config`, `tpu`) are other strings.
+  configuration language that are not backend names (`ssh_config`, `tpu`) are other strings;
+- a member of the column's choices by name (`FleetBackend.SSH`): the roles the apps need are the
+  registry's (`GIVEN_HOSTS`, `LOCAL_HOSTS`), and `FleetBackend` is only the column's choices.
 The few constants that spell the same word without meaning the backend are listed with why.
 """
 
@@ -48,6 +50,9 @@ def namings(source: str, names: set[str], packages: set[str]) -> list[tuple[int,
                 found.append((node.lineno, f"from {node.module} import ..."))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
             found.append((node.lineno, repr(node.value)))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "FleetBackend" and node.attr.lower() in names:
+            found.append((node.lineno, f"FleetBackend.{node.attr}"))
     return sorted(found)
 
 
@@ -63,9 +68,12 @@ def test_the_check_sees_every_way_of_naming_a_backend():
         "compute = get_compute(data.get('backend', 'local'))",
         "from backends.registry import compute_class",  # the registry: allowed
         "from backends.base import BackendError",  # the contract: allowed
+        "from backends.registry import GIVEN_HOSTS",  # the registry's role names: allowed
+        "if inst.backend == FleetBackend.LOCAL: pass",
         "conf.get('ssh_config')",  # a configuration word, not a backend name
+        "counts = dict.fromkeys(FleetBackend.values, 0)",  # every backend, none by name
     ])
-    assert [line for line, _ in namings(source, names, packages)] == [1, 2, 3, 4, 5, 6]
+    assert [line for line, _ in namings(source, names, packages)] == [1, 2, 3, 4, 5, 6, 10]
 
 
 def test_no_file_outside_backends_names_a_backend():

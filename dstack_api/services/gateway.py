@@ -24,9 +24,8 @@ from django.conf import settings
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
-from backends.registry import address_policy
+from backends.registry import LOCAL_HOSTS, address_policy
 from dstack_api.models import UserSSHKey
-from instances.models import FleetBackend
 from projects.services import access
 from runs.models import Job
 from runs.services.attach import ATTACHABLE, job_ports
@@ -137,7 +136,7 @@ def address_refusal(instance) -> str:
         parsed = ipaddress.ip_address(ip)
     except ValueError:
         return f"the instance has no IP address ({ip!r})"
-    if instance.backend == FleetBackend.LOCAL:
+    if instance.backend == LOCAL_HOSTS:
         return "" if parsed.is_loopback else "a local instance's address must be loopback"
     return address_policy().refusal(ip, forward_policy())
 

@@ -14,7 +14,7 @@ from backends import registry
 from engine import messages
 from events.services import record
 from instances.lookup import fleet_in_use
-from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
+from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from instances.services import ssh_fleets
 from instances.transitions import move_fleet, move_instances
 from muster.api_errors import InvalidInput
@@ -92,7 +92,7 @@ def create_local_fleet(project: Project, name: str, count: int, placement: str =
     records = compute.create_instances(offer, count, names)
     with transaction.atomic():
         fleet = Fleet.objects.create(
-            project=project, name=name, backend=FleetBackend.LOCAL, placement=placement,
+            project=project, name=name, backend=registry.LOCAL_HOSTS, placement=placement,
             configuration={"type": "fleet", "name": name, "backends": [registry.LOCAL_HOSTS], "nodes": count,
                            **(policy or {})},
             network="127.0.0.0/8",
@@ -100,7 +100,7 @@ def create_local_fleet(project: Project, name: str, count: int, placement: str =
         for inst_name, rec in zip(names, records, strict=True):
             inst = Instance.objects.create(
                 project=project, fleet=fleet, name=inst_name, status=InstanceStatus.IDLE,
-                backend=FleetBackend.LOCAL, region=rec.region, hostname=rec.hostname, internal_ip=rec.internal_ip,
+                backend=registry.LOCAL_HOSTS, region=rec.region, hostname=rec.hostname, internal_ip=rec.internal_ip,
                 resources=rec.resources or {}, backend_data=rec.backend_data, index=rec.worker_index,
                 idle_since=timezone.now(),
             )
@@ -112,8 +112,8 @@ def create_local_fleet(project: Project, name: str, count: int, placement: str =
 
 def _next_local_index() -> int:
     # Loopback addresses are machine-wide, so they stay unique across projects.
-    used = Instance.objects.filter(backend=FleetBackend.LOCAL).exclude(status=InstanceStatus.TERMINATED).count()
-    last = Instance.objects.filter(backend=FleetBackend.LOCAL).order_by("-id").first()
+    used = Instance.objects.filter(backend=registry.LOCAL_HOSTS).exclude(status=InstanceStatus.TERMINATED).count()
+    last = Instance.objects.filter(backend=registry.LOCAL_HOSTS).order_by("-id").first()
     return max(_index_of(settings.MUSTER["LOCAL_FIRST_ADDRESS"]), used, _index_of(last.internal_ip) + 1 if last else 0)
 
 
