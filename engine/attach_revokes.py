@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from backends.registry import attach_keys, compute_for_instance
+from backends.registry import attach_keys as attach_keys_module
+from backends.registry import compute_for_instance
 from engine import claims
 from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
@@ -19,14 +20,15 @@ from runs.models import AttachGrant, Job
 
 log = logging.getLogger(__name__)
 
+attach_keys = attach_keys_module()  # the SSH hosts' authorized_keys lines
+
 
 def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> None:
     """Take the grants' lines off their host, then their rows (a failure leaves both for a retry).
     `token`: the rows' lease; only those it still holds are deleted (a worker whose lease was taken
     over leaves the rows to their new holder; removing a line twice is harmless, a row is not)."""
     if grants:
-        keys = attach_keys()
-        keys.remove(host, keys.authorized_keys_path(), [g.needle for g in grants])
+        attach_keys.remove(host, attach_keys.authorized_keys_path(), [g.needle for g in grants])
         rows = AttachGrant.objects.filter(pk__in=[g.pk for g in grants])
         (rows if token is None else rows.filter(lease_token=token)).delete()
 
