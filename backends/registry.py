@@ -1,4 +1,6 @@
-"""Backend name -> Compute class. Imports are lazy so a missing optional dependency stays local."""
+"""Backend name -> Compute class, and the one place outside a backend's own package that names one:
+the engine and the apps ask here (and the class, backends/base.py) instead of comparing names
+(tests/test_backend_names.py). Imports are lazy so a missing optional dependency stays local."""
 
 from __future__ import annotations
 
@@ -40,11 +42,6 @@ DEFAULT_BACKEND = "local"
 def written_names() -> tuple[str, ...]:
     """Every backend name a configuration may write (`backends: [...]`), dstack's aliases too."""
     return (*BACKENDS, *ALIASES, *settings.MUSTER["EXTRA_BACKENDS"])
-
-
-def product_names() -> tuple[str, ...]:
-    """The product's own backends and their aliases (not a deployment's extra ones)."""
-    return (*BACKENDS, *ALIASES)
 
 
 def fleet_backend(backends: list[str] | None, given_hosts: bool = False) -> str:
