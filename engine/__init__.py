@@ -1,11 +1,13 @@
 """The engine: the claimed steps that move runs, jobs, instance groups and hosts along.
 
 Each step is `claims.claimed(Model, pk, name, body)`: the body does its work and returns an Outcome
-(the status it left the row in, what it learned, the next messages), which claims.py applies in one
-guarded UPDATE before the messages leave after commit (engine/messages.py; a job's outcome:
+(the status it left the row in, what it learned and the events that say so, the next messages), which
+claims.py applies in one guarded UPDATE (with those events, in its transaction) before the messages
+leave after commit (engine/messages.py; a job's outcome:
 engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
 claims        engine/claims.py                   claimed: the claim, the body's Outcome applied in one guarded UPDATE
+              engine/outcome.py                  Outcome: what a body leaves to apply (fields, events, a move, follow-ups)
               engine/locked_claims.py            the claim protocol's own statements, written once per shape
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0

@@ -26,6 +26,7 @@ from instances.models import (
     InstanceStatus,
 )
 from instances.transitions import NOT_TERMINATED, end_group, move_group, move_instances
+from muster.claimable import Lease
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,12 @@ def _failed_delete(group: InstanceGroup, exc: BackendError) -> claims.Outcome:
                           retry_in=wait)
 
 
-def _terminated(group: InstanceGroup, token: str) -> bool:
+def _terminated(group: InstanceGroup, *, lease: Lease) -> bool:
     """The give-back is the group's final move, with its instances', in one transaction."""
     with transaction.atomic():
         # the lease goes with the final move; a stale token moves nothing
         if not move_group(group, GroupStatus.TERMINATED, frm=[GroupStatus.TERMINATING], message="deleted",
-                          where={"lease_token": token}, lease_until=None, lease_token=""):
+                          lease=lease):
             return False
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
                        frm=NOT_TERMINATED, message="terminated with its group")

@@ -128,6 +128,13 @@ def stop_agents(instance_ids: list[int]) -> None:
         transaction.on_commit(lambda: registered.stop_agents.delay(list(instance_ids)))
 
 
+def stop_registered_agents(hosts: list[dict]) -> None:
+    """Runner agents a registration started, on hosts whose fleet is gone, may be stopped
+    (stop_registered_agents, best effort): each host's SSH target, its key encrypted."""
+    if hosts:
+        transaction.on_commit(lambda: registered.stop_registered_agents.delay(list(hosts)))
+
+
 def revoke_attach_keys(instance_id: int) -> None:
     """Attach lines on this host are due to go (revoke_attach_keys)."""
     transaction.on_commit(lambda: registered.revoke_attach_keys.delay(instance_id))

@@ -69,8 +69,7 @@ def _attempt(job: Job) -> dict | claims.Outcome:
             if full and not crowded:
                 return waiting.wait(job, spanning.full_fleets(full))
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
-            return claims.Outcome(move=lambda token: end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why,
-                                                             lease=token))
+            return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:
