@@ -10,12 +10,14 @@ shown with the job but are not failures (dstack's meaning of service probes).
 
 from __future__ import annotations
 
+from functools import partial
+
 from django.db import transaction
 from django.utils import timezone
 
 from engine import messages
+from engine.job_outcome import learn
 from engine.starting.ordering import group_conf, has_ordering, probes_of
-from events.services import record
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
 from runs.transitions import end_job
@@ -53,18 +55,12 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
         updates["probes"] = results
     passed = all(r["success_streak"] >= r["ready_after"] for r in results)
     if passed and job.ready_at is None:
-        updates["ready_at"] = timezone.now()
-        with transaction.atomic():
-            Job.objects.filter(pk=job.pk).update(**updates)
-            record(job.run.project_id, f"job {job.run.name}/{job.job_num}",
-                   f"ready: {', '.join(r['probe'] for r in results)} passed", status=JobStatus.RUNNING,
-                   run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
-            wake_waiting_peers(job)
-        _set(job, updates)
+        # written with the give-back; the peers look again once it is (they wait for this ready_at)
+        learn(job, event=f"ready: {', '.join(r['probe'] for r in results)} passed",
+              then=partial(wake_waiting_peers, job), ready_at=timezone.now(), **updates)
         return
     if updates:
-        Job.objects.filter(pk=job.pk).update(**updates)
-        _set(job, updates)
+        learn(job, **updates)
     if job.ready_at is None and not ended:
         _check_ready_timeout(job, state, host_now, results)
 
@@ -88,8 +84,3 @@ def wake_waiting_peers(job: Job) -> None:
         waiting = job.run.current_jobs().filter(status__in=(JobStatus.PROVISIONING, JobStatus.PULLING))
         for peer_id in waiting.values_list("pk", flat=True):
             messages.advance_job(peer_id)
-
-
-def _set(job: Job, updates: dict) -> None:
-    for key, value in updates.items():
-        setattr(job, key, value)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, log_copy, messages
-from engine.job_outcome import job_outcome
+from engine.job_outcome import job_outcome, learn
 from engine.running import observe
 from engine.starting import cluster, ordering
 from engine.tuning import STARTING_RECHECK
@@ -141,8 +141,9 @@ def _start_when_ready(job: Job) -> None:
             host.submit(job.runner_job_id, spec)
         finally:
             host.close()
-        Job.objects.filter(pk=job.pk).update(runner_submitted=True)
-        job.runner_submitted = True
+        # with the give-back: a step that fails after this submits again, which the runner takes
+        # as the same job (its spec's digest decides, runner/commands.py)
+        learn(job, runner_submitted=True)
     _watch(job)
 
 
