@@ -1,5 +1,10 @@
 """What a claimed step's body leaves for engine/claims.py to apply: its Outcome, and the events it
-carries (written in the give-back's transaction, with what the body learned)."""
+carries (written in the give-back's transaction, with what the body learned).
+
+What a body finds out about its row on the way, deep in the functions it calls, is `learn`ed on the
+row's copy (fields, events, follow-ups) and taken into the Outcome it returns (`learned`): the
+body never writes its own row.
+"""
 
 from __future__ import annotations
 
@@ -68,3 +73,36 @@ def record_events(events) -> None:
         by_writer.setdefault((entry.pop("project_id"), entry.pop("actor")), []).append(entry)
     for (project_id, actor), entries in by_writer.items():
         record_many(project_id, entries, actor=actor)
+
+
+@dataclass
+class Learned:
+    fields: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+    then: list = field(default_factory=list)
+
+
+def learn(row, *, event: dict | None = None, then: Callable[[], object] | None = None, **fields) -> None:
+    """Note what the step holding `row` found out: `fields` go on the copy now and into the row with
+    the give-back, `event` (an `event(...)`) in its transaction, `then` once the row is free."""
+    learned = row.__dict__.setdefault("_learned", Learned())
+    for name, value in fields.items():
+        setattr(row, name, value)
+    learned.fields.update(fields)
+    if event is not None:
+        learned.events.append(event)
+    if then is not None:
+        learned.then.append(then)
+
+
+def learned(row) -> Learned:
+    """What was learned about `row` so far, taken off it (for the Outcome the body returns)."""
+    return row.__dict__.pop("_learned", None) or Learned()
+
+
+def with_learned(row, *, expect: tuple = (), then=(), hand_over: Mapping | None = None, **fields) -> Outcome:
+    """The Outcome that gives `row` back with `fields` and what was learned about it (its follow-ups
+    first, then `then`)."""
+    found = learned(row)
+    return Outcome(expect=tuple(expect), fields={**found.fields, **fields}, events=tuple(found.events),
+                   then=(*found.then, *then), hand_over=hand_over or {})

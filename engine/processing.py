@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine import claims, failure_policy, messages, restarts
+from engine import claims, failure_policy, messages, outcome, restarts
 from engine.finishing import end_active_jobs
 from events.models import Event
 from events.services import record
@@ -51,7 +51,7 @@ def _process(held: claims.Held) -> claims.Outcome:
         raise  # the claimed step gives the run back with a backoff
     # Only a derive that finished is recorded: one that failed half-way and still wrote
     # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
-    return claims.Outcome(fields={"derived_at": derived_at}, then=(partial(_derive_again_if_moved, run, derived_at),))
+    return outcome.with_learned(run, derived_at=derived_at, then=(partial(_derive_again_if_moved, run, derived_at),))
 
 
 def _derive_again_if_moved(run: Run, derived_at) -> None:
@@ -136,8 +136,7 @@ def _restart_run(run: Run, cause: Job, jobs: list[Job]) -> None:
     if record.get("submission") != cause.submission_num:
         counted = {**(run.restarts or {}), index: {"count": int(record.get("count", 0)) + 1,
                                                    "submission": cause.submission_num, "whole_run": True}}
-        Run.objects.filter(pk=run.pk).update(restarts=counted)
-        run.restarts = counted
+        outcome.learn(run, restarts=counted)  # written with the give-back
     if _within(run, cause.termination_reason, retry_duration(run.configuration)):
         _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
     else:
