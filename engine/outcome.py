@@ -102,7 +102,9 @@ def learned(row) -> Learned:
 
 def with_learned(row, *, expect: tuple = (), then=(), hand_over: Mapping | None = None, **fields) -> Outcome:
     """The Outcome that gives `row` back with `fields` and what was learned about it (its follow-ups
-    first, then `then`)."""
+    first, then `then`). A learned field is written as the copy holds it now: a move since (which
+    writes the field too, and sets it on the copy) is not undone."""
     found = learned(row)
-    return Outcome(expect=tuple(expect), fields={**found.fields, **fields}, events=tuple(found.events),
+    return Outcome(expect=tuple(expect), fields={**{name: getattr(row, name) for name in found.fields}, **fields},
+                   events=tuple(found.events),
                    then=(*found.then, *then), hand_over=hand_over or {})

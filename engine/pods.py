@@ -26,7 +26,7 @@ from django.utils import timezone
 from backends.base import BackendError, Compute, GroupProgress, NoCapacityError, ProvisioningData
 from backends.registry import fleet_backend_config, get_compute, group_backend_config, kept_for_group
 from backends.tpu_shapes import SliceShape, parse_slice
-from engine import claims, messages
+from engine import claims, messages, outcome
 from engine.claims import unleased
 from engine.submitted import gang
 from engine.tuning import POD_BATCH
@@ -96,7 +96,8 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
         else:
             _forget(group, f"create failed: {exc}", delete=slices > 1)
             raise
-    _keep(group, progress)
+    if _keep(group, progress):  # nobody holds the new group: written now
+        InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
     if progress.records:
         apply_ready(group, progress.records)
     else:
@@ -202,12 +203,13 @@ def _forget(group: InstanceGroup, why: str, delete: bool = False) -> None:
             messages.terminate_group(group.pk)
 
 
-def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
-    """Store where the create stands (zone, operation, zones refused) for the next poll."""
+def _keep(group: InstanceGroup, progress: GroupProgress) -> bool:
+    """Keep where the create stands (zone, operation, zones refused) for the next poll, on the copy;
+    True when there is something to write."""
     if not progress.backend_data:
-        return
+        return False
     group.backend_data = {**group.backend_data, **progress.backend_data}
-    InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
+    return True
 
 
 def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
@@ -246,7 +248,7 @@ def _poll(held: claims.Held) -> claims.Outcome:
     follow = {GroupStatus.PROVISIONING: (partial(schedule_poll, group.pk),),
               GroupStatus.TERMINATING: (partial(messages.terminate_group, group.pk),)}.get(status, ())
     # `updated` marks the last poll, so the sweep only re-enqueues polls that got lost.
-    return claims.Outcome(expect=(status,), fields={"updated": timezone.now()}, then=follow, hand_over=HAND_OVER)
+    return outcome.with_learned(group, expect=(status,), updated=timezone.now(), then=follow, hand_over=HAND_OVER)
 
 
 def _poll_once(group: InstanceGroup) -> str:
@@ -259,7 +261,8 @@ def _poll_once(group: InstanceGroup) -> str:
         compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
         before = queued_view(group)
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
-        _keep(group, progress)
+        if _keep(group, progress):
+            outcome.learn(group, backend_data=group.backend_data)  # written with the poll's give-back
         records, queued = progress.records, progress.queued
         if progress.started_at is not None:  # a queued request went ACTIVE: its node counts from then
             waited = time.time() - progress.started_at
@@ -299,10 +302,12 @@ def _say_queued(group: InstanceGroup, before: dict | None) -> None:
     if not view or not view["state"] or (before and (before["state"], before["zone"]) == (view["state"], view["zone"])):
         return
     text = f"queued resource in {view['zone']}: {view['state']}"
-    record(group.project_id, f"instance group {group.name}", text, status=GroupStatus.PROVISIONING)
+    # with the poll's give-back, which keeps the state they tell of
+    outcome.learn(group, event=outcome.event(group.project_id, f"instance group {group.name}", text,
+                                             status=GroupStatus.PROVISIONING))
     for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
-        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=job.status,
-               run_id=job.run_id, job_id=job.pk)
+        outcome.learn(group, event=outcome.event(job.run.project_id, f"job {job.run.name}/{job.job_num}", text,
+                                                 status=job.status, run_id=job.run_id, job_id=job.pk))
 
 
 def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
