@@ -58,8 +58,7 @@ def _watch_batch() -> int:
 
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
-                .select_related("run", "instance", "instance__fleet", "instance__group"))
+    jobs = list(held.rows(Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")))
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     seen_before = {job.pk: job.agent_seen_at for job in jobs}
