@@ -18,6 +18,7 @@ from django.utils import timezone
 from engine import messages
 from engine.job_outcome import learn
 from engine.starting.ordering import group_conf, has_ordering, probes_of
+from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
 from runs.transitions import end_job
@@ -31,7 +32,7 @@ def describe(probe: dict) -> str:
     return f"http {str(probe.get('method', 'get')).upper()} :{probe.get('port')}{probe.get('url', '/')}"
 
 
-def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False) -> None:
+def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False, *, lease: Lease) -> None:
     """Act on the probe results of one look at a running job (the caller holds its claim).
     `ended`: the runner says the job is over (the caller ends it next): its results still say
     whether it was ready, but no ready_timeout applies any more."""
@@ -62,10 +63,10 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
     if updates:
         learn(job, **updates)
     if job.ready_at is None and not ended:
-        _check_ready_timeout(job, state, host_now, results)
+        _check_ready_timeout(job, state, host_now, results, lease)
 
 
-def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict]) -> None:
+def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict], lease: Lease) -> None:
     limit = int(group_conf(job).get("ready_timeout") or 0)
     start = state.get("start_time") or job.start_time
     if not limit or start is None or host_now is None or host_now - float(start) <= limit:
@@ -73,7 +74,7 @@ def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results:
     failing = [f"{r['probe']}: {r['last_error'] or 'no answer yet'} ({r['success_streak']}/{r['ready_after']})"
                for r in results if r["success_streak"] < r["ready_after"]]
     end_job(job, JobReason.WAITING_READY_LIMIT_EXCEEDED,
-            f"not ready within ready_timeout {limit}s: " + "; ".join(failing)[:900])
+            f"not ready within ready_timeout {limit}s: " + "; ".join(failing)[:900], lease=lease)
 
 
 def wake_waiting_peers(job: Job) -> None:

@@ -47,7 +47,7 @@ def _look(job: Job, state: str, streak: int, started_ago: float) -> None:
             "exit_status": 0 if state != "running" else None,
             "probes": [{"success_streak": streak, "calls": 3, "last_at": now,
                         "last_error": None if streak else "exit 1"}],
-        }}})
+        }}}, lease=held.lease)
         return job_outcome(job)
 
     assert claims.claimed(Job, job.pk, "look", body).applied == {job.pk}
