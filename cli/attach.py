@@ -90,6 +90,34 @@ def wait_until_started(client: Client, name: str, job_num: int) -> dict[str, Any
         time.sleep(follow.POLL_SECONDS)
 
 
+# how long attach waits for a worker to put the key on the job's host
+INSTALL_WAIT_SECONDS = 120.0
+
+
+def wait_until_installed(client: Client, name: str, info: dict[str, Any],
+                         timeout: float = INSTALL_WAIT_SECONDS) -> dict[str, Any]:
+    """The server answers an attach at once and a worker installs the key on the host: poll the
+    attach until the key is in (as `muster fleet apply` waits for a registration), saying why it
+    waits when the host did not take it yet."""
+    path = f"runs/{segment(name)}/attach/{info['id']}"
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while True:
+        if info.get("status") == "installed":
+            return info
+        if info.get("status") != "installing":
+            raise CliError(info.get("error") or f"the attach key was not installed ({info.get('status')})")
+        if info.get("error") and info["error"] != shown:
+            shown = info["error"]
+            say(f"{shown}; the server tries again")
+        if time.monotonic() > deadline:
+            why = f" (last try: {shown})" if shown else ""
+            raise CliError(f"the server has not installed the attach key on job {info.get('job')}'s host after "
+                           f"{timeout:g} s{why}: is the host reachable? (`muster fleet list`); try again later")
+        time.sleep(follow.POLL_SECONDS)
+        info = client.get(path)
+
+
 def connect(ssh: dict[str, Any], pkey):
     """An SSH transport to the job's host, checked against the host key the server recorded."""
     import paramiko
@@ -176,6 +204,8 @@ def attach(client: Client, name: str, job_num: int, local_ports: dict[int, int])
     wait_until_started(client, name, job_num)
     pkey, public = ensure_key()
     info = client.post(f"runs/{segment(name)}/attach", {"job": job_num, "public_key": public})
+    if info.get("status") == "installing":
+        info = wait_until_installed(client, name, info)
     where = f"job {job_num} ({info.get('node_group_name')}/{info.get('node_group_rank')})"
     transport, forwards = None, []
     if info.get("backend") == "local" or not info.get("ssh"):

@@ -9,8 +9,10 @@ engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper
 claims        engine/claims.py                   claimed: the claim, the body's Outcome applied in one guarded UPDATE
                                                  (the lease columns: here, locked_claims.py and muster/claimable.py only)
               engine/outcome.py                  Outcome: what a body leaves to apply (fields, events, a move, follow-ups)
-              engine/locked_claims.py            the claim protocol's own statements, written once per shape
+              engine/locked_claims.py            the claim protocol's own statements, written once per shape (its rows module)
+              engine/nudges.py                   which job moves nudge their run: the rules the transition functions call
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
+              engine/errors.py                   Refused: what a step refuses, in the {loc, msg} shape, none of the API's types
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
@@ -42,12 +44,13 @@ fleets        engine/registration.py             register_fleet: a pending SSH f
               engine/fleet_deletion.py           delete_fleet: a terminating fleet's hosts stopped and ended, the fleet removed
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
-attach keys   engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed
+attach keys   engine/attach_installs.py          install_attach_key: a user's attach line put on the job's host
+              engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed
 sweeps        engine/sweeps.py                   sweep: send again the message of any row whose own seems lost
 logs          engine/log_copy.py                 follow, take, keep_copy: a job's log copied to the server as it runs and ends
 
-The engine does all host I/O (log copy: engine/log_copy.py; attach revokes; the Docker probe; SSH
-registration; agent stops). It imports the tables below it (models, choices, transitions, and the
+The engine does all host I/O (log copy: engine/log_copy.py; attach installs and revokes; the Docker
+probe; SSH registration; agent stops). It imports the tables below it (models, choices, transitions, and the
 read-only modules beside them) and never the app services, the API or the console above it;
 tests/test_import_graph.py holds the layer rule.
 """

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from runs.choices import FAILING_REASONS, RETRY_EVENT
-from runs.configuration.failure_policy import DEFAULT_MAX_RESTARTS
+from runs.configuration.stored import StoredGroup, run_configuration
 from runs.models import Job, Run
 
 FAIL_RUN, RESTART_GROUP, RESTART_RUN, IGNORE = "fail-run", "restart-group", "restart-run", "ignore"
@@ -18,14 +18,12 @@ ERROR, INTERRUPTION = "error", "interruption"
 _GROUP_REFERENCE = re.compile(r"\$\{\{\s*groups\[(\d+)\]")
 
 
-def group_of(run: Run, index: int) -> dict:
-    groups = run.configuration.get("groups") or []
-    return groups[index] if 0 <= index < len(groups) and isinstance(groups[index], dict) else {}
+def group_of(run: Run, index: int) -> StoredGroup:
+    return run_configuration(run).group(index)
 
 
 def max_restarts(run: Run, index: int) -> int:
-    value = group_of(run, index).get("max_restarts")
-    return DEFAULT_MAX_RESTARTS if value is None else int(value)
+    return group_of(run, index).max_restarts
 
 
 def event_of(job: Job) -> str | None:
@@ -37,13 +35,12 @@ def matched_action(run: Run, job: Job) -> str | None:
     event = event_of(job)
     if event not in (ERROR, INTERRUPTION):
         return None
-    for rule in group_of(run, job.node_group_index).get("on_failure") or []:
-        if event not in rule.get("on_events", (ERROR, INTERRUPTION)):
+    for rule in group_of(run, job.node_group_index).on_failure:
+        if event not in rule.on_events:
             continue
-        codes = rule.get("on_exit_codes") or []
-        if codes and (event != ERROR or job.exit_status not in codes):
+        if rule.on_exit_codes and (event != ERROR or job.exit_status not in rule.on_exit_codes):
             continue
-        return rule["action"]
+        return rule.action
     return None
 
 
@@ -72,18 +69,17 @@ def keeps_host(job: Job) -> bool:
 
 def referencing_groups(run: Run, index: int) -> set[int]:
     """Groups whose commands or env name group `index`'s addresses, or that `depends_on` it."""
-    groups = run.configuration.get("groups") or []
-    name = group_of(run, index).get("name")
+    groups = run_configuration(run).groups
+    name = group_of(run, index).name
     found = set()
     for i, group in enumerate(groups):
-        if i == index or not isinstance(group, dict):
+        if i == index:
             continue
-        texts = [*(group.get("commands") or []), *((group.get("env") or {}).values())]
+        texts = [*group.commands, *group.env.values()]
         if any(str(index) in _GROUP_REFERENCE.findall(str(t)) for t in texts):
             found.add(i)
-        for dep in group.get("depends_on") or []:
-            if (dep.get("group") if isinstance(dep, dict) else dep) == name:
-                found.add(i)
+        if any(dep.group == name for dep in group.depends_on):
+            found.add(i)
     return found
 
 

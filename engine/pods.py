@@ -46,6 +46,7 @@ from instances.transitions import NOT_TERMINATED, end_group, move_group, move_in
 from muster import crypto
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
+from runs.configuration.stored import run_configuration
 from runs.models import Job
 from runs.transitions import terminate_job
 
@@ -112,8 +113,7 @@ def schedule_poll(group_id: int, countdown: float | None = None) -> None:
 
 def slices_of(job) -> int:
     """The slices of the job's group: 1, or N for a multislice set (`slices: N`)."""
-    groups = job.run.configuration.get("groups") or []
-    return int((groups[job.node_group_index] if job.node_group_index < len(groups) else {}).get("slices") or 1)
+    return run_configuration(job.run).group(job.node_group_index).slices
 
 
 def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> list[Instance] | None:

@@ -20,6 +20,7 @@ from events.services import record
 from muster import compiled
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
+from runs.configuration.stored import run_configuration
 from runs.job_rows import create_jobs
 from runs.limits import retry_duration
 from runs.models import Job, Run
@@ -99,7 +100,7 @@ def _derive(run: Run, lease: Lease) -> None:
             return
         ignored = verdict.ignored  # the run goes on without them
     master = jobs[0]
-    stop_criteria = run.configuration.get("stop_criteria") or "all-done"
+    stop_criteria = run_configuration(run).stop_criteria
     if stop_criteria == "master-done" and master.status == JobStatus.DONE:
         _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE, jobs=jobs, lease=lease)
         return
@@ -140,7 +141,7 @@ def _restart_run(run: Run, cause: Job, jobs: list[Job], lease: Lease) -> None:
         counted = {**(run.restarts or {}), index: {"count": int(record.get("count", 0)) + 1,
                                                    "submission": cause.submission_num, "whole_run": True}}
         outcome.learn(run, restarts=counted)  # written with the give-back
-    if _within(run, cause.termination_reason, retry_duration(run.configuration)):
+    if _within(run, cause.termination_reason, retry_duration(run_configuration(run))):
         _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs,
                   lease=lease)
     else:
@@ -149,15 +150,15 @@ def _restart_run(run: Run, cause: Job, jobs: list[Job], lease: Lease) -> None:
 
 
 def _retry_configured(run: Run, job_reason: str) -> bool:
-    retry = run.configuration.get("retry")
+    retry = run_configuration(run).retry
     event = RETRY_EVENT.get(job_reason)
-    return bool(retry and event and event in retry.get("on_events", []))
+    return bool(retry and event and event in retry.on_events)
 
 
 def _retry_allowed(run: Run, job_reason: str) -> bool:
     if not _retry_configured(run, job_reason):
         return False
-    return _within(run, job_reason, retry_duration(run.configuration))
+    return _within(run, job_reason, retry_duration(run_configuration(run)))
 
 
 def _within(run: Run, job_reason: str, duration: int) -> bool:

@@ -113,8 +113,8 @@ def _cascade(run: Run, records: dict, index: int, current: dict, now, due) -> No
         records[str(other)] = {"count": int(rec.get("count", 0)), "submission": current.get(other),
                                "due": due.isoformat(), "new_hosts": False, "follows": index,
                                "backoff": max(0.0, (due - now).total_seconds()),
-                               "cause": f"it names the addresses of group {group_of(run, index).get('name', index)}"}
-        name = (run.configuration.get("groups") or [{}] * (other + 1))[other].get("name", str(other))
+                               "cause": f"it names the addresses of group {group_of(run, index).name or index}"}
+        name = group_of(run, other).name or str(other)
         _say(run, f"group {name} restarts with group {index}: it names that group's addresses")
 
 

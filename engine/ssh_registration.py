@@ -26,6 +26,7 @@ from backends.base import BackendError
 from backends.ssh.connection import SSHTarget
 from backends.ssh.runner_host import SSHRunnerHost
 from engine import claims, groups, messages
+from engine.errors import Refused, RegistrationRefused
 from engine.tuning import REGISTER_THREADS
 from instances.models import (
     Fleet,
@@ -38,10 +39,9 @@ from instances.models import (
     InstanceStatus,
     Placement,
 )
-from instances.ssh_hosts import refuse_registered_elsewhere
+from instances.ssh_hosts import registered_elsewhere
 from instances.transitions import NOT_TERMINATED, move_fleet, move_instances
 from muster import crypto
-from muster.api_errors import InvalidInput
 from muster.claimable import Lease
 from projects.models import Project
 
@@ -71,7 +71,7 @@ def complete_registration(fleet: Fleet, actor: str = "server") -> claims.Outcome
     try:
         facts, started = _contact_all(fleet, instances, targets)
         network = _common_network(fleet.placement, hosts, facts)
-    except InvalidInput as exc:
+    except RegistrationRefused as exc:
         _stop_agents(targets, started)
         return claims.Outcome(move=partial(_fail, fleet, instances, exc.errors, actor))
     return claims.Outcome(move=partial(_activate_if_held, fleet, instances, targets, facts, started, network, actor))
@@ -146,7 +146,7 @@ def _common_network(placement: str, hosts: list[dict], facts: list[HostFacts]) -
             f"{h['hostname']}:{h['port']} ({f.probe.get('internal_ip')} in {f.probe.get('network') or 'unknown'})"
             for h, f in zip(hosts, facts, strict=True)
         )
-        raise InvalidInput(
+        raise RegistrationRefused(
             ["placement"],
             f"placement: cluster needs every host on one private network, but they are on {len(networks)}: "
             f"{where}. Register hosts that share a network, or use placement: any",
@@ -194,7 +194,7 @@ def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHT
 
 def _contact_all(fleet: Fleet, instances: list[Instance],
                  targets: list[SSHTarget]) -> tuple[list[HostFacts], list[HostFacts | None]]:
-    """(facts per host, facts of the hosts whose runner was started); InvalidInput names each failing host."""
+    """(facts per host, facts of the hosts whose runner was started); RegistrationRefused names each failing host."""
     timeout, overall = _timeouts()
     deadline = time.monotonic() + overall
     runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
@@ -212,7 +212,9 @@ def _contact_all(fleet: Fleet, instances: list[Instance],
             for i, found in facts.items():
                 Instance.objects.filter(pk=instances[i].pk).update(host_key=found.host_key)
             hosts = [{"hostname": t.hostname, "port": t.port} for t in targets]
-            refuse_registered_elsewhere(fleet.project, hosts, [facts[i] for i in everyone], fleet=fleet)
+            taken = registered_elsewhere(fleet.project, hosts, [facts[i] for i in everyone], fleet=fleet)
+            if taken:
+                raise RegistrationRefused.of(taken)
             _progress(instances, dict.fromkeys(everyone, "starting the runner"))
             started = _parallel(lambda i: runners[i].ensure_agent(revive=True), everyone, targets, deadline, errors)
     finally:
@@ -223,9 +225,7 @@ def _contact_all(fleet: Fleet, instances: list[Instance],
     if errors:
         _stop_agents(targets, ran)
         listed = [{"loc": ["ssh_config", "hosts", i], "msg": errors[i]} for i in sorted(errors)]
-        failure = InvalidInput(listed[0]["loc"], listed[0]["msg"])
-        failure.errors = listed
-        raise failure
+        raise RegistrationRefused.of(listed)
     return [r for r in results if r is not None], ran
 
 
@@ -271,7 +271,7 @@ def _group_name(project: Project, fleet_name: str) -> str:
     for candidate in (fleet_name, f"{fleet_name}-cluster", *(f"{fleet_name}-cluster-{n}" for n in range(2, 100))):
         if not live.filter(name=candidate).exists():
             return candidate
-    raise InvalidInput(["name"], f"too many live instance groups are named after {fleet_name}; pick another name")
+    raise Refused(["name"], f"too many live instance groups are named after {fleet_name}; pick another name")
 
 
 def _resources(probe: dict[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine import attach_revokes, messages, pods
+from engine import attach_installs, attach_revokes, messages, pods
 from engine.claims import unleased
+from engine.nudges import ended_without_failure
 from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
@@ -23,7 +24,6 @@ from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import ended_without_failure
 
 
 def stale_after() -> timedelta:
@@ -93,6 +93,8 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # a fleet whose deletion was asked for and that nobody is deleting (the step holds a lease)
     ending = Fleet.objects.filter(unleased(now), status=FleetStatus.TERMINATING).values_list("pk", flat=True)[:BATCH]
     found["fleet_deletions"] = _enqueue(messages.delete_fleet, ending)
+    # attach lines not installed yet: the message was lost, or the host did not answer and the try backed off
+    found["attach_installs"] = _enqueue(messages.install_attach_key, attach_installs.grants_due(now, old))
     # attach lines whose removal failed (the host was down): once it answers again
     found["attach_revokes"] = _enqueue(messages.revoke_attach_keys, attach_revokes.instances_with_due_revokes(now))
     return found
@@ -100,7 +102,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
 
 def _nudged(job: tuple[str, str], run_status: str) -> bool:
     """Whether a job now in this (status, reason) got there by a move that nudged its run
-    (runs.transitions.may_change_run): if so and the run was not derived after it, a message was lost."""
+    (engine.nudges.may_change_run): if so and the run was not derived after it, a message was lost."""
     status, reason = job
     return status in JOB_FINISHED or (status == JobStatus.TERMINATING and reason in FAILING_REASONS) or (
         status == JobStatus.PROVISIONING and run_status == RunStatus.SUBMITTED)
@@ -154,7 +156,7 @@ def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
         run_id__in=ids, superseded=False,
         status_changed_at__gte=Coalesce(F("run__derived_at"), F("run__submitted_at")), status_changed_at__lt=old)
     # a job that ended without a failure while others of its run still run nudged nobody
-    # (runs.transitions.matters_only_last): its run is derived as routine, not as a lost message
+    # (engine.nudges.matters_only_last): its run is derived as routine, not as a lost message
     running_on = set(Job.objects.filter(run_id__in=ids, superseded=False, status__in=JOB_UNFINISHED)
                      .values_list("run_id", flat=True).distinct())
     for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from engine import (
+    attach_installs,
     attach_revokes,
     finishing,
     fleet_deletion,
@@ -107,6 +108,11 @@ def stop_agents(instance_ids: list[int]) -> None:
 def stop_registered_agents(hosts: list[dict]) -> None:
     # best effort: the agents a registration started on hosts whose fleet went while it registered
     ssh_registration.stop_registered_agents(hosts)
+
+
+@step_task(priority=NEXT)
+def install_attach_key(grant_id: int) -> None:
+    attach_installs.install_attach_key(grant_id)
 
 
 @step_task(priority=NEXT)

@@ -11,9 +11,20 @@ from projects.models import Project
 
 def refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list | None = None,
                                 fleet: Fleet | None = None, own_only: bool = False) -> None:
-    """One machine sits in one live fleet: by address and port, and by host key once logged in.
-    `own_only` (before any login): only this project's; another project's hosts are told only to
-    whoever logs in with a key they accept, or registering would map other tenants' hosts."""
+    """The apply's check: InvalidInput (a 400) naming each host `registered_elsewhere` finds."""
+    errors = registered_elsewhere(project, hosts, facts, fleet, own_only)
+    if errors:
+        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
+        failure.errors = errors
+        raise failure
+
+
+def registered_elsewhere(project: Project, hosts: list[dict], facts: list | None = None,
+                         fleet: Fleet | None = None, own_only: bool = False) -> list[dict]:
+    """One machine sits in one live fleet: by address and port, and by host key once logged in; the
+    errors ({loc, msg}) of the hosts that are in another. `own_only` (before any login): only this
+    project's; another project's hosts are told only to whoever logs in with a key they accept, or
+    registering would map other tenants' hosts."""
     live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
     if own_only:
         live = live.filter(project=project)
@@ -45,7 +56,4 @@ def refuse_registered_elsewhere(project: Project, hosts: list[dict], facts: list
                     f"host {hosts[i]['hostname']}:{hosts[i]['port']} is the same machine as hosts[{first[found.host_key]}] "
                     "(it presents the same host key): list each machine once")})
             first.setdefault(found.host_key, i)
-    if errors:
-        failure = InvalidInput(errors[0]["loc"], errors[0]["msg"])
-        failure.errors = errors
-        raise failure
+    return errors

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "events",
     "console",
     "dstack_api",
+    "serving",
 ]
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:index"

@@ -66,6 +66,9 @@ JOB_UNFINISHED = (*JOB_ACTIVE, JobStatus.TERMINATING)  # not ended: active, or b
 # placed and not ended: the jobs the instance list shows on their hosts (a submitted job may point
 # at a host it has reserved, but holds it only once provisioning)
 JOB_ON_HOST = (JobStatus.PROVISIONING, JobStatus.PULLING, JobStatus.RUNNING, JobStatus.TERMINATING)
+# a job whose ports `muster attach` may reach: its process is on its host (runs/services/attach.py,
+# engine/attach_installs.py)
+JOB_ATTACHABLE = (JobStatus.PULLING, JobStatus.RUNNING)
 
 
 class JobReason(models.TextChoices):

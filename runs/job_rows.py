@@ -8,6 +8,7 @@ import json
 from django.views.decorators.debug import sensitive_variables
 
 from muster import crypto
+from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
 
 
@@ -35,7 +36,7 @@ def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
 
 @sensitive_variables()
 def secret_env(run: Run) -> dict[str, str]:
-    token = run.configuration.get("secret_env", "")
+    token = run_configuration(run).server.secret_env
     if not token:
         return {}
     return json.loads(crypto.decrypt(token, loc=["runs", run.name, "env"], what=f"the secret env of run {run.name}",

@@ -17,6 +17,7 @@ from muster.api_errors import InvalidInput
 from projects.models import Project
 from runs.choices import RUN_FINISHED, WAITING_FOR_HOST, JobStatus
 from runs.configuration import TaskConfiguration
+from runs.configuration.stored import StoredRun
 from runs.configuration.task_written import DEFAULT_RETRY_DURATION
 from runs.models import Job, Run
 
@@ -38,11 +39,11 @@ def check_retry_duration(conf: TaskConfiguration) -> None:
             f"{format_duration(limit)} (MUSTER_MAX_RETRY_DURATION)"))
 
 
-def retry_duration(configuration: dict) -> int:
+def retry_duration(conf: StoredRun) -> int:
     """A run's retry.duration in seconds (an hour when unset), as the engine counts it: at most
     MUSTER_MAX_RETRY_DURATION, so a run stored before the cap existed or was lowered is held to it."""
-    duration = (configuration.get("retry") or {}).get("duration")
-    duration = DEFAULT_RETRY_DURATION if duration is None else int(duration)
+    duration = conf.retry.duration if conf.retry is not None else None
+    duration = DEFAULT_RETRY_DURATION if duration is None else duration
     limit = int(settings.MUSTER["MAX_RETRY_DURATION"])
     return min(duration, limit) if limit > 0 else duration
 

@@ -36,6 +36,15 @@ class Run(Claimable):
     # When process_run last read the jobs: a job that changed after it is one the sweep must look
     # at (a lost nudge); a run whose jobs are all quiet costs the sweep nothing however long it runs.
     derived_at = models.DateTimeField(null=True, blank=True)
+    # A service's revision: a rolling update (re-applying the service) raises it, and its replicas
+    # of older deployments are replaced one at a time. 0 for tasks.
+    deployment_num = models.IntegerField(default=0)
+    # A service's wanted replicas per replica group name ({"prefill": 2}), kept by the engine:
+    # set at submit from `replicas`, changed by the scaler and by an update. Empty for tasks.
+    desired_replicas = models.JSONField(default=dict, blank=True)
+    # What the scaler remembers between its looks (the last request count sample, when it last
+    # scaled up or down); written only by the step that holds the run.
+    scaling = models.JSONField(default=dict, blank=True)
 
     class Meta:
         unique_together = [("project", "name")]
@@ -94,6 +103,11 @@ class Job(Claimable):
     waiting_for = models.CharField(max_length=200, blank=True, default="")
     # the last samples of what the job uses on its host, checked and bounded (runs/usage.py)
     usage = models.JSONField(default=list, blank=True)
+    # A service's replica this job belongs to, numbered within its replica group (a new submission
+    # of the replica keeps the number); 0 for a task's jobs.
+    replica_num = models.IntegerField(default=0)
+    # The run's deployment_num this job was made for (a rolling update replaces older ones).
+    deployment_num = models.IntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -136,8 +150,8 @@ class SubmissionKey(models.Model):
 class AttachGrant(Claimable):
     """One user's attach key line on one job's host (runs/services/attach.py).
 
-    Written before the line is installed and deleted only once the line is gone from the host, so
-    a line is never on a host without its row: `revoke_due` rows are the lines still to remove (the
+    Written (with `install_due`) by the request, before a worker installs the line, and deleted
+    only once the line is gone from the host, so a line is never on a host without its row: `revoke_due` rows are the lines still to remove (the
     job ended, the member left, the user lost every token), retried by the sweep until the host
     answers. The job and user may go first; the row keeps what it needs to find the line.
     """
@@ -149,6 +163,12 @@ class AttachGrant(Claimable):
                              related_name="attach_grants")
     marker = models.CharField(max_length=120, blank=True, default="")  # the line's comment (unique per grant)
     revoke_due = models.BooleanField(default=False, db_index=True)
+    # what the install step (engine/attach_installs.py) puts on the host: the request writes them,
+    # and `install_due` until the line is in; `install_error` is why the last try did not take
+    install_due = models.BooleanField(default=False)
+    public_key = models.TextField(blank=True, default="")
+    ports = models.JSONField(default=list, blank=True)
+    install_error = models.CharField(max_length=300, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

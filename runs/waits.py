@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from runs.choices import WAITING_FOR_HOST, JobStatus, RunStatus
+from runs.configuration.stored import run_configuration
 from runs.limits import retry_duration
 
 PREFIX = WAITING_FOR_HOST  # how a job 0 that waits for a host starts its `waiting_for`
@@ -15,7 +16,7 @@ def gives_up_at(run) -> datetime | None:
     """When a run that may wait for capacity stops waiting: its submission plus `retry.duration`,
     counted as dstack counts no-capacity (None: past the calendar's end, it waits as long as it takes)."""
     try:
-        return run.submitted_at + timedelta(seconds=retry_duration(run.configuration))
+        return run.submitted_at + timedelta(seconds=retry_duration(run_configuration(run)))
     except OverflowError:
         return None
 

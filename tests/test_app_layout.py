@@ -25,6 +25,8 @@ EXEMPT = {
     "console": "owns no API and no business rules",
     # dstack_api/__init__.py says why: dstack's client sends no query parameters (no api/filters.py)
     "dstack_api": "dstack's HTTP API, every call a POST with a JSON body",
+    # serving/__init__.py says why: a service is a run (runs' API); serving holds the endpoint
+    "serving": "the endpoint's process and tables; a service is a run, served by the runs API",
 }
 
 

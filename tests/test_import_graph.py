@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("backends", "cli", "console", "dstack_api", "engine", "events", "instances", "muster", "projects", "runner", "runs")
+PACKAGES = ("backends", "cli", "console", "dstack_api", "engine", "events", "instances", "muster", "projects", "runner", "runs", "serving")
 SKIPPED_PARTS = {"migrations", "tests", "bench", "__pycache__"}
 
 
@@ -197,15 +197,17 @@ MAY_IMPORT = {
 }
 # `muster serve` is the one command that runs the server: it imports it inside the command
 CLI_STARTS = {"muster.serve"}
-APPS = ("runs", "instances", "projects", "events", "console", "dstack_api")
+APPS = ("runs", "instances", "projects", "events", "console", "dstack_api", "serving")
 # the parts of an app that sit above the engine
-APP_UPPER_PARTS = {"services", "api", "admin", "management", "apps", "signals", "urls", "views", "gateway"}
+APP_UPPER_PARTS = {"services", "api", "admin", "management", "apps", "signals", "urls", "views", "gateway", "proxy"}
 EXACT = {
     "runs.configuration": BASE,
     # the duplicate-key YAML loader the CLI and the dialect share: a leaf that imports only PyYAML,
     # kept under cli/ because the CLI may import nothing of the server's
     "cli.strict_yaml": BASE,
     "engine.messages": MESSAGES,
+    # the engine's rules for which job moves nudge their run, called by the transition functions
+    "engine.nudges": TABLES,
     # the events table's own write (record, record_many), which every transition function calls
     "events.services": TABLES,
     "console.models": TABLES,

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("backends", "console", "dstack_api", "engine", "events", "instances", "muster", "projects", "runs")
+PACKAGES = ("backends", "console", "dstack_api", "engine", "events", "instances", "muster", "projects", "runs", "serving")
 TRANSITIONS = {"runs/transitions.py", "instances/transitions.py"}
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from django.db import models
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("backends", "console", "engine", "events", "instances", "muster", "projects", "runs")
+PACKAGES = ("backends", "console", "engine", "events", "instances", "muster", "projects", "runs", "serving")
 SKIPPED_PARTS = {"migrations", "tests", "bench", "__pycache__"}
 # The modules whose TextChoices hold statuses, states and reasons.
 ENUM_MODULES = ("runs.choices", "instances.models", "events.models")

@@ -20,16 +20,18 @@ from engine.job_outcome import learn
 from engine.starting.ordering import group_conf, has_ordering, probes_of
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
+from runs.configuration.readiness import Probe
+from runs.configuration.stored import run_configuration
 from runs.models import Job
 from runs.transitions import end_job
 
 
-def describe(probe: dict) -> str:
-    if probe.get("type") == "exec":
-        return "exec " + " ".join(probe.get("command") or [])[:60]
-    if probe.get("type") == "tcp":
-        return f"tcp :{probe.get('port')}"
-    return f"http {str(probe.get('method', 'get')).upper()} :{probe.get('port')}{probe.get('url', '/')}"
+def describe(probe: Probe) -> str:
+    if probe.type == "exec":
+        return "exec " + " ".join(probe.command or [])[:60]
+    if probe.type == "tcp":
+        return f"tcp :{probe.port}"
+    return f"http {str(probe.method or 'get').upper()} :{probe.port}{probe.url or '/'}"
 
 
 def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False, *, lease: Lease) -> None:
@@ -47,7 +49,7 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
         results.append({
             "probe": describe(probe),
             "success_streak": got.get("success_streak", 0),
-            "ready_after": probe.get("ready_after", 1),
+            "ready_after": probe.ready_after,
             "last_error": got.get("last_error"),
             "last_at": got.get("last_at"),
         })
@@ -67,7 +69,7 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
 
 
 def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict], lease: Lease) -> None:
-    limit = int(group_conf(job).get("ready_timeout") or 0)
+    limit = group_conf(job).ready_timeout
     start = state.get("start_time") or job.start_time
     if not limit or start is None or host_now is None or host_now - float(start) <= limit:
         return
@@ -79,7 +81,7 @@ def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results:
 
 def wake_waiting_peers(job: Job) -> None:
     """The jobs of the run still waiting to start look again now (one of them may wait for this one)."""
-    if not has_ordering(job.run.configuration or {}):
+    if not has_ordering(run_configuration(job.run)):
         return  # peers wait for addresses only, and those were known before this job started
     with transaction.atomic():
         waiting = job.run.current_jobs().filter(status__in=(JobStatus.PROVISIONING, JobStatus.PULLING))

@@ -11,6 +11,7 @@ from muster import crypto
 from runner import protocol
 from runs.configuration import gpu_count_for, substitute_ips
 from runs.configuration.container_policy import fleet_policy
+from runs.configuration.stored import run_configuration
 from runs.job_rows import secret_env
 from runs.models import Job
 
@@ -35,20 +36,15 @@ def gpus_on_host(job: Job, multi_node: bool = False) -> int:
 
 
 def group_commands_and_env(job: Job) -> tuple[list[str], dict[str, str]]:
-    """The job's commands and env, with the values of masked keys from the encrypted store.
-
-    They are its group's, kept once in the run's configuration; rows written before that kept
-    their own copy in `spec` (with the masked keys left out and listed in `hidden_env`).
-    """
+    """The job's commands and env (its group's, kept once in the run's configuration), with the
+    values of masked keys from the encrypted store."""
     run = job.run
-    if "commands" in job.spec:
-        keys, commands, env = job.spec.get("hidden_env") or [], job.spec["commands"], job.spec["env"]
-    else:
-        group = run.configuration["groups"][job.node_group_index]
-        keys = [k for k in run.configuration.get("hidden_env") or [] if k in group["env"]]
-        commands, env = group["commands"], {k: v for k, v in group["env"].items() if k not in keys}
+    conf = run_configuration(run)
+    group = conf.group(job.node_group_index)
+    keys = [k for k in conf.server.hidden_env if k in group.env]
+    env = {k: v for k, v in group.env.items() if k not in keys}
     hidden = secret_env(run) if keys else {}
-    return commands, {**{k: hidden[k] for k in keys if k in hidden}, **env}
+    return list(group.commands), {**{k: hidden[k] for k in keys if k in hidden}, **env}
 
 
 def runner_spec(job: Job, jobs: list[Job]) -> dict:
@@ -68,7 +64,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "node_group_rank": job.node_group_rank,
         "commands": [substitute_ips(c, ips) for c in commands],
         "env": env,
-        "max_duration": run.configuration.get("max_duration"),
+        "max_duration": run_configuration(run).max_duration,
         "node_ip": instance.internal_ip,
         "gpus": gpus_on_host(job, len(jobs) > 1),
         "cluster_info": {
@@ -79,7 +75,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "tpu": None,
         "container": None,
         # run by the job runner against 127.0.0.1 once the job runs (runner/probes.py)
-        "probes": probes_of(job) or None,
+        "probes": [p.model_dump(mode="json") for p in probes_of(job)] or None,
         "log_limit": int(settings.MUSTER["JOB_LOG_LIMIT"]),
     }
     if instance.group_id and instance.group.kind == GroupKind.TPU_POD:
@@ -103,9 +99,7 @@ def tpu_spec(instance) -> dict:
 
 
 def group_image(job: Job) -> str | None:
-    if "commands" in job.spec:
-        return job.spec.get("image")
-    return job.run.configuration["groups"][job.node_group_index].get("image")
+    return run_configuration(job.run).group(job.node_group_index).image
 
 
 def container_spec(job: Job, tpu: bool = False) -> dict | None:
@@ -114,20 +108,19 @@ def container_spec(job: Job, tpu: bool = False) -> dict | None:
     image = group_image(job)
     if not image:
         return None
-    conf = job.run.configuration
-    keys = conf.get("container") or {}
+    conf = run_configuration(job.run)
+    keys = conf.container
     vendors = {g.get("vendor") for g in (job.instance.resources or {}).get("gpus") or []}
-    shm = ((job.spec.get("resources") or {}).get("shm_size")
-           or (conf["groups"][job.node_group_index].get("resources") or {}).get("shm_size"))
+    shm = (job.spec.get("resources") or {}).get("shm_size") or conf.group(job.node_group_index).resources.shm_size
     return {
         "image": image,
         # a TPU VM's chips are devices the TPU runtime opens directly, as dstack runs them
-        "privileged": bool(keys.get("privileged")) or tpu,
-        "user": keys.get("user"),
-        "entrypoint": keys.get("entrypoint"),
-        "working_dir": keys.get("working_dir"),
-        "shell": keys.get("shell"),
-        "volumes": [_volume(v) for v in keys.get("volumes") or []],
+        "privileged": keys.privileged or tpu,
+        "user": keys.user,
+        "entrypoint": keys.entrypoint,
+        "working_dir": keys.working_dir,
+        "shell": keys.shell,
+        "volumes": [f"{v.instance_path or v.path}:{v.path}" for v in keys.volumes],
         "shm_size": shm,
         "gpus": "nvidia" if "nvidia" in vendors else "amd" if "amd" in vendors else None,
         "pull_timeout": float(settings.MUSTER["IMAGE_PULL_TIMEOUT"]),
@@ -145,16 +138,10 @@ def policy_of(instance) -> dict:
 
 def registry_auth(job: Job) -> dict | None:
     """registry_auth with its password, for the runner's pull (it keeps it in memory only)."""
-    conf = job.run.configuration
-    auth = (conf.get("container") or {}).get("registry_auth")
-    if not auth or not conf.get("secret_registry_password"):
+    conf = run_configuration(job.run)
+    auth = conf.container.registry_auth
+    if auth is None or not conf.server.registry_password:
         return None
-    password = crypto.decrypt(conf["secret_registry_password"], loc=["runs", job.run.name, "registry_auth"],
+    password = crypto.decrypt(conf.server.registry_password, loc=["runs", job.run.name, "registry_auth"],
                               what=f"the registry password of run {job.run.name}", fix="submit the run again")
-    return {"username": auth.get("username"), "password": password}
-
-
-def _volume(volume) -> str:
-    if isinstance(volume, dict):
-        return f"{volume.get('instance_path') or volume.get('path')}:{volume['path']}"
-    return str(volume)
+    return {"username": auth.username, "password": password}

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 from engine.job_outcome import learn
 from runs.choices import JobStatus
-from runs.configuration.readiness import CONDITION_DONE
+from runs.configuration.readiness import CONDITION_DONE, Probe
+from runs.configuration.stored import StoredGroup, StoredRun, run_configuration
 from runs.models import Job
 
 
-def group_conf(job: Job) -> dict:
-    """The job's group as configured ({} for rows written before groups were kept with the run)."""
-    groups = (job.run.configuration or {}).get("groups") or []
-    return groups[job.node_group_index] if job.node_group_index < len(groups) else {}
+def group_conf(job: Job) -> StoredGroup:
+    """The job's group as configured."""
+    return run_configuration(job.run).group(job.node_group_index)
 
 
-def probes_of(job: Job) -> list[dict]:
-    return group_conf(job).get("probes") or []
+def probes_of(job: Job) -> tuple[Probe, ...]:
+    return group_conf(job).probes
 
 
-def has_ordering(configuration: dict) -> bool:
+def has_ordering(conf: StoredRun) -> bool:
     """Whether any job of the run may wait for another one to start (or be ready, or done)."""
-    if (configuration.get("startup_order") or "any") != "any":
-        return True
-    return any(g.get("depends_on") for g in configuration.get("groups") or [])
+    return conf.startup_order != "any" or any(g.depends_on for g in conf.groups)
 
 
 def started(job: Job) -> bool:
@@ -43,22 +41,21 @@ def ready(job: Job) -> bool:
 
 def waits_for(job: Job, jobs: list[Job]) -> str:
     """What `job` waits for before it may start, in words ("" when nothing)."""
-    conf = job.run.configuration or {}
-    order = conf.get("startup_order") or "any"
+    order = run_configuration(job.run).startup_order
     if order == "master-first" and job.job_num != 0 and not ready(jobs[0]):
         return "the master (job 0) to be " + ("ready" if probes_of(jobs[0]) else "running")
     if order == "workers-first" and job.job_num == 0:
         behind = [j for j in jobs[1:] if not ready(j)]
         if behind:
             return f"the workers to be ready ({len(jobs) - 1 - len(behind)} of {len(jobs) - 1}; next: job {behind[0].job_num})"
-    for dep in group_conf(job).get("depends_on") or []:
-        members = [j for j in jobs if j.node_group_name == dep["group"]]
-        if dep.get("condition") == CONDITION_DONE:
+    for dep in group_conf(job).depends_on:
+        members = [j for j in jobs if j.node_group_name == dep.group]
+        if dep.condition == CONDITION_DONE:
             behind = [j for j in members if j.status != JobStatus.DONE]
         else:
             behind = [j for j in members if not ready(j)]
         if behind:
-            return (f"group {dep['group']} to be {dep.get('condition') or 'ready'} "
+            return (f"group {dep.group} to be {dep.condition or 'ready'} "
                     f"({len(members) - len(behind)} of {len(members)})")
     return ""
 

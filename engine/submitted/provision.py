@@ -19,6 +19,7 @@ from instances.models import Fleet
 from muster import compiled
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus, RunStatus
+from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
 from runs.transitions import end_job, move_job, move_run
 
@@ -95,12 +96,12 @@ SIBLING_FIELDS = ("id", "run_id", "job_num", "node_group_index", "node_group_ran
 def _record_placement(run: Run, job: Job, fleets: list, siblings: list[Job] | None) -> None:
     """Put the run on its fleets: group g's jobs on fleets[g]; the run's own `fleet` is group 0's."""
     names = {f.name for f in fleets}
-    groups = run.configuration.get("groups") or []
+    groups = run_configuration(run).groups
     if len(names) == 1:
         said = f"placed on fleet {fleets[0].name}"
     else:
         said = "placed across fleets: " + ", ".join(
-            f"{groups[g]['name'] if g < len(groups) else g} on {f.name}" for g, f in enumerate(fleets))
+            f"{groups[g].name if g < len(groups) else g} on {f.name}" for g, f in enumerate(fleets))
     with transaction.atomic():
         if not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleets[0], message=said):
             Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleets[0])
@@ -119,7 +120,7 @@ def _no_capacity(run: Run, siblings: list[Job] | None, usable: list[Fleet]) -> s
     jobs = siblings if siblings is not None else list(run.current_jobs().only(*SIBLING_FIELDS))
     groups = fitting.groups_of(jobs, lambda j: j.node_group_name, lambda j: j.node_group_index,
                                lambda j: j.spec["resources"])
-    lines = fit_reasons.explain(run.project_id, run.configuration.get("fleets") or [], groups, run.configuration,
+    lines = fit_reasons.explain(run.project_id, list(run_configuration(run).fleets), groups, run.configuration,
                             local=fitting.local_allowed(run.user), fleets=usable)
     text = "no fleet can hold every group of this run: " + " | ".join(lines)
     return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."

@@ -10,6 +10,7 @@ from instances.queued import queued_message, queued_view
 from muster.serializers import EpochTimeField, ModelSerializer, iso_time
 from runs import restart_view
 from runs.choices import JobStatus
+from runs.configuration.stored import SERVER_KEYS
 from runs.models import Job, Run
 from runs.waits import waiting_view
 
@@ -142,8 +143,8 @@ class RunSerializer(ModelSerializer):
         return jobs
 
     def get_configuration(self, run: Run) -> dict:
-        return {k: v for k, v in run.configuration.items()
-                if k not in ("secret_env", "hidden_env", "secret_registry_password")}
+        # the user's configuration as stored: the server's own keys are never shown
+        return {k: v for k, v in run.configuration.items() if k not in SERVER_KEYS}
 
     def get_jobs(self, run: Run) -> list[dict]:
         return JobSerializer(sorted(self._current(run), key=lambda j: j.job_num), many=True).data

@@ -118,7 +118,7 @@ class RunLogsView(ProjectScopedMixin, APIView):
 class RunAttachView(ProjectScopedMixin, APIView):
     """A POST, so read-only members get a 403: reaching a job's ports is more than reading."""
 
-    @extend_schema(request=dict, responses={200: dict})
+    @extend_schema(request=dict, responses={200: dict, 202: dict})
     def post(self, request, project, name):
         body = request.data if isinstance(request.data, dict) else {}
         job = body.get("job", 0)
@@ -126,7 +126,16 @@ class RunAttachView(ProjectScopedMixin, APIView):
             raise InvalidInput(["job"], f"a job number from 0 to {settings.MUSTER['MAX_NODES']}")
         info = attach.attach(_run(self.project, name), job, body.get("public_key"),
                                   actor=request.user.username, user=request.user)
-        return Response(info)
+        # 202: a worker installs the key on the host; GET runs/X/attach/<id> says when it is in
+        return Response(info, status=202 if "id" in info else 200)
+
+
+class RunAttachStatusView(ProjectScopedMixin, APIView):
+    """An attach's install, for its own user (`muster attach` polls it after the 202)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, project, name, grant):
+        return Response(attach.attach_status(_run(self.project, name), grant, user=request.user))
 
 
 class RunMetricsView(ProjectScopedMixin, APIView):

@@ -5,7 +5,8 @@ never leaves that machine, and nobody needs a copy of the fleet's key. The publi
 fleet user's authorized_keys on the job's host, restricted to forwarding to the job's address and
 ports (`restrict,command="... muster_runner.pyz forward --to IP --ports P"`: no forwarding, a
 forced command that carries one connection per session). Each line has its AttachGrant row,
-written first; the line is removed when the job ends (engine/finishing.py, where every job's end
+written first, by the request, which answers 202 without contacting the host: a worker installs
+the line (engine/attach_installs.py) while the CLI polls the grant. The line is removed when the job ends (engine/finishing.py, where every job's end
 passes) or its user loses access (runs/signals.py, then engine/attach_revokes.py), and the row
 only once the line is gone. docs/cli.md has the design.
 """
@@ -22,14 +23,13 @@ from django.db import transaction
 
 from instances.models import FleetBackend
 from muster.api_errors import InvalidInput
-from runs.choices import JobStatus
+from runs.choices import JOB_ATTACHABLE as ATTACHABLE
 from runs.models import AttachGrant, Job, Run
 
 log = logging.getLogger(__name__)
 
 KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 PUBLIC_KEY = re.compile(r"(?P<type>[a-z0-9-]{1,40}) (?P<data>[A-Za-z0-9+/]{16,4096}={0,3})(?: [\x21-\x7e]{0,100})?")
-ATTACHABLE = (JobStatus.PULLING, JobStatus.RUNNING)
 
 
 def marker(job_id: int, grant_id: int, username: str) -> str:
@@ -68,30 +68,9 @@ def job_ports(job: Job) -> list[int]:
     return list(dict.fromkeys(ports))
 
 
-def key_line(grant: AttachGrant, public_key: str, ip: str, ports: list[int], host) -> str:
-    """`restrict` with no forwarding at all, and a forced command that carries one connection to
-    one of the job's ports over the session itself (the runner's `forward`). A `port-forwarding`
-    key cannot be held to the job's ports: `permitopen` leaves -R open, `permitlisten` bounds TCP
-    listeners only, and OpenSSH (9.2 here) lets any Unix-socket -R or -L through whatever the lists
-    say. docs/cli.md has the design."""
-    # the address comes from the host's own probe: only a plain IP goes into the command
-    ip = str(ipaddress.ip_address(ip))
-    from backends.ssh import attach_keys
-
-    forward = host.forward_command(ip, ports, attach_keys.path_expr(attach_keys.authorized_keys_path()), grant.marker)
-    # sshd's own quoting of a command="..." option: a double quote is written \"
-    return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {public_key} {grant.marker}'
-
-
-ATTACH_EVENT = "attach key installed"
-
-
-class HostDidNotAnswer(InvalidInput):
-    status_code = 503
-
-
 def attach(run: Run, job_num: int, public_key: object, actor: str = "server", user=None) -> dict:
-    """Where the CLI connects to reach job `job_num`'s ports, after allowing its key there."""
+    """What the CLI needs to reach job `job_num`'s ports; on an SSH host, the grant whose line a
+    worker installs (engine/attach_installs.py): the request itself does not contact the host."""
     key = parse_public_key(public_key)
     job = run.current_jobs().select_related("instance", "instance__fleet").filter(job_num=job_num).first()
     if job is None:
@@ -113,52 +92,54 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
         ipaddress.ip_address(inst.internal_ip or "")
     except ValueError:
         raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
-    from backends.base import BackendError
-    from backends.registry import compute_for_instance
-    from backends.ssh import attach_keys
-    from engine import messages
-    from events.services import record
+    grant = _grant(job, run, user, actor, key, ports)
+    return {**info, "id": grant.pk, "status": INSTALLING}
 
-    grant = _grant(job, run, user, actor)
-    record(run.project_id, f"job {run.name}/{job_num}", f"{ATTACH_EVENT} on {inst.name} by {actor}: "
-           f"forwarding to {inst.internal_ip}:{','.join(map(str, ports))}", actor=actor, run_id=run.pk,
-           job_id=job.pk, instance_id=inst.pk)
-    host = compute_for_instance(inst).runner_host(inst)
-    try:
-        try:
-            attach_keys.install(host, attach_keys.authorized_keys_path(), key_line(grant, key, inst.internal_ip, ports, host))
-        except BackendError as exc:
-            # the line may be there (the answer was lost): it goes with the grant, by a worker
-            AttachGrant.objects.filter(pk=grant.pk).update(revoke_due=True)
-            messages.revoke_attach_keys(inst.pk)
-            raise HostDidNotAnswer(["job"], f"the key could not be installed on {inst.name}: {exc}; "
-                                   "try again") from None
-        # Looked at after the line is in: a revoke that marked the grant (or even removed its
-        # row) before this found no line yet, so the line goes here; one that marks it after
-        # this look removes the line itself.
-        if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
-            attach_keys.remove(host, attach_keys.authorized_keys_path(), [grant.needle])
-            AttachGrant.objects.filter(pk=grant.pk).delete()
-            raise InvalidInput(["job"], f"job {job_num} of run {run.name} ended while attaching")
-    finally:
-        host.close()
+
+INSTALLING, INSTALLED, WITHDRAWN = "installing", "installed", "withdrawn"
+
+
+def attach_status(run: Run, grant_id: int, user=None) -> dict:
+    """Where an attach stands (`muster attach` polls it after the 202): `installing` (with the last
+    try's error, if any), `installed` with where to connect, or `withdrawn` when the grant went
+    (its job ended or its user lost access) before its line was in. Only the grant's own user
+    sees it; anybody else gets the 404 an unknown grant gets."""
+    grant = (AttachGrant.objects.select_related("job", "instance", "instance__fleet")
+             .filter(pk=grant_id, project_id=run.project_id, job__run=run).first())
+    if grant is not None and getattr(user, "pk", None) is not None and grant.user_id != user.pk:
+        grant = None
+    if grant is None or grant.revoke_due:
+        return {"id": grant_id, "status": WITHDRAWN,
+                "error": f"the attach key was withdrawn before it was installed: run {run.name}'s job ended, "
+                         "or you lost access to the project"}
+    job, inst = grant.job, grant.instance
+    info = {"id": grant.pk, "job": job.job_num, "backend": inst.backend, "ip": inst.internal_ip,
+            "ports": list(grant.ports), "node_group_name": job.node_group_name,
+            "node_group_rank": job.node_group_rank}
+    if grant.install_due:
+        return {**info, "status": INSTALLING, "error": grant.install_error}
     target = inst.ssh_target()
-    return {**info, "ssh": {"hostname": target.hostname, "port": target.port, "username": target.username,
-                            "host_key": target.host_key}}
+    return {**info, "status": INSTALLED, "ssh": {"hostname": target.hostname, "port": target.port,
+                                                  "username": target.username, "host_key": target.host_key}}
 
 
-def _grant(job: Job, run: Run, user, actor: str) -> AttachGrant:
-    """The grant row, written (and committed) before its line goes to the host, and only while the
-    job is attachable: the job's row lock orders this against the job's end (engine/finishing.py),
-    which marks every grant of the job due after its status has left ATTACHABLE."""
+def _grant(job: Job, run: Run, user, actor: str, key: str, ports: list[int]) -> AttachGrant:
+    """The grant row, due for its install, with the install's message sent after commit; written
+    only while the job is attachable: the job's row lock orders this against the job's end
+    (engine/finishing.py), which marks every grant of the job due after its status has left
+    ATTACHABLE (and the install step looks at the job again)."""
+    from engine import messages
+
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.status not in ATTACHABLE:
             raise InvalidInput(["job"], f"job {job.job_num} of run {run.name} is {locked.status}: attach once it is running")
         user = user if getattr(user, "pk", None) else None
-        grant = AttachGrant.objects.create(job=job, instance_id=job.instance_id, project_id=run.project_id, user=user)
+        grant = AttachGrant.objects.create(job=job, instance_id=job.instance_id, project_id=run.project_id, user=user,
+                                           install_due=True, public_key=key, ports=ports)
         grant.marker = marker(job.pk, grant.pk, getattr(user, "username", "") or actor)
         grant.save(update_fields=["marker"])
+        messages.install_attach_key(grant.pk)
     return grant
 
 

@@ -23,7 +23,7 @@ from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
 from runs import limits as run_limits
-from runs import run_rows
+from runs import rows as run_rows
 from runs.choices import RunStatus
 from runs.configuration import (
     ConfigurationError,
@@ -337,7 +337,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
     jobs = new_jobs(run, specs, submission_num=0)
     event = Event(project_id=project.id, subject=f"run {name}", message=f"submitted with {len(specs)} jobs",
                   status=run.status, actor=getattr(user, "username", "") or "api")
-    # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/run_rows.py),
+    # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/rows.py),
     # atomic by itself. A name to check, a key to keep, SQLite, a very large run, or a caller's transaction (whose
     # savepoint lets the clash retry below go on) take a transaction of their own.
     alone = (not requested and not idempotency[0] and run_rows.one_statement(connection, len(jobs))

@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import token_for
 from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
+from tests.waiting import wait_until
 
 ROUTER = """\
 type: task
@@ -35,3 +36,17 @@ def cli_env(live_server, make_user, tmp_path):
     home.mkdir()
     return {**os.environ, "HOME": str(home), "MUSTER_URL": live_server.url,
             "MUSTER_TOKEN": token_for(make_user("bob")), "MUSTER_PROJECT": "main"}
+
+
+def attach_installed(client, public: str, run: str = "routed", timeout: float = 60) -> dict:
+    """`POST runs/X/attach` answers 202 at once and a worker installs the key (as `muster attach`
+    waits for it): the attach once its status is `installed`."""
+    answer = client.post(f"/api/projects/main/runs/{run}/attach", {"job": 0, "public_key": public}, format="json")
+    assert answer.status_code == 202, answer.content
+    url = f"/api/projects/main/runs/{run}/attach/{answer.json()['id']}"
+
+    def installed():
+        now = client.get(url).json()
+        assert now["status"] in ("installing", "installed"), now
+        return now if now["status"] == "installed" else None
+    return wait_until(installed, timeout=timeout, what="the attach key installed by a worker")

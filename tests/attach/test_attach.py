@@ -18,7 +18,7 @@ import paramiko
 import pytest
 
 from runs.models import Run
-from tests.attach.conftest import ROUTER
+from tests.attach.conftest import ROUTER, attach_installed
 from tests.conftest import client_for
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import needs_netns
@@ -146,9 +146,8 @@ def test_attach_is_refused_to_read_only_members_and_to_keys_with_options(pool, m
     assert two_lines.status_code == 400
     assert attach_lines(pool) == []
 
-    ok = writer.post(url, {"job": 0, "public_key": public}, format="json")
-    assert ok.status_code == 200, ok.content
-    assert ok.json()["ports"] == [8000] and ok.json()["ssh"]["hostname"] == pool[0].address
+    ok = attach_installed(writer, public)
+    assert ok["ports"] == [8000] and ok["ssh"]["hostname"] == pool[0].address
     assert len(attach_lines(pool)) == 1
     writer.post("/api/projects/main/runs/routed/stop", {"abort": True}, format="json")
     wait_for_run("routed", timeout=90)

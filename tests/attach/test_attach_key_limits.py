@@ -14,7 +14,7 @@ import pytest
 
 from runs.models import Run
 from runs.services.submission import submit_run
-from tests.attach.conftest import ROUTER
+from tests.attach.conftest import ROUTER, attach_installed
 from tests.conftest import client_for
 from tests.ssh_e2e.helpers import needs_netns
 from tests.waiting import wait_until
@@ -33,9 +33,7 @@ def attached_key(pool, make_user, project, tmp_path) -> Path:
     wait_until(lambda: Run.objects.get(name="routed").current_jobs().filter(status="running").exists(),
                timeout=90, what="the router running")
     key, public = openssh_key(tmp_path)
-    answer = client_for(make_user("writer")).post("/api/projects/main/runs/routed/attach",
-                                                  {"job": 0, "public_key": public}, format="json")
-    assert answer.status_code == 200, answer.content
+    attach_installed(client_for(make_user("writer")), public)
     return key
 
 

@@ -11,7 +11,7 @@ import pytest
 from engine import attach_revokes
 from runs.models import AttachGrant, Run
 from runs.services.submission import submit_run
-from tests.attach.conftest import ROUTER
+from tests.attach.conftest import ROUTER, attach_installed
 from tests.attach.test_attach_key_limits import openssh_key
 from tests.attach.test_attach_revocation import key_accepted, lose_access
 from tests.conftest import client_for
@@ -47,8 +47,7 @@ def test_a_members_attach_lines_are_each_removed_once_when_the_revoke_message_is
     for k in range(2):  # two keys of one member on one host: one step removes both lines
         (tmp_path / f"k{k}").mkdir()
         key, public = openssh_key(tmp_path / f"k{k}")
-        answer = writer.post("/api/projects/main/runs/routed/attach", {"job": 0, "public_key": public}, format="json")
-        assert answer.status_code == 200, answer.content
+        attach_installed(writer, public)
         keys.append(key)
     lines = pool.authorized_keys.read_text().splitlines()
     others = [line for line in lines if "muster-attach-" not in line]
