@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cli import follow, render
+from cli import follow, render, service_render
 from cli.client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
     CliError,
@@ -62,7 +62,10 @@ def task_body(args: argparse.Namespace, text: str, doc: dict[str, Any]) -> dict[
 def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     plan = client.post("runs/plan", body)
     jobs = plan.get("jobs") or []
-    print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
+    if plan.get("replicas") is not None:
+        print(service_render.service_plan(plan))
+    else:
+        print(f"Run {plan.get('run_name')}: {len(jobs)} job(s)")
     print(render.plan_table(jobs, (plan.get("configuration") or {}).get("groups")))
     capacity = plan.get("capacity") or {}
     if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
@@ -75,17 +78,33 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
         print(render.plan_warnings(plan["warnings"]))
     if (plan.get("replaces") or {}).get("message"):
         print(f"Note: {plan['replaces']['message']}")
+    if (plan.get("updates") or {}).get("message"):
+        print(f"Note: {plan['updates']['message']}")
     return plan
 
 
 def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[str, Any]) -> int:
     body = task_body(args, text, doc)
-    show_plan(client, body)
+    plan = show_plan(client, body)
+    updates = plan.get("updates") or {}
+    if updates.get("refused"):
+        raise CliError(updates["refused"])
+    if updates:  # a running service of this name: rolled in place, as dstack's apply offers
+        if not confirm(f"Update service {updates['name']} in place?", args.yes):
+            print("Not updated.")
+            return 0
+        run = client.post("runs/", {**body, "update": True})
+        say(f"Updating service {run['name']} to deployment {run.get('deployment_num')}: its replicas are replaced "
+            "one at a time.")
+        return _service_submitted(run)
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")
         return 0
     run = client.post("runs/", body)
     name = run["name"]
+    if run.get("service"):
+        say(f"Submitted service {name}.")
+        return _service_submitted(run)
     say(f"Submitted run {name}.")
     if args.detach:
         say(f"Follow it with: muster logs {name}")
@@ -93,16 +112,24 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
     return follow.follow_run(client, name)
 
 
+def _service_submitted(run: dict[str, Any]) -> int:
+    """A service runs until stopped: apply prints where it is served instead of following it."""
+    name = run["name"]
+    say(f"Service URL: {run['service']['url']}")
+    say(f"Its replicas: muster ps -v; its logs: muster logs {name}; stop it: muster stop {name}")
+    return 0
+
+
 def _missing_type(path: str, doc: dict[str, Any]) -> None:
     if doc.get("type") is None:
-        raise CliError(f"{path}: missing `type:`: write `type: task` (a run) or `type: fleet`")
+        raise CliError(f"{path}: missing `type:`: write `type: task` (a run), `type: service` or `type: fleet`")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     text, doc = read_document(args.file)
     _missing_type(args.file, doc)
-    if doc.get("type") != "task":
-        raise CliError(f"{args.file}: type {doc.get('type')!r}: only a task has a plan (type: task)")
+    if doc.get("type") not in ("task", "service"):
+        raise CliError(f"{args.file}: type {doc.get('type')!r}: only a task or a service has a plan")
     show_plan(client_for(args), task_body(args, text, doc))
     return 0
 
@@ -115,9 +142,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.run_args:
             raise CliError(f"{args.file} is a fleet: arguments after -- only fill ${{{{ run.args }}}} of a task")
         return submit_fleet(client_for(args), args.file, text, doc)
-    if kind == "task":
+    if kind in ("task", "service"):
         return submit_task(client_for(args), args, text, doc)
-    raise CliError(f"{args.file}: type {kind!r} is not supported here: use type: task or type: fleet")
+    raise CliError(f"{args.file}: type {kind!r} is not supported here: use type: task, service or fleet")
 
 
 def select_runs(runs: list[dict[str, Any]], show_all: bool, finished_shown: int = 10) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cli.service_render import service_text
+
 # A command longer than this is cut in the plan table: the table is a summary, not the config.
 COMMAND_WIDTH = 60
 # The defaults a resources block gets when it says nothing (runs/configuration/resources.py); showing
@@ -223,7 +225,11 @@ def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> s
          age(r.get("submitted_at"), now))
         for r in runs
     ]
-    return table(["name", "status", "reason", "fleet", "jobs", "cpu", "memory", "submitted"], rows)
+    headers = ["name", "status", "reason", "fleet", "jobs", "cpu", "memory", "submitted"]
+    if any(r.get("service") for r in runs):  # services: where they are served, and replicas ready
+        rows = [(*row, service_text(r)) for row, r in zip(rows, runs, strict=True)]
+        headers.append("service")
+    return table(headers, rows)
 
 
 def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
@@ -340,7 +346,8 @@ def jobs_table(runs: Sequence[dict[str, Any]]) -> str:
     rows = []
     for r in runs:
         restarts = {e.get("group"): e.get("restarts", 0) for e in r.get("restarts") or []}
-        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"), j.get("node_group_rank"),
+        rows += [(r.get("name"), j.get("job_num"), j.get("node_group_name"),
+                  f"replica {j.get('replica_num', 0)}" if r.get("service") else j.get("node_group_rank"),
                   j.get("instance"), j.get("instance_ip"), j.get("status"), restarts.get(j.get("node_group_name"), 0),
                   ready_text(j), j.get("termination_reason"))
                  for j in (r.get("jobs") or [])]

@@ -75,7 +75,7 @@ def runs_page(projects, status: str, number: int, now):
     rows = [{"run": run, "nodes": nodes(run.configuration), "gpus": gpus(run.configuration),
              "cpu": requested(run.configuration, "cpu"), "memory": requested(run.configuration, "memory", "GB"),
              "user": run.user.username if run.user else "-", "duration": words.run_duration(run, now),
-             "waiting": waiting.get(run.pk, {})}
+             "waiting": waiting.get(run.pk, {}), "replicas": sum((run.desired_replicas or {}).values())}
             for run in page.object_list]
     return page, rows
 

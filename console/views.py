@@ -28,6 +28,7 @@ from runs.choices import JOB_ON_HOST, RunStatus
 from runs.models import Job, Run
 from runs.services import logs, submitted_text
 from runs.transitions import request_stop
+from serving.replicas import is_ready, service_view
 
 LOG_OFFSET_MAX = 2**62
 
@@ -79,6 +80,8 @@ def _status_context(request, project: Project, run: Run, role: str | None) -> di
     counts = {entry["group"]: entry["restarts"] for entry in restarts}
     # the attempts a group restart or a run retry replaced: their logs stay readable
     earlier = list(run.jobs.filter(superseded=True).select_related("instance").order_by("submission_num", "job_num"))
+    for job in jobs:
+        job.is_ready = is_ready(job)
     for job in [*jobs, *earlier]:
         job.exit_text, job.duration_text = words.job_exit(job), words.job_duration(job, now)
         job.restart_count = counts.get(job.node_group_name, 0)
@@ -90,6 +93,7 @@ def _status_context(request, project: Project, run: Run, role: str | None) -> di
         # newest first: on a long run the page opens on what just happened
         "events": Event.objects.filter(run=run).order_by("-created", "-id")[:500],
         "can_stop": _can_stop(request, role) and not run.finished,
+        "service": service_view(run, jobs),
     }
 
 

@@ -1,5 +1,9 @@
 """The claim protocol's own statements, written out once per shape instead of built by the ORM each call.
 
+The rows module of the claim protocol (tests/test_rows_modules.py): its statements serve every
+claimed model (jobs, runs, instance groups, fleets, hosts) and only engine/claims.py, so they live
+beside it rather than in one app's rows.py.
+
 PostgreSQL's claims: one statement each, in autocommit, skipping rows other transactions have
 locked; engine/claims.py uses them where the database has `SELECT ... FOR UPDATE SKIP LOCKED` (on
 SQLite a claim is an UPDATE in an IMMEDIATE transaction, which excludes every other writer). And the

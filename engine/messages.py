@@ -8,6 +8,7 @@ looks for a row that is not committed yet, nor for a row the sender still holds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from django.db import transaction
@@ -63,18 +64,52 @@ def finish_job(job_id: int, countdown: float = 0) -> None:
         transaction.on_commit(lambda: registered.finish_job.delay(job_id))
 
 
+class _Commit:
+    """The run nudges of one transaction's commit, in the order its callbacks run: a run's nudge
+    goes once however many of its jobs moved in the transaction. Kept by the callbacks themselves,
+    as they run (Django drops those of a rolled-back savepoint, so only the ones that commit count)."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.sent: dict[int, str] = {}  # run -> the first nudge of it that went: "plain" or "if"
+
+    def first(self, run_id: int, kind: str) -> bool:
+        """Whether this nudge goes: a plain one unless a plain one went; a conditional one unless any went."""
+        self.running = True
+        went = self.sent.get(run_id)
+        if went == "plain" or (went and kind == "if"):
+            return False
+        self.sent[run_id] = "plain" if kind == "plain" else went or kind
+        return True
+
+
+class _Open(threading.local):
+    commit: _Commit | None = None
+
+
+_open = _Open()  # per thread, as Django's connections are
+
+
+def _commit() -> _Commit:
+    """The nudges of the open transaction's commit: a new one once the last one's callbacks ran (a
+    rolled-back transaction's never run, and are taken over empty by the next)."""
+    if _open.commit is None or _open.commit.running:
+        _open.commit = _Commit()
+    return _open.commit
+
+
 def process_run(run_id: int) -> None:
     """A run's status may have changed with its jobs (process_run): once per transaction however
     many of its jobs moved in it."""
-    connection = transaction.get_connection()
-    if connection.in_atomic_block and any(
-            getattr(callback, "processes_run", None) == run_id for _, callback, _ in connection.run_on_commit):
+    if not transaction.get_connection().in_atomic_block:
+        registered.process_run.delay(run_id)
         return
+    commit = _commit()
 
     def send() -> None:
-        registered.process_run.delay(run_id)
+        if commit.first(run_id, "plain"):
+            registered.process_run.delay(run_id)
 
-    send.processes_run = run_id
     transaction.on_commit(send)
 
 
@@ -84,18 +119,13 @@ def process_run_if(run_id: int, due: Callable[[], bool]) -> None:
     For a move that matters to the run only when it is the last of its kind (a job ending without
     a failure while others of its run still run): `due` looks after commit, so of two moves that
     commit together the later one's look sees both, and at least one of them sends. A nudge this
-    transaction sends anyway makes it needless."""
-    connection = transaction.get_connection()
-    if connection.in_atomic_block and any(
-            run_id in (getattr(callback, "processes_run", None), getattr(callback, "processes_run_if", None))
-            for _, callback, _ in connection.run_on_commit):
-        return
+    transaction sends earlier makes it needless; a plain nudge after it still goes."""
+    commit = _commit() if transaction.get_connection().in_atomic_block else _Commit()
 
     def send() -> None:
-        if due():
+        if commit.first(run_id, "if") and due():
             registered.process_run.delay(run_id)
 
-    send.processes_run_if = run_id  # not `processes_run`: a plain nudge after this one still goes
     transaction.on_commit(send)
 
 
@@ -126,6 +156,13 @@ def stop_agents(instance_ids: list[int]) -> None:
     """Hosts taken out of their fleet may have their runner agents stopped (stop_agents, best effort)."""
     if instance_ids:
         transaction.on_commit(lambda: registered.stop_agents.delay(list(instance_ids)))
+
+
+def stop_registered_agents(hosts: list[dict]) -> None:
+    """Runner agents a registration started, on hosts whose fleet is gone, may be stopped
+    (stop_registered_agents, best effort): each host's SSH target, its key encrypted."""
+    if hosts:
+        transaction.on_commit(lambda: registered.stop_registered_agents.delay(list(hosts)))
 
 
 def install_attach_key(grant_id: int) -> None:

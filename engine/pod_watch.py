@@ -22,11 +22,12 @@ from django.db import transaction
 
 from backends.base import BackendError
 from backends.registry import compute_for_group, group_noun
-from engine import claims, messages
+from engine import claims, messages, outcome
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
 from instances.transitions import end_group
+from muster.claimable import Lease
 from runs.choices import JOB_ACTIVE, JobReason
 from runs.models import Job
 from runs.transitions import terminate_job
@@ -41,7 +42,7 @@ def watch_pods() -> int:
 
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
-    groups = list(InstanceGroup.objects.filter(pk__in=held.pks, lease_token=held.token).select_related("fleet"))
+    groups = list(held.rows(InstanceGroup.objects.select_related("fleet")))
     by_fleet: dict[int, list[InstanceGroup]] = {}
     for group in groups:
         by_fleet.setdefault(group.fleet_id, []).append(group)
@@ -69,8 +70,7 @@ def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> dict[int, cl
             continue
         with held.row(group.pk):
             why = watch.lost or _maintenance_over(group, watch.maintenance, grace)
-            if why:
-                outcomes[group.pk] = interrupt_pod(group, why)
+            outcomes[group.pk] = interrupt_pod(group, why, held.lease) if why else outcome.with_learned(group)
     return outcomes
 
 
@@ -88,11 +88,10 @@ def _maintenance_over(group: InstanceGroup, maintenance: str, grace: float) -> s
 
 
 def _store(group: InstanceGroup, **changes) -> None:
-    group.backend_data = {**group.backend_data, **changes}
-    InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
+    outcome.learn(group, backend_data={**group.backend_data, **changes})  # written with the watch's give-back
 
 
-def interrupt_pod(group: InstanceGroup, why: str) -> claims.Outcome:
+def interrupt_pod(group: InstanceGroup, why: str, lease: Lease) -> claims.Outcome:
     """Google took the slice back: every job on it ends as an interruption, and the pod is deleted
     (its terminate_group is sent once the watch gives the pod back)."""
     log.warning("%s %s lost: %s", group_noun(group), group.name, why)
@@ -100,5 +99,6 @@ def interrupt_pod(group: InstanceGroup, why: str) -> claims.Outcome:
         record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"{group_noun(group)} {group.name}: {why}")
-        end_group(group, actor="server")
-    return claims.Outcome(expect=(GroupStatus.TERMINATING,), then=(partial(messages.terminate_group, group.pk),))
+        end_group(group, actor="server", lease=lease)
+    return outcome.with_learned(group, expect=(GroupStatus.TERMINATING,),
+                                then=(partial(messages.terminate_group, group.pk),))

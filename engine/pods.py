@@ -30,7 +30,7 @@ from backends.registry import (
     group_noun,
     kept_for_group,
 )
-from engine import claims, messages
+from engine import claims, messages, outcome
 from engine.claims import unleased
 from engine.submitted import gang
 from engine.tuning import POD_BATCH
@@ -48,6 +48,7 @@ from instances.models import (
 from instances.queued import queued_view
 from instances.transitions import NOT_TERMINATED, end_group, move_group, move_instances
 from muster import crypto
+from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
 from runs.configuration.stored import run_configuration
 from runs.models import Job
@@ -96,7 +97,8 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
         else:
             _forget(group, f"create failed: {exc}", delete=slices > 1)
             raise
-    _keep(group, progress)
+    if _keep(group, progress):  # nobody holds the new group: written now
+        InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
     if progress.records:
         apply_ready(group, progress.records)
     else:
@@ -188,16 +190,18 @@ def _forget(group: InstanceGroup, why: str, delete: bool = False) -> None:
             messages.terminate_group(group.pk)
 
 
-def _keep(group: InstanceGroup, progress: GroupProgress) -> None:
-    """Store where the create stands (zone, operation, zones refused) for the next poll."""
+def _keep(group: InstanceGroup, progress: GroupProgress) -> bool:
+    """Keep where the create stands (zone, operation, zones refused) for the next poll, on the copy;
+    True when there is something to write."""
     if not progress.backend_data:
-        return
+        return False
     group.backend_data = {**group.backend_data, **progress.backend_data}
-    InstanceGroup.objects.filter(pk=group.pk).update(backend_data=group.backend_data)
+    return True
 
 
-def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
-    """The slice is READY: fill in each host (worker k -> instance k) and hand it to its job."""
+def apply_ready(group: InstanceGroup, records: list[ProvisioningData], lease: Lease | None = None) -> None:
+    """The slice is READY: fill in each host (worker k -> instance k) and hand it to its job. `lease`:
+    the poll's hold on the group (a group reserve just made is held by nobody)."""
     key = group_backend_config(group).get("ssh_private_key", "")
     encrypted = crypto.encrypt(key) if key else ""
     now = timezone.now()
@@ -214,7 +218,7 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData]) -> None:
             )
         move_group(group, GroupStatus.ACTIVE, frm=[GroupStatus.PROVISIONING],
                    message=f"ready with {len(records)} hosts in {records[0].region or 'its zone'}",
-                   backend_data={**group.backend_data, **records[0].backend_data})
+                   backend_data={**group.backend_data, **records[0].backend_data}, lease=lease)
 
 
 def poll_pod(group_id: int) -> bool:
@@ -228,15 +232,16 @@ HAND_OVER = {GroupStatus.TERMINATING: messages.terminate_group}
 
 def _poll(held: claims.Held) -> claims.Outcome:
     group = InstanceGroup.objects.select_related("fleet").get(pk=held.pk)
-    status = _poll_once(group)
+    status = _poll_once(group, held.lease)
     follow = {GroupStatus.PROVISIONING: (partial(schedule_poll, group.pk),),
               GroupStatus.TERMINATING: (partial(messages.terminate_group, group.pk),)}.get(status, ())
     # `updated` marks the last poll, so the sweep only re-enqueues polls that got lost.
-    return claims.Outcome(expect=(status,), fields={"updated": timezone.now()}, then=follow, hand_over=HAND_OVER)
+    return outcome.with_learned(group, expect=(status,), updated=timezone.now(), then=follow, hand_over=HAND_OVER)
 
 
-def _poll_once(group: InstanceGroup) -> str:
-    """One look at the slice; the status it leaves the pod in (`provisioning`: look again)."""
+def _poll_once(group: InstanceGroup, lease: Lease) -> str:
+    """One look at the slice; the status it leaves the pod in (`provisioning`: look again). `lease`: the
+    poll's hold on the group, which each of its moves takes."""
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
     records, failure, reason = None, "", ""
@@ -245,7 +250,8 @@ def _poll_once(group: InstanceGroup) -> str:
         compute = compute_for_group(group)
         before = queued_view(group)
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
-        _keep(group, progress)
+        if _keep(group, progress):
+            outcome.learn(group, backend_data=group.backend_data)  # written with the poll's give-back
         records, queued = progress.records, progress.queued
         if progress.started_at is not None:  # a queued request went ACTIVE: its node counts from then
             waited = time.time() - progress.started_at
@@ -260,17 +266,17 @@ def _poll_once(group: InstanceGroup) -> str:
         else:
             failure = f"not READY within {limit:.0f}s (last poll: {exc})"
     if records:
-        apply_ready(group, records)
+        apply_ready(group, records, lease)
         return GroupStatus.ACTIVE
     if failure or (waited > limit and not queued):
         why = failure or f"not READY within {limit:.0f}s"
         log.warning("deleting %s %s: %s", group_noun(group), group.name, why)
-        _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED)
+        _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, lease)
         return GroupStatus.TERMINATING
     if queued and not _awaited(group):
         # A request may wait at Google for hours; once no job waits for it (the run was stopped)
         # it is withdrawn rather than left to turn into a billed slice nobody asked for.
-        _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER)
+        _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER, lease)
         return GroupStatus.TERMINATING
     return GroupStatus.PROVISIONING
 
@@ -285,13 +291,15 @@ def _say_queued(group: InstanceGroup, before: dict | None) -> None:
     if not view or not view["state"] or (before and (before["state"], before["zone"]) == (view["state"], view["zone"])):
         return
     text = f"queued resource in {view['zone']}: {view['state']}"
-    record(group.project_id, f"instance group {group.name}", text, status=GroupStatus.PROVISIONING)
+    # with the poll's give-back, which keeps the state they tell of
+    outcome.learn(group, event=outcome.event(group.project_id, f"instance group {group.name}", text,
+                                             status=GroupStatus.PROVISIONING))
     for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
-        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", text, status=job.status,
-               run_id=job.run_id, job_id=job.pk)
+        outcome.learn(group, event=outcome.event(job.run.project_id, f"job {job.run.name}/{job.job_num}", text,
+                                                 status=job.status, run_id=job.run_id, job_id=job.pk))
 
 
-def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
+def _fail_pod(group: InstanceGroup, why: str, reason: str, lease: Lease) -> None:
     """Delete a slice that will not become usable, and end the jobs that waited for it (the poll
     holding the pod sends its terminate_group once it gives the pod back)."""
     with transaction.atomic():
@@ -302,7 +310,7 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str) -> None:
             gangs[(job.run_id, job.submission_num)] = job
         for job in gangs.values():  # their runs' static hosts go back in this same step
             gang.release(job.run, job.submission_num, job.node_group_name, f"{group_noun(group)} {group.name}: {why}")
-        move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}")
+        move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}", lease=lease)
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATING,
                        frm=NOT_TERMINATED, message=f"deleting with its group: {why}", termination_reason=reason[:64])
 

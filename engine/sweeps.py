@@ -17,6 +17,7 @@ from django.utils import timezone
 from backends.registry import GIVEN_HOSTS
 from engine import attach_installs, attach_revokes, messages, pods
 from engine.claims import unleased
+from engine.nudges import ended_without_failure
 from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
@@ -24,7 +25,6 @@ from engine.tuning import SWEEP_BATCH as BATCH
 from instances.models import Fleet, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
-from runs.transitions import ended_without_failure
 
 
 def stale_after() -> timedelta:
@@ -103,7 +103,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
 
 def _nudged(job: tuple[str, str], run_status: str) -> bool:
     """Whether a job now in this (status, reason) got there by a move that nudged its run
-    (runs.transitions.may_change_run): if so and the run was not derived after it, a message was lost."""
+    (engine.nudges.may_change_run): if so and the run was not derived after it, a message was lost."""
     status, reason = job
     return status in JOB_FINISHED or (status == JobStatus.TERMINATING and reason in FAILING_REASONS) or (
         status == JobStatus.PROVISIONING and run_status == RunStatus.SUBMITTED)
@@ -157,7 +157,7 @@ def changed_statuses(runs, old) -> dict[int, set[tuple[str, str]]]:
         run_id__in=ids, superseded=False,
         status_changed_at__gte=Coalesce(F("run__derived_at"), F("run__submitted_at")), status_changed_at__lt=old)
     # a job that ended without a failure while others of its run still run nudged nobody
-    # (runs.transitions.matters_only_last): its run is derived as routine, not as a lost message
+    # (engine.nudges.matters_only_last): its run is derived as routine, not as a lost message
     running_on = set(Job.objects.filter(run_id__in=ids, superseded=False, status__in=JOB_UNFINISHED)
                      .values_list("run_id", flat=True).distinct())
     for run_id, status, reason in rows.values_list("run_id", "status", "termination_reason").distinct():

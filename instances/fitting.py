@@ -10,13 +10,11 @@ Why a run does not fit is instances/fit_reasons.py's, from the same reads.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
 
 from backends.registry import (
     LOCAL_HOSTS,
@@ -26,13 +24,9 @@ from backends.registry import (
     get_compute,
     written_names,
 )
+from instances import rows
 from instances.models import (
     Fleet,
-    FleetStatus,
-    GroupKind,
-    Instance,
-    InstanceGroup,
-    InstanceStatus,
     Placement,
 )
 from runs.configuration import fits
@@ -54,36 +48,9 @@ def group_demands(run: Run, jobs: list[Job] | None = None) -> list[tuple[dict, i
     return [demands[k] for k in sorted(demands)]
 
 
-def free_instances(fleet: Fleet, busy_too: bool = False):
-    """The fleet's idle, reachable hosts; with `busy_too`, its busy ones as well (the hosts a run
-    waiting for a full fleet will get once their jobs end)."""
-    # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
-    # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
-    statuses = [InstanceStatus.IDLE, InstanceStatus.BUSY] if busy_too else [InstanceStatus.IDLE]
-    return Instance.objects.filter(
-        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status__in=statuses, unreachable=False
-    )
-
-
 def page_for(wanted: int) -> int:
     # a little more than is wanted, for rows `fits` rejects or other workers take meanwhile
     return min(64, max(8, 2 * wanted))
-
-
-@functools.cache
-def _candidates_sql(statuses: int, tpu: bool, gpu: bool, after: bool) -> str:
-    """free_instances narrowed by the indexed columns, one page in placement order, as written SQL:
-    plans and placement ask it for every group, and the ORM spent more building and compiling the
-    query than the database spent answering it. Loads only what placement uses of a host."""
-    where = ["(i.group_id IS NULL OR g.kind = %s)", "i.fleet_id = %s", f"i.status IN ({', '.join(['%s'] * statuses)})",
-             "i.unreachable = %s", "i.cpus >= %s", "i.memory_gb >= %s", "i.tpu <> %s" if tpu else "i.tpu = %s"]
-    if gpu:
-        where.append("i.gpu_count >= %s")
-    if after:  # keyset paging from the last row of the page before
-        where.append("(i.gpu_count > %s OR (i.gpu_count = %s AND i.id > %s))")
-    return (f'SELECT i.id, i.name, i.resources, i.gpu_count, i.internal_ip FROM "{Instance._meta.db_table}" i '
-            f'LEFT OUTER JOIN "{InstanceGroup._meta.db_table}" g ON g.id = i.group_id '
-            f"WHERE {' AND '.join(where)} ORDER BY i.gpu_count, i.id LIMIT %s")
 
 
 def candidates(fleet: Fleet, req: dict, page: int = 32, busy_too: bool = False):
@@ -95,26 +62,20 @@ def candidates(fleet: Fleet, req: dict, page: int = 32, busy_too: bool = False):
     The indexed columns narrow the query (so its cost does not grow with the fleet); `fits` has
     the last word on each row (GPU names and memory, arch, disk).
     """
-    statuses = [InstanceStatus.IDLE.value, InstanceStatus.BUSY.value] if busy_too else [InstanceStatus.IDLE.value]
-    params = [GroupKind.CLUSTER.value, fleet.pk, *statuses, False, (req.get("cpu") or {}).get("min") or 0,
-              (req.get("memory") or {}).get("min") or 0, ""]
     gpu = req.get("gpu")
     tpu = bool(gpu and gpu.get("tpu"))
-    gpu_min = not tpu and bool(gpu)
-    if gpu_min:
-        params.append((gpu.get("count") or {}).get("min") or 0)
-    after: list = []
+    gpus = (gpu.get("count") or {}).get("min") or 0 if not tpu and gpu else None
+    cpus, memory_gb = (req.get("cpu") or {}).get("min") or 0, (req.get("memory") or {}).get("min") or 0
+    after = None
     while True:
         # keyset paging: rows other workers claim meanwhile drop out without shifting the pages
-        sql = _candidates_sql(len(statuses), tpu, gpu_min, bool(after))
-        rows = list(Instance.objects.raw(sql, [*params, *after, page]))
-        for inst in rows:
+        found = rows.candidate_page(fleet.pk, busy_too, cpus, memory_gb, tpu, gpus, after, page)
+        for inst in found:
             if fits(req, inst.resources):
                 yield inst
-        if len(rows) < page:
+        if len(found) < page:
             return
-        last = rows[-1]
-        after = [last.gpu_count, last.gpu_count, last.id]
+        after = (found[-1].gpu_count, found[-1].id)
 
 
 def static_fleet_fits(fleet: Fleet, demands: list[tuple[dict, int]], pools: list | None = None,
@@ -190,23 +151,13 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
     """The project's active fleets a run may use: those it names in `fleets:` in that order, else all;
     local fleets only with `local` (local_allowed of the run's user); of the kinds its `backends:`
     names, if it names any (a backend Muster lacks has no fleet here: as in dstack, none fits)."""
-    # written SQL, as candidates': a plan, a submit and every placement ask it
-    where, params = ["project_id = %s", "status = %s"], [project_id, FleetStatus.ACTIVE.value]
-    if not local:
-        where.append("backend <> %s")
-        params.append(LOCAL_HOSTS)
+    kinds = None
     if backends is not None:
         # dstack's names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
         kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})
         if not kinds:
             return []
-        where.append(f"backend IN ({', '.join(['%s'] * len(kinds))})")
-        params.extend(kinds)
-    if wanted:
-        where.append(f"name IN ({', '.join(['%s'] * len(wanted))})")
-        params.extend(wanted)
-    fleets = list(Fleet.objects.raw(f'SELECT * FROM "{Fleet._meta.db_table}" WHERE {" AND ".join(where)} '
-                                    "ORDER BY created, name", params))
+    fleets = rows.active_fleets(project_id, None if local else LOCAL_HOSTS, kinds, wanted)
     if wanted:
         order = {name: i for i, name in enumerate(wanted)}
         return sorted(fleets, key=lambda f: order[f.name])

@@ -36,6 +36,13 @@ class NotAllowed(InvalidInput):
     status_code = status.HTTP_403_FORBIDDEN
 
 
+class Conflict(InvalidInput):
+    """Input that clashes with the resource's present state (an update of a run that is not a
+    running service): 409, located like a 400."""
+
+    status_code = status.HTTP_409_CONFLICT
+
+
 def _flatten(detail, loc: list) -> list[dict]:
     if isinstance(detail, dict):
         out = []

@@ -5,9 +5,9 @@ quoted, every join laid out) on each call. For the read of a job with its run, h
 group that is about 1.5 ms of CPU, against 0.2 ms for PostgreSQL to answer the same SQL: a third of
 what a placed job cost a worker (docs/performance.md). A `Select` is written as a queryset like
 any other, but built once with markers where its arguments go, compiled once per database, and from
-then on only its parameters change. The rows become model instances through Django's own
-machinery (`from_db`, select_related's populators, the fields' converters), so they are the
-objects the queryset itself would have returned.
+then on only its parameters change. The rows become model instances as every rows module's do
+(muster/rows.from_row) and their related rows through select_related's populators, so they are
+the objects the queryset itself would have returned.
 
 Arguments are integers (ids) or aware datetimes; a marker is a value no row holds, found back in
 the compiled parameters to know where each argument goes. tests/test_compiled_queries.py holds each
@@ -24,8 +24,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, connections, router
-from django.db.models import Model, QuerySet
+from django.db.models import Model, QuerySet, sql
 from django.db.models.query import ModelIterable, get_related_populators
+
+from muster import rows
 
 # Far below any id a sequence hands out, and dates no row carries: found back in the parameters.
 _INT_MARK = -(2 ** 62)
@@ -71,9 +73,13 @@ class _Plan:
             raise ValueError("compiled query: annotations are not supported")
         fields = klass_info["select_fields"]
         self.own = slice(fields[0], fields[-1] + 1)
-        self.init_list = [column[0].target.attname for column in select[self.own]]
+        self.names = tuple(column[0].target.attname for column in select[self.own])
+        if [f.attname for f in rows.columns(self.model, self.names)] != list(self.names):
+            raise ValueError(f"compiled query: the model's columns are not in its own order: {sql}")
         self.related = get_related_populators(klass_info, select, alias)
-        self.converters = list(compiler.get_converters([column[0] for column in select]).items())
+        # the model's own columns are converted by muster/rows.from_row, the related rows' here
+        self.converters = [(position, found) for position, found in compiler.get_converters(
+            [column[0] for column in select]).items() if not self.own.start <= position < self.own.stop]
 
     @staticmethod
     def _adapt(connection, kind, value):
@@ -103,7 +109,7 @@ class _Plan:
                     for converter in convert:
                         value = converter(value, expression, connection)
                     row[position] = value
-            obj = self.model.from_db(alias, self.init_list, row[self.own])
+            obj = rows.from_row(self.model, row[self.own], self.names, alias)
             for populator in self.related:
                 populator.populate(row, obj)
             found.append(obj)
@@ -200,3 +206,13 @@ def row_update(model: type[Model], pk, where: dict, updates: dict) -> tuple[str,
         else:
             params.append(field.get_db_prep_value(value, connection))
     return sql, params
+
+
+def update_of(queryset: QuerySet, updates: dict) -> tuple[str, list]:
+    """`queryset.update(**updates)` as (sql, params), compiled by the ORM (expressions and all), to be
+    part of a larger statement."""
+    query = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(updates)
+    query.annotations = {}  # as QuerySet.update: none in the statement
+    statement, params = query.get_compiler(queryset.db).as_sql()
+    return statement, list(params)

@@ -274,6 +274,9 @@ MUSTER = {
     "MAX_ACTIVE_RUNS_PER_PROJECT": env_int("MUSTER_MAX_ACTIVE_RUNS_PER_PROJECT", 5000),
     "MAX_WAITING_RUNS_PER_PROJECT": env_int("MUSTER_MAX_WAITING_RUNS_PER_PROJECT", 1000),
     "MAX_RETRY_DURATION": env_int("MUSTER_MAX_RETRY_DURATION", 7 * 86400),
+    # the services' endpoint (serving/proxy/) as clients reach it: a service's URL is
+    # <this>/proxy/services/<project>/<run>/; an https:// URL means a TLS proxy is in front of it
+    "ENDPOINT_URL": env_str("MUSTER_ENDPOINT_URL", "http://127.0.0.1:8001"),
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     # the loopback address of the first local instance (the next take the addresses after it):
     # `make demo` starts at 127.0.0.6, so it runs beside `make run` (127.0.0.2-5) on one machine

@@ -1,5 +1,4 @@
 from django.contrib import admin
-from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
 from django.views import defaults
@@ -7,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.login import throttled
 from console.metrics import metrics_view
-from muster import disk
+from muster import disk, rows
 
 admin.site.site_header = "Muster administration"
 admin.site.site_title = "Muster admin"
@@ -16,8 +15,7 @@ admin.site.site_url = "/"
 
 
 def healthz(request):
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    rows.ping()
     full = disk.data_dir_full()
     if full:
         return JsonResponse({"ok": False, "reason": full}, status=503)

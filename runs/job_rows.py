@@ -18,7 +18,9 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
 
 def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
     """The job rows, not written yet. Job 0 is claimable at once; every other job waits for its
-    master (docs/how-it-works.md, step 3)."""
+    master (docs/how-it-works.md, step 3). A service's replicas are placed each on its own: every
+    replica job is claimable at once, and is made for the run's current deployment."""
+    service = run_configuration(run).type == "service"
     return [
         Job(
             run=run,
@@ -27,7 +29,9 @@ def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
             node_group_name=spec["node_group_name"],
             node_group_index=spec["node_group_index"],
             node_group_rank=spec["node_group_rank"],
-            waiting_master_job=spec["job_num"] != 0,
+            waiting_master_job=not service and spec["job_num"] != 0,
+            replica_num=spec.get("replica_num", 0),
+            deployment_num=run.deployment_num,
             spec=spec,
         )
         for spec in job_specs

@@ -206,6 +206,8 @@ EXACT = {
     # kept under cli/ because the CLI may import nothing of the server's
     "cli.strict_yaml": BASE,
     "engine.messages": MESSAGES,
+    # the engine's rules for which job moves nudge their run, called by the transition functions
+    "engine.nudges": TABLES,
     # the events table's own write (record, record_many), which every transition function calls
     "events.services": TABLES,
     "console.models": TABLES,

@@ -1,4 +1,4 @@
-"""runs/run_rows.py: a submit's run, jobs and event written as one statement on PostgreSQL must be
+"""runs/rows.py: a submit's run, jobs and event written as one statement on PostgreSQL must be
 the rows the ORM writes, all or nothing, and the submit around it must keep its name-clash retry."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from events.models import Event
 from projects.models import Project
-from runs import run_rows
+from runs import rows as run_rows
 from runs.job_rows import new_jobs
 from runs.models import Job, Run
 from runs.services import submission

@@ -11,7 +11,6 @@ from rest_framework import authentication
 from dstack_api.services.errors import DstackError, NotFound
 from projects.models import Membership, Project, Role
 from projects.services import access
-from projects.services.caller_reads import READ_WITH_CALLER
 from projects.services.tokens import TokenAuthentication
 
 # the newest client this layer speaks to (dstack refuses a client newer than itself the same way)
@@ -38,8 +37,7 @@ class MissingCredentials(authentication.BaseAuthentication):
 def project_for(request, name: str, change: bool) -> Project:
     # dstack's calls are all POSTs: whether this one changes anything is `change`; the project the
     # token's authentication read with the user (projects.services.tokens) comes along
-    as_native = SimpleNamespace(user=request.user, method="POST" if change else "GET",
-                                **{READ_WITH_CALLER: getattr(request, READ_WITH_CALLER, None)})
+    as_native = SimpleNamespace(user=request.user, method="POST" if change else "GET", auth=request.auth)
     try:
         return access.project_for(as_native, name)
     except Http404:

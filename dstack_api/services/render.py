@@ -20,6 +20,7 @@ from projects.models import Role
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
 from runs.services.attach import job_ports
+from serving.urls_for import service_url
 
 FLEET_STATUS = {FleetStatus.PENDING: "submitted", FleetStatus.ACTIVE: "active", FleetStatus.FAILED: "failed",
                 FleetStatus.TERMINATING: "terminating"}
@@ -80,7 +81,8 @@ def job_spec(run_name: str, configuration: dict, spec: dict, jobs_per_replica: i
     index = spec.get("node_group_index", 0)
     group = groups[index] if 0 <= index < len(groups) else {}
     return {
-        "replica_num": 0, "job_num": spec["job_num"], "job_name": f"{run_name}-{spec['job_num']}-0",
+        "replica_num": spec.get("replica_num", 0), "job_num": spec["job_num"],
+        "job_name": f"{run_name}-{spec['job_num']}-{spec.get('replica_num', 0)}",
         "jobs_per_replica": jobs_per_replica,
         # the CLI forwards each app's port through the gateway (`dstack attach`)
         "app_specs": [{"port": p, "app_name": f"port-{p}"} for p in ports or []],
@@ -117,7 +119,7 @@ def _provisioning(job: Job) -> dict | None:
 def job_submission(job: Job) -> dict:
     finished = datetime.fromtimestamp(job.end_time, tz=UTC) if job.end_time else None
     return {
-        "id": str(job.uuid), "submission_num": job.submission_num, "deployment_num": 0,
+        "id": str(job.uuid), "submission_num": job.submission_num, "deployment_num": job.deployment_num,
         "submitted_at": _iso(job.created), "last_processed_at": _iso(job.status_changed_at),
         "finished_at": finished.isoformat() if finished and job.finished else None,
         "status": job.status, "status_message": JOB_STATUS_MESSAGE.get(job.status, job.status),
@@ -133,6 +135,10 @@ def run_spec_of(run: Run, ssh_key_pub: str) -> dict:
     """The run's configuration as dstack's client reads it back (it validates it with dstack's rules:
     commands or an image, and `groups` without top-level commands)."""
     groups = [g for g in run.configuration.get("groups") or [] if isinstance(g, dict)] or [{}]
+    if run.configuration.get("type") == "service":
+        shown = service_shown(run.name, run.configuration, groups)
+        return {"run_name": run.name, "repo_id": "none", "repo_data": {"repo_type": "virtual"},
+                "configuration_path": None, "configuration": shown, "profile": None, "ssh_key_pub": ssh_key_pub}
     shown: dict = {"type": "task", "name": run.name}
     if len(groups) == 1:
         shown.update(nodes=int(groups[0].get("nodes") or 1), commands=list(groups[0].get("commands") or []))
@@ -145,6 +151,36 @@ def run_spec_of(run: Run, ssh_key_pub: str) -> dict:
                             "commands": list(g.get("commands") or [])} for g in groups]
     return {"run_name": run.name, "repo_id": "none", "repo_data": {"repo_type": "virtual"},
             "configuration_path": None, "configuration": shown, "profile": None, "ssh_key_pub": ssh_key_pub}
+
+
+def _replicas_shown(group: dict) -> int | str:
+    replicas = group.get("replicas") or {}
+    low, high = replicas.get("min", 1), replicas.get("max", 1)
+    return low if low == high else f"{low}..{high}"
+
+
+def _group_shown(group: dict) -> dict:
+    """A replica group as dstack's client validates it: replicas, a range with its scaling, and
+    something to run."""
+    shown = {"replicas": _replicas_shown(group), "commands": list(group.get("commands") or [])}
+    if group.get("scaling"):
+        shown["scaling"] = {k: group["scaling"][k] for k in ("metric", "target", "scale_up_delay", "scale_down_delay")
+                            if k in group["scaling"]}
+    if group.get("image"):
+        shown["image"] = group["image"]
+    if not shown["commands"] and "image" not in shown:
+        shown["commands"] = [":"]
+    return shown
+
+
+def service_shown(name: str, configuration: dict, groups: list[dict]) -> dict:
+    shown: dict = {"type": "service", "name": name, "port": configuration.get("port") or 80,
+                   "auth": configuration.get("auth", True), "strip_prefix": configuration.get("strip_prefix", True)}
+    if len(groups) == 1 and groups[0].get("name") == "0":
+        shown.update(_group_shown(groups[0]))
+    else:
+        shown["groups"] = [{"name": g.get("name"), **_group_shown(g)} for g in groups]
+    return shown
 
 
 def run_object(run: Run, ssh_key_pub: str, jobs: list[Job] | None = None) -> dict:
@@ -162,7 +198,10 @@ def run_object(run: Run, ssh_key_pub: str, jobs: list[Job] | None = None) -> dic
         "submitted_at": _iso(run.submitted_at), "last_processed_at": _iso(run.updated), "status": run.status,
         "status_message": message, "termination_reason": run.termination_reason or None,
         "run_spec": run_spec_of(run, ssh_key_pub), "jobs": rendered, "latest_job_submission": latest,
-        "cost": 0.0, "service": None, "deployment_num": 0, "error": run.termination_message or None,
+        "cost": 0.0, "deployment_num": run.deployment_num, "error": run.termination_message or None,
+        # the full URL at Muster's endpoint: dstack's client shows a full URL as it is (a gateway's way)
+        "service": {"url": service_url(run), "model": None, "options": {}}
+        if run.configuration.get("type") == "service" else None,
         "deleted": False,
     }
 

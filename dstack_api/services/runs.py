@@ -55,9 +55,10 @@ def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:
     fitting = {name_: list(Instance.objects.filter(project=project, name__in=names).order_by("name"))
                for name_, names in hosts.items()}
     job_plans = []
+    per_replica = 1 if planned.get("replicas") is not None else len(specs)  # a service's replica is one job
     for spec in specs:
         offers = fitting.get(spec["node_group_name"], [])
-        job_plans.append({"job_spec": render.job_spec(name or "run", conf, spec, len(specs)),
+        job_plans.append({"job_spec": render.job_spec(name or "run", conf, spec, per_replica),
                           "offers": [render.offer(i) for i in offers[:max_offers]], "total_offers": len(offers),
                           "max_price": None})
     current = Run.objects.select_related("fleet", "project", "user").filter(project=project, name=name).first() \
@@ -65,7 +66,9 @@ def plan(project: Project, user, run_spec: dict, max_offers: int) -> dict:
     spec_back = {**run_spec, "ssh_key_pub": ssh_key_pub}
     return {"project_name": project.name, "user": user.username, "run_spec": spec_back,
             "effective_run_spec": spec_back, "job_plans": job_plans,
-            "current_resource": render.run_object(current, ssh_key_pub) if current else None, "action": "create"}
+            "current_resource": render.run_object(current, ssh_key_pub) if current else None,
+            # a running service of the name is updated in place (dstack's CLI then asks "Update the run?")
+            "action": "update" if (planned.get("updates") or {}).get("deployment_num") else "create"}
 
 
 def _implied_key(run_spec: dict, current: dict | None) -> str | None:
@@ -79,15 +82,21 @@ def _implied_key(run_spec: dict, current: dict | None) -> str | None:
     if not isinstance(name, str) or not name:
         return None  # a generated name: nothing to clash with, as a native submission without a key
     over = current.get("id") if isinstance(current, dict) else None
-    return f"dstack apply {name[:100]} over {str(over)[:64] if over else 'nothing'}"
+    # an update keeps the run's id: its deployment tells one update of it from the next
+    deployment = current.get("deployment_num") if isinstance(current, dict) else None
+    return f"dstack apply {name[:100]} over {str(over)[:64] if over else 'nothing'}" + (
+        f" deployment {deployment}" if deployment else "")
 
 
 def apply(project: Project, user, plan: dict, header_key: str | None = None) -> tuple[dict, bool]:
     """The submitted run (dstack's shape), and whether it is the run an earlier apply made."""
     run_spec = plan["run_spec"]
     key = header_key or _implied_key(run_spec, plan.get("current_resource"))
+    payload = _payload(run_spec)
+    if payload["configuration"].get("type") == "service" and plan.get("current_resource"):
+        payload["update"] = True  # the plan's running service: rolled in place (nothing running: a new run)
     try:
-        run = submit_run(project, user, _payload(run_spec), idempotency_key=key)
+        run = submit_run(project, user, payload, idempotency_key=key)
     except InvalidInput as exc:
         if header_key is None and exc.errors[0]["loc"] == ["headers", "Idempotency-Key"]:
             raise DstackError("Failed to apply plan. Resource has been changed: another apply submitted this run "

@@ -144,6 +144,8 @@ def task_configuration(run_spec: Any) -> dict:
     groups = out.get("groups")
     if isinstance(groups, list):
         out["groups"] = [_keys(g) if isinstance(g, dict) else g for g in groups]
+    if out.get("type") == "service":
+        _service_keys(out)
     profile = run_spec.get("profile")
     if isinstance(profile, dict):
         for key, value in profile.items():
@@ -152,6 +154,24 @@ def task_configuration(run_spec: Any) -> dict:
     if isinstance(run_spec.get("run_name"), str) and run_spec["run_name"]:
         out["name"] = run_spec["run_name"]
     return out
+
+
+# a service's nested keys the client dumps with nulls for "not written" (dstack's defaults apply)
+SERVICE_NESTED = ("scaling", "probes", "rate_limits", "model", "router")
+
+
+def _service_keys(out: dict) -> None:
+    """A service's dump as written: nested nulls dropped; `port` as the client normalizes it (a
+    {local_port, container_port} mapping whose container side is the app's port)."""
+    for where in [out, *(g for g in out.get("groups") or [] if isinstance(g, dict))]:
+        for key in SERVICE_NESTED:
+            value = where.get(key)
+            if isinstance(value, list):
+                where[key] = [_without_nulls(item) for item in value]
+            elif isinstance(value, dict):
+                where[key] = _without_nulls(value)
+    if isinstance(out.get("port"), dict):
+        out["port"] = out["port"].get("container_port")
 
 
 def _ssh_host(host: Any, loc: str) -> Any:

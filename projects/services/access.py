@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-
 from django.conf import settings
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
 from muster.api_errors import InvalidInput, NotAllowed
 from muster.text import NUL
+from projects import rows
 from projects.models import Project, Role
-from projects.services.caller_reads import READ_WITH_CALLER, caller_role_sql
+from projects.services.caller_reads import project_read
 
 WRITE_ROLES = (Role.ADMIN, Role.USER)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -27,24 +26,13 @@ def named_or_404(queryset, what: str, project: Project, name: str):
     return found
 
 
-@functools.cache
-def _project_with_role_sql() -> str:
-    # the caller's role comes with the project: one statement per request, not two; written SQL,
-    # as every project-scoped request asks it (the ORM's query cost three times as much to build)
-    return f'SELECT p.*, {caller_role_sql("p", "%s")} AS caller_role FROM "{Project._meta.db_table}" p WHERE p.name = %s'
-
-
 def project_for(request, name: str) -> Project:
     """The project named `name` if the caller belongs to it; 404 otherwise (never reveal it exists)."""
     user = request.user
     if NUL in name:
         raise Http404(f"project {name!r} not found")
-    read = getattr(request, READ_WITH_CALLER, None)
-    if read is not None and read[0] == name:  # projects.services.tokens read it with the token's user
-        project = read[1]
-    else:
-        found = list(Project.objects.raw(_project_with_role_sql(), [user.pk if user.is_authenticated else None, name]))
-        project = found[0] if found else None
+    read = project_read(request, name)  # projects.services.tokens read it with the token's user
+    project = read.project if read is not None else rows.project_with_role(name, user.pk if user.is_authenticated else None)
     if project is None:
         raise Http404(f"project {name} not found")
     if user.is_superuser:

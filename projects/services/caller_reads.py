@@ -1,18 +1,28 @@
-"""The caller's role in a project, read with the project in written SQL, and where a request keeps
-the project its authentication already read (tokens.py reads it with the token's user, access.py
-uses it). Its own module: tokens.py is imported while DRF loads its settings, before access.py's
-imports (muster.api_errors, DRF's views) can be."""
+"""The project a token's authentication read with its user, handed to the views as `request.auth`.
+
+A project-scoped request's token and project are read in one statement (projects/rows.py); the
+authentication returns what it read as DRF's `auth` value, and the views take it through
+`project_read` alone. Its own module: tokens.py is imported while DRF loads its settings, before
+access.py's imports (muster.api_errors, DRF's views) can be.
+"""
 
 from __future__ import annotations
 
-from projects.models import Membership
+from dataclasses import dataclass
 
-# The request attribute: a (name, Project with caller_role, or None when there is no such project)
-# pair, for the project the URL names.
-READ_WITH_CALLER = "_muster_project_read"
+from projects.models import Project
 
 
-def caller_role_sql(project: str, user: str) -> str:
-    """The caller's role in a project as a scalar subquery (NULL: not a member), for written SQL
-    whose row `project` is the project and whose `user` is the caller's id."""
-    return f'(SELECT m.role FROM "{Membership._meta.db_table}" m WHERE m.project_id = {project}.id AND m.user_id = {user})'
+@dataclass(frozen=True)
+class ProjectRead:
+    """`name`'s project with the caller's role in it as `caller_role`, or None: there is none."""
+
+    name: str
+    project: Project | None
+
+
+def project_read(request, name: str) -> ProjectRead | None:
+    """What the authentication of `request` read of the project called `name`; None when it read
+    nothing of it (another authentication, a URL without a project, another project's name)."""
+    read = getattr(request, "auth", None)
+    return read if isinstance(read, ProjectRead) and read.name == name else None

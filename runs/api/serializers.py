@@ -13,6 +13,8 @@ from runs.choices import JobStatus
 from runs.configuration.stored import SERVER_KEYS
 from runs.models import Job, Run
 from runs.waits import waiting_view
+from serving.replicas import replica_counts
+from serving.urls_for import service_url
 
 
 @extend_schema_serializer(component_name="Run")  # the schema adds `Request`: RunRequest
@@ -22,6 +24,9 @@ class RunRequestSerializer(serializers.Serializer):
     configuration = serializers.JSONField(help_text="The run configuration: YAML text or a JSON object.")
     env = serializers.DictField(child=serializers.CharField(), required=False,
                                 help_text="Values for bare `KEY` entries in the configuration's env.")
+    update = serializers.BooleanField(required=False, default=False, help_text=(
+        "A service only: when a service of this name is running, roll it to this configuration in place "
+        "(200) instead of refusing the name; without a running service of the name, a new run (201)."))
 
 
 @extend_schema_serializer(component_name="Stop")  # StopRequest
@@ -75,7 +80,8 @@ class JobSerializer(ModelSerializer):
         model = Job
         fields = [
             "job_num", "submission_num", "status", "status_message", "termination_reason", "termination_message",
-            "node_group_name", "node_group_index", "node_group_rank", "waiting_master_job",
+            "node_group_name", "node_group_index", "node_group_rank", "replica_num", "deployment_num",
+            "waiting_master_job",
             "instance", "instance_ip", "fleet", "resources", "start_time", "end_time", "exit_status",
             "ready_at", "probes", "waiting_for",
         ]
@@ -106,14 +112,22 @@ class RunSerializer(ModelSerializer):
     restarts = serializers.SerializerMethodField(help_text="per group that restarted: restarts so far, the most "
                                                  "allowed, the cause, and whether one is pending")
     earlier_jobs = serializers.SerializerMethodField(help_text="the jobs a restart or retry replaced (detail only)")
+    service = serializers.SerializerMethodField(help_text="a service's URL and its replicas: ready (in the "
+                                                "endpoint's pool) and total (wanted); null for a task")
 
     class Meta:
         model = Run
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "waiting_for", "gives_up_at", "restarts", "configuration", "jobs", "earlier_jobs",
+            "waiting_for", "gives_up_at", "restarts", "deployment_num", "service", "configuration", "jobs",
+            "earlier_jobs",
         ]
+
+    def get_service(self, run: Run) -> dict | None:
+        if run.configuration.get("type") != "service":
+            return None
+        return {"url": service_url(run), "replicas": replica_counts(run, self._current(run))}
 
     def get_restarts(self, run: Run) -> list[dict]:
         return [dict(entry, starts_at=serializers.DateTimeField().to_representation(entry["starts_at"])

@@ -65,7 +65,9 @@ class RunListView(ProjectScopedMixin, GenericAPIView):
         key = idempotency_key_of(request.headers)
         run = submit_run(self.project, request.user, request.data, idempotency_key=key)
         headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else None
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED, headers=headers)
+        # an update of a running service (`"update": true`) changes the run in place: 200, not 201
+        code = status.HTTP_200_OK if getattr(run, "rolled", False) else status.HTTP_201_CREATED
+        return Response(RunSerializer(run).data, status=code, headers=headers)
 
 
 class RunDetailView(ProjectScopedMixin, APIView):

@@ -62,13 +62,27 @@ def group_requirements(conf: TaskConfiguration) -> list[tuple[str, int, dict[str
 
 def stored_specs(conf: TaskConfiguration) -> list[dict[str, Any]]:
     """JobSpec.stored_dict of every job, without the JobSpecs and their copies of the commands and
-    env (a submit stores only these)."""
+    env (a submit stores only these). A service's group has a job per replica it starts with (each
+    replica one node here), numbered by `replica_num` within the group."""
     specs: list[dict[str, Any]] = []
-    for name, index, resources, nodes in group_requirements(conf):
-        for rank in range(nodes):
-            specs.append({"job_num": len(specs), "node_group_name": name, "node_group_index": index,
-                          "node_group_rank": rank, "nodes_in_group": nodes, "resources": _copy(resources)})
+    for group, (name, index, resources, nodes) in zip(conf.groups, group_requirements(conf), strict=True):
+        replicas = getattr(group, "desired", None)
+        for replica in range(1 if replicas is None else replicas):
+            for rank in range(nodes):
+                spec = {"job_num": len(specs), "node_group_name": name, "node_group_index": index,
+                        "node_group_rank": rank, "nodes_in_group": nodes, "resources": _copy(resources)}
+                specs.append(spec if replicas is None else {**spec, "replica_num": replica})
     return specs
+
+
+def replica_spec(conf: TaskConfiguration, group_name: str, replica_num: int, job_num: int) -> dict[str, Any]:
+    """The stored spec of one more replica of a service's group (a scale-up or a rolling update's
+    new replica): as stored_specs makes them at submit."""
+    for name, index, resources, nodes in group_requirements(conf):
+        if name == group_name:
+            return {"job_num": job_num, "node_group_name": name, "node_group_index": index, "node_group_rank": 0,
+                    "nodes_in_group": nodes, "resources": _copy(resources), "replica_num": replica_num}
+    raise KeyError(group_name)
 
 
 def expand_jobs(conf: TaskConfiguration) -> list[JobSpec]:

@@ -69,6 +69,7 @@ class StoredScaling(_Stored):
 
     metric: str = "rps"
     target: float = 1.0
+    window: int = 60  # seconds the rps is averaged over (dstack: 30, 60 or 300)
     scale_up_delay: int = 300  # seconds
     scale_down_delay: int = 600  # seconds
 

@@ -23,21 +23,24 @@ from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
 from runs import limits as run_limits
-from runs import run_rows
+from runs import rows as run_rows
 from runs.choices import RunStatus
 from runs.configuration import (
+    RUN_TYPES,
     ConfigurationError,
     TaskConfiguration,
     group_requirements,
     load_document,
     parse_run_configuration,
+    parse_service_configuration,
     stored_specs,
 )
 from runs.configuration.expansion import expanded_sizes
 from runs.configuration.interpolation import secret_names
 from runs.job_rows import new_jobs
 from runs.models import Run, SubmissionKey
-from runs.services import container_policy, group_fleets, local_images, submitted_text
+from runs.services import container_policy, group_fleets, local_images, service_runs, submitted_text
+from serving.urls_for import endpoint_tls
 
 MASK = "***"
 
@@ -48,7 +51,7 @@ MAX_RUN_ARGS_CHARS = 64 * 1024
 def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
     if not isinstance(payload, dict):
         raise ConfigurationError([{"loc": [], "msg": "send a JSON object with `configuration` (and optional `env`)"}])
-    unknown = sorted(set(payload) - {"configuration", "env", "args"})
+    unknown = sorted(set(payload) - {"configuration", "env", "args", "update"})
     if unknown:
         raise ConfigurationError([{"loc": [k], "msg": f"unknown key `{k}`"} for k in unknown])
     if payload.get("configuration") in (None, ""):
@@ -56,6 +59,9 @@ def _payload_parts(payload: Any) -> tuple[Any, dict[str, str], str]:
     env = payload.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigurationError([{"loc": ["env"], "msg": "must be an object of string values, e.g. {\"HF_TOKEN\": \"...\"}"}])
+    if not isinstance(payload.get("update", False), bool):
+        raise ConfigurationError([{"loc": ["update"], "msg": "must be true or false: true rolls a running service "
+                                                            "of the same name to this configuration"}])
     args = payload.get("args") or ""
     if not isinstance(args, str) or len(args) > MAX_RUN_ARGS_CHARS:
         raise ConfigurationError([{"loc": ["args"], "msg": (
@@ -98,12 +104,17 @@ def parse_for_project(project: Project, payload: Any) -> tuple[TaskConfiguration
     data, env_values, run_args = _payload_parts(payload)
     doc = load_document(data)
     if doc.get("type") is None:
-        raise ConfigurationError([{"loc": ["type"], "msg": "missing `type:`: write `type: task`"}])
-    if doc.get("type") != "task":
-        raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` (fleets go to /fleets/)"}])
-    conf = parse_run_configuration(
+        raise ConfigurationError([{"loc": ["type"], "msg": "missing `type:`: write `type: task` or `type: service`"}])
+    if doc.get("type") not in RUN_TYPES:
+        raise ConfigurationError([{"loc": ["type"], "msg": "a run needs `type: task` or `type: service` "
+                                                          "(fleets go to /fleets/)"}])
+    parse = parse_run_configuration
+    kwargs: dict[str, Any] = {}
+    if doc["type"] == "service":
+        parse, kwargs = parse_service_configuration, {"endpoint_tls": endpoint_tls()}
+    conf = parse(
         doc, env_values=env_values, secrets=project.lazy_secret_values(), max_nodes=settings.MUSTER["MAX_NODES"],
-        run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project),
+        run_args=run_args, probed_gpu_names=lambda: probed_gpu_names(project), **kwargs,
     )
     _check_expanded_size(conf)
     run_limits.check_retry_duration(conf)
@@ -157,12 +168,13 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
     conf, hidden = parse_for_project(project, payload)
     groups = group_requirements(conf)
     dumped = json.loads(conf.model_dump_json())
-    jobs, num = [], 0
-    for name, index, _, nodes in groups:
-        for rank in range(nodes):
-            jobs.append({"job_num": num, "node_group_name": name, "node_group_index": index, "node_group_rank": rank})
-            num += 1
+    jobs = [{k: spec[k] for k in (*PLAN_JOB_KEYS, "replica_num") if k in spec} for spec in stored_specs(conf)]
+    replicas = service_runs.plan_replicas(conf)
+    if replicas is not None:
+        # the hosts a service needs now: one per replica it starts with (at least one, to show where it goes)
+        groups = [(name, index, req, max(replicas[name]["desired"], 1)) for name, index, req, _ in groups]
     return {
+        **({"replicas": replicas, "service_url": service_runs.planned_url(project, conf)} if replicas else {}),
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(dumped, hidden),
         "jobs": jobs,
@@ -171,6 +183,7 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
         # what the configuration asks for that does not take effect here: shown before submitting
         "warnings": conf.warnings,
         "replaces": replaced_run(project, conf.name),
+        **({"updates": service_runs.updated_service(project, conf)} if replicas is not None else {}),
     }
 
 
@@ -297,6 +310,7 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
     conf, hidden = parse_for_project(project, payload)
     check_local_fleets(project, user, conf.fleets or [])
     data, env_values, _ = _payload_parts(payload)
+    update = payload.get("update") is True
     text = submitted_text.submitted(data, hidden, env_values)
     # A job row keeps its place and resources; its commands and env are its group's, kept once in
     # the stored configuration (engine/starting/cluster.py puts them together when the job starts).
@@ -308,6 +322,10 @@ def submit_run(project: Project, user, payload: Any, idempotency_key: str | None
               "hidden_env": sorted(hidden_values)}
     if conf.registry_password:  # used for the image pull only (engine/starting/cluster.py), encrypted at rest
         stored["secret_registry_password"] = crypto.encrypt(conf.registry_password)
+    if update and conf.name:
+        updated = service_runs.update(project, user, conf, stored, text)
+        if updated is not None:
+            return updated
     run_limits.check_project_caps(project, configuration)
     # A generated name is not checked first (one statement less per submit): the unique
     # (project, name) constraint catches the rare clash and the whole transaction is tried again.
@@ -333,11 +351,12 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
                 idempotency: tuple[str | None, str] = (None, ""), text: str = "") -> Run:
     name = requested or _generated_name()
     run = Run(project=project, user=user if user and user.is_authenticated else None, name=name,
-              configuration=configuration, submitted_text=text, status=RunStatus.SUBMITTED)
+              configuration=configuration, submitted_text=text, status=RunStatus.SUBMITTED,
+              desired_replicas=service_runs.desired_at_submit(configuration))
     jobs = new_jobs(run, specs, submission_num=0)
-    event = Event(project_id=project.id, subject=f"run {name}", message=f"submitted with {len(specs)} jobs",
+    event = Event(project_id=project.id, subject=f"run {name}", message=service_runs.submitted_message(run, specs),
                   status=run.status, actor=getattr(user, "username", "") or "api")
-    # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/run_rows.py),
+    # The usual submit (a generated name, no key) is one statement on PostgreSQL (runs/rows.py),
     # atomic by itself. A name to check, a key to keep, SQLite, a very large run, or a caller's transaction (whose
     # savepoint lets the clash retry below go on) take a transaction of their own.
     alone = (not requested and not idempotency[0] and run_rows.one_statement(connection, len(jobs))
@@ -346,7 +365,8 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         existing = Run.objects.select_for_update().filter(project=project, name=name).first() if requested else None
         if existing is not None:
             if not existing.finished:
-                raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another name")
+                raise InvalidInput(["name"], f"run {name} is still {existing.status}: stop it first or pick another "
+                                             f"name{service_runs.update_hint(existing, configuration)}")
             # said in the new run's history: the old one's goes with it
             event.message += (f", replacing the run of this name that had ended ({existing.status}, submitted "
                               f"{existing.submitted_at:%Y-%m-%d %H:%M:%S} UTC): its jobs, logs and events were deleted")
@@ -355,7 +375,11 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
         if idempotency[0]:
             SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
                                          run=run)
-        # job 0 is claimable at once; the others wait for their master (runs/job_rows.py)
-        messages.provision_job(next(j.pk for j in jobs if j.job_num == 0))
+        # job 0 is claimable at once; the others wait for their master (runs/job_rows.py); a
+        # service's replicas are each claimable at once (none at all when it starts at 0 replicas)
+        for job in jobs if run.configuration.get("type") == "service" else [j for j in jobs if j.job_num == 0]:
+            messages.provision_job(job.pk)
+        if not jobs:
+            messages.process_run(run.pk)
     run.submitted_jobs = jobs  # what the API answers with, without reading the rows back
     return run

@@ -80,7 +80,7 @@ def test_an_apply_inserts_the_run_its_jobs_and_its_event_once_each(api, project,
     sqls = statements(queries)
     writes = [sql for sql in sqls if not sql.startswith("SELECT")]
     if connection.vendor == "postgresql":
-        # the three as one statement, with no transaction around it (runs/run_rows.py)
+        # the three as one statement, with no transaction around it (runs/rows.py)
         assert len(writes) == 1 and writes[0].startswith('WITH r AS (INSERT INTO "runs_run"'), writes
         assert [t for t in ("runs_job", "events_event") if f'INSERT INTO "{t}"' in writes[0]] == ["runs_job", "events_event"]
     else:

@@ -27,7 +27,7 @@ def test_a_project_scoped_request_reads_user_and_project_in_one_statement(make_u
     api = client_for(make_user("alice", "main", "user"))
     with CaptureQueriesContext(connection) as q:
         assert api.get("/api/projects/main/runs/").status_code == 200
-    assert '"projects_apitoken"' in q[0]["sql"] and '"projects_project" p ON p.name' in q[0]["sql"], q[0]["sql"]
+    assert '"projects_apitoken"' in q[0]["sql"] and '"projects_project" p ON p."name"' in q[0]["sql"], q[0]["sql"]
     assert not [s["sql"] for s in q[1:] if "caller_role" in s["sql"] or "projects_membership" in s["sql"]], \
         "no second read of the project or the caller's role"
     with CaptureQueriesContext(connection) as q:  # a URL with no project: the user alone
@@ -108,7 +108,7 @@ def test_dstacks_layer_reads_the_project_with_the_token_too(make_user):
     dstack = dstack_client(make_user("alice", "main", "user"))
     with CaptureQueriesContext(connection) as q:
         assert post(dstack, "project/main/fleets/list", {}).status_code == 200
-    assert '"projects_project" p ON p.name' in q[0]["sql"], q[0]["sql"]
+    assert '"projects_project" p ON p."name"' in q[0]["sql"], q[0]["sql"]
     assert not [s["sql"] for s in q[1:] if "caller_role" in s["sql"] or "projects_membership" in s["sql"]]
     stranger = dstack_client(make_user("mallory", "other", "admin"))
     # dstack's answer for a project that is not there, the same as for one that does not exist

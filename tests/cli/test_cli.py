@@ -239,8 +239,8 @@ def test_malformed_env_flag_is_a_usage_error(api, tmp_path, capsys):
 
 
 def test_unsupported_type_is_refused_before_any_request(api, tmp_path, capsys):
-    assert cli.main(["apply", "-f", task_file(tmp_path, "type: service\nname: s\n"), "-y"]) == 1
-    assert "service" in capsys.readouterr().err
+    assert cli.main(["apply", "-f", task_file(tmp_path, "type: dev-environment\nname: s\n"), "-y"]) == 1
+    assert "dev-environment" in capsys.readouterr().err
     assert api.requests == []
 
 

@@ -413,7 +413,7 @@ CASES = [
     ),
     # ---- type dispatch, documents ----------------------------------------------------------
     bad("type-missing", {"nodes": 2}, ["type"], "`type` is required"),
-    bad("type-unknown", {"type": "service"}, ["type"], "unknown type `service`"),
+    bad("type-unknown", {"type": "dev-environment"}, ["type"], "unknown type `dev-environment`"),
     bad("yaml-syntax-error", "type: task\ncommands:\n  - [unclosed\n", ["configuration"], "line 4, column 1"),
     bad("yaml-duplicate-key", "type: task\nnodes: 1\nnodes: 2\n", ["configuration"], "duplicate key `nodes`"),
     bad("top-level-list", "- type: task\n", ["configuration"], "mapping"),

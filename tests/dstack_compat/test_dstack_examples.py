@@ -90,7 +90,8 @@ def _bare_env(doc: dict) -> dict[str, str]:
 def test_the_suite_has_at_least_30_of_dstacks_configurations():
     assert len(TASKS) >= 30
     on_disk = {p.name for p in CONFIGS.glob("*.dstack.yml")}
-    assert set(TASKS) | set(REFUSED) | {n for n in on_disk if n.startswith("fleet-")} == on_disk
+    # services: tests/dstack_compat/test_dstack_service_examples.py
+    assert set(TASKS) | set(REFUSED) | {n for n in on_disk if n.startswith(("fleet-", "service-"))} == on_disk
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

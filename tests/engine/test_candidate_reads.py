@@ -8,8 +8,9 @@ import itertools
 
 import pytest
 
-from instances.fitting import candidates, fleets_for, free_instances
+from instances.fitting import candidates, fleets_for
 from instances.models import Fleet, GroupKind, Instance, InstanceGroup
+from instances.rows import free_instances
 from projects.models import Project
 from runs.configuration import fits
 

@@ -1,7 +1,7 @@
 """When a job's end nudges its run (process_run), and when it does not.
 
 A job that ends without a failure can change its run only once it is the last of the run's
-current jobs to end, so the others' ends send nothing (runs.transitions.matters_only_last): a
+current jobs to end, so the others' ends send nothing (engine.nudges.matters_only_last): a
 4-node run is derived once at its end, not four times. Whatever can change the run on its own
 still nudges at once: a failure, the master of a `master-done` run, a job of a run whose groups
 restart. Jobs that end together each look after their own commit, so at least one of them sends.

@@ -44,7 +44,7 @@ def drive(monkeypatch, run: Run) -> dict[str, list[list[str]]]:
 
     for name in STEPS:
         monkeypatch.setattr(messages, name, lambda pk, countdown=0, _n=name: send(_n, pk, countdown))
-    # the last of a run's jobs to end nudges it (runs.transitions.matters_only_last): due() after commit
+    # the last of a run's jobs to end nudges it (engine.nudges.matters_only_last): due() after commit
     monkeypatch.setattr(messages, "process_run_if", lambda pk, due: connection.on_commit(
         lambda: due() and heapq.heappush(queue, (time.monotonic(), len(queue), "process_run", pk))))
     send("provision_job", Job.objects.get(run=run, job_num=0).pk)

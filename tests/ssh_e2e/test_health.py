@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from engine.ssh_health import check_ssh_hosts
 from events.models import Event
-from instances.fitting import free_instances
 from instances.models import Instance
+from instances.rows import free_instances
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
 
 pytestmark = needs_netns

@@ -1,4 +1,7 @@
-"""A new run, its jobs and the event that says it was submitted, written together (submit's apply).
+"""The runs app's hand-written statements: a submit's run, jobs and event written together; the
+ends of a run's unstarted jobs with their events; whether a run is due a derive.
+
+A new run, its jobs and the event that says it was submitted, written together (submit's apply).
 
 On PostgreSQL one data-modifying WITH writes all three: the jobs and the event take the run's id
 from the run's INSERT in the same statement, which is atomic on its own, so an apply's write is
@@ -19,9 +22,15 @@ import functools
 import json
 import uuid
 
+from django.db import connection as default_connection
 from django.db import connections, models, router
+from django.db.models import Exists, OuterRef
 
+from events import rows as event_rows
 from events.models import Event
+from muster import compiled
+from muster.rows import one_statement as with_returning
+from runs.choices import JOB_UNFINISHED, RUN_FINISHED, JobStatus
 from runs.models import Job, Run
 
 
@@ -34,7 +43,7 @@ def _fields(model) -> list:
 
 def one_statement(connection, jobs: int) -> bool:
     """Whether `insert` writes a run of `jobs` jobs as one statement (else the caller's transaction)."""
-    return connection.vendor == "postgresql" and jobs > 0
+    return with_returning(connection) and jobs > 0
 
 
 @functools.cache
@@ -44,18 +53,26 @@ def _statement() -> str:
     def names(model) -> str:
         return ", ".join(quote(f.column) for f in _fields(model))
 
-    def rows(model, func: str, with_run: bool) -> str:
+    def source(model, func: str) -> str:
         # the document's keys are the column names; the table's row type converts each value as
         # the column's input does (a timestamp's ISO text, a jsonb column's nested JSON)
-        run_id = '(SELECT "id" FROM r), ' if with_run else ""
-        into = f"{quote('run_id')}, {names(model)}" if with_run else names(model)
-        table = quote(model._meta.db_table)
-        return f"INSERT INTO {table} ({into}) SELECT {run_id}{names(model)} FROM {func}(NULL::{table}, %s::jsonb)"
+        return f"{func}(NULL::{quote(model._meta.db_table)}, %s::jsonb)"
 
-    return (f'WITH r AS ({rows(Run, "jsonb_populate_record", False)} RETURNING "id"), '
-            f'j AS ({rows(Job, "jsonb_populate_recordset", True)} RETURNING "id", {quote("job_num")}), '
-            f'e AS ({rows(Event, "jsonb_populate_record", True)} RETURNING "id") '
-            f'SELECT (SELECT "id" FROM r), (SELECT "id" FROM e), j."id", j.{quote("job_num")} FROM j')
+    pk = {model: quote(model._meta.pk.column) for model in (Run, Job, Event)}
+    job_num = quote(Job._meta.get_field("job_num").column)
+    run_id = f"(SELECT {pk[Run]} FROM r)"
+
+    def rows(model, func: str, with_run: bool) -> str:
+        into = f"{quote(model._meta.get_field('run').column)}, {names(model)}" if with_run else names(model)
+        values = f"{run_id}, {names(model)}" if with_run else names(model)
+        return f"INSERT INTO {quote(model._meta.db_table)} ({into}) SELECT {values} FROM {source(model, func)}"
+
+    event = event_rows.insert_select({"run": run_id, **{f.attname: quote(f.column) for f in _fields(Event)}},
+                                     source(Event, "jsonb_populate_record"), returning=pk[Event])
+    return (f'WITH r AS ({rows(Run, "jsonb_populate_record", False)} RETURNING {pk[Run]}), '
+            f'j AS ({rows(Job, "jsonb_populate_recordset", True)} RETURNING {pk[Job]}, {job_num}), '
+            f'e AS ({event}) '
+            f'SELECT {run_id}, (SELECT {pk[Event]} FROM e), j.{pk[Job]}, j.{job_num} FROM j')
 
 
 def _plain(value):
@@ -136,3 +153,48 @@ def insert_with_orm(run: Run, jobs: list[Job], event: Event) -> None:
     Job.objects.bulk_create(jobs)
     event.run = run
     event.save(force_insert=True)
+
+
+def ends_in_one(connection, jobs: int) -> bool:
+    """Whether `end_unstarted` writes the ends of `jobs` unstarted jobs (else: one move_job each)."""
+    return with_returning(connection) and jobs > 1
+
+
+@functools.cache
+def _end_unstarted_statement() -> str:
+    quote = default_connection.ops.quote_name
+    col = {name: quote(Job._meta.get_field(name).column)
+           for name in ("id", "status", "status_changed_at", "termination_reason", "end_time", "job_num", "instance")}
+    moved = (f"UPDATE {quote(Job._meta.db_table)} SET {col['status']} = %s, {col['status_changed_at']} = %s, "
+             f"{col['termination_reason']} = %s, {col['end_time']} = COALESCE({col['end_time']}, %s) "
+             f"WHERE {col['id']} = ANY(%s) AND {col['status']} = %s "
+             f"RETURNING {col['id']}, {col['job_num']}, {col['instance']}")
+    # the UPDATE's RETURNING feeds the events' INSERT, whose RETURNING says which jobs moved
+    events = event_rows.insert_select(
+        {"project_id": "%s", "subject": f"%s || moved.{col['job_num']}", "message": "%s", "status": "%s",
+         "actor": "%s", "run_id": "%s", "job_id": f"moved.{col['id']}", "instance_id": f"moved.{col['instance']}",
+         "created": "%s"}, "moved", returning=event_rows.column("job_id"))
+    return f"WITH moved AS ({moved}) {events}"
+
+
+def end_unstarted(run: Run, job_ids: list[int], to: str, reason: str, actor: str, now: datetime.datetime) -> set[int]:
+    """PostgreSQL (ends_in_one): the `submitted` jobs of `job_ids` moved to `to` for `reason`, each
+    with its event, in one statement however many there are. Returns the ids moved."""
+    with default_connection.cursor() as cursor:
+        cursor.execute(_end_unstarted_statement(),
+                       [to, now, reason, now.timestamp(), job_ids, JobStatus.SUBMITTED,
+                        run.project_id, f"job {run.name}/", f"{to} ({reason})", to, actor, run.pk, now])
+        return {row[0] for row in cursor.fetchall()}
+
+
+# the run, if it is still unfinished and none of its current jobs is: compiled once (muster/compiled.py)
+_DERIVE_DUE = compiled.Select(lambda run_id: Run.objects.filter(pk=run_id).exclude(status__in=RUN_FINISHED).exclude(
+    Exists(Job.objects.filter(run_id=OuterRef("pk"), superseded=False, status__in=JOB_UNFINISHED))).values("pk"), int)
+
+
+def derive_due(run_id: int) -> bool:
+    """Whether every current job of the run has ended while the run itself has not: one short read."""
+    sql, params = _DERIVE_DUE.statement(run_id)
+    with connections[router.db_for_read(Job)].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None

@@ -1,0 +1,84 @@
+"""The instances app's hand-written statements: the placement reads a plan, a submit and every
+placement ask (a page of candidate hosts, a project's active fleets), as written SQL because the ORM
+spent more building and compiling each than the database spent answering it.
+
+Each read's meaning is its ORM form beside it (free_instances; the fleets: Fleet.objects.filter),
+which tests/engine/test_candidate_reads.py holds the SQL to. Columns come from the models' `_meta`;
+rows become objects through muster.rows.from_row.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from django.db.models import Q
+
+from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceGroup, InstanceStatus
+from muster import rows
+
+
+def free_instances(fleet: Fleet, busy_too: bool = False):
+    """The fleet's idle, reachable hosts; with `busy_too`, its busy ones as well (the hosts a run
+    waiting for a full fleet will get once their jobs end): what candidate_page reads, as the ORM says it."""
+    # Instance.objects, not fleet.instances: the related manager would set `fleet` on every row
+    # and, with .only(), fetch each row's deferred fleet_id in a query of its own.
+    statuses = [InstanceStatus.IDLE, InstanceStatus.BUSY] if busy_too else [InstanceStatus.IDLE]
+    return Instance.objects.filter(
+        Q(group__isnull=True) | Q(group__kind=GroupKind.CLUSTER), fleet=fleet, status__in=statuses, unreachable=False
+    )
+
+
+# what placement uses of a candidate host
+CANDIDATE = ("id", "name", "resources", "gpu_count", "internal_ip")
+
+
+def _column(model, name: str, alias: str) -> str:
+    return f'{alias}."{model._meta.get_field(name).column}"'
+
+
+@functools.cache
+def _candidates_sql(statuses: int, tpu: bool, gpu: bool, after: bool) -> str:
+    """free_instances narrowed by the indexed columns, one page in placement order."""
+    i = functools.partial(_column, Instance, alias="i")
+    where = [f"({i('group')} IS NULL OR {_column(InstanceGroup, 'kind', 'g')} = %s)", f"{i('fleet')} = %s",
+             f"{i('status')} IN ({', '.join(['%s'] * statuses)})", f"{i('unreachable')} = %s",
+             f"{i('cpus')} >= %s", f"{i('memory_gb')} >= %s", f"{i('tpu')} <> %s" if tpu else f"{i('tpu')} = %s"]
+    if gpu:
+        where.append(f"{i('gpu_count')} >= %s")
+    if after:  # keyset paging from the last row of the page before
+        where.append(f"({i('gpu_count')} > %s OR ({i('gpu_count')} = %s AND {i('id')} > %s))")
+    return (f"SELECT {rows.column_list(Instance, 'i', CANDIDATE)} FROM \"{Instance._meta.db_table}\" i "
+            f'LEFT OUTER JOIN "{InstanceGroup._meta.db_table}" g ON {_column(InstanceGroup, "id", "g")} = {i("group")} '
+            f"WHERE {' AND '.join(where)} ORDER BY {i('gpu_count')}, {i('id')} LIMIT %s")
+
+
+def candidate_page(fleet_id: int, busy_too: bool, cpus: float, memory_gb: float, tpu: bool, gpus: int | None,
+                   after: tuple[int, int] | None, page: int) -> list[Instance]:
+    """One page of free_instances(fleet, busy_too) with at least `cpus`, `memory_gb` (and `gpus`
+    GPUs), TPU hosts or not as `tpu` says, fewest GPUs first, after (gpu_count, id) `after`."""
+    statuses = [InstanceStatus.IDLE.value, InstanceStatus.BUSY.value] if busy_too else [InstanceStatus.IDLE.value]
+    params = [GroupKind.CLUSTER.value, fleet_id, *statuses, False, cpus, memory_gb, ""]
+    if gpus is not None:
+        params.append(gpus)
+    if after is not None:
+        params.extend([after[0], after[0], after[1]])
+    sql = _candidates_sql(len(statuses), tpu, gpus is not None, after is not None)
+    return rows.fetch_objects(Instance, sql, [*params, page], CANDIDATE)
+
+
+def active_fleets(project_id: int, not_backend: str | None, backends: list[str] | None,
+                  names: list[str] | None) -> list[Fleet]:
+    """`Fleet.objects.filter(project_id=..., status=active)`, but of backend `not_backend`, of
+    `backends` and called `names` when given, oldest first."""
+    f = functools.partial(_column, Fleet, alias="f")
+    where, params = [f"{f('project')} = %s", f"{f('status')} = %s"], [project_id, FleetStatus.ACTIVE.value]
+    if not_backend is not None:
+        where.append(f"{f('backend')} <> %s")
+        params.append(not_backend)
+    for name, values in (("backend", backends), ("name", names)):
+        if values:
+            where.append(f"{f(name)} IN ({', '.join(['%s'] * len(values))})")
+            params.extend(values)
+    sql = (f'SELECT {rows.column_list(Fleet, "f")} FROM "{Fleet._meta.db_table}" f WHERE {" AND ".join(where)} '
+           f"ORDER BY {f('created')}, {f('name')}")
+    return rows.fetch_objects(Fleet, sql, params)
