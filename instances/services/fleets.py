@@ -173,7 +173,8 @@ def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> li
                                                   f"{sorted({inst.index for inst in live})}")
         sliced = next((inst for inst in chosen if inst.group and inst.group.kind == GroupKind.TPU_POD), None)
         if sliced is not None:
-            raise InvalidInput(["instance_nums"], f"instance {sliced.name} is a host of TPU slice {sliced.group.name}, "
+            noun = registry.group_noun(sliced.group)
+            raise InvalidInput(["instance_nums"], f"instance {sliced.name} is a host of {noun} {sliced.group.name}, "
                                                   "which is deleted whole: delete the fleet, or the slice "
                                                   f"(`DELETE instance-groups/{sliced.group.name}/`, docs/tpu.md)")
         in_use = "Failed to delete fleet {} instances {}. Fleet instances are in use: {}"  # dstack's words, then ours
