@@ -1,11 +1,14 @@
 """The engine: the claimed steps that move runs, jobs, instance groups and hosts along.
 
 Each step is `claims.claimed(Model, pk, name, body)`: the body does its work and returns an Outcome
-(the status it left the row in, what it learned, the next messages), which claims.py applies in one
-guarded UPDATE before the messages leave after commit (engine/messages.py; a job's outcome:
+(the status it left the row in, what it learned and the events that say so, the next messages), which
+claims.py applies in one guarded UPDATE (with those events, in its transaction) before the messages
+leave after commit (engine/messages.py; a job's outcome:
 engine/job_outcome.py). engine/tasks.py holds the Celery tasks, one thin wrapper per step. The chain of a run, in order (folder = the status of the row it moves):
 
 claims        engine/claims.py                   claimed: the claim, the body's Outcome applied in one guarded UPDATE
+                                                 (the lease columns: here, locked_claims.py and muster/claimable.py only)
+              engine/outcome.py                  Outcome: what a body leaves to apply (fields, events, a move, follow-ups)
               engine/locked_claims.py            the claim protocol's own statements, written once per shape (its rows module)
               engine/nudges.py                   which job moves nudge their run: the rules the transition functions call
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
@@ -18,7 +21,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
-  pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
+  pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
@@ -34,9 +37,10 @@ runs          engine/processing.py               process_run: a run's status der
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
-  watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
+  watch       engine/pod_watch.py                watch_pods: live groups at their provider; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
-              engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts
+              engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts;
+                                                 stop_registered_agents: a gone fleet's agents, stopped after commit
               engine/fleet_deletion.py           delete_fleet: a terminating fleet's hosts stopped and ended, the fleet removed
 health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep

@@ -22,17 +22,18 @@ import logging
 from functools import partial
 
 from backends.base import BackendError
+from backends.registry import attach_keys as attach_keys_module
 from backends.registry import compute_for_instance
-from backends.ssh import attach_keys
-from engine import claims, messages
+from engine import claims, messages, outcome
 from engine.tuning import SWEEP_BATCH
-from events.services import record
 from runs.choices import JOB_ATTACHABLE
 from runs.models import AttachGrant
 
 log = logging.getLogger(__name__)
 
 ATTACH_EVENT = "attach key installed"
+
+attach_keys = attach_keys_module()  # the SSH hosts' authorized_keys lines
 
 
 def install_attach_key(grant_id: int) -> bool:
@@ -58,8 +59,8 @@ def key_line(grant: AttachGrant, ip: str, host) -> str:
 
 
 def _install(held: claims.Held) -> claims.Outcome:
-    grant = AttachGrant.objects.select_related("job", "job__run", "instance", "instance__fleet", "user").filter(
-        pk=held.pk, lease_token=held.token).first()
+    grant = held.rows(AttachGrant.objects.select_related("job", "job__run", "instance", "instance__fleet",
+                                                         "user")).first()
     if grant is None:
         return _GONE  # removed since the claim (the job ended): nothing was installed by this try
     job = grant.job
@@ -85,10 +86,10 @@ def _install(held: claims.Held) -> claims.Outcome:
     finally:
         host.close()
     actor = grant.user.username if grant.user else "server"
-    record(grant.project_id, f"job {job.run.name}/{job.job_num}", f"{ATTACH_EVENT} on {inst.name} by {actor}: "
-           f"forwarding to {inst.internal_ip}:{','.join(map(str, grant.ports))}", actor=actor, run_id=job.run_id,
-           job_id=job.pk, instance_id=inst.pk)
-    return claims.Outcome(fields={"install_due": False, "install_error": ""})
+    said = outcome.event(grant.project_id, f"job {job.run.name}/{job.job_num}", f"{ATTACH_EVENT} on {inst.name} by "
+                         f"{actor}: forwarding to {inst.internal_ip}:{','.join(map(str, grant.ports))}", actor=actor,
+                         run_id=job.run_id, job_id=job.pk, instance_id=inst.pk)
+    return claims.Outcome(fields={"install_due": False, "install_error": ""}, events=(said,))
 
 
 # the grant went away under the step (its job ended): given back as it is, nothing to say

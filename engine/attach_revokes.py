@@ -11,14 +11,17 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+from backends.registry import attach_keys as attach_keys_module
 from backends.registry import compute_for_instance
-from backends.ssh import attach_keys
 from engine import claims
 from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
+from muster.claimable import leased
 from runs.models import AttachGrant, Job
 
 log = logging.getLogger(__name__)
+
+attach_keys = attach_keys_module()  # the SSH hosts' authorized_keys lines
 
 
 def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> None:
@@ -28,7 +31,7 @@ def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> 
     if grants:
         attach_keys.remove(host, attach_keys.authorized_keys_path(), [g.needle for g in grants])
         rows = AttachGrant.objects.filter(pk__in=[g.pk for g in grants])
-        (rows if token is None else rows.filter(lease_token=token)).delete()
+        (rows if token is None else leased(rows, token)).delete()
 
 
 def end_job_grants(job: Job) -> int:
@@ -62,7 +65,7 @@ def _revoke(instance_id: int, held: claims.Held) -> dict:
     instance = Instance.objects.select_related("fleet").get(pk=instance_id)
     host = compute_for_instance(instance).runner_host(instance)
     try:
-        remove_grants(host, list(AttachGrant.objects.filter(pk__in=held.pks, lease_token=held.token)), held.token)
+        remove_grants(host, list(held.rows(AttachGrant.objects.all())), held.token)
     finally:
         host.close()
     return {}  # the rows are gone with their lines: nothing is left to give back

@@ -21,8 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
 from django.conf import settings
@@ -31,7 +30,8 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from engine import locked_claims
-from muster.claimable import claim_conflict, unleased
+from engine.outcome import Outcome, record_events
+from muster.claimable import Lease, claim_conflict, lease_guard, leased, released, unleased
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class _Renewer:
                 held = [(m, t, list(pks)) for (m, t), pks in self.held.items()]
             for model, token, pks in held:
                 try:
-                    rows = model.objects.filter(pk__in=pks, lease_token=token)
+                    rows = leased(model.objects.filter(pk__in=pks), token)
                     if rows.update(lease_until=timezone.now() + timedelta(seconds=lease_seconds())) < len(pks):
                         # rows released by other means, taken over or deleted are no longer ours
                         self.drop(model, token, set(pks) - set(rows.values_list("pk", flat=True)))
@@ -158,43 +158,6 @@ def backoff_seconds() -> float:
 # ---- the step: process -> outcome -> guarded apply ----------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What a step body leaves for `claimed` to apply once it returns; the step gives nothing back itself.
-
-    `expect`: the statuses the body left the row in (usually one: `(job.status,)` after its moves).
-    The give-back is guarded by them, so a row somebody else moved while it was held (a user stop)
-    is found out in the same statement. Empty: any status.
-    `fields`: what the body learned (`next_check_at`, `agent_seen_at`, ...), written by the same
-    UPDATE that clears the lease.
-    `move`: a status move through the row's transition function, given the lease token; it must
-    guard its UPDATE by pk + token and clear the lease in it (`runs.transitions.move_job(lease=)`),
-    and return whether it moved the row. Used when the step's last move is the give-back itself.
-    `then`: the follow-ups (engine/messages.py calls, or a check that must see the row free), run
-    once the row is given back as the body left it, each sent after commit.
-    `hand_over`: status -> message(pk), for a row found in another status than `expect` (it turned
-    terminating while held: the stop's own message bounced off our lease, so it is sent again).
-    `retry_in`: seconds the row stays unclaimable once given back (its lease runs on with nobody's
-    token, as `Held.back_off` does): a step whose work failed and must be tried again later
-    (a cloud call refused) backs off instead of being sent again by the next sweep.
-    """
-
-    expect: tuple = ()
-    fields: dict = field(default_factory=dict)
-    move: Callable[[str], bool] | None = None
-    then: tuple[Callable[[], object], ...] = ()
-    hand_over: Mapping[str, Callable[[object], object]] = field(default_factory=dict)
-    retry_in: float | None = None
-
-    def guard(self) -> dict:
-        return {"status__in": self.expect} if self.expect else {}
-
-    def written(self) -> dict:
-        """The lease's release and the fields, as the give-back's UPDATE writes them."""
-        until = timezone.now() + timedelta(seconds=self.retry_in) if self.retry_in else None
-        return {"lease_until": until, "lease_token": "", **self.fields}
-
-
 class Held:
     """The rows one step holds while its body runs (claimed and claimed_batch hand it to the body)."""
 
@@ -208,6 +171,15 @@ class Held:
     def pk(self):
         return self.pks[0]
 
+    @property
+    def lease(self) -> Lease:
+        """What a move of a held row inside the body takes (`lease=held.lease`): guarded by the token."""
+        return Lease(self.token)
+
+    def rows(self, queryset):
+        """The rows of `queryset` among the held ones that this step still holds."""
+        return leased(queryset.filter(pk__in=self.pks), self.token)
+
     def back_off(self, pks) -> None:
         """Give rows back so that they are due again only after a backoff: the lease runs on
         with nobody's token, so no claim takes them (nor renews them) until it is over."""
@@ -217,7 +189,7 @@ class Held:
         # simply runs out one lease from now, which is the backoff as well
         _renewer.drop(self.model, self.token, pks)
         until = timezone.now() + timedelta(seconds=backoff_seconds())
-        self.model.objects.filter(pk__in=pks, lease_token=self.token).update(lease_until=until, lease_token="")
+        self.model.objects.filter(pk__in=pks, **lease_guard(self.token)).update(**released(until))
 
     @contextmanager
     def row(self, pk) -> Iterator[None]:
@@ -239,19 +211,20 @@ def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step:
     touches nothing is stale (the lease ran out and somebody else took the row): logged, dropped.
     """
     try:
-        if outcome.move is not None:
-            applied = outcome.move(token)
-        else:
-            touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.written())
-            if touched is None:
-                touched = model.objects.filter(pk=pk, lease_token=token, **outcome.guard()).update(
-                    **outcome.written())
-            applied = touched == 1
+        with transaction.atomic() if outcome.events else nullcontext():
+            applied = _apply(model, pk, token, outcome)
+            if applied:
+                record_events(outcome.events)
         if applied:
             for send in outcome.then:
                 send()
             return True
-        if not model.objects.filter(pk=pk, lease_token=token).update(**outcome.written()):
+        with transaction.atomic() if outcome.events else nullcontext():
+            # what the body learned still holds of a row that moved on: written, with its events
+            kept = model.objects.filter(pk=pk, **lease_guard(token)).update(**outcome.written())
+            if kept:
+                record_events(outcome.events)
+        if not kept:
             log.warning("step %s: %s %s was no longer held (stale lease): its outcome is dropped", step,
                         model.__name__, pk)
             return False
@@ -259,6 +232,16 @@ def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step:
         return False
     finally:
         _renewer.drop(model, token, [pk])
+
+
+def _apply(model, pk, token: str, outcome: Outcome) -> bool:
+    """The give-back's one guarded write: the move, or the UPDATE of the fields that clears the lease."""
+    if outcome.move is not None:
+        return outcome.move(lease=Lease(token, ends=True))
+    touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.written())
+    if touched is None:
+        touched = model.objects.filter(pk=pk, **lease_guard(token), **outcome.guard()).update(**outcome.written())
+    return touched == 1
 
 
 def _hand_over(model, pks, hand_over: Mapping) -> None:
@@ -292,21 +275,27 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
             by_expect.setdefault(tuple(outcome.expect), []).append(pk)
         for expect, pks in by_expect.items():
             guard |= Q(pk__in=pks, status__in=expect) if expect else Q(pk__in=pks)
-        touched = model.objects.filter(guard, lease_token=token).update(
-            lease_until=None, lease_token="", **_fields_by_row(model, plain))
-        applied = set(plain)
-        if touched != len(plain):
-            rows = dict(model.objects.filter(pk__in=plain).exclude(lease_token="").values_list("pk", "lease_token"))
-            moved = {pk for pk, t in rows.items() if t == token}
-            stale = set(rows) - moved
-            if stale:
-                log.warning("step %s: %s %s no longer held (stale lease): their outcomes are dropped", held.step,
-                            model.__name__, sorted(stale))
-            if moved:
-                model.objects.filter(pk__in=moved, lease_token=token).update(lease_until=None, lease_token="")
-                for pk in moved:
-                    _hand_over(model, [pk], plain[pk].hand_over)
-            applied -= moved | stale
+        events = any(o.events for o in plain.values())
+        moved: set = set()
+        with transaction.atomic() if events else nullcontext():
+            touched = model.objects.filter(guard, **lease_guard(token)).update(
+                **released(), **_fields_by_row(model, plain))
+            applied = set(plain)
+            if touched != len(plain):
+                rows = dict(model.objects.filter(pk__in=plain).exclude(lease_token="").values_list(
+                    "pk", "lease_token"))
+                moved = {pk for pk, t in rows.items() if t == token}
+                stale = set(rows) - moved
+                if stale:
+                    log.warning("step %s: %s %s no longer held (stale lease): their outcomes are dropped",
+                                held.step, model.__name__, sorted(stale))
+                applied -= moved | stale
+            if events:
+                record_events([e for pk in sorted(applied) for e in plain[pk].events])
+        if moved:
+            model.objects.filter(pk__in=moved, **lease_guard(token)).update(**released())
+            for pk in moved:
+                _hand_over(model, [pk], plain[pk].hand_over)
         held.applied |= applied
         for pk in sorted(applied):
             for send in plain[pk].then:

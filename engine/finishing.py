@@ -15,6 +15,7 @@ from engine.submitted.waiting import hand_back
 from engine.tuning import STOP_RECHECK
 from events.services import record
 from muster import compiled
+from muster.claimable import Lease
 from runs.choices import (
     FINAL_STATUS,
     JOB_ACTIVE,
@@ -56,7 +57,7 @@ def _finish(held: claims.Held) -> claims.Outcome:
     return claims.Outcome(move=partial(_end, job, final))
 
 
-def _end(job: Job, final: str, token: str) -> bool:
+def _end(job: Job, final: str, *, lease: Lease) -> bool:
     """The give-back is the final move: the host goes back and the job ends in one transaction."""
     keep = job.instance_id is not None and failure_policy.keeps_host(job)
     with transaction.atomic():
@@ -66,7 +67,7 @@ def _end(job: Job, final: str, token: str) -> bool:
                    run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
         elif job.instance_id:
             hand_back([job.instance], job)
-        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease=token, keep_host=keep):
+        if not move_job(job, final, frm=[JobStatus.TERMINATING], lease=lease, keep_host=keep):
             transaction.set_rollback(True)  # not ours any more: its holder hands the host back
             return False
     return True

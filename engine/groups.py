@@ -12,11 +12,10 @@ from django.db import transaction
 from django.db.models import Q
 
 from backends.base import BackendError
-from backends.registry import compute_for_instance, get_compute, group_backend_config
-from engine import claims, messages
+from backends.registry import compute_for_group, compute_for_instance
+from engine import claims, messages, outcome
 from engine.finishing import stop_jobs_on_group
 from engine.tuning import DELETE_BACKOFF_MAX, STOP_THREADS
-from events.services import record
 from instances.models import (
     Fleet,
     GroupKind,
@@ -26,6 +25,7 @@ from instances.models import (
     InstanceStatus,
 )
 from instances.transitions import NOT_TERMINATED, end_group, move_group, move_instances
+from muster.claimable import Lease
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _terminate(held: claims.Held) -> claims.Outcome | None:
         if group.kind == GroupKind.TPU_POD:
             # the fleet's settings, or the server's and what the group kept when its fleet is gone
             # (a fleet's deletion removes its row before this step runs)
-            compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
+            compute = compute_for_group(group)
             compute.terminate_group(group.name, group.backend_data)
         else:
             stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
@@ -68,18 +68,19 @@ def _failed_delete(group: InstanceGroup, exc: BackendError) -> claims.Outcome:
     failures = int(group.backend_data.get("delete_failures") or 0) + 1
     wait = min(claims.backoff_seconds() * 2 ** min(failures - 1, 16), DELETE_BACKOFF_MAX)
     log.warning("deleting group %s failed (%d times), trying again in %.0fs: %s", group.name, failures, wait, exc)
-    record(group.project_id, f"instance group {group.name}",
-           f"delete failed ({failures} times), trying again in {wait:.0f}s: {exc}"[:500], status=group.status)
+    said = outcome.event(group.project_id, f"instance group {group.name}",
+                         f"delete failed ({failures} times), trying again in {wait:.0f}s: {exc}"[:500],
+                         status=group.status)
     return claims.Outcome(fields={"backend_data": {**group.backend_data, "delete_failures": failures}},
-                          retry_in=wait)
+                          events=(said,), retry_in=wait)
 
 
-def _terminated(group: InstanceGroup, token: str) -> bool:
+def _terminated(group: InstanceGroup, *, lease: Lease) -> bool:
     """The give-back is the group's final move, with its instances', in one transaction."""
     with transaction.atomic():
         # the lease goes with the final move; a stale token moves nothing
         if not move_group(group, GroupStatus.TERMINATED, frm=[GroupStatus.TERMINATING], message="deleted",
-                          where={"lease_token": token}, lease_until=None, lease_token=""):
+                          lease=lease):
             return False
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATED,
                        frm=NOT_TERMINATED, message="terminated with its group")
@@ -113,9 +114,7 @@ def stop_agents_on(hosts: list[tuple[str, object]]) -> None:
 
 def _stop_agent(name: str, host) -> None:
     try:
-        stop = getattr(host, "stop_agent", None)
-        if stop:
-            stop()
+        host.stop_agent()
     except Exception as exc:  # a host that is gone cannot stop its agent; it is removed anyway
         log.info("could not stop the runner agent on %s: %s", name, exc)
     finally:

@@ -158,6 +158,13 @@ def stop_agents(instance_ids: list[int]) -> None:
         transaction.on_commit(lambda: registered.stop_agents.delay(list(instance_ids)))
 
 
+def stop_registered_agents(hosts: list[dict]) -> None:
+    """Runner agents a registration started, on hosts whose fleet is gone, may be stopped
+    (stop_registered_agents, best effort): each host's SSH target, its key encrypted."""
+    if hosts:
+        transaction.on_commit(lambda: registered.stop_registered_agents.delay(list(hosts)))
+
+
 def install_attach_key(grant_id: int) -> None:
     """An attach grant's line may go onto its host (install_attach_key)."""
     transaction.on_commit(lambda: registered.install_attach_key.delay(grant_id))

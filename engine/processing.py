@@ -13,11 +13,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine import claims, failure_policy, messages, restarts
+from engine import claims, failure_policy, messages, outcome, restarts
 from engine.finishing import end_active_jobs
 from events.models import Event
 from events.services import record
 from muster import compiled
+from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
 from runs.configuration.stored import run_configuration
 from runs.job_rows import create_jobs
@@ -44,15 +45,15 @@ def _process(held: claims.Held) -> claims.Outcome:
     run = _RUN.get(held.pk)
     try:
         if run.status == RunStatus.PENDING:
-            _resubmit_when_due(run)
+            _resubmit_when_due(run, held.lease)
         else:
-            _derive(run)
+            _derive(run, held.lease)
     except Exception as exc:
         _note_failed_derive(run, exc)
         raise  # the claimed step gives the run back with a backoff
     # Only a derive that finished is recorded: one that failed half-way and still wrote
     # derived_at would hide the run's job changes from the sweep for ever (wedged in submitted).
-    return claims.Outcome(fields={"derived_at": derived_at}, then=(partial(_derive_again_if_moved, run, derived_at),))
+    return outcome.with_learned(run, derived_at=derived_at, then=(partial(_derive_again_if_moved, run, derived_at),))
 
 
 def _derive_again_if_moved(run: Run, derived_at) -> None:
@@ -72,14 +73,15 @@ def _note_failed_derive(run: Run, exc: Exception) -> None:
         record(run.project_id, f"run {run.name}", message, status=run.status, run_id=run.id)
 
 
-def _derive(run: Run) -> None:
+def _derive(run: Run, lease: Lease) -> None:
+    """`lease`: process_run's hold on the run, which each move of the run takes."""
     jobs = _JOBS.all(run.pk)
     for job in jobs:
         job.run = run  # as run.jobs would: one run object, not a read per job
     if run.stop_requested:
         reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
-        _teardown(run, reason, RunStatus.TERMINATED, run_reason, jobs=jobs)
+        _teardown(run, reason, RunStatus.TERMINATED, run_reason, jobs=jobs, lease=lease)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
     ignored: set[int] = set()
@@ -87,11 +89,11 @@ def _derive(run: Run) -> None:
         verdict = failure_policy.judge(run, jobs, failed)
         if verdict.spent is not None:
             _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED,
-                      cause=verdict.spent, jobs=jobs)
+                      cause=verdict.spent, jobs=jobs, lease=lease)
         elif verdict.fail is not None:
-            _fail_or_retry(run, verdict.fail, jobs)
+            _fail_or_retry(run, verdict.fail, jobs, lease)
         elif verdict.restart_run is not None:
-            _restart_run(run, verdict.restart_run, jobs)
+            _restart_run(run, verdict.restart_run, jobs, lease)
         elif verdict.restart:
             restarts.restart(run, jobs, verdict.restart)
         if verdict.spent or verdict.fail or verdict.restart_run or verdict.restart:
@@ -100,36 +102,37 @@ def _derive(run: Run) -> None:
     master = jobs[0]
     stop_criteria = run_configuration(run).stop_criteria
     if stop_criteria == "master-done" and master.status == JobStatus.DONE:
-        _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE, jobs=jobs)
+        _teardown(run, JobReason.MASTER_DONE, RunStatus.DONE, RunReason.MASTER_JOB_DONE, jobs=jobs, lease=lease)
         return
     if all(j.status == JobStatus.DONE or (j.pk in ignored and j.finished) for j in jobs):
         restarts.hand_back_kept(run, jobs)
-        move_run(run, RunStatus.DONE, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE)
+        move_run(run, RunStatus.DONE, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE, lease=lease)
         return
     if all(j.finished for j in jobs):  # ended by the server without a failure (e.g. max_duration)
         move_run(run, RunStatus.TERMINATED, frm=ACTIVE_RUN, termination_reason=RunReason.ALL_JOBS_DONE,
-                 termination_message="every job ended")
+                 termination_message="every job ended", lease=lease)
         return
     # the run as read under its claim: one already where its jobs say (most nudges) is not written
     if any(j.status == JobStatus.RUNNING for j in jobs):
         if run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING):
-            move_run(run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
+            move_run(run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING], lease=lease)
     elif any(j.status in (JobStatus.PROVISIONING, JobStatus.PULLING) for j in jobs):
         if run.status == RunStatus.SUBMITTED:
-            move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED])
+            move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], lease=lease)
 
 
-def _fail_or_retry(run: Run, cause: Job, jobs: list[Job]) -> None:
+def _fail_or_retry(run: Run, cause: Job, jobs: list[Job], lease: Lease) -> None:
     """A failure no rule of its group took: the run's `retry`, else the run fails."""
     if _retry_allowed(run, cause.termination_reason):
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs,
+                  lease=lease)
     else:
         reason = RunReason.RETRY_LIMIT_EXCEEDED if _retry_configured(run, cause.termination_reason) \
             else RunReason.JOB_FAILED
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=cause, jobs=jobs)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, reason, cause=cause, jobs=jobs, lease=lease)
 
 
-def _restart_run(run: Run, cause: Job, jobs: list[Job]) -> None:
+def _restart_run(run: Run, cause: Job, jobs: list[Job], lease: Lease) -> None:
     """`restart-run`: the whole run again (dstack's retry), counted against the group's
     max_restarts once per failure and bounded by retry.duration (an hour when `retry` is not set)."""
     index = str(cause.node_group_index)
@@ -137,12 +140,13 @@ def _restart_run(run: Run, cause: Job, jobs: list[Job]) -> None:
     if record.get("submission") != cause.submission_num:
         counted = {**(run.restarts or {}), index: {"count": int(record.get("count", 0)) + 1,
                                                    "submission": cause.submission_num, "whole_run": True}}
-        Run.objects.filter(pk=run.pk).update(restarts=counted)
-        run.restarts = counted
+        outcome.learn(run, restarts=counted)  # written with the give-back
     if _within(run, cause.termination_reason, retry_duration(run_configuration(run))):
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs,
+                  lease=lease)
     else:
-        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause, jobs=jobs)
+        _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.FAILED, RunReason.RETRY_LIMIT_EXCEEDED, cause=cause,
+                  jobs=jobs, lease=lease)
 
 
 def _retry_configured(run: Run, job_reason: str) -> bool:
@@ -171,39 +175,40 @@ def _backoff(run: Run) -> timedelta:
 
 
 def _teardown(run: Run, job_reason: str, final: str, run_reason: str, retry: bool = False, cause=None,
-              jobs: list[Job] | None = None) -> None:
+              jobs: list[Job] | None = None, *, lease: Lease) -> None:
     """Stop every active job; once none is active, move the run to `final`. `jobs`: the run's
     current jobs as _derive read them under the run's claim (not read again)."""
     with transaction.atomic():
         if run.status != RunStatus.TERMINATING:
             why = f"job {cause.job_num} {cause.termination_reason}" if cause else (run_reason or job_reason)
-            move_run(run, RunStatus.TERMINATING, frm=ACTIVE_RUN, message=f"terminating: {why}")
+            move_run(run, RunStatus.TERMINATING, frm=ACTIVE_RUN, message=f"terminating: {why}", lease=lease)
         still_active = end_active_jobs(run, job_reason, jobs=jobs)
         if still_active:
             return
         restarts.hand_back_kept(run, jobs)
         if retry:
             move_run(run, RunStatus.PENDING, frm=[RunStatus.TERMINATING], next_retry_at=timezone.now() + _backoff(run),
-                     retry_attempts=run.retry_attempts + 1, fleet=None,
+                     retry_attempts=run.retry_attempts + 1, fleet=None, lease=lease,
                      message=f"will retry in {_backoff(run).total_seconds():.0f}s "
                              f"(after {cause.termination_reason} of job {cause.job_num})")
             messages.process_run(run.pk)  # the sweep resubmits when the backoff is over
         else:
             message = f"job {cause.job_num} ended with {cause.termination_reason}" if cause else ""
-            move_run(run, final, frm=[RunStatus.TERMINATING], termination_reason=run_reason,
+            move_run(run, final, frm=[RunStatus.TERMINATING], termination_reason=run_reason, lease=lease,
                      termination_message=cause.termination_message if cause else "", message=message or None)
 
 
-def _resubmit_when_due(run: Run) -> None:
+def _resubmit_when_due(run: Run, lease: Lease) -> None:
     if run.stop_requested:
-        move_run(run, RunStatus.TERMINATED, frm=[RunStatus.PENDING], termination_reason=RunReason.STOPPED_BY_USER)
+        move_run(run, RunStatus.TERMINATED, frm=[RunStatus.PENDING], termination_reason=RunReason.STOPPED_BY_USER,
+                 lease=lease)
         return
     if run.next_retry_at and run.next_retry_at > timezone.now():
         return
     previous = list(run.current_jobs())
     with transaction.atomic():
         new_num = run.submission_num + 1
-        if not move_run(run, RunStatus.SUBMITTED, frm=[RunStatus.PENDING], submission_num=new_num,
+        if not move_run(run, RunStatus.SUBMITTED, frm=[RunStatus.PENDING], submission_num=new_num, lease=lease,
                         next_retry_at=None, message=f"resubmitted (submission {new_num})"):
             return
         Job.objects.filter(pk__in=[j.pk for j in previous]).update(superseded=True)

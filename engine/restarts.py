@@ -25,10 +25,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine import messages
+from engine import messages, outcome
 from engine.failure_policy import INTERRUPTION, event_of, group_of, max_restarts, referencing_groups
 from engine.submitted.waiting import hand_back
-from events.services import record, record_many
+from events.services import record_many
 from instances.models import Instance, InstanceStatus
 from instances.transitions import move_instances
 from runs.choices import JobReason, JobStatus
@@ -92,9 +92,8 @@ def _decide(run: Run, records: dict, index: int, cause: Job, current: dict, now)
                            "new_hosts": moves, "backoff": wait.total_seconds(), "cause": why}
     group = cause.node_group_name
     where = "on new hosts" if moves else "on the same hosts"
-    record(run.project_id, f"run {run.name}",
-           f"group {group} restarts ({count} of {max_restarts(run, index)}) in {wait.total_seconds():.0f}s "
-           f"{where}: {why} ({cause.termination_reason})", status=run.status, run_id=run.pk)
+    _say(run, f"group {group} restarts ({count} of {max_restarts(run, index)}) in {wait.total_seconds():.0f}s "
+         f"{where}: {why} ({cause.termination_reason})")
     if moves:
         _cascade(run, records, index, current, now, due)
 
@@ -116,13 +115,17 @@ def _cascade(run: Run, records: dict, index: int, current: dict, now, due) -> No
                                "backoff": max(0.0, (due - now).total_seconds()),
                                "cause": f"it names the addresses of group {group_of(run, index).name or index}"}
         name = group_of(run, other).name or str(other)
-        record(run.project_id, f"run {run.name}", f"group {name} restarts with group {index}: it names that "
-               "group's addresses", status=run.status, run_id=run.pk)
+        _say(run, f"group {name} restarts with group {index}: it names that group's addresses")
+
+
+def _say(run: Run, message: str) -> None:
+    """An event about the run, written with process_run's give-back (engine/outcome.py `learn`)."""
+    outcome.learn(run, event=outcome.event(run.project_id, f"run {run.name}", message, status=run.status,
+                                           run_id=run.pk))
 
 
 def _save(run: Run, records: dict, next_at) -> None:
-    Run.objects.filter(pk=run.pk).update(restarts=records, next_retry_at=next_at)
-    run.restarts, run.next_retry_at = records, next_at
+    outcome.learn(run, restarts=records, next_retry_at=next_at)  # written with process_run's give-back
 
 
 def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -> None:

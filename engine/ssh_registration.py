@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -22,10 +22,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.base import BackendError
-from backends.ssh.connection import SSHTarget
-from backends.ssh.runner_host import SSHRunnerHost
-from engine import claims, groups
+from backends.base import BackendError, RunnerHost
+from backends.registry import ssh_runner_host, ssh_target
+from engine import claims, groups, messages
 from engine.errors import Refused, RegistrationRefused
 from engine.tuning import REGISTER_THREADS
 from instances.models import (
@@ -41,6 +40,8 @@ from instances.models import (
 )
 from instances.ssh_hosts import registered_elsewhere
 from instances.transitions import NOT_TERMINATED, move_fleet, move_instances
+from muster import crypto
+from muster.claimable import Lease
 from projects.models import Project
 
 log = logging.getLogger(__name__)
@@ -84,34 +85,35 @@ def give_up(fleet: Fleet, why: str, actor: str) -> claims.Outcome:
     return claims.Outcome(move=partial(_fail, fleet, instances, [{"loc": [], "msg": why}], actor))
 
 
-# The moves below are Outcome.move: given the lease token, they write only while it still holds the
+# The moves below are Outcome.move: given the step's lease, they write only while it still holds the
 # fleet, and clear the lease in the fleet's own UPDATE (claims.give_back).
-_GIVE_BACK = {"lease_until": None, "lease_token": ""}
 
 
-def _activate_if_held(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
-                      started: list[HostFacts | None], network: str, actor: str, token: str) -> bool:
+def _activate_if_held(fleet: Fleet, instances: list[Instance], targets: list[Any], facts: list[HostFacts],
+                      started: list[HostFacts | None], network: str, actor: str, *, lease: Lease) -> bool:
     with transaction.atomic():
-        now = Fleet.objects.select_for_update().filter(pk=fleet.pk).values_list("status", "lease_token").first()
-        if now is None:
-            _stop_agents(targets, started)  # deleted while it registered: nothing is left to give back
+        row = Fleet.objects.select_for_update().filter(pk=fleet.pk)
+        if not row.exists():
+            # deleted while it registered: nothing is left to give back, and the agents started are
+            # stopped by a worker once this transaction is over (no host is contacted inside one)
+            _stop_later(targets, started)
             return True
-        if tuple(now) != (FleetStatus.PENDING, token):
+        if not row.filter(status=FleetStatus.PENDING, **lease.guard()).exists():
             # Our claim lapsed and another registration of the fleet took over: the agents are
             # its agents too (one runner home per instance), so they stay.
             log.warning("registering fleet %s: the claim was lost; the registration holding it goes on",
                         fleet.name)
             return False
-        _activate(fleet, instances, targets, facts, network, actor)
+        _activate(fleet, instances, targets, facts, network, actor, lease)
         return True
 
 
-def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str, token: str) -> bool:
+def _fail(fleet: Fleet, instances: list[Instance], errors: list[dict], actor: str, *, lease: Lease) -> bool:
     by_host = {e["loc"][2]: e["msg"] for e in errors if e["loc"][:2] == ["ssh_config", "hosts"] and len(e["loc"]) > 2}
     with transaction.atomic():
-        if not move_fleet(fleet, FleetStatus.FAILED, frm=[FleetStatus.PENDING], where={"lease_token": token},
+        if not move_fleet(fleet, FleetStatus.FAILED, frm=[FleetStatus.PENDING], lease=lease,
                           message="registration failed: " + "; ".join(e["msg"] for e in errors), actor=actor,
-                          errors=errors, **_GIVE_BACK):
+                          errors=errors):
             return False
         for inst in instances:
             if inst.index in by_host:
@@ -159,12 +161,12 @@ def _timeouts() -> tuple[float, float]:
     return float(muster["SSH_TIMEOUT"]), float(muster["SSH_REGISTER_TIMEOUT"])
 
 
-def _examine(runner: SSHRunnerHost) -> HostFacts:
+def _examine(runner: RunnerHost) -> HostFacts:
     """Step one: the host key (checked against `host_key` when one is given) and the probe."""
     return HostFacts(host_key=runner.remote_host_key(), probe=runner.probe())
 
 
-def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHTarget], deadline: float,
+def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[Any], deadline: float,
               errors: dict[int, str]) -> dict[int, Any]:
     """step(i) for each index in threads, until `deadline`; failures go to `errors` by index."""
     results: dict[int, Any] = {}
@@ -190,11 +192,11 @@ def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHT
 
 
 def _contact_all(fleet: Fleet, instances: list[Instance],
-                 targets: list[SSHTarget]) -> tuple[list[HostFacts], list[HostFacts | None]]:
+                 targets: list[Any]) -> tuple[list[HostFacts], list[HostFacts | None]]:
     """(facts per host, facts of the hosts whose runner was started); RegistrationRefused names each failing host."""
     timeout, overall = _timeouts()
     deadline = time.monotonic() + overall
-    runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
+    runners = [ssh_runner_host(t, timeout) for t in targets]
     errors: dict[int, str] = {}
     facts: dict[int, HostFacts] = {}
     started: dict[int, None] = {}
@@ -234,11 +236,30 @@ def _message(where: str, exc: BaseException) -> str:
     return f"{where}: unexpected error while registering ({type(exc).__name__}: {exc})"
 
 
-def _stop_agents(targets: list[SSHTarget], results: list[HostFacts | None]) -> None:
+def _started(targets: list[Any], results: list[HostFacts | None]) -> list[Any]:
+    return [replace(t, host_key=r.host_key) for t, r in zip(targets, results, strict=True) if r is not None]
+
+
+def _stop_agents(targets: list[Any], results: list[HostFacts | None]) -> None:
     """Undo the runner starts of a refused registration (best effort: the hosts are the user's)."""
+    _stop_on(_started(targets, results))
+
+
+def _stop_on(started: list[Any]) -> None:
     timeout, _ = _timeouts()
-    started = [replace(t, host_key=r.host_key) for t, r in zip(targets, results, strict=True) if r is not None]
-    groups.stop_agents_on([(t.where, SSHRunnerHost(t, timeout=timeout)) for t in started])
+    groups.stop_agents_on([(t.where, ssh_runner_host(t, timeout)) for t in started])
+
+
+def _stop_later(targets: list[Any], results: list[HostFacts | None]) -> None:
+    """`_stop_agents` as a message (messages.stop_registered_agents), sent after commit: the hosts
+    travel with it (their rows may be gone with the fleet), each key encrypted as the database holds it."""
+    messages.stop_registered_agents([{**asdict(t), "private_key": crypto.encrypt(t.private_key)}
+                                     for t in _started(targets, results)])
+
+
+def stop_registered_agents(hosts: list[dict]) -> None:
+    """Task body of stop_registered_agents: the agents a registration started, stopped (best effort)."""
+    _stop_on([ssh_target(**{**h, "private_key": crypto.decrypt(h["private_key"])}) for h in hosts])
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -269,8 +290,8 @@ def _describe(resources: dict[str, Any]) -> str:
     return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}{docker}"
 
 
-def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
-              network: str, actor: str) -> None:
+def _activate(fleet: Fleet, instances: list[Instance], targets: list[Any], facts: list[HostFacts],
+              network: str, actor: str, lease: Lease) -> None:
     group = None
     if fleet.placement == Placement.CLUSTER:
         group = InstanceGroup.objects.create(project=fleet.project, fleet=fleet, name=_group_name(fleet.project, fleet.name),
@@ -288,4 +309,4 @@ def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget],
                        backend_data={**inst.backend_data, "registration": "ready", "docker_probed_at": time.time()})
     where = f" on network {network}" if network else ""
     move_fleet(fleet, FleetStatus.ACTIVE, frm=[FleetStatus.PENDING], network=network, actor=actor,
-               message=f"registered with {len(instances)} ssh hosts{where}", **_GIVE_BACK)
+               message=f"registered with {len(instances)} ssh hosts{where}", lease=lease)

@@ -14,6 +14,7 @@ from engine import (
     pods,
     processing,
     registration,
+    ssh_registration,
     sweeps,
 )
 from engine.running import watch
@@ -101,6 +102,12 @@ def delete_fleet(fleet_id: int, actor: str = "server") -> None:
 def stop_agents(instance_ids: list[int]) -> None:
     # best effort, as the agents of a deleted fleet: hosts already out of the pool, nothing to claim
     groups.stop_agents(list(Instance.objects.filter(pk__in=instance_ids)))
+
+
+@shared_task
+def stop_registered_agents(hosts: list[dict]) -> None:
+    # best effort: the agents a registration started on hosts whose fleet went while it registered
+    ssh_registration.stop_registered_agents(hosts)
 
 
 @step_task(priority=NEXT)

@@ -6,6 +6,7 @@ from console import words
 from instances.models import Fleet, Instance, InstanceGroup
 from instances.services import groups
 from muster.api_errors import InvalidInput
+from muster.claimable import LEASE_FIELDS
 
 
 def _all_fields(model, but=()) -> list[str]:
@@ -57,7 +58,7 @@ class InstanceGroupAdmin(_ReadOnly):
     list_filter = ["kind", "status", "fleet"]
     inlines = [InstanceInline]
     actions = ["delete_whole_group"]
-    exclude = ["lease_until", "lease_token"]
+    exclude = [*LEASE_FIELDS]
 
     def has_delete_permission(self, request, obj=None):
         return False  # the delete_whole_group action tears a group down through the backend
@@ -80,7 +81,7 @@ class InstanceAdmin(_ReadOnly):
     list_filter = ["group", "backend", "status", "fleet", "unreachable"]
     search_fields = ["name", "hostname", "internal_ip"]
     ordering = ["group__name", "index", "name"]
-    exclude = ["private_key_encrypted", "lease_until", "lease_token"]
+    exclude = ["private_key_encrypted", *LEASE_FIELDS]
     extra_readonly = ("health", "gpus")
 
     def has_delete_permission(self, request, obj=None):

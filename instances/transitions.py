@@ -21,6 +21,7 @@ from instances.models import (
     InstanceGroup,
     InstanceStatus,
 )
+from muster.claimable import Lease, guard_of, written_by
 
 # every status a host leaves for `terminated` from: the `frm` of an end that takes any live host
 NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
@@ -97,11 +98,13 @@ def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int
                           job_id=job.pk if job else None, idle_since=timezone.now())
 
 
-def _move_row(row, subject: str, to: str, frm, message: str, actor: str, where: dict | None, fields: dict) -> bool:
-    """One conditional UPDATE of `row` (still in `frm`, matching `where`) and its event, in the
-    caller's transaction when there is one; the caller's copy follows."""
+def _move_row(row, subject: str, to: str, frm, message: str, actor: str, where: dict | None, fields: dict,
+              lease: Lease | None) -> bool:
+    """One conditional UPDATE of `row` (still in `frm`, matching `where`, held by `lease`) and its event,
+    in the caller's transaction when there is one; the caller's copy follows."""
     with transaction.atomic(savepoint=False):
-        if not type(row).objects.filter(pk=row.pk, status__in=tuple(frm), **(where or {})).update(status=to, **fields):
+        if not type(row).objects.filter(pk=row.pk, status__in=tuple(frm), **(where or {}), **guard_of(lease)).update(
+                status=to, **written_by(lease), **fields):
             return False
         record(row.project_id, subject, message, status=to, actor=actor)
     row.status = to
@@ -111,20 +114,21 @@ def _move_row(row, subject: str, to: str, frm, message: str, actor: str, where: 
 
 
 def move_fleet(fleet: Fleet, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
-               **fields) -> bool:
-    """Move `fleet` to `to` if it is still in one of `frm` (and matches `where`: a registration
-    still holding its claim), with its event; False when it was not."""
-    return _move_row(fleet, f"fleet {fleet.name}", to, frm, message, actor, where, fields)
+               lease: Lease | None = None, **fields) -> bool:
+    """Move `fleet` to `to` if it is still in one of `frm` (and matches `where`; `lease`: as
+    runs.transitions.move_job's, a registration holding the fleet), with its event; False when it was not."""
+    return _move_row(fleet, f"fleet {fleet.name}", to, frm, message, actor, where, fields, lease)
 
 
 def move_group(group: InstanceGroup, to: str, *, frm, message: str, actor: str = "server", where: dict | None = None,
-               **fields) -> bool:
-    """Move `group` to `to` if it is still in one of `frm` (and matches `where`: a step still
-    holding its lease), with its event; False when it was not."""
-    return _move_row(group, f"instance group {group.name}", to, frm, message, actor, where, fields)
+               lease: Lease | None = None, **fields) -> bool:
+    """Move `group` to `to` if it is still in one of `frm` (and matches `where`; `lease`: as
+    runs.transitions.move_job's, a step holding the group), with its event; False when it was not."""
+    return _move_row(group, f"instance group {group.name}", to, frm, message, actor, where, fields, lease)
 
 
-def end_group(group: InstanceGroup, actor: str = "server", message: str = "deletion requested") -> bool:
+def end_group(group: InstanceGroup, actor: str = "server", message: str = "deletion requested",
+              lease: Lease | None = None) -> bool:
     """Mark a live group and its live instances terminating; False when it was ending already.
 
     Sends nothing: the caller sends terminate_group (engine/groups.py), or returns it in its
@@ -132,18 +136,18 @@ def end_group(group: InstanceGroup, actor: str = "server", message: str = "delet
     """
     with transaction.atomic(savepoint=False):
         if not move_group(group, GroupStatus.TERMINATING, frm=[GroupStatus.PROVISIONING, GroupStatus.ACTIVE],
-                          message=message, actor=actor):
+                          message=message, actor=actor, lease=lease):
             return False
         move_instances(list(group.instances.filter(status__in=LIVE_INSTANCE_STATUSES)), InstanceStatus.TERMINATING,
                        frm=LIVE_INSTANCE_STATUSES, message="deleting with its group", actor=actor)
     return True
 
 
-def remove_fleet(fleet: Fleet, token: str, actor: str = "server") -> bool:
+def remove_fleet(fleet: Fleet, *, lease: Lease, actor: str = "server") -> bool:
     """The last move of a fleet's deletion (engine/fleet_deletion.py): the terminating row goes, with
-    its event, only while the step still holds it (`token`); False when the lease was lost."""
+    its event, only while the step still holds it (`lease`); False when the lease was lost."""
     with transaction.atomic(savepoint=False):
-        _, gone = Fleet.objects.filter(pk=fleet.pk, lease_token=token, status=FleetStatus.TERMINATING).delete()
+        _, gone = Fleet.objects.filter(pk=fleet.pk, status=FleetStatus.TERMINATING, **lease.guard()).delete()
         if not gone.get(Fleet._meta.label):
             return False
         record(fleet.project_id, f"fleet {fleet.name}", "deleted", actor=actor)

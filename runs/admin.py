@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
+from muster.claimable import LEASE_FIELDS
 from runs.api.serializers import RunSerializer
 from runs.models import Job, Run
 from runs.services import logs, submitted_text
@@ -53,7 +54,7 @@ class RunAdmin(admin.ModelAdmin):
                     "console_link"]
     list_filter = ["status", "fleet", "project"]
     search_fields = ["name"]
-    exclude = ["configuration", "lease_until", "lease_token"]
+    exclude = ["configuration", *LEASE_FIELDS]
     inlines = [JobInline]
     actions = ["stop_runs", "abort_runs", "delete_finished_runs"]
 

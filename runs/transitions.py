@@ -12,6 +12,7 @@ from django.utils import timezone
 from engine import messages, nudges
 from events.services import record_many, update_row_and_record
 from instances.transitions import taken_events
+from muster.claimable import Lease, guard_of, written_by
 from runs import rows
 from runs.choices import (
     FINAL_STATUS,
@@ -25,17 +26,17 @@ from runs.choices import (
 from runs.models import Job, Run
 
 
-def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: str | None = None,
+def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: Lease | None = None,
              **fields) -> bool:
     """Move `job` to status `to` if it is still in one of `frm` (default: its current status).
 
-    `lease`: the token of the step holding the job, whose last move this is (an Outcome's `move`):
-    the UPDATE is guarded by it too and clears the lease in the same statement.
+    `lease`: the step holding the job (muster.claimable.Lease): the UPDATE is guarded by its token
+    too, and when the move is the step's give-back (an Outcome's `move`) it clears the lease in the
+    same statement.
     """
     frm = tuple(frm) if frm else (job.status,)
     now = timezone.now()
-    held = {"lease_token": lease} if lease is not None else {}
-    freed = {"lease_until": None, "lease_token": ""} if lease is not None else {}
+    held, freed = guard_of(lease), written_by(lease)
     reason = fields.get("termination_reason", "")
     starts_run = to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
     ends = _ends(to, now, fields)
@@ -96,17 +97,18 @@ def end_unstarted_jobs(jobs: list[Job], reason: str, actor: str = "server") -> l
     return moved
 
 
-def end_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:
+def end_job(job: Job, reason: str, message: str = "", actor: str = "server", lease: Lease | None = None,
+            **fields) -> bool:
     """Move an active job towards its end with `reason`, and send nothing: to `terminating` (its
     stop is finish_job's, engine/finishing.py), or straight to its final status when nothing of it
     runs anywhere and no host is held. A step holding the job calls this; its Outcome sends the
     finish_job (a message sent now would bounce off the step's own lease)."""
     if job.instance_id is None and not job.runner_submitted:
         return move_job(job, FINAL_STATUS.get(reason, JobStatus.TERMINATED), frm=JOB_ACTIVE, termination_reason=reason,
-                        termination_message=message, message=message, actor=actor, **fields)
+                        termination_message=message, message=message, actor=actor, lease=lease, **fields)
     return move_job(job, JobStatus.TERMINATING, frm=JOB_ACTIVE, termination_reason=reason,
                     termination_message=message, message=message or f"terminating ({reason})", actor=actor,
-                    **fields)
+                    lease=lease, **fields)
 
 
 def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server", **fields) -> bool:
@@ -117,7 +119,9 @@ def terminate_job(job: Job, reason: str, message: str = "", actor: str = "server
     return moved
 
 
-def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "server", **fields) -> bool:
+def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "server", lease: Lease | None = None,
+             **fields) -> bool:
+    """Move `run` to `to` if it is still in one of `frm`; `lease`: as move_job's (process_run holds the run)."""
     frm = tuple(frm) if frm else (run.status,)
     if to in (RunStatus.DONE, RunStatus.FAILED, RunStatus.TERMINATED):
         fields.setdefault("finished_at", timezone.now())
@@ -126,8 +130,9 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     first_start = {"started_at": Coalesce(F("started_at"), Value(now))} if to == RunStatus.RUNNING else {}
     reason = fields.get("termination_reason", "")
     # as in move_job: the move and its event in one statement on PostgreSQL
-    touched = update_row_and_record(Run, run.pk, {"status__in": frm},
-                                    {"status": to, "updated": now, **first_start, **fields}, run.project_id,
+    touched = update_row_and_record(Run, run.pk, {"status__in": frm, **guard_of(lease)},
+                                    {"status": to, "updated": now, **first_start, **written_by(lease), **fields},
+                                    run.project_id,
                                     f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
                                     actor=actor, run_id=run.pk)
     if touched != 1:

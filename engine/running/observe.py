@@ -16,6 +16,7 @@ from backends.base import BackendError
 from engine import health, log_copy, runner_status
 from engine.running import readiness
 from engine.starting import cluster, containers, ordering
+from muster.claimable import Lease
 from runs import usage
 from runs.choices import JobReason, JobStatus, RunnerState
 from runs.models import Job
@@ -73,15 +74,16 @@ def take_look(job: Job, status: dict | None, error: Exception | None) -> dict | 
     return status
 
 
-def watch_observed(job: Job, status: dict | None) -> None:
-    """Act on one look at a started job's runner (None: the host did not answer)."""
+def watch_observed(job: Job, status: dict | None, *, lease: Lease) -> None:
+    """Act on one look at a started job's runner (None: the host did not answer); `lease`: the hold
+    of the step that looked (advance_job, watch_running), which each move of the job takes."""
     if status is None or not status.get("agent_alive"):
-        _maybe_unreachable(job)
+        _maybe_unreachable(job, lease)
         return
     state = status.get("jobs", {}).get(job.runner_job_id)
     if state is None:
         if job.status == JobStatus.RUNNING:
-            end_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job")
+            end_job(job, JobReason.EXECUTOR_ERROR, "the runner lost the job", lease=lease)
         return
     job.usage = usage.with_sample(job.usage, state.get("usage")) or job.usage  # given back by the watch
     times = {"start_time": state.get("start_time"), "end_time": state.get("end_time"),
@@ -92,24 +94,25 @@ def watch_observed(job: Job, status: dict | None) -> None:
             and not containers.container_end(state)):
         # a group without probes is ready once it runs; with probes, once they pass (readiness.py)
         ready = {} if ordering.probes_of(job) else {"ready_at": timezone.now()}
-        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running", **ready)
+        move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running", lease=lease, **ready)
         readiness.wake_waiting_peers(job)
     if state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.RUNNING:
         # the last results too: a job whose probes passed and that ended between two looks was ready
-        readiness.observe_probes(job, state, status.get("now"), ended=state.get("state") != RunnerState.RUNNING)
+        readiness.observe_probes(job, state, status.get("now"), ended=state.get("state") != RunnerState.RUNNING,
+                                 lease=lease)
     if state.get("state") in RUNNER_END_STATES:
         reason, text = RUNNER_END_STATES[state["state"]]
         text = text.format(exit_status=state.get("exit_status"))
         if reason == JobReason.CONTAINER_EXITED_WITH_ERROR and not cluster.group_image(job):
             reason = JobReason.PROCESS_EXITED_WITH_ERROR
         reason, text = containers.container_end(state) or (reason, text)
-        end_job(job, reason, text, **{k: v for k, v in times.items() if v is not None})
+        end_job(job, reason, text, lease=lease, **{k: v for k, v in times.items() if v is not None})
 
 
-def _maybe_unreachable(job: Job) -> None:
+def _maybe_unreachable(job: Job, lease: Lease) -> None:
     instance = job.instance
     instance.refresh_from_db(fields=["unreachable", "unreachable_since"])
     since = instance.unreachable_since or job.agent_seen_at or job.status_changed_at
     if since and (timezone.now() - since).total_seconds() > settings.MUSTER["UNREACHABLE_GRACE"]:
         end_job(job, JobReason.INSTANCE_UNREACHABLE,
-                f"{instance.name} has not answered for {settings.MUSTER['UNREACHABLE_GRACE']:.0f}s")
+                f"{instance.name} has not answered for {settings.MUSTER['UNREACHABLE_GRACE']:.0f}s", lease=lease)

@@ -10,12 +10,15 @@ shown with the job but are not failures (dstack's meaning of service probes).
 
 from __future__ import annotations
 
+from functools import partial
+
 from django.db import transaction
 from django.utils import timezone
 
 from engine import messages
+from engine.job_outcome import learn
 from engine.starting.ordering import group_conf, has_ordering, probes_of
-from events.services import record
+from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
 from runs.configuration.readiness import Probe
 from runs.configuration.stored import run_configuration
@@ -31,7 +34,7 @@ def describe(probe: Probe) -> str:
     return f"http {str(probe.method or 'get').upper()} :{probe.port}{probe.url or '/'}"
 
 
-def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False) -> None:
+def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = False, *, lease: Lease) -> None:
     """Act on the probe results of one look at a running job (the caller holds its claim).
     `ended`: the runner says the job is over (the caller ends it next): its results still say
     whether it was ready, but no ready_timeout applies any more."""
@@ -55,23 +58,17 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
         updates["probes"] = results
     passed = all(r["success_streak"] >= r["ready_after"] for r in results)
     if passed and job.ready_at is None:
-        updates["ready_at"] = timezone.now()
-        with transaction.atomic():
-            Job.objects.filter(pk=job.pk).update(**updates)
-            record(job.run.project_id, f"job {job.run.name}/{job.job_num}",
-                   f"ready: {', '.join(r['probe'] for r in results)} passed", status=JobStatus.RUNNING,
-                   run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
-            wake_waiting_peers(job)
-        _set(job, updates)
+        # written with the give-back; the peers look again once it is (they wait for this ready_at)
+        learn(job, event=f"ready: {', '.join(r['probe'] for r in results)} passed",
+              then=partial(wake_waiting_peers, job), ready_at=timezone.now(), **updates)
         return
     if updates:
-        Job.objects.filter(pk=job.pk).update(**updates)
-        _set(job, updates)
+        learn(job, **updates)
     if job.ready_at is None and not ended:
-        _check_ready_timeout(job, state, host_now, results)
+        _check_ready_timeout(job, state, host_now, results, lease)
 
 
-def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict]) -> None:
+def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results: list[dict], lease: Lease) -> None:
     limit = group_conf(job).ready_timeout
     start = state.get("start_time") or job.start_time
     if not limit or start is None or host_now is None or host_now - float(start) <= limit:
@@ -79,7 +76,7 @@ def _check_ready_timeout(job: Job, state: dict, host_now: float | None, results:
     failing = [f"{r['probe']}: {r['last_error'] or 'no answer yet'} ({r['success_streak']}/{r['ready_after']})"
                for r in results if r["success_streak"] < r["ready_after"]]
     end_job(job, JobReason.WAITING_READY_LIMIT_EXCEEDED,
-            f"not ready within ready_timeout {limit}s: " + "; ".join(failing)[:900])
+            f"not ready within ready_timeout {limit}s: " + "; ".join(failing)[:900], lease=lease)
 
 
 def wake_waiting_peers(job: Job) -> None:
@@ -90,8 +87,3 @@ def wake_waiting_peers(job: Job) -> None:
         waiting = job.run.current_jobs().filter(status__in=(JobStatus.PROVISIONING, JobStatus.PULLING))
         for peer_id in waiting.values_list("pk", flat=True):
             messages.advance_job(peer_id)
-
-
-def _set(job: Job, updates: dict) -> None:
-    for key, value in updates.items():
-        setattr(job, key, value)

@@ -58,8 +58,7 @@ def _watch_batch() -> int:
 
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = list(Job.objects.filter(pk__in=held.pks, lease_token=held.token)
-                .select_related("run", "instance", "instance__fleet", "instance__group"))
+    jobs = list(held.rows(Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")))
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     seen_before = {job.pk: job.agent_seen_at for job in jobs}
@@ -70,10 +69,10 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
         with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
             log_copy.take(job, follows[job.pk])
             try:
-                observe.watch_observed(job, observe.take_look(job, *looks[job.pk]))
+                observe.watch_observed(job, observe.take_look(job, *looks[job.pk]), lease=held.lease)
             except BackendError as exc:
                 log.warning("job %s: backend error: %s", job, exc)
-                end_job(job, exc.reason, str(exc))
+                end_job(job, exc.reason, str(exc), lease=held.lease)
     # Due again half an interval from now, so the next tick (one interval after this one began)
     # finds it due: a full interval would skip a tick and look at each job every other interval.
     next_at = timezone.now() + timedelta(seconds=observe.poll_interval() / 2)

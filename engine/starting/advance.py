@@ -18,13 +18,14 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import claims, log_copy, messages
-from engine.job_outcome import job_outcome
+from engine.job_outcome import job_outcome, learn
 from engine.running import observe
 from engine.starting import cluster, ordering
 from engine.tuning import STARTING_RECHECK
 from instances.models import InstanceStatus
 from instances.queued import waits_in_queue
 from muster import compiled, crypto
+from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
 from runs.models import Job
 from runs.transitions import end_job, move_job
@@ -52,10 +53,10 @@ def _advance(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
     seen_before = job.agent_seen_at
     try:
-        _step(job)
+        _step(job, held.lease)
     except BackendError as exc:
         log.warning("job %s: backend error: %s", job, exc)
-        end_job(job, exc.reason, str(exc))
+        end_job(job, exc.reason, str(exc), lease=held.lease)
     now = timezone.now()
     # A job that just started is due at the watcher's next tick: a short job (a router that
     # exits after one request) then ends within a tick instead of after one more interval, and is
@@ -77,15 +78,16 @@ def next_look(job: Job) -> float:
     return observe.poll_interval()
 
 
-def _step(job: Job) -> None:
+def _step(job: Job, lease: Lease) -> None:
+    """`lease`: advance_job's hold on the job, which each of its moves takes."""
     if job.status == JobStatus.PROVISIONING and job.runner_submitted:
-        _watch(job)  # a job without an image, handed to its runner: it runs next
+        _watch(job, lease)  # a job without an image, handed to its runner: it runs next
     elif job.status == JobStatus.PROVISIONING:
-        _wait_for_runner(job)
+        _wait_for_runner(job, lease)
     elif job.status == JobStatus.PULLING:
-        _start_when_ready(job)
+        _start_when_ready(job, lease)
     elif job.status == JobStatus.RUNNING:
-        _watch(job)
+        _watch(job, lease)
 
 
 def _observe(job: Job) -> dict | None:
@@ -96,28 +98,29 @@ def _observe(job: Job) -> dict | None:
     return observe.take_look(job, *found)
 
 
-def _wait_for_runner(job: Job) -> None:
+def _wait_for_runner(job: Job, lease: Lease) -> None:
     instance = job.instance
     if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
         # A host of a queued TPU request waits at Google for as long as the request may: the pod's
         # own poll bounds that wait (valid_until, then the limit from ACTIVE), not this one.
         if waited(job) > settings.MUSTER["WAITING_INSTANCE_LIMIT"] and not waits_in_queue(instance):
-            end_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready")
+            end_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready", lease=lease)
         return
     status = _observe(job)
     if status and status.get("agent_alive"):
         if not cluster.group_image(job):
             # Nothing to pull: the job stays `provisioning` until its processes run, and waits for
             # its peers on the peers' clock, counted from when it began provisioning.
-            _start_when_ready(job)
-        elif move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers"):
-            _start_when_ready(job)  # peers are often known already: no reason to wait a poll
+            _start_when_ready(job, lease)
+        elif move_job(job, JobStatus.PULLING, message=f"runner up on {instance.name}; waiting for peers", lease=lease):
+            _start_when_ready(job, lease)  # peers are often known already: no reason to wait a poll
     elif waited(job) > settings.MUSTER["WAITING_RUNNER_LIMIT"]:
         end_job(job, JobReason.WAITING_RUNNER_LIMIT_EXCEEDED,
-                f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s")
+                f"the runner on {instance.name} did not come up within {settings.MUSTER['WAITING_RUNNER_LIMIT']:.0f}s",
+                lease=lease)
 
 
-def _start_when_ready(job: Job) -> None:
+def _start_when_ready(job: Job, lease: Lease) -> None:
     jobs = _PEERS.all(job.run_id)
     for peer in jobs:
         peer.run = job.run  # as run.jobs would: one run object, not a read per peer
@@ -127,7 +130,7 @@ def _start_when_ready(job: Job) -> None:
         if waits:
             if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"]:
                 end_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
-                        f"waited {settings.MUSTER['WAITING_PEERS_LIMIT']:.0f}s for {waits}")
+                        f"waited {settings.MUSTER['WAITING_PEERS_LIMIT']:.0f}s for {waits}", lease=lease)
             return
         try:
             spec = cluster.runner_spec(job, jobs)
@@ -135,18 +138,19 @@ def _start_when_ready(job: Job) -> None:
         except crypto.DecryptError as exc:
             # the server's keys no longer open this run's secret env or the host's SSH key:
             # retrying cannot help, and the message says what to set again
-            end_job(job, JobReason.EXECUTOR_ERROR, str(exc))
+            end_job(job, JobReason.EXECUTOR_ERROR, str(exc), lease=lease)
             return
         try:
             host.submit(job.runner_job_id, spec)
         finally:
             host.close()
-        Job.objects.filter(pk=job.pk).update(runner_submitted=True)
-        job.runner_submitted = True
-    _watch(job)
+        # with the give-back: a step that fails after this submits again, which the runner takes
+        # as the same job (its spec's digest decides, runner/commands.py)
+        learn(job, runner_submitted=True)
+    _watch(job, lease)
 
 
-def _watch(job: Job) -> None:
-    observe.watch_observed(job, _observe(job))
+def _watch(job: Job, lease: Lease) -> None:
+    observe.watch_observed(job, _observe(job), lease=lease)
 
 

@@ -8,9 +8,7 @@ nothing left to wait for, and a short master must not block its workers.
 
 from __future__ import annotations
 
-from django.db import transaction
-
-from events.services import record
+from engine.job_outcome import learn
 from runs.choices import JobStatus
 from runs.configuration.readiness import CONDITION_DONE, Probe
 from runs.configuration.stored import StoredGroup, StoredRun, run_configuration
@@ -67,13 +65,9 @@ ADDRESSES = "the peers' addresses"
 
 def note_wait(job: Job, waits: str) -> None:
     """Keep what the job waits for on its row (API, `muster ps -v`); a wait for another node is
-    also an event. Written only when it changes: a job looked at every poll writes nothing new."""
+    also an event. Written only when it changes (with the step's give-back): a job looked at every
+    poll writes nothing new."""
     waits = waits[:200]
     if waits == job.waiting_for:
         return
-    with transaction.atomic():
-        Job.objects.filter(pk=job.pk).update(waiting_for=waits)
-        if waits and waits != ADDRESSES:
-            record(job.run.project_id, f"job {job.run.name}/{job.job_num}", f"waiting for {waits}",
-                   status=job.status, run_id=job.run_id, job_id=job.pk, instance_id=job.instance_id)
-    job.waiting_for = waits
+    learn(job, event=f"waiting for {waits}" if waits and waits != ADDRESSES else "", waiting_for=waits)

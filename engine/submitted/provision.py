@@ -17,6 +17,7 @@ from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, spanning
 from instances.models import Fleet
 from muster import compiled
+from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
@@ -38,7 +39,7 @@ def provision_job(job_id: int) -> bool:
 
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    fields = _attempt(job)
+    fields = _attempt(job, held.lease)
     if isinstance(fields, claims.Outcome):  # the attempt's last move is the give-back itself
         return fields
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
@@ -48,15 +49,17 @@ def _provision(held: claims.Held) -> claims.Outcome:
     return job_outcome(job, then, **fields)
 
 
-def _attempt(job: Job) -> dict | claims.Outcome:
+def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
     """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py),
-    or the Outcome whose move gives it back (a job 0 that fails for no capacity ends as it is given back)."""
+    or the Outcome whose move gives it back (a job 0 that fails for no capacity ends as it is given back).
+    `lease`: provision_job's hold on the job, which each of its moves takes."""
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
         return {}  # the run is ending; process_run terminates this job
     if job.instance_id is not None:  # a group master's batch already gave this job its host
         with transaction.atomic():
-            move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)")
+            move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)",
+                     lease=lease)
             fanout.unlock_after_attempt(job)
         return {}
     # A group master reads its siblings once: for the fleet choice, its members and the fan-out.
@@ -70,20 +73,19 @@ def _attempt(job: Job) -> dict | claims.Outcome:
             if full and not crowded:
                 return waiting.wait(job, spanning.full_fleets(full))
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
-            return claims.Outcome(move=lambda token: end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why,
-                                                             lease=token))
+            return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:
-        taken = _take_gang(job, fleet, siblings or [])
+        taken = _take_gang(job, fleet, siblings or [], lease)
         if taken is not True:
             return taken or {}
         if not fitting.is_static(fleet):
-            _provision_cloud_group(job, fleet)
+            _provision_cloud_group(job, fleet, lease)
     elif fitting.is_static(fleet):
-        _take_group(job, fleet, siblings)
+        _take_group(job, fleet, siblings, lease)
     else:
-        _provision_cloud_group(job, fleet)
+        _provision_cloud_group(job, fleet, lease)
     return {}
 
 
@@ -129,7 +131,7 @@ def _on_static_fleet(job: Job, fleets: dict, default: int) -> bool:
     return fleet is not None and fitting.is_static(fleet)
 
 
-def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool | dict:
+def _take_gang(master: Job, fleet, siblings: list[Job], lease: Lease) -> bool | dict:
     """Job 0 takes a host for every waiting job of the run's static groups at once, on whichever
     fleets they go to (the gang); a job 0 whose own group is a cloud group takes only the others'.
     False when job 0 ended (a group was short: nothing is taken); the fields of a wait when a
@@ -150,13 +152,13 @@ def _take_gang(master: Job, fleet, siblings: list[Job]) -> bool | dict:
         if waiting.retry_lets_it_wait(master.run):  # the fleet filled up since it was chosen
             return waiting.wait(master, " | ".join(short))
         end_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"gang not placed, no host taken: {' | '.join(short)}")
+                      f"gang not placed, no host taken: {' | '.join(short)}", lease=lease)
         return False
     given = {g: iter(insts) for g, insts in taken.items()}
     instances = [next(given[j.node_group_index]) for j in gang]
     what = f"the run's {len(groups)} groups" if len(groups) > 1 else f"its group {gang[0].node_group_name}"
     if gang[0] is master:
-        return _hold(master, instances, members, what, siblings)
+        return _hold(master, instances, members, what, siblings, lease)
     with transaction.atomic():  # job 0 makes a slice next: the static groups wait on their hosts meanwhile
         # the taken hosts' events go in the members' INSERT
         unused = fanout.place_members(master, members, instances,
@@ -177,24 +179,27 @@ def _fleets_of(jobs: list[Job], fleet) -> dict:
     return fleets
 
 
-def _take_group(job: Job, fleet, siblings: list[Job] | None) -> None:
+def _take_group(job: Job, fleet, siblings: list[Job] | None, lease: Lease) -> None:
     """A later group master (its group placed again) takes its whole group."""
     members = [j for j in siblings or [] if j.node_group_index == job.node_group_index and j.node_group_rank > 0
                and j.status == JobStatus.SUBMITTED and j.instance_id is None]
     instances = placement.take_instances(fleet, job.spec["resources"], 1 + len(members))
     if not instances:
         end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}")
+                      f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}",
+                      lease=lease)
         return
-    _hold(job, instances, members, f"its group {job.node_group_name}", siblings)
+    _hold(job, instances, members, f"its group {job.node_group_name}", siblings, lease)
 
 
-def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: list[Job] | None) -> bool:
+def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: list[Job] | None,
+          lease: Lease) -> bool:
     """`job` takes instances[0] and its members the rest, in one transaction with the fan-out."""
     mine, theirs = instances[0], instances[1:]
     with transaction.atomic():
         if not move_job(job, JobStatus.PROVISIONING, instance_id=mine.pk,
-                        message=f"provisioning on {mine.name} ({mine.internal_ip})", **waiting.placed(job)):
+                        message=f"provisioning on {mine.name} ({mine.internal_ip})", lease=lease,
+                        **waiting.placed(job)):
             # the job moved on under us (stopped): give the hosts back
             waiting.hand_back(instances, job, f"not used: job {job.run.name}/{job.job_num} ended before it was placed")
             return False
@@ -206,7 +211,7 @@ def _hold(job: Job, instances: list, members: list[Job], what: str, siblings: li
     return True
 
 
-def _provision_cloud_group(job: Job, fleet) -> None:
+def _provision_cloud_group(job: Job, fleet, lease: Lease) -> None:
     """A backend that creates groups makes the whole group in one call (a TPU pod slice). A slice
     that cannot be had ends the job and lets the run's static hosts go in the same step."""
     compute = get_compute(fleet.backend, fleet_backend_config(fleet))
@@ -214,21 +219,21 @@ def _provision_cloud_group(job: Job, fleet) -> None:
     try:
         assigned = pods.reserve_pod(fleet, compute, group_jobs)
     except BackendError as exc:
-        _fail_for_good(job, exc.reason, str(exc))
+        _fail_for_good(job, exc.reason, str(exc), lease)
         return
     if not assigned:
         _fail_for_good(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
-                       f"fleet {fleet.name} has no offer for {job.node_group_name}")
+                       f"fleet {fleet.name} has no offer for {job.node_group_name}", lease)
         return
     with transaction.atomic():
         for other in group_jobs:
             Job.objects.filter(pk=other.pk, instance__isnull=True).update(instance_id=assigned[other.pk])
         move_job(job, JobStatus.PROVISIONING, instance_id=assigned[job.pk],
-                 message=f"provisioning {len(group_jobs)} hosts as one group", **waiting.placed(job))
+                 message=f"provisioning {len(group_jobs)} hosts as one group", lease=lease, **waiting.placed(job))
         fanout.unlock_after_attempt(job)
 
 
-def _fail_for_good(job: Job, reason: str, why: str) -> None:
+def _fail_for_good(job: Job, reason: str, why: str, lease: Lease) -> None:
     with transaction.atomic():
-        end_job(job, reason, why)
+        end_job(job, reason, why, lease=lease)
         gang.release(job.run, job.submission_num, job.node_group_name, why)

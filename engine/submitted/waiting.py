@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from engine import messages
 from engine.claims import unleased
-from events.services import record
+from engine.job_outcome import learn
 from instances import spanning
 from instances.transitions import hand_back as give_back
 from muster import compiled
@@ -61,9 +61,8 @@ def wait(job: Job, why: str) -> dict:
     """The fields job 0's give-back writes while it waits (claims.Outcome fields)."""
     text = f"{PREFIX}: {why}"
     text = text[:Job._meta.get_field("waiting_for").max_length]
-    if text != job.waiting_for:  # said once, not on every look
-        record(job.run.project_id, f"job {job.run.name}/{job.job_num}", f"waiting for {text}",
-               status=job.status, run_id=job.run_id, job_id=job.pk)
+    if text != job.waiting_for:  # said once, not on every look: with the give-back
+        learn(job, event=f"waiting for {text}")
     job.waiting_for = text
     recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
     return {"waiting_for": text, "next_check_at": timezone.now() + timedelta(seconds=recheck)}

@@ -4,6 +4,7 @@ fleet's deletion (on a local fleet, whose agents are really told to stop: a file
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from django.utils import timezone
 from engine import attach_revokes, claims, fleet_deletion, registration, ssh_registration
 from instances.models import Fleet, GroupKind, Instance, InstanceGroup
 from instances.services.fleets import delete_fleet as ask_deletion
+from instances.transitions import move_fleet
 from runs.models import AttachGrant
 from tests.engine.helpers import local_project_fleet
 from tests.engine.outcome_helpers import around_body, steal
@@ -28,8 +30,7 @@ def registered(monkeypatch):
 
     def complete(fleet, actor="server"):
         calls.append(fleet.pk)
-        return claims.Outcome(move=lambda token: Fleet.objects.filter(
-            pk=fleet.pk, status="pending", lease_token=token).update(status="active", lease_until=None, lease_token="") == 1)
+        return claims.Outcome(move=partial(move_fleet, fleet, "active", frm=["pending"], message="registered"))
 
     monkeypatch.setattr(ssh_registration, "complete_registration", complete)
     return calls

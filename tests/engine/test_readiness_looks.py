@@ -8,6 +8,8 @@ import time
 import pytest
 from django.utils import timezone
 
+from engine import claims
+from engine.job_outcome import job_outcome
 from engine.running import observe
 from instances.models import Instance
 from runs.models import Job
@@ -36,12 +38,19 @@ def _running_job() -> Job:
 
 
 def _look(job: Job, state: str, streak: int, started_ago: float) -> None:
+    """One look as the watch step takes it: the job held, what it learned written with its give-back."""
     now = time.time()
-    observe.watch_observed(job, {"agent_alive": True, "now": now, "jobs": {job.runner_job_id: {
-        "state": state, "start_time": now - started_ago, "end_time": now if state != "running" else None,
-        "exit_status": 0 if state != "running" else None,
-        "probes": [{"success_streak": streak, "calls": 3, "last_at": now, "last_error": None if streak else "exit 1"}],
-    }}})
+
+    def body(held):
+        observe.watch_observed(job, {"agent_alive": True, "now": now, "jobs": {job.runner_job_id: {
+            "state": state, "start_time": now - started_ago, "end_time": now if state != "running" else None,
+            "exit_status": 0 if state != "running" else None,
+            "probes": [{"success_streak": streak, "calls": 3, "last_at": now,
+                        "last_error": None if streak else "exit 1"}],
+        }}}, lease=held.lease)
+        return job_outcome(job)
+
+    assert claims.claimed(Job, job.pk, "look", body).applied == {job.pk}
 
 
 def test_a_job_whose_probes_passed_and_that_ended_between_two_looks_was_ready():
