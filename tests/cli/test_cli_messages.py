@@ -79,7 +79,7 @@ def test_a_configuration_without_type_says_type_is_missing(muster, live_server, 
         urllib.request.urlopen(request, timeout=30)
     assert answer.value.code == 400
     assert json.loads(answer.value.read())["errors"] == [
-        {"loc": ["type"], "msg": "missing `type:`: write `type: task`"}]
+        {"loc": ["type"], "msg": "missing `type:`: write `type: task` or `type: service`"}]
 
 
 def test_a_yaml_error_is_one_line_naming_the_file_and_line(muster, tmp_path):  # noqa: F811
