@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine import messages
+from engine.tuning import MAX_DRAIN_DELAY
 from events.services import record
 from runs.choices import JobReason, JobStatus
 from runs.configuration.replica_specs import new_replica_spec
@@ -18,11 +19,9 @@ from runs.job_rows import new_jobs
 from runs.models import Job, Run
 from runs.transitions import move_job, terminate_job
 
-MAX_DRAIN = 600.0  # seconds: a drain delay set higher is held to this
-
 
 def drain_delay() -> float:
-    return min(max(float(settings.MUSTER["DRAIN_DELAY"]), 0.0), MAX_DRAIN)
+    return min(max(float(settings.MUSTER["DRAIN_DELAY"]), 0.0), MAX_DRAIN_DELAY)
 
 
 def _say(run: Run, job: Job, message: str) -> None:
