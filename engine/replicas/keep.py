@@ -128,6 +128,7 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     new = [j for j in serving if j.deployment_num >= run.deployment_num]
     old = [j for j in serving if j.deployment_num < run.deployment_num]
     old_draining = any(j.drain_at is not None and j.deployment_num < run.deployment_num for j in live)
+    holding = sum(1 for j in live if j.drain_at is not None)  # draining: their hosts are not free yet
     ready = sum(1 for j in serving if is_ready(j))
     # newest first, those not serving yet before those that are
     newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))
@@ -141,14 +142,19 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
         if ready - is_ready(victim) >= min(desired, ready) and rows.drain(
                 victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}"):
             old.remove(victim)
-    surge = 1 if old else 0
+            old_draining, holding = True, holding + 1  # its host is busy until it has stopped
+    # the surge of one: while a rollout is under way (old replicas serve or drain) one replica more
+    # than wanted holds a host at most, so an update needs one spare host, not a second fleet
+    rolling = bool(old) or old_draining
+    surge = 1 if rolling else 0
+    held = len(old) + (holding if rolling else 0)
     used = {j.replica_num for j in live} | set(replacing)
     next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
     count = len(new) + pending
-    while count < desired and count + len(old) < desired + surge:
+    while count < desired and count + held < desired + surge:
         num = next(n for n in range(len(used) + 1) if n not in used)
         used.add(num)
-        why = f"rolling update to deployment {run.deployment_num}" if old else f"{group} wants {desired}"
+        why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
         rows.add(run, group, num, next_job, why)
         next_job += 1
         count += 1

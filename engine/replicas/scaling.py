@@ -71,9 +71,11 @@ def _scale(held: claims.Held) -> claims.Outcome:
     total = requests_total(run.pk)
     memory = dict(run.scaling or {})
     window = max(g.scaling.window for g in groups if g.scaling)
-    samples = [s for s in memory.get("samples", []) if now - s[0] <= window] + [[now, total]]
-    last = memory.get("samples", [[now, total]])[-1]
-    oldest = samples[0]
+    # before its first sample, the service's submission is one: no request counted yet
+    earlier = memory.get("samples") or [[run.submitted_at.timestamp(), 0]]
+    samples = [s for s in earlier if now - s[0] <= window] + [[now, total]]
+    last = earlier[-1]
+    oldest = samples[0] if len(samples) > 1 else last
     rps = (total - oldest[1]) / (now - oldest[0]) if now - oldest[0] > 0 else 0.0
     desired = dict(run.desired_replicas or {})
     marks = dict(memory.get("groups", {}))

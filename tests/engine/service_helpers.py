@@ -58,7 +58,7 @@ def story() -> str:
 
     lines = []
     for run in Run.objects.all():
-        lines.append(f"run {run.name} {run.status} desired={run.desired_replicas}: {describe(run.name)}")
+        lines.append(f"run {run.name} {run.status} desired={run.desired_replicas} scaling={run.scaling}: {describe(run.name)}")
     lines += [f"  {e.subject}: {e.message}" for e in Event.objects.order_by("-id")[:40]][::-1]
     return "\n".join(lines)
 
