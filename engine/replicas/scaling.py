@@ -6,7 +6,8 @@ whose groups scale (`replicas: A..B` with `scaling: {metric: rps}`) in turn, and
 - samples serving.stats.requests_total (the endpoint processes' count, summed) and keeps the
   samples of the last `scaling.window` seconds in Run.scaling (the step's memory: only the step
   holding the run writes it);
-- rps = the requests between the oldest kept sample and now, over the seconds between them;
+- rps = the requests between the oldest kept sample and now, over the window (or the seconds
+  between them, when more): a service's first samples count from its submission;
 - per scaled group, wants ceil(rps / target) within A..B, and takes it as dstack's autoscaler
   does: a rise only once scale_up_delay has passed since the group last scaled, a fall only once
   scale_down_delay has; from zero at once when a request came (the endpoint holds it for a replica);
@@ -76,7 +77,8 @@ def _scale(held: claims.Held) -> claims.Outcome:
     samples = [s for s in earlier if now - s[0] <= window] + [[now, total]]
     last = earlier[-1]
     oldest = samples[0] if len(samples) > 1 else last
-    rps = (total - oldest[1]) / (now - oldest[0]) if now - oldest[0] > 0 else 0.0
+    # over the whole window, as dstack counts it: a burst shorter than the window weighs its share
+    rps = (total - oldest[1]) / max(now - oldest[0], window)
     desired = dict(run.desired_replicas or {})
     marks = dict(memory.get("groups", {}))
     decisions = int(memory.get("decisions", 0))
