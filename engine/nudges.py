@@ -53,7 +53,7 @@ def matters_only_last(job: Job, to: str, reason: str) -> bool:
     if not ended_without_failure(to, reason):
         return False
     run = job.run
-    if run.restarts:
+    if run.restarts or is_service(run):  # a service's replica ending is acted on at once (replaced, rolled on)
         return False
     return not (job.job_num == 0 and run_configuration(run).stop_criteria == "master-done")
 

@@ -133,8 +133,9 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     # newest first, those not serving yet before those that are
     newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))
     for job in newest_first[:max(0, len(new) + pending - desired)]:
+        was_ready = is_ready(job)
         if rows.drain(job, f"scaled to {desired} replicas of {group}"):
-            ready -= is_ready(job)
+            ready -= was_ready
             new.remove(job)
     if old and not old_draining and len(new) + pending + len(old) > desired:
         victim = sorted(old, key=lambda j: (is_ready(j), j.job_num))[0]

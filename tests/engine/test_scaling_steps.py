@@ -98,3 +98,16 @@ RULE = StoredScaling(target=10, scale_up_delay=300, scale_down_delay=600)
 ])
 def test_the_scaling_rule(rps, current, since, new, wanted):
     assert scaling.decide(rps, RULE, 0, 4, current, since, new) == wanted
+
+
+def test_metrics_show_a_services_replicas_and_its_scaling_decisions(sent, client, settings):
+    from tests.console.test_metrics import scrape, value
+
+    settings.MUSTER = {**settings.MUSTER, "METRICS_TOKEN": "scrape-token"}
+    run = _service()
+    add_requests(run.pk, 1)
+    scaling.scale_services()
+    samples = scrape(client)
+    assert value(samples, "muster_service_replicas", project="main", service="web", state="desired") == 1
+    assert value(samples, "muster_service_replicas", project="main", service="web", state="ready") == 0
+    assert value(samples, "muster_service_scaling_decisions_total", project="main", service="web") == 1
