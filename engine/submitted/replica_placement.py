@@ -3,10 +3,10 @@
 Each replica job of a service is claimable from its submit (runs/job_rows.py) and takes one host
 for itself: the first fleet it may use (the group's `fleets`, else the run's; its own earlier fleet
 first, for a replacement) with an idle host that fits its resources. A replica that finds none
-waits for a host given back when the run's `retry` lists `no-capacity` and some fleet would hold it
-once its busy hosts are free (engine/submitted/waiting.py, as job 0 of a task waits); otherwise it
-ends `failed_to_start_due_to_no_capacity`, which the service's keeper (engine/replicas/keep.py)
-acts on. The other replicas are not touched either way.
+waits for a host given back when some fleet would hold it once its busy hosts are free and either
+the run's `retry` lists `no-capacity` or the service runs already (engine/submitted/waiting.py, as
+job 0 of a task waits); otherwise it ends `failed_to_start_due_to_no_capacity`, which the
+service's keeper (engine/replicas/keep.py) acts on. The other replicas are not touched either way.
 
 Static fleets only (local, SSH; containers where the host has Docker): a replica on a backend that
 creates host groups (a TPU slice) is issue 41's multi-host replica.
@@ -40,7 +40,9 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
             _hold(run, job, fleet, taken[0], lease)
             return {}
     full = [f for f in fleets if fitting.static_fleet_fits(f, [(req, 1)], busy_too=True)]
-    if full and waiting.retry_lets_it_wait(run):
+    # a replica of a service that already serves (a scale-up, an update's new replica, a replacement)
+    # waits for a host rather than failing the whole service for want of one
+    if full and (run.status == RunStatus.RUNNING or waiting.retry_lets_it_wait(run)):
         return waiting.wait(job, spanning.full_fleets(full))
     names = ", ".join(f.name for f in fleets) or "none the service may use"
     why = (f"replica {job.node_group_name}/{job.replica_num}: no idle host fits it on fleets {names}"

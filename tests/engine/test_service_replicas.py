@@ -86,8 +86,8 @@ def test_a_replica_whose_probe_fails_leaves_the_ready_set_and_comes_back(two_hos
     assert Job.objects.get(pk=sick.pk).submission_num == sick.submission_num, "the same replica, not a new one"
 
 
-def test_a_service_with_no_retry_is_not_ended_by_its_replicas_and_a_stop_drains_it(two_hosts, celery_worker, api,
-                                                                                   tmp_path):
+def test_a_stop_takes_the_replicas_out_of_the_pool_then_stops_them_and_ends_terminated(two_hosts, celery_worker, api,
+                                                                                      tmp_path):
     _apply(api, service_yaml("web", tmp_path))
     wait_until(lambda: len(ready("web")) == 2, 60, "two replicas ready")
     assert api.post("/api/projects/main/runs/web/stop", {}, format="json").status_code in (200, 202)
@@ -99,3 +99,12 @@ def test_a_service_with_no_retry_is_not_ended_by_its_replicas_and_a_stop_drains_
         said = list(Event.objects.filter(job_id=job.pk).order_by("id").values_list("message", flat=True))
         out = said.index("out of the endpoint's pool: the service stops")
         assert out < next(i for i, m in enumerate(said) if m.startswith("terminating")), said
+
+
+def test_without_retry_a_failed_replica_fails_the_service_as_dstack_does(two_hosts, celery_worker, api, tmp_path):
+    _apply(api, service_yaml("web", tmp_path))
+    victim = wait_until(lambda: (r := ready("web")) and len(r) == 2 and r[0], 60, "two replicas ready")
+    os.kill(int((Path(tmp_path) / victim.instance.internal_ip / "pid").read_text()), signal.SIGKILL)
+    run = wait_for_run("web", timeout=60)
+    assert (run.status, run.termination_reason) == ("failed", "job_failed"), describe("web")
+    assert not Instance.objects.filter(status="busy").exists()
