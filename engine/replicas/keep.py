@@ -150,9 +150,11 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     surge = 1 if rolling else 0
     held = len(old) + (holding if rolling else 0)
     used = {j.replica_num for j in live} | set(replacing)
-    next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
+    next_job = None
     count = len(new) + pending
     while count < desired and count + held < desired + surge:
+        if next_job is None:  # read only when a replica is added
+            next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
         num = next(n for n in range(len(used) + 1) if n not in used)
         used.add(num)
         why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"

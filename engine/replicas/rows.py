@@ -66,7 +66,8 @@ def drain(job: Job, why: str) -> bool:
     drain delay (the requests it serves finish) and is stopped then (keep.py); one not running yet
     serves nothing and is ended at once."""
     if job.status != JobStatus.RUNNING:
-        return terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"removed: {why}")
+        # drain_at marks it removed on purpose: its end is not a failure to replace (keep.py)
+        return terminate_job(job, JobReason.TERMINATED_BY_SERVER, f"removed: {why}", drain_at=timezone.now())
     delay = drain_delay()
     return move_job(job, JobStatus.RUNNING, frm=[JobStatus.RUNNING], drain_at=timezone.now(), ready_at=None,
                     message=f"out of the endpoint's pool: {why}; stopped in {delay:.0f}s")
