@@ -7,15 +7,19 @@ calls it and records what it returns.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class BackendError(Exception):
-    """A backend call failed; `reason` is a job termination reason when one fits."""
+    """A backend call failed; `reason` is a job termination reason when one fits. `transient`: the
+    provider did not answer this time, which says nothing about the capacity (look again)."""
 
     reason = "executor_error"
+    transient = False
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,15 @@ class SliceInterruptedError(BackendError):
     an interruption, which `retry: {on_events: [interruption]}` covers, not an executor error."""
 
     reason = "interrupted_by_no_capacity"
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What one group of a run needs from a group-creating backend: `hosts` per group, and the
+    `shape` the backend names the group by (kept on the group's row: reuse needs the same shape)."""
+
+    hosts: int
+    shape: str
 
 
 @dataclass
@@ -119,10 +132,77 @@ class RunnerHost(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def stop_agent(self) -> None:  # noqa: B027 - optional hook
+        """Stop the agent for good (its instance is being deleted); a host without a lasting agent
+        has nothing to stop."""
+
 
 class Compute(ABC):
+    """All a backend is. What the rest of Muster may ask without an instance is a class attribute
+    or a classmethod; what needs the backend's settings is a method of an instance made with them
+    (`backends.registry.get_compute(name, config)`)."""
+
     name: str = ""
-    creates_groups: bool = False  # True when one create call makes a whole group (TPU pod slice)
+    # The kind of fleet it makes: False, fixed hosts it is given or makes once at apply (a fleet
+    # of rows); True, groups it creates when a run needs them (engine/pods.py), one create call
+    # per group.
+    creates_groups: bool = False
+    # What a group of it is called in events and messages ("TPU slice").
+    group_noun: str = "instance group"
+    # Fleet keys only this backend accepts (beyond the cloud keys every group-creating one takes).
+    own_fleet_keys: tuple[str, ...] = ()
+    # Whether its fleets' containers run privileged unless the fleet says otherwise.
+    privileged_by_default: bool = False
+    # Why `spot_policy` means nothing on it ("" when it does): said as a warning at apply.
+    spot_note: str = ""
+    # Its fleets are the hosts written in `ssh_config`, never named in `backends`.
+    given_hosts: bool = False
+    # Its name in dstack's answers (dstack calls every fleet of hosts `remote`).
+    dstack_name: str = "remote"
+
+    @classmethod
+    def fleet_config(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        """Its settings for one fleet: the server's with what the fleet's configuration says. The
+        result may carry `ssh_user` and `ssh_private_key`: how the server logs in to its hosts."""
+        return {}
+
+    @classmethod
+    def kept_for_group(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        """What a group keeps of its fleet's settings when it is made (`backend_data["fleet"]`), so
+        it can still be deleted once the fleet's row is gone; never a secret."""
+        return {}
+
+    @classmethod
+    def group_config(cls, kept: dict[str, Any]) -> dict[str, Any]:
+        """A group's settings when its fleet is gone: the server's with what the group kept."""
+        return {}
+
+    @classmethod
+    def plan_group(cls, requirements: dict[str, Any], hosts: int) -> GroupPlan | None:
+        """The group one job's (normalized) resources ask for, for a run's group of `hosts` nodes
+        (per slice); None when it asks for none this backend makes. The engine makes the group
+        only when the plan's hosts are the run's."""
+        return None
+
+    @classmethod
+    def group_name(cls, run_name: str, group_name: str, attempt: str = "") -> str:
+        """The provider's id of a group: the same for the same `attempt` (run, group, submission),
+        so a create tried again asks for what the first try may have made, never for a second."""
+        base = re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{group_name}".lower()).strip("-") or "group"
+        return f"{base}-{_digest(run_name, group_name, attempt)}"
+
+    @classmethod
+    def queued_view(cls, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a group's request waits at its provider ({name, zone, state, since}) while it is
+        queued there, from what the group keeps; None when it is not queued (a direct create). A
+        queued group's own request bounds its wait, not WAITING_INSTANCE_LIMIT."""
+        return None
+
+    @classmethod
+    def group_env(cls, hosts: list[str], index: int, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        """What the job on host `index` of a group (all its hosts' internal addresses in worker
+        order) is told about the group (the runner's spec "tpu" entry); None: nothing."""
+        return None
 
     def __init__(self, config: dict[str, Any] | None = None):
         self.config = config or {}
@@ -163,3 +243,7 @@ class Compute(ABC):
     @abstractmethod
     def runner_host(self, instance: Any) -> RunnerHost:
         """The channel to the runner agent on `instance` (an instances.models.Instance)."""
+
+
+def _digest(run_name: str, group_name: str, attempt: str) -> str:
+    return hashlib.sha256(f"{run_name}\0{group_name}\0{attempt}".encode()).hexdigest()[:6]

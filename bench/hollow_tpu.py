@@ -26,6 +26,22 @@ DIRECT, QUEUED = "hollow_tpu", "hollow_tpu_q"  # (Fleet.backend holds 16 charact
 class HollowTpuCompute(GcpTpuCompute):
     name = DIRECT
     extra: dict[str, Any] = {"spot": True}
+    # As any extra backend before the contract: its settings are the fixed ones below (not a
+    # fleet's), its containers are not privileged by default, and dstack calls its hosts `remote`.
+    privileged_by_default = False
+    dstack_name = "remote"
+
+    @classmethod
+    def fleet_config(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def kept_for_group(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def group_config(cls, kept: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__({**merged(settings.MUSTER["GCP"], {}), **self.extra, **(config or {})})

@@ -101,7 +101,8 @@ class ServeProcess:
         # the embedded default unless `env` names a database and a broker
         clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
         self.env = {**clean, "MUSTER_DATA_DIR": str(self.data_dir), "DJANGO_SETTINGS_MODULE": "muster.settings",
-                    "PYTHONUNBUFFERED": "1", "MUSTER_DSTACK_SSH_BIND": f"127.0.0.1:{free_port()}", **(env or {})}
+                    "PYTHONUNBUFFERED": "1", "MUSTER_DSTACK_SSH_BIND": f"127.0.0.1:{free_port()}",
+                    "MUSTER_ENDPOINT_BIND": f"127.0.0.1:{free_port()}", **(env or {})}
         self.concurrency = concurrency
         self.proc: subprocess.Popen | None = None
         self.token = ""
@@ -155,7 +156,7 @@ class ServeProcess:
         return answer["status"], waits
 
     def children(self) -> dict[int, str]:
-        """pid -> what it is, for the processes serve started (web, worker, beat, gateway)."""
+        """pid -> what it is, for the processes serve started (web, worker, beat, gateway, endpoint)."""
         found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -168,6 +169,7 @@ class ServeProcess:
             if ppid == self.proc.pid:
                 found[int(entry.name)] = ("worker" if " worker " in cmd else "beat" if " beat " in cmd
                                           else "gateway" if "dstack_gateway" in cmd
+                                          else "endpoint" if "serve_endpoint" in cmd
                                           else "web" if "runserver" in cmd or "gunicorn" in cmd else cmd)
         return found
 

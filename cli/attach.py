@@ -208,7 +208,7 @@ def attach(client: Client, name: str, job_num: int, local_ports: dict[int, int])
         info = wait_until_installed(client, name, info)
     where = f"job {job_num} ({info.get('node_group_name')}/{info.get('node_group_rank')})"
     transport, forwards = None, []
-    if info.get("backend") == "local" or not info.get("ssh"):
+    if not info.get("ssh"):  # a local job: the server answers without a way in
         for port in info.get("ports") or []:
             say(f"{where} listens on http://{info['ip']}:{port} on the server's machine (nothing to forward)")
     else:

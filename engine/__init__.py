@@ -22,7 +22,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   replicas    engine/submitted/replica_placement.py place_replica: a service's replica takes one host on its own
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
-  pods        engine/pods.py                     reserve_pod: a TPU slice for a group (then poll_pod until READY)
+  pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
@@ -42,7 +42,7 @@ services      engine/replicas/keep.py            keep: a service's derive: faile
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
-  watch       engine/pod_watch.py                watch_pods: live slices at Google; one taken back ends its jobs
+  watch       engine/pod_watch.py                watch_pods: live groups at their provider; one taken back ends its jobs
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
               engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts;
                                                  stop_registered_agents: a gone fleet's agents, stopped after commit

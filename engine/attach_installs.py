@@ -22,8 +22,8 @@ import logging
 from functools import partial
 
 from backends.base import BackendError
+from backends.registry import attach_keys as attach_keys_module
 from backends.registry import compute_for_instance
-from backends.ssh import attach_keys
 from engine import claims, messages, outcome
 from engine.tuning import SWEEP_BATCH
 from runs.choices import JOB_ATTACHABLE
@@ -32,6 +32,8 @@ from runs.models import AttachGrant
 log = logging.getLogger(__name__)
 
 ATTACH_EVENT = "attach key installed"
+
+attach_keys = attach_keys_module()  # the SSH hosts' authorized_keys lines
 
 
 def install_attach_key(grant_id: int) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+from backends.registry import attach_keys as attach_keys_module
 from backends.registry import compute_for_instance
-from backends.ssh import attach_keys
 from engine import claims
 from engine.tuning import REVOKE_BATCH as BATCH
 from instances.models import Instance
@@ -20,6 +20,8 @@ from muster.claimable import leased
 from runs.models import AttachGrant, Job
 
 log = logging.getLogger(__name__)
+
+attach_keys = attach_keys_module()  # the SSH hosts' authorized_keys lines
 
 
 def remove_grants(host, grants: list[AttachGrant], token: str | None = None) -> None:

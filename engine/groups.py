@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from backends.base import BackendError
-from backends.registry import compute_for_instance, get_compute, group_backend_config
+from backends.registry import compute_for_group, compute_for_instance
 from engine import claims, messages, outcome
 from engine.finishing import stop_jobs_on_group
 from engine.tuning import DELETE_BACKOFF_MAX, STOP_THREADS
@@ -52,7 +52,7 @@ def _terminate(held: claims.Held) -> claims.Outcome | None:
         if group.kind == GroupKind.TPU_POD:
             # the fleet's settings, or the server's and what the group kept when its fleet is gone
             # (a fleet's deletion removes its row before this step runs)
-            compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
+            compute = compute_for_group(group)
             compute.terminate_group(group.name, group.backend_data)
         else:
             stop_agents(list(group.instances.exclude(status=InstanceStatus.TERMINATED)))
@@ -114,9 +114,7 @@ def stop_agents_on(hosts: list[tuple[str, object]]) -> None:
 
 def _stop_agent(name: str, host) -> None:
     try:
-        stop = getattr(host, "stop_agent", None)
-        if stop:
-            stop()
+        host.stop_agent()
     except Exception as exc:  # a host that is gone cannot stop its agent; it is removed anyway
         log.info("could not stop the runner agent on %s: %s", name, exc)
     finally:

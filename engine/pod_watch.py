@@ -1,4 +1,5 @@
-"""Watching live TPU pods at Google: a slice taken back ends its group's jobs as one unit.
+"""Watching live groups at their provider (TPU pods at Google): a group taken back ends its jobs
+as one unit. Only the backend contract is used (`watch_groups`).
 
 A spot slice is preempted whole, a queued resource is SUSPENDED, a slice reaches end of life
 (TERMINATED) or simply disappears. The hosts may still answer SSH for a while, or never again;
@@ -20,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 
 from backends.base import BackendError
-from backends.registry import fleet_backend_config, get_compute
+from backends.registry import compute_for_group, group_noun
 from engine import claims, messages, outcome
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
@@ -55,11 +56,11 @@ def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> dict[int, cl
     """The outcomes of the pods found lost (the others go back as they are)."""
     fleet = groups[0].fleet
     try:
-        compute = get_compute(groups[0].backend_data.get("backend", "gcp"), fleet_backend_config(fleet))
+        compute = compute_for_group(groups[0])
         seen = compute.watch_groups({g.name: g.backend_data for g in groups})
     except BackendError as exc:
         # An API that does not answer says nothing about the slices: the next tick looks again.
-        log.info("fleet %s: could not watch its TPU pods: %s", fleet.name, exc)
+        log.info("fleet %s: could not watch its groups: %s", fleet.name, exc)
         return {}
     grace = float(settings.MUSTER["TPU_MAINTENANCE_GRACE"])
     outcomes = {}
@@ -93,11 +94,11 @@ def _store(group: InstanceGroup, **changes) -> None:
 def interrupt_pod(group: InstanceGroup, why: str, lease: Lease) -> claims.Outcome:
     """Google took the slice back: every job on it ends as an interruption, and the pod is deleted
     (its terminate_group is sent once the watch gives the pod back)."""
-    log.warning("TPU slice %s lost: %s", group.name, why)
+    log.warning("%s %s lost: %s", group_noun(group), group.name, why)
     with transaction.atomic():
         record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
-            terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"TPU slice {group.name}: {why}")
+            terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"{group_noun(group)} {group.name}: {why}")
         end_group(group, actor="server", lease=lease)
     return outcome.with_learned(group, expect=(GroupStatus.TERMINATING,),
                                 then=(partial(messages.terminate_group, group.pk),))

@@ -1,7 +1,8 @@
-"""TPU pod slices as instance groups: reserve (reuse or create), poll until READY, expire when idle.
+"""Groups a backend creates (TPU pod slices on gcp) as instance groups: reserve (reuse or create),
+poll until ready, expire when idle. Only the backend contract (backends/base.py) is used here.
 
-A slice of H hosts is one InstanceGroup of kind `tpu_pod` named after the TPU node, with one
-Instance per host whose `index` is the TPU worker id. Rows exist, and the group's jobs point at
+A group of H hosts is one InstanceGroup of kind `tpu_pod` named by its backend (`group_name`), with
+one Instance per host whose `index` is the worker id. Rows exist, and the group's jobs point at
 them, before the backend is asked to create anything: a crash between the two is found by the
 poll sweep, never leaked, and whichever poll sees READY first knows which hosts are taken.
 
@@ -12,9 +13,7 @@ poll for every provisioning pod as the safety net for lost messages.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import time
 from datetime import timedelta
 from functools import partial
@@ -23,9 +22,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.base import BackendError, Compute, GroupProgress, NoCapacityError, ProvisioningData
-from backends.registry import fleet_backend_config, get_compute, group_backend_config, kept_for_group
-from backends.tpu_shapes import SliceShape, parse_slice
+from backends.base import BackendError, Compute, GroupPlan, GroupProgress, NoCapacityError, ProvisioningData
+from backends.registry import (
+    compute_for_group,
+    fleet_backend_config,
+    group_backend_config,
+    group_noun,
+    kept_for_group,
+)
 from engine import claims, messages, outcome
 from engine.claims import unleased
 from engine.submitted import gang
@@ -57,11 +61,6 @@ _WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
 NOT_TERMINATED_GROUP = [status for status in GroupStatus.values if status != GroupStatus.TERMINATED]
 
 
-def _slice_of(job) -> str | None:
-    gpu = job.spec["resources"].get("gpu") or {}
-    return gpu.get("tpu")
-
-
 def poll_interval() -> float:
     """Seconds between looks at a slice being created (creation takes minutes on Google Cloud)."""
     muster = settings.MUSTER
@@ -74,25 +73,25 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
     Returns {job id: instance id}; {} when the fleet has no offer for the slice. A capacity or
     API error is raised after the planned rows are marked terminated.
     """
-    shape = parse_slice(_slice_of(group_jobs[0]) or "")
     slices = slices_of(group_jobs[0])
-    if shape is None or len(group_jobs) != shape.hosts * slices:
+    plan = compute.plan_group(group_jobs[0].spec["resources"], len(group_jobs) // slices)
+    if plan is None or len(group_jobs) != plan.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)
-    reused = _reuse_idle_pod(fleet, shape.name, len(jobs), slices)
+    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices)
     if reused is not None:
         return {job.pk: inst.pk for job, inst in zip(jobs, reused, strict=True)}
     offers = compute.get_offers(jobs[0].spec["resources"])
     if not offers:
         return {}
-    group, instances = _plan_pod(fleet, shape, slices, jobs)
+    group, instances = _plan_pod(fleet, compute, plan, slices, jobs)
     try:
         progress = compute.create_group(offers[0], len(jobs), group.name)
     except NoCapacityError as exc:
         _forget(group, str(exc), delete=slices > 1)
         raise
     except BackendError as exc:
-        if getattr(exc, "transient", False):
+        if exc.transient:
             # The API may have taken the create: the rows stay, and polls find the node by its id.
             progress = GroupProgress(None, {})
         else:
@@ -134,24 +133,11 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> li
     return None
 
 
-def pod_name(run_name: str, group_name: str, attempt: str = "") -> str:
-    """A TPU node id: lowercase letters, digits and '-', starting with a letter, at most 63 chars.
-
-    The same for the same `attempt` (run id, group, submission): a create tried again for one
-    attempt asks for the node the first try may have made, never for a second one.
-    """
-    base = re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{group_name}".lower()).strip("-")
-    if not base or not base[0].isalpha():
-        base = f"pod-{base}".rstrip("-")
-    digest = hashlib.sha256(f"{run_name}\0{group_name}\0{attempt}".encode()).hexdigest()[:6]
-    # 63 minus "-" + 6 hex for the pod, minus "-NNNN" that instance names append.
-    return f"{base[:50].rstrip('-')}-{digest}"
-
-
-def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple[InstanceGroup, list[Instance]]:
+def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
+              jobs: list) -> tuple[InstanceGroup, list[Instance]]:
     master = jobs[0]
-    name = pod_name(master.run.name, master.node_group_name,
-                    f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
+    name = compute.group_name(master.run.name, master.node_group_name,
+                              f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
     with transaction.atomic():
         planned = (InstanceGroup.objects.select_for_update()
                    .filter(project=fleet.project, name=name, kind=GroupKind.TPU_POD,
@@ -163,7 +149,7 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple
                 Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
             return planned, instances
         group = InstanceGroup.objects.create(
-            project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=shape.name,
+            project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=plan.shape,
             status=GroupStatus.PROVISIONING,
             backend_data={"backend": fleet.backend, "fleet": kept_for_group(fleet),
                           **({"slices": slices} if slices > 1 else {})},
@@ -173,14 +159,14 @@ def _plan_pod(fleet: Fleet, shape: SliceShape, slices: int, jobs: list) -> tuple
                 project=fleet.project, fleet=fleet, group=group, index=k, name=f"{name}-{k}",
                 status=InstanceStatus.PROVISIONING, backend=fleet.backend, username=_ssh_user(fleet),
             )
-            for k in range(shape.hosts * slices)
+            for k in range(plan.hosts * slices)
         ]
         # Point job k at host k now, in the same transaction, so a poll that sees READY before
         # the scheduler finishes still knows these hosts are taken (busy, not idle).
         for job, inst in zip(jobs, instances, strict=True):
             Job.objects.filter(pk=job.pk, instance__isnull=True).update(instance=inst)
-        what = f"{slices} x {shape.name} slices" if slices > 1 else f"a {shape.name} slice"
-        record(fleet.project_id, f"instance group {name}", f"creating {what} ({shape.hosts * slices} hosts)",
+        what = f"{slices} x {plan.shape} slices" if slices > 1 else f"a {plan.shape} slice"
+        record(fleet.project_id, f"instance group {name}", f"creating {what} ({plan.hosts * slices} hosts)",
                status=GroupStatus.PROVISIONING)
     return group, instances
 
@@ -259,9 +245,9 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
     records, failure, reason = None, "", ""
-    queued = bool((group.backend_data.get("create") or {}).get("queued"))
+    queued = queued_view(group) is not None
     try:
-        compute = get_compute(group.backend_data.get("backend", "gcp"), group_backend_config(group))
+        compute = compute_for_group(group)
         before = queued_view(group)
         progress = compute.poll_group(group.name, group.shape, group.backend_data)
         if _keep(group, progress):
@@ -271,11 +257,11 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
             waited = time.time() - progress.started_at
         _say_queued(group, before)
     except BackendError as exc:
-        if not getattr(exc, "transient", False):
+        if not exc.transient:
             failure, reason = str(exc), exc.reason
         elif waited <= limit or queued:
             # The API did not answer this time; that says nothing about the slice.
-            log.info("TPU slice %s: poll failed, will look again: %s", group.name, exc)
+            log.info("%s %s: poll failed, will look again: %s", group_noun(group), group.name, exc)
             return GroupStatus.PROVISIONING
         else:
             failure = f"not READY within {limit:.0f}s (last poll: {exc})"
@@ -284,7 +270,7 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
         return GroupStatus.ACTIVE
     if failure or (waited > limit and not queued):
         why = failure or f"not READY within {limit:.0f}s"
-        log.warning("deleting TPU slice %s: %s", group.name, why)
+        log.warning("deleting %s %s: %s", group_noun(group), group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, lease)
         return GroupStatus.TERMINATING
     if queued and not _awaited(group):
@@ -320,10 +306,10 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str, lease: Lease) -> None
         # Every waiting job ends (none may fall back to creating another slice of its own).
         gangs = {}
         for job in Job.objects.filter(instance__group=group, status__in=_WAITING).select_related("run"):
-            terminate_job(job, reason, f"TPU slice {group.name}: {why}")
+            terminate_job(job, reason, f"{group_noun(group)} {group.name}: {why}")
             gangs[(job.run_id, job.submission_num)] = job
         for job in gangs.values():  # their runs' static hosts go back in this same step
-            gang.release(job.run, job.submission_num, job.node_group_name, f"TPU slice {group.name}: {why}")
+            gang.release(job.run, job.submission_num, job.node_group_name, f"{group_noun(group)} {group.name}: {why}")
         move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}", lease=lease)
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATING,
                        frm=NOT_TERMINATED, message=f"deleting with its group: {why}", termination_reason=reason[:64])

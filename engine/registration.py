@@ -17,8 +17,9 @@ from functools import partial
 from django.conf import settings
 from django.utils import timezone
 
+from backends.registry import GIVEN_HOSTS
 from engine import claims
-from instances.models import Fleet, FleetBackend, FleetStatus
+from instances.models import Fleet, FleetStatus
 
 # Retries of a registration that keeps hitting an unexpected error stop here, so the user's hosts
 # are not contacted for ever and `muster fleet apply` (which waits 15 min) sees the failure.
@@ -31,7 +32,7 @@ def give_up_after() -> float:
 def register_fleet(fleet_id: int, actor: str = "server") -> bool:
     """Task body: register a pending SSH fleet's hosts; False when it was not ours to register."""
     held = claims.claimed(Fleet, fleet_id, "register_fleet", partial(_register, actor=actor),
-                          status=FleetStatus.PENDING, backend=FleetBackend.SSH)
+                          status=FleetStatus.PENDING, backend=GIVEN_HOSTS)
     # None: registered already (a second delivery), being registered, or deleted
     return held is not None and not held.failed and held.outcome is not _GONE
 

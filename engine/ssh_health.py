@@ -22,12 +22,12 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from backends.base import BackendError
-from backends.ssh.runner_host import SSHRunnerHost
+from backends.base import BackendError, RunnerHost
+from backends.registry import GIVEN_HOSTS, ssh_runner_host
 from engine import claims, health
 from engine.tuning import DOCKER_PROBE_TIMEOUT, HEALTH_BATCH, HEALTH_THREADS
 from instances import docker_facts
-from instances.models import FleetBackend, Instance, InstanceStatus
+from instances.models import Instance, InstanceStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
     every = float(settings.MUSTER["SSH_HEALTH_INTERVAL"])
     due = Instance.objects.filter(
         Q(last_seen__isnull=True) | Q(last_seen__lt=now - timedelta(seconds=every)),
-        backend=FleetBackend.SSH, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
+        backend=GIVEN_HOSTS, status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY],
     )
     # Not released afterwards on purpose: the lease is what spaces the checks of one host.
     _token, pks = claims.claim_batch(due, HEALTH_BATCH, seconds=every, renew=False)
@@ -62,7 +62,7 @@ def check_ssh_hosts(now: datetime | None = None) -> int:
 def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]:
     """(None when the host answered over SSH, else why not; its Docker facts when probed, else
     docker_facts.UNCHANGED). A missing agent is not an outage."""
-    host = SSHRunnerHost(instance.ssh_target(), timeout=timeout)
+    host = ssh_runner_host(instance.ssh_target(), timeout)
     try:
         host.status()
         return None, _probe_docker(instance, host)
@@ -75,7 +75,7 @@ def _check_host(instance: Instance, timeout: float) -> tuple[str | None, object]
         host.close()
 
 
-def _probe_docker(instance: Instance, host: SSHRunnerHost) -> object:
+def _probe_docker(instance: Instance, host: RunnerHost) -> object:
     """In a health check's thread, on a host that just answered: its Docker facts when a probe is
     due and succeeds, else UNCHANGED. Never writes to the database."""
     if not docker_facts.due(instance):

@@ -22,9 +22,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.base import BackendError
-from backends.ssh.connection import SSHTarget
-from backends.ssh.runner_host import SSHRunnerHost
+from backends.base import BackendError, RunnerHost
+from backends.registry import ssh_runner_host, ssh_target
 from engine import claims, groups, messages
 from engine.errors import Refused, RegistrationRefused
 from engine.tuning import REGISTER_THREADS
@@ -90,7 +89,7 @@ def give_up(fleet: Fleet, why: str, actor: str) -> claims.Outcome:
 # fleet, and clear the lease in the fleet's own UPDATE (claims.give_back).
 
 
-def _activate_if_held(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
+def _activate_if_held(fleet: Fleet, instances: list[Instance], targets: list[Any], facts: list[HostFacts],
                       started: list[HostFacts | None], network: str, actor: str, *, lease: Lease) -> bool:
     with transaction.atomic():
         row = Fleet.objects.select_for_update().filter(pk=fleet.pk)
@@ -162,12 +161,12 @@ def _timeouts() -> tuple[float, float]:
     return float(muster["SSH_TIMEOUT"]), float(muster["SSH_REGISTER_TIMEOUT"])
 
 
-def _examine(runner: SSHRunnerHost) -> HostFacts:
+def _examine(runner: RunnerHost) -> HostFacts:
     """Step one: the host key (checked against `host_key` when one is given) and the probe."""
     return HostFacts(host_key=runner.remote_host_key(), probe=runner.probe())
 
 
-def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHTarget], deadline: float,
+def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[Any], deadline: float,
               errors: dict[int, str]) -> dict[int, Any]:
     """step(i) for each index in threads, until `deadline`; failures go to `errors` by index."""
     results: dict[int, Any] = {}
@@ -193,11 +192,11 @@ def _parallel(step: Callable[[int], Any], indexes: list[int], targets: list[SSHT
 
 
 def _contact_all(fleet: Fleet, instances: list[Instance],
-                 targets: list[SSHTarget]) -> tuple[list[HostFacts], list[HostFacts | None]]:
+                 targets: list[Any]) -> tuple[list[HostFacts], list[HostFacts | None]]:
     """(facts per host, facts of the hosts whose runner was started); RegistrationRefused names each failing host."""
     timeout, overall = _timeouts()
     deadline = time.monotonic() + overall
-    runners = [SSHRunnerHost(t, timeout=timeout) for t in targets]
+    runners = [ssh_runner_host(t, timeout) for t in targets]
     errors: dict[int, str] = {}
     facts: dict[int, HostFacts] = {}
     started: dict[int, None] = {}
@@ -237,21 +236,21 @@ def _message(where: str, exc: BaseException) -> str:
     return f"{where}: unexpected error while registering ({type(exc).__name__}: {exc})"
 
 
-def _started(targets: list[SSHTarget], results: list[HostFacts | None]) -> list[SSHTarget]:
+def _started(targets: list[Any], results: list[HostFacts | None]) -> list[Any]:
     return [replace(t, host_key=r.host_key) for t, r in zip(targets, results, strict=True) if r is not None]
 
 
-def _stop_agents(targets: list[SSHTarget], results: list[HostFacts | None]) -> None:
+def _stop_agents(targets: list[Any], results: list[HostFacts | None]) -> None:
     """Undo the runner starts of a refused registration (best effort: the hosts are the user's)."""
     _stop_on(_started(targets, results))
 
 
-def _stop_on(started: list[SSHTarget]) -> None:
+def _stop_on(started: list[Any]) -> None:
     timeout, _ = _timeouts()
-    groups.stop_agents_on([(t.where, SSHRunnerHost(t, timeout=timeout)) for t in started])
+    groups.stop_agents_on([(t.where, ssh_runner_host(t, timeout)) for t in started])
 
 
-def _stop_later(targets: list[SSHTarget], results: list[HostFacts | None]) -> None:
+def _stop_later(targets: list[Any], results: list[HostFacts | None]) -> None:
     """`_stop_agents` as a message (messages.stop_registered_agents), sent after commit: the hosts
     travel with it (their rows may be gone with the fleet), each key encrypted as the database holds it."""
     messages.stop_registered_agents([{**asdict(t), "private_key": crypto.encrypt(t.private_key)}
@@ -260,7 +259,7 @@ def _stop_later(targets: list[SSHTarget], results: list[HostFacts | None]) -> No
 
 def stop_registered_agents(hosts: list[dict]) -> None:
     """Task body of stop_registered_agents: the agents a registration started, stopped (best effort)."""
-    _stop_on([SSHTarget(**{**h, "private_key": crypto.decrypt(h["private_key"])}) for h in hosts])
+    _stop_on([ssh_target(**{**h, "private_key": crypto.decrypt(h["private_key"])}) for h in hosts])
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -291,7 +290,7 @@ def _describe(resources: dict[str, Any]) -> str:
     return f"{resources['cpus']} cpus, {resources['memory_gb']:g} GB{gpu_text}{docker}"
 
 
-def _activate(fleet: Fleet, instances: list[Instance], targets: list[SSHTarget], facts: list[HostFacts],
+def _activate(fleet: Fleet, instances: list[Instance], targets: list[Any], facts: list[HostFacts],
               network: str, actor: str, lease: Lease) -> None:
     group = None
     if fleet.placement == Placement.CLUSTER:

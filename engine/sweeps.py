@@ -14,6 +14,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from backends.registry import GIVEN_HOSTS
 from engine import attach_installs, attach_revokes, messages, pods
 from engine.claims import unleased
 from engine.nudges import ended_without_failure
@@ -21,7 +22,7 @@ from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
-from instances.models import Fleet, FleetBackend, FleetStatus, GroupStatus, InstanceGroup
+from instances.models import Fleet, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -87,7 +88,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
     found["groups"] = _enqueue(messages.terminate_group, groups)
     found["pods"] = _enqueue(lambda pk: messages.poll_pod(pk, 0), pods.pods_to_poll(now))
     # an SSH fleet pending that long is not being registered (its registration holds a lease)
-    fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=FleetBackend.SSH,
+    fleets = Fleet.objects.filter(unleased(now), status=FleetStatus.PENDING, backend=GIVEN_HOSTS,
                                   created__lt=old).values_list("pk", flat=True)[:BATCH]
     found["fleets"] = _enqueue(messages.register_fleet, fleets)
     # a fleet whose deletion was asked for and that nobody is deleting (the step holds a lease)

@@ -16,11 +16,17 @@ from typing import Any
 
 from django.conf import settings
 
-from backends.registry import creates_groups, fleet_backend_config, get_compute
+from backends.registry import (
+    LOCAL_HOSTS,
+    creates_groups,
+    fleet_backend,
+    fleet_backend_config,
+    get_compute,
+    written_names,
+)
 from instances import rows
 from instances.models import (
     Fleet,
-    FleetBackend,
     Placement,
 )
 from runs.configuration import fits
@@ -135,11 +141,6 @@ def policy_refusals(fleet: Fleet, configuration: dict) -> list[str]:
     return [msg for _, msg in policy_problems(container, fleet_policy(fleet.configuration, fleet.backend), fleet.name)]
 
 
-# dstack's backend names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
-FLEET_KINDS = {"ssh": FleetBackend.SSH.value, "remote": FleetBackend.SSH.value, "local": FleetBackend.LOCAL.value,
-               "gcp": FleetBackend.GCP.value}
-
-
 def run_backends(configuration: dict | None) -> list[str] | None:
     """The run's `backends:` as written (None: any fleet's kind will do)."""
     return ((configuration or {}).get("profile") or {}).get("backends")
@@ -152,10 +153,11 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
     names, if it names any (a backend Muster lacks has no fleet here: as in dstack, none fits)."""
     kinds = None
     if backends is not None:
-        kinds = sorted({FLEET_KINDS[name] for name in backends if name in FLEET_KINDS})
+        # dstack's names of the kinds of fleet Muster has (`remote` is dstack's for SSH fleets)
+        kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})
         if not kinds:
             return []
-    fleets = rows.active_fleets(project_id, None if local else FleetBackend.LOCAL.value, kinds, wanted)
+    fleets = rows.active_fleets(project_id, None if local else LOCAL_HOSTS, kinds, wanted)
     if wanted:
         order = {name: i for i, name in enumerate(wanted)}
         return sorted(fleets, key=lambda f: order[f.name])

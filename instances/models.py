@@ -2,14 +2,12 @@ from __future__ import annotations
 
 from django.db import models
 
+from backends.registry import BACKENDS
 from muster import crypto
 from muster.claimable import Claimable
 
-
-class FleetBackend(models.TextChoices):
-    SSH = "ssh"
-    LOCAL = "local"
-    GCP = "gcp"
+# The product's backends (backends/registry.py) as the column's choices: FleetBackend.SSH, .LOCAL, ...
+FleetBackend = models.TextChoices("FleetBackend", [(name.upper(), name) for name in BACKENDS])
 
 
 class Placement(models.TextChoices):
@@ -193,13 +191,13 @@ class Instance(Claimable):
         super().save(*args, **kwargs)
 
     def ssh_target(self):
-        from backends.ssh.connection import SSHTarget
+        from backends.registry import ssh_target
 
         own_key = crypto.decrypt(self.private_key_encrypted, loc=["instances", self.name, "private_key"],
                                  what=f"the SSH private key of instance {self.name}",
                                  fix="delete its fleet and apply it again with its keys")
         fleet_key = self.fleet.private_key if self.fleet else ""
-        return SSHTarget(
+        return ssh_target(
             hostname=self.hostname,
             port=self.port,
             username=self.username or "root",

@@ -1,17 +1,15 @@
-"""What a TPU pod's queued resource says while it waits: the view the API, CLI and console show."""
+"""What a group's queued request (a TPU pod's queued resource) says while it waits: the view the API,
+CLI and console show, as the group's backend reads it (backends/base.py: Compute.queued_view)."""
 
 from __future__ import annotations
 
+from backends.registry import compute_class, group_backend
 from instances.models import Instance, InstanceGroup, InstanceStatus
 
 
 def queued_view(group: InstanceGroup) -> dict | None:
     """Where a pod's queued resource stands ({name, zone, state, since}); None for a direct create."""
-    create = group.backend_data.get("create") or {}
-    if not create.get("queued"):
-        return None
-    return {"name": group.backend_data.get("queued_resource", ""), "zone": create.get("zone", ""),
-            "state": create.get("qr_state", ""), "since": create.get("since")}
+    return compute_class(group_backend(group)).queued_view(group.backend_data)
 
 
 def queued_message(view: dict | None, now: float) -> str:
@@ -26,4 +24,4 @@ def waits_in_queue(instance: Instance | None) -> bool:
     """A host of a pod still being made from a queued request (whose poll bounds the wait)."""
     if instance is None or instance.group_id is None or instance.status != InstanceStatus.PROVISIONING:
         return False
-    return bool((instance.group.backend_data.get("create") or {}).get("queued"))
+    return queued_view(instance.group) is not None

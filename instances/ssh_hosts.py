@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from instances.models import Fleet, FleetBackend, Instance, InstanceStatus
+from backends.registry import GIVEN_HOSTS
+from instances.models import Fleet, Instance, InstanceStatus
 from muster.api_errors import InvalidInput
 from projects.models import Project
 
@@ -25,7 +26,7 @@ def registered_elsewhere(project: Project, hosts: list[dict], facts: list | None
     errors ({loc, msg}) of the hosts that are in another. `own_only` (before any login): only this
     project's; another project's hosts are told only to whoever logs in with a key they accept, or
     registering would map other tenants' hosts."""
-    live = Instance.objects.filter(backend=FleetBackend.SSH).exclude(status=InstanceStatus.TERMINATED)
+    live = Instance.objects.filter(backend=GIVEN_HOSTS).exclude(status=InstanceStatus.TERMINATED)
     if own_only:
         live = live.filter(project=project)
     if fleet is not None:

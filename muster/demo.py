@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIND = os.environ.get("MUSTER_DEMO_BIND", "127.0.0.1:8765")
 DSTACK_SSH_BIND = "127.0.0.1:2223"
+ENDPOINT_BIND = "127.0.0.1:8766"
 FIRST_ADDRESS = "127.0.0.6"
 
 
@@ -90,8 +91,10 @@ def main() -> int:
     data = tempfile.mkdtemp(prefix="muster-demo-")
     env = {**os.environ, "MUSTER_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "muster.settings",
            "MUSTER_LOCAL_FIRST_ADDRESS": os.environ.get("MUSTER_LOCAL_FIRST_ADDRESS", FIRST_ADDRESS),
-           # its own dstack SSH gateway port too, so it runs beside `make run` (which has 2222)
-           "MUSTER_DSTACK_SSH_BIND": os.environ.get("MUSTER_DSTACK_SSH_BIND", DSTACK_SSH_BIND)}
+           # its own dstack SSH gateway and services endpoint ports too, so it runs beside `make run`
+           # (which has 2222 and 8001)
+           "MUSTER_DSTACK_SSH_BIND": os.environ.get("MUSTER_DSTACK_SSH_BIND", DSTACK_SSH_BIND),
+           "MUSTER_ENDPOINT_BIND": os.environ.get("MUSTER_ENDPOINT_BIND", ENDPOINT_BIND)}
     env.pop("DATABASE_URL", None)
     env.pop("CELERY_BROKER_URL", None)
     manage = [sys.executable, str(ROOT / "manage.py")]

@@ -1,4 +1,5 @@
-"""`muster serve` / `make run`: web, one Celery worker and Celery beat as child processes.
+"""`muster serve` / `make run`: web, one Celery worker, Celery beat, the dstack CLI's SSH gateway
+and the services endpoint (serving/proxy/) as child processes.
 
 Ctrl-C (or SIGTERM) stops all three; a child that dies on its own is restarted. The worker and
 beat are the same ones production runs separately (docker-compose.yml); here they share the
@@ -58,6 +59,9 @@ def commands(bind: str, concurrency: int, dev: bool = False) -> dict[str, list[s
                  str(data_dir() / "celerybeat-schedule")],
         # the SSH gateway the dstack CLI follows logs through (MUSTER_DSTACK_SSH_BIND, set by serve())
         "gateway": _manage("dstack_gateway"),
+        # the services endpoint (MUSTER_ENDPOINT_BIND, set by serve()): /proxy/services/... streamed
+        # to the replicas, asynchronous, so a long stream holds no web worker
+        "endpoint": _manage("serve_endpoint"),
     }
 
 
@@ -85,7 +89,7 @@ def prepare(bootstrap: bool = True) -> None:
 # Django at once each got a quarter of the machine, and the web, whose master now loads the whole
 # app before its fork (--preload, muster/warm.py), answered last. Neither beat's first tick nor the
 # dstack CLI's SSH gateway is needed for the first request or for the worker's first task.
-START_LATER = ("beat", "gateway")
+START_LATER = ("beat", "gateway", "endpoint")
 START_LATER_LIMIT = 10.0
 
 
@@ -197,6 +201,20 @@ def gateway_bind(web_host: str, port: int | None = None) -> str:
     return f"{host}:{port or given_port or settings.MUSTER['DSTACK_SSH_PORT']}"
 
 
+def _reachable(host: str) -> str:
+    # a wildcard bind is reached through any of the machine's addresses; this one always works here
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+def endpoint_bind(web_host: str) -> str:
+    """Where the services endpoint listens: on the web's host at MUSTER_ENDPOINT_BIND's port (8001),
+    unless MUSTER_ENDPOINT_BIND was given, which names both."""
+    from django.conf import settings
+
+    given = os.environ.get("MUSTER_ENDPOINT_BIND", "")
+    return given or f"{web_host}:{settings.MUSTER['ENDPOINT_BIND'].rpartition(':')[2]}"
+
+
 def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = True, verbose: bool = False,
           dev: bool = False, gateway_port: int | None = None) -> int:
     """Start web, worker and beat and keep them running until SIGINT (exit status 130) or SIGTERM (0).
@@ -212,14 +230,19 @@ def serve(bind: str = "127.0.0.1:8000", concurrency: int = 2, bootstrap: bool = 
     host, _, port = bind.rpartition(":")
     # in the environment, so the web (which tells the CLI where to dial) and the gateway agree
     os.environ["MUSTER_DSTACK_SSH_BIND"] = gateway_bind(host, gateway_port)
-    # a wildcard bind is reached through any of the machine's addresses; this one always works here
-    url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
-    print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/", flush=True)
+    # likewise for the endpoint and the web, which redirects /proxy/services/... to it: services'
+    # URLs name where it listens unless the operator named a public URL (a TLS proxy's)
+    os.environ["MUSTER_ENDPOINT_BIND"] = endpoint_bind(host)
+    endpoint_host, _, endpoint_port = os.environ["MUSTER_ENDPOINT_BIND"].rpartition(":")
+    os.environ.setdefault("MUSTER_ENDPOINT_URL", f"http://{_reachable(endpoint_host)}:{endpoint_port}")
+    url = f"http://{_reachable(host)}:{port}"
+    print(f"Muster: console {url}/  API {url}/api/  docs {url}/api/docs/  admin {url}/admin/  "
+          f"services {os.environ['MUSTER_ENDPOINT_URL'].rstrip('/')}/proxy/services/", flush=True)
     logs: dict[str, Path] = {}
     if not verbose:
         log_dir = Path(settings.DATA_DIR) / "serve-logs"
         log_dir.mkdir(mode=0o700, exist_ok=True)
-        logs = {name: log_dir / f"{name}.log" for name in ("web", "worker", "beat", "gateway")}
+        logs = {name: log_dir / f"{name}.log" for name in ("web", "worker", "beat", "gateway", "endpoint")}
         print(f"logs: web, worker and beat write to {log_dir}/; here: warnings and run state changes "
               "(--verbose shows everything)", flush=True)
     # web, worker and beat share this machine: the worker gives way to the web (muster/celery.py)

@@ -369,6 +369,21 @@ MUSTER = {
     "DSTACK_SSH_RECHECK": env_float("MUSTER_DSTACK_SSH_RECHECK", 5.0),
     "DSTACK_SSH_PUBLIC_HOST": env_str("MUSTER_DSTACK_SSH_PUBLIC_HOST"),
     "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
+    # the services endpoint (serving/proxy/, docs/services.md): where it listens (`muster serve`: on
+    # the web's host, ENDPOINT_URL to match unless given), seconds to connect to a replica / of a
+    # replica's silence / for a client's headers or of its silence mid-body, bytes of a request
+    # body / of one header line, headers per request; a scale-to-zero service's wait for a replica,
+    # the routing table's re-read (the safety net under NOTIFY; SQLite's only way), a token's cache
+    "ENDPOINT_BIND": env_str("MUSTER_ENDPOINT_BIND", "127.0.0.1:8001"),
+    "ENDPOINT_CONNECT_TIMEOUT": env_float("MUSTER_ENDPOINT_CONNECT_TIMEOUT", 5.0),
+    "ENDPOINT_READ_TIMEOUT": env_float("MUSTER_ENDPOINT_READ_TIMEOUT", 300.0),
+    "ENDPOINT_CLIENT_TIMEOUT": env_float("MUSTER_ENDPOINT_CLIENT_TIMEOUT", 30.0),
+    "ENDPOINT_MAX_BODY": env_int("MUSTER_ENDPOINT_MAX_BODY", 64 << 20),
+    "ENDPOINT_MAX_HEADER": env_int("MUSTER_ENDPOINT_MAX_HEADER", 8190),
+    "ENDPOINT_MAX_HEADERS": env_int("MUSTER_ENDPOINT_MAX_HEADERS", 100),
+    "ENDPOINT_COLD_START_WAIT": env_float("MUSTER_ENDPOINT_COLD_START_WAIT", 120.0),
+    "ENDPOINT_ROUTES_REFRESH": env_float("MUSTER_ENDPOINT_ROUTES_REFRESH", 5.0),
+    "ENDPOINT_AUTH_CACHE": env_float("MUSTER_ENDPOINT_AUTH_CACHE", 5.0),
     # set in a settings file, not the environment: the gcp backend's defaults (the MUSTER_GCP_*
     # variables win, backends/gcp/config.py), and backends a deployment adds (name -> dotted class path)
     "GCP": {},

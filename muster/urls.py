@@ -1,12 +1,13 @@
 from django.contrib import admin
 from django.http import JsonResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.login import throttled
 from console.metrics import metrics_view
 from muster import disk, rows
+from serving.views import to_endpoint
 
 admin.site.site_header = "Muster administration"
 admin.site.site_title = "Muster admin"
@@ -43,5 +44,7 @@ urlpatterns = [
     # dstack's HTTP API, for the stock dstack CLI (docs/dstack-cli.md)
     path("dstack/", include("dstack_api.api.urls")),
     path("metrics", metrics_view, name="metrics"),
+    # services are served by the endpoint, a process of its own (serving/proxy/): this sends clients there
+    re_path(r"^proxy/services/", to_endpoint, name="service-proxy"),
     path("", include("console.urls")),
 ]

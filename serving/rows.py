@@ -20,3 +20,9 @@ def notify_routes(run_id: int) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(run_id)])
 
+
+
+async def listen_routes(aconnection) -> None:
+    """Subscribe a psycopg AsyncConnection (autocommit) to `notify_routes`'s channel; its
+    `notifies()` then yields one notification per committed change, payload the run id."""
+    await aconnection.execute(f"LISTEN {CHANNEL}")

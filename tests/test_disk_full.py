@@ -44,7 +44,7 @@ def served(small_data_dir, tmp_path):
     serve.start()
     # beat and the dstack gateway start once the web answers (muster/serve.py) and write their files
     # (the gateway its host key) as they start: the disk fills only once every child is up
-    wait_until(lambda: len(serve.children()) == 4 and (small_data_dir / "dstack-gateway-host-key").exists(),
+    wait_until(lambda: len(serve.children()) == 5 and (small_data_dir / "dstack-gateway-host-key").exists(),
                timeout=60, what="every child of muster serve started")
     yield serve
     serve.stop()

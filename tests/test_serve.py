@@ -78,8 +78,8 @@ def test_a_killed_worker_is_restarted_with_a_log_line_and_the_web_keeps_serving(
 
 
 def test_sigterm_stops_every_child(served):
-    children = wait_until(lambda: (c := served.children()) and len(c) == 4 and c, timeout=30, what="4 children")
-    assert sorted(children.values()) == ["beat", "gateway", "web", "worker"]
+    children = wait_until(lambda: (c := served.children()) and len(c) == 5 and c, timeout=30, what="5 children")
+    assert sorted(children.values()) == ["beat", "endpoint", "gateway", "web", "worker"]
     assert served.stop() == 0
     for pid in children:
         wait_until(lambda pid=pid: not alive(pid) and not group_members(pid), timeout=20,

@@ -73,7 +73,8 @@ def test_make_run_serves_on_the_bind_it_is_given(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     # a port of its own for the dstack SSH gateway: another suite's `make run` may hold the default
-    env.update(MUSTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1", MUSTER_DSTACK_SSH_BIND=f"127.0.0.1:{free_port()}")
+    env.update(MUSTER_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1", MUSTER_DSTACK_SSH_BIND=f"127.0.0.1:{free_port()}",
+               MUSTER_ENDPOINT_BIND=f"127.0.0.1:{free_port()}")
     log = tmp_path / "make.log"
     with log.open("wb") as out:
         make = subprocess.Popen(["make", "run", f"BIND=127.0.0.1:{port}"], cwd=ROOT, env=env, stdout=out,
@@ -93,7 +94,7 @@ def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MUSTER_DEMO_BIND": f"127.0.0.1:{port}", "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1",
-           "MUSTER_DSTACK_SSH_BIND": f"127.0.0.1:{free_port()}"}
+           "MUSTER_DSTACK_SSH_BIND": f"127.0.0.1:{free_port()}", "MUSTER_ENDPOINT_BIND": f"127.0.0.1:{free_port()}"}
     env.pop("MUSTER_DATA_DIR", None)
     log = tmp_path / "demo.log"
     with log.open("wb") as out:

@@ -33,7 +33,7 @@ def test_the_gateway_listens_on_the_bind_host_and_a_taken_port_is_said_once(tmp_
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "CELERY_BROKER_URL") and not k.startswith("MUSTER_DSTACK_SSH")}
     env.update({"MUSTER_DATA_DIR": str(tmp_path / "data"), "DJANGO_SETTINGS_MODULE": "muster.settings",
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1", "MUSTER_ENDPOINT_BIND": f"{HOST}:{free_port()}"})
     log_path = tmp_path / "serve.log"
     with log_path.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--bind", f"{HOST}:{web}", "--concurrency", "1",

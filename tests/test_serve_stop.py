@@ -22,7 +22,7 @@ def test_ctrl_c_says_so_at_once_stops_every_child_without_a_kill_and_exits_130(t
     try:
         name = serve.submit()
         wait_until(lambda: serve.status(name) == "done", timeout=120, what=f"run {name} done")
-        children = wait_until(lambda: (c := serve.children()) and len(c) == 4 and c, timeout=30, what="4 children")
+        children = wait_until(lambda: (c := serve.children()) and len(c) == 5 and c, timeout=30, what="5 children")
         worker_log = tmp_path / "data" / "serve-logs" / "worker.log"
         wait_until(lambda: "ready." in worker_log.read_text(errors="replace"), timeout=60, what="the worker ready")
 
@@ -32,9 +32,9 @@ def test_ctrl_c_says_so_at_once_stops_every_child_without_a_kill_and_exits_130(t
         serve.stop()
     log = serve.log()
     assert code == 130, log[-3000:]
-    said = log.find("muster serve: stopping web, worker, beat, gateway...")
+    said = log.find("muster serve: stopping web, worker, beat, gateway, endpoint...")
     assert said != -1, log[-3000:]
-    for child in ("web", "worker", "beat", "gateway"):
+    for child in ("web", "worker", "beat", "gateway", "endpoint"):
         assert log.find(f"muster serve: {child} stopped (") > said, log[-3000:]
     assert "did not stop in time" not in log and "killing it" not in log, log[-3000:]
     assert "signal 9" not in log, log[-3000:]

@@ -219,7 +219,7 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
-APP_SERVICES = ("web", "worker", "beat")
+APP_SERVICES = ("web", "worker", "beat", "endpoint")
 
 
 def _command(service: dict) -> str:
@@ -236,6 +236,7 @@ def test_compose_has_the_production_services(compose):
     assert _command(services["web"]).startswith("gunicorn muster.wsgi")
     assert _command(services["worker"]).startswith("celery -A muster worker")
     assert _command(services["beat"]).startswith("celery -A muster beat")
+    assert _command(services["endpoint"]).startswith("python manage.py serve_endpoint")
 
 
 def test_compose_builds_every_app_service_from_one_image_and_the_dockerfile(compose):

@@ -10,15 +10,18 @@ create is refused for good.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from typing import Any
 
+from django.conf import settings
 from google.cloud import tpu_v2
 
 from backends.base import (
     BackendError,
     Compute,
+    GroupPlan,
     GroupProgress,
     GroupWatch,
     InstanceOffer,
@@ -26,10 +29,10 @@ from backends.base import (
     RunnerHost,
     SliceInterruptedError,
 )
-from backends.gcp import tpu_client, tpu_create, tpu_multislice, tpu_nodes, tpu_offers, tpu_queued
+from backends.gcp import config, tpu_client, tpu_create, tpu_multislice, tpu_nodes, tpu_offers, tpu_queued
 from backends.gcp.tpu_client import TpuConfig
 from backends.gcp.tpu_nodes import SliceStatus
-from backends.tpu_shapes import parse_slice
+from backends.gcp.tpu_shapes import MEGASCALE_PORT, parse_slice
 
 # States a slice passes through on its way to READY; anything else while provisioning is fatal.
 _PENDING_STATES = tpu_nodes.PENDING_STATES
@@ -38,6 +41,62 @@ _PENDING_STATES = tpu_nodes.PENDING_STATES
 class GcpTpuCompute(Compute):
     name = "gcp"
     creates_groups = True
+    group_noun = "TPU slice"
+    dstack_name = "gcp"
+    own_fleet_keys = ("queued_resource", "reservation")
+    # the TPU runtime opens the chips' devices directly
+    privileged_by_default = True
+
+    @classmethod
+    def fleet_config(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        # the fleet's own zones/spot/runtime_version win over the server-wide GCP settings
+        return config.merged(settings.MUSTER["GCP"], configuration)
+
+    @classmethod
+    def kept_for_group(cls, configuration: dict[str, Any]) -> dict[str, Any]:
+        return config.kept_settings(configuration)
+
+    @classmethod
+    def group_config(cls, kept: dict[str, Any]) -> dict[str, Any]:
+        return config.with_kept(settings.MUSTER["GCP"], kept)
+
+    @classmethod
+    def plan_group(cls, requirements: dict[str, Any], hosts: int) -> GroupPlan | None:
+        # the slice decides the hosts, whatever the run counted
+        shape = parse_slice(str(((requirements or {}).get("gpu") or {}).get("tpu") or ""))
+        return GroupPlan(shape.hosts, shape.name) if shape is not None else None
+
+    @classmethod
+    def group_name(cls, run_name: str, group_name: str, attempt: str = "") -> str:
+        """A TPU node id: lowercase letters, digits and '-', starting with a letter, at most 63 chars."""
+        base = re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{group_name}".lower()).strip("-")
+        if not base or not base[0].isalpha():
+            base = f"pod-{base}".rstrip("-")
+        digest = hashlib.sha256(f"{run_name}\0{group_name}\0{attempt}".encode()).hexdigest()[:6]
+        # 63 minus "-" + 6 hex for the pod, minus "-NNNN" that instance names append.
+        return f"{base[:50].rstrip('-')}-{digest}"
+
+    @classmethod
+    def queued_view(cls, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        create = backend_data.get("create") or {}
+        if not create.get("queued"):
+            return None
+        return {"name": backend_data.get("queued_resource", ""), "zone": create.get("zone", ""),
+                "state": create.get("qr_state", ""), "since": create.get("since")}
+
+    @classmethod
+    def group_env(cls, hosts: list[str], index: int, backend_data: dict[str, Any]) -> dict[str, Any] | None:
+        """TPU_WORKER_ID and TPU_WORKER_HOSTNAMES within the host's slice; for a multislice set also
+        the slice, the number of slices and the coordinator (slice 0 worker 0), the same on every host."""
+        slices = int(backend_data.get("slices") or 1)
+        per_slice = len(hosts) // slices
+        mine = index // per_slice
+        spec: dict[str, Any] = {"worker_id": index % per_slice,
+                                "worker_hostnames": ",".join(hosts[mine * per_slice:(mine + 1) * per_slice])}
+        if slices > 1:
+            spec.update(num_slices=slices, slice_id=mine, coordinator_address=f"{hosts[0]}:{MEGASCALE_PORT}",
+                        megascale_port=MEGASCALE_PORT)
+        return spec
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)

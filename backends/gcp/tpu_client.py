@@ -17,7 +17,7 @@ from google.api_core.client_options import ClientOptions
 from google.cloud import tpu_v2
 
 from backends.base import BackendError
-from backends.tpu_shapes import FAMILIES
+from backends.gcp.tpu_shapes import FAMILIES
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

@@ -40,7 +40,7 @@ from backends.gcp.tpu_nodes import (
     node_spec,
     status_from_operation,
 )
-from backends.tpu_shapes import SliceShape, parse_slice
+from backends.gcp.tpu_shapes import SliceShape, parse_slice
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def advance_set(client: tpu_v2.TpuClient, cfg: TpuConfig, pod: str, slice_name: 
             else:
                 created = advance_slice(client, cfg, node_id, slice_name, labels, members[i])
         except BackendError as exc:
-            if getattr(exc, "transient", False):
+            if exc.transient:
                 statuses.append(None)  # the API did not answer about this slice: look again next time
                 continue
             raise _gang_failed(client, cfg, pod, slices, members, i, exc) from exc

@@ -14,7 +14,7 @@ from google.cloud import tpu_v2
 
 from backends.gcp.tpu_client import TpuConfig, node_name
 from backends.gcp.tpu_errors import TpuApiError, api_errors
-from backends.tpu_shapes import SliceShape
+from backends.gcp.tpu_shapes import SliceShape
 
 # States a node passes through on its way to READY.
 PENDING_STATES = frozenset(

@@ -9,7 +9,7 @@ from typing import Any
 
 from backends.base import InstanceOffer
 from backends.gcp.tpu_client import TpuConfig
-from backends.tpu_shapes import SliceShape, all_slices
+from backends.gcp.tpu_shapes import SliceShape, all_slices
 
 # Rough TPU VM host shapes (vCPUs, memory GB) from Google's public docs; v5e and v6e hosts differ
 # with the number of chips they carry.

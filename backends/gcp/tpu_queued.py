@@ -38,7 +38,7 @@ from backends.gcp.tpu_errors import (
     fix_for,
 )
 from backends.gcp.tpu_nodes import get_slice, node_spec
-from backends.tpu_shapes import SliceShape, parse_slice
+from backends.gcp.tpu_shapes import SliceShape, parse_slice
 
 # The request is still on its way to a slice (ACCEPTED is what WAITING_FOR_RESOURCES replaced).
 QUEUED_STATES = frozenset({"STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING"})

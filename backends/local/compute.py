@@ -26,6 +26,7 @@ def loopback_address(index: int) -> str:
 
 class LocalCompute(Compute):
     name = "local"
+    spot_note = "its instances are this machine"
 
     def get_offers(self, requirements: dict[str, Any]) -> list[InstanceOffer]:
         return [InstanceOffer(backend="local", region="local", instance_type="process", resources=local_resources())]

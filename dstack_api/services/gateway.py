@@ -24,9 +24,8 @@ from django.conf import settings
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
-from backends.ssh.address_policy import HostPolicy, host_policy, refusal
+from backends.registry import LOCAL_HOSTS, address_policy
 from dstack_api.models import UserSSHKey
-from instances.models import FleetBackend
 from projects.services import access
 from runs.models import Job
 from runs.services.attach import ATTACHABLE, job_ports
@@ -137,22 +136,22 @@ def address_refusal(instance) -> str:
         parsed = ipaddress.ip_address(ip)
     except ValueError:
         return f"the instance has no IP address ({ip!r})"
-    if instance.backend == FleetBackend.LOCAL:
+    if instance.backend == LOCAL_HOSTS:
         return "" if parsed.is_loopback else "a local instance's address must be loopback"
-    return refusal(ip, forward_policy())
+    return address_policy().refusal(ip, forward_policy())
 
 
 # link-local: the cloud's metadata service (169.254.169.254) and IPv6's equivalent
 FORWARD_DENY = ("169.254.0.0/16", "fe80::/10")
 
 
-def forward_policy() -> HostPolicy:
+def forward_policy():
     """The SSH host policy, tightened for forwards in every environment: a forward is a TCP connection
     the control plane makes on a member's word, and `muster serve` binds the gateway wherever the web
     listens (`make run BIND=0.0.0.0:8000` included), so outside production too it never reaches the
     server's own addresses (loopback included) or link-local ones, unless the operator names them
     (MUSTER_SSH_OWN_ADDRESSES_ALLOW, MUSTER_SSH_HOSTS_ALLOW)."""
-    policy = host_policy()
+    policy = address_policy().host_policy()
     named = policy.allow + policy.own_allow
     return replace(policy, deny_own=True,
                    deny=policy.deny + [net for net in FORWARD_DENY if net not in named])

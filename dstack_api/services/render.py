@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 
 from django.utils import timezone
 
+from backends.registry import dstack_name
 from dstack_api.services import gateway
 from dstack_api.services.access import WRITE_ROLES, dstack_role
 from dstack_api.services.ids import uuid_of
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus
+from instances.models import Fleet, FleetStatus, Instance, InstanceStatus
 from projects.models import Role
 from runs.choices import JobStatus, RunStatus
 from runs.models import Job, Run
@@ -23,7 +24,6 @@ from serving.urls_for import service_url
 
 FLEET_STATUS = {FleetStatus.PENDING: "submitted", FleetStatus.ACTIVE: "active", FleetStatus.FAILED: "failed",
                 FleetStatus.TERMINATING: "terminating"}
-BACKEND = {FleetBackend.SSH: "remote", FleetBackend.LOCAL: "remote", FleetBackend.GCP: "gcp"}
 # the words the CLI shows (and colours) in its STATUS column
 JOB_STATUS_MESSAGE = {JobStatus.SUBMITTED: "pending", JobStatus.TERMINATED: "stopped", JobStatus.ABORTED: "aborted"}
 
@@ -107,7 +107,7 @@ def _provisioning(job: Job) -> dict | None:
     instance = job.instance
     if instance is None:
         return None
-    return {"backend": BACKEND.get(instance.backend, "remote"), "instance_type": _instance_type(instance),
+    return {"backend": dstack_name(instance.backend), "instance_type": _instance_type(instance),
             "instance_id": instance.name, "hostname": instance.hostname or instance.internal_ip or instance.name,
             "internal_ip": instance.internal_ip or None, "region": instance.region or instance.backend,
             "price": instance.price, "username": instance.username or "root", "ssh_port": instance.port,
@@ -209,7 +209,7 @@ def run_object(run: Run, ssh_key_pub: str, jobs: list[Job] | None = None) -> dic
 def instance_object(instance: Instance, fleet: Fleet) -> dict:
     return {
         "id": uuid_of("instance", instance.pk), "project_name": fleet.project.name,
-        "backend": BACKEND.get(instance.backend, "remote"), "instance_type": _instance_type(instance),
+        "backend": dstack_name(instance.backend), "instance_type": _instance_type(instance),
         "name": instance.name, "fleet_id": uuid_of("fleet", fleet.pk), "fleet_name": fleet.name,
         "instance_num": instance.index, "hostname": instance.hostname or None, "status": instance.status,
         "unreachable": instance.unreachable, "termination_reason": instance.termination_reason or None,
@@ -243,6 +243,6 @@ def fleet_object(fleet: Fleet) -> dict:
 
 
 def offer(instance: Instance) -> dict:
-    return {"backend": BACKEND.get(instance.backend, "remote"), "instance": _instance_type(instance),
+    return {"backend": dstack_name(instance.backend), "instance": _instance_type(instance),
             "region": instance.region or instance.backend, "price": instance.price,
             "availability": "idle", "instance_runtime": "shim", "blocks": 1, "total_blocks": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from backends.tpu_shapes import MEGASCALE_PORT
+from backends.registry import compute_class
 from engine.nudges import is_service
 from engine.starting.ordering import probes_of
 from instances.models import GroupKind, InstanceStatus
@@ -95,18 +95,10 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
     return protocol.job_spec(**spec)
 
 
-def tpu_spec(instance) -> dict:
-    """TPU_WORKER_ID and TPU_WORKER_HOSTNAMES within the host's slice; for a multislice set also
-    the slice, the number of slices and the coordinator (slice 0 worker 0), the same on every host."""
-    ips = list(instance.group.instances.order_by("index").values_list("internal_ip", flat=True))
-    slices = int(instance.group.backend_data.get("slices") or 1)
-    hosts = len(ips) // slices
-    mine = instance.index // hosts
-    spec = {"worker_id": instance.index % hosts, "worker_hostnames": ",".join(ips[mine * hosts:(mine + 1) * hosts])}
-    if slices > 1:
-        spec.update(num_slices=slices, slice_id=mine, coordinator_address=f"{ips[0]}:{MEGASCALE_PORT}",
-                    megascale_port=MEGASCALE_PORT)
-    return spec
+def tpu_spec(instance) -> dict | None:
+    """What the job is told about its host's group, by the backend that made it (None: nothing)."""
+    hosts = list(instance.group.instances.order_by("index").values_list("internal_ip", flat=True))
+    return compute_class(instance.backend).group_env(hosts, instance.index, instance.group.backend_data)
 
 
 def group_image(job: Job) -> str | None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceGroup, InstanceStatus
+from backends.registry import GIVEN_HOSTS
+from instances.models import Fleet, FleetStatus, Instance, InstanceGroup, InstanceStatus
 from instances.queued import queued_view
 from muster.serializers import ModelSerializer, iso_time
 
@@ -96,7 +97,7 @@ class FleetSerializer(ModelSerializer):
         out = []
         for i in rows:
             row = {"name": i.name, "status": i.status, "internal_ip": i.internal_ip}
-            if fleet.backend == FleetBackend.SSH:
+            if fleet.backend == GIVEN_HOSTS:
                 row.update(hostname=i.hostname, port=i.port, registration=i.backend_data.get("registration"))
             out.append(row)
         return out

@@ -10,11 +10,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.registry import get_compute
+from backends import registry
 from engine import messages
 from events.services import record
 from instances.lookup import fleet_in_use
-from instances.models import Fleet, FleetBackend, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
+from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
 from instances.services import ssh_fleets
 from instances.transitions import move_fleet, move_instances
 from muster.api_errors import InvalidInput
@@ -61,15 +61,16 @@ def _apply(project: Project, conf: dict, actor: str, user) -> Fleet:
         fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)
         messages.register_fleet(fleet.id, actor)
         return fleet
-    backends = conf.get("backends") or ["local"]
-    if backends == ["local"]:
+    backends = conf.get("backends") or [registry.DEFAULT_BACKEND]
+    backend = registry.fleet_backend(backends)
+    if len(backends) == 1 and backend == registry.LOCAL_HOSTS:
         count = _fixed_nodes(conf, default=settings.MUSTER["LOCAL_FLEET_SIZE"])
         check_local_fleet(user, count)
         policy = {"allow_privileged": conf.get("allow_privileged", False), "volumes": conf.get("volumes") or {}}
         return create_local_fleet(project, name, count, placement=conf.get("placement") or Placement.ANY, actor=actor,
                                   policy=policy)
-    if backends == ["gcp"]:
-        return _create_cloud_fleet(project, conf, FleetBackend.GCP, actor)
+    if len(backends) == 1 and registry.creates_groups(backend):
+        return _create_cloud_fleet(project, conf, backend, actor)
     raise InvalidInput(["backends"], "use one backend per fleet: [local] or [gcp] (SSH hosts go in ssh_config)")
 
 
@@ -85,20 +86,21 @@ def _fixed_nodes(conf: dict, default: int) -> int:
 def create_local_fleet(project: Project, name: str, count: int, placement: str = "cluster", actor: str = "server",
                        policy: dict | None = None) -> Fleet:
     """`policy`: the fleet's container keys (allow_privileged, volumes), else the defaults (neither)."""
-    compute = get_compute("local", {"first_index": _next_local_index()})
+    compute = registry.get_compute(registry.LOCAL_HOSTS, {"first_index": _next_local_index()})
     offer = compute.get_offers({})[0]
     names = [f"{name}-{i}" for i in range(count)]
     records = compute.create_instances(offer, count, names)
     with transaction.atomic():
         fleet = Fleet.objects.create(
-            project=project, name=name, backend=FleetBackend.LOCAL, placement=placement,
-            configuration={"type": "fleet", "name": name, "backends": ["local"], "nodes": count, **(policy or {})},
+            project=project, name=name, backend=registry.LOCAL_HOSTS, placement=placement,
+            configuration={"type": "fleet", "name": name, "backends": [registry.LOCAL_HOSTS], "nodes": count,
+                           **(policy or {})},
             network="127.0.0.0/8",
         )
         for inst_name, rec in zip(names, records, strict=True):
             inst = Instance.objects.create(
                 project=project, fleet=fleet, name=inst_name, status=InstanceStatus.IDLE,
-                backend=FleetBackend.LOCAL, region="local", hostname=rec.hostname, internal_ip=rec.internal_ip,
+                backend=registry.LOCAL_HOSTS, region=rec.region, hostname=rec.hostname, internal_ip=rec.internal_ip,
                 resources=rec.resources or {}, backend_data=rec.backend_data, index=rec.worker_index,
                 idle_since=timezone.now(),
             )
@@ -110,8 +112,8 @@ def create_local_fleet(project: Project, name: str, count: int, placement: str =
 
 def _next_local_index() -> int:
     # Loopback addresses are machine-wide, so they stay unique across projects.
-    used = Instance.objects.filter(backend=FleetBackend.LOCAL).exclude(status=InstanceStatus.TERMINATED).count()
-    last = Instance.objects.filter(backend=FleetBackend.LOCAL).order_by("-id").first()
+    used = Instance.objects.filter(backend=registry.LOCAL_HOSTS).exclude(status=InstanceStatus.TERMINATED).count()
+    last = Instance.objects.filter(backend=registry.LOCAL_HOSTS).order_by("-id").first()
     return max(_index_of(settings.MUSTER["LOCAL_FIRST_ADDRESS"]), used, _index_of(last.internal_ip) + 1 if last else 0)
 
 
@@ -171,7 +173,8 @@ def delete_instances(fleet: Fleet, indexes: list[int], actor: str = "api") -> li
                                                   f"{sorted({inst.index for inst in live})}")
         sliced = next((inst for inst in chosen if inst.group and inst.group.kind == GroupKind.TPU_POD), None)
         if sliced is not None:
-            raise InvalidInput(["instance_nums"], f"instance {sliced.name} is a host of TPU slice {sliced.group.name}, "
+            noun = registry.group_noun(sliced.group)
+            raise InvalidInput(["instance_nums"], f"instance {sliced.name} is a host of {noun} {sliced.group.name}, "
                                                   "which is deleted whole: delete the fleet, or the slice "
                                                   f"(`DELETE instance-groups/{sliced.group.name}/`, docs/tpu.md)")
         in_use = "Failed to delete fleet {} instances {}. Fleet instances are in use: {}"  # dstack's words, then ours

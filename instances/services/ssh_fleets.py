@@ -10,8 +10,9 @@ from collections import Counter
 
 from django.db import IntegrityError, transaction
 
+from backends.registry import GIVEN_HOSTS
 from events.services import record
-from instances.models import Fleet, FleetBackend, FleetStatus, Instance, InstanceStatus, Placement
+from instances.models import Fleet, FleetStatus, Instance, InstanceStatus, Placement
 from instances.ssh_hosts import refuse_registered_elsewhere
 from muster import crypto
 from muster.api_errors import InvalidInput
@@ -32,14 +33,14 @@ def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     try:
         with transaction.atomic():
             refuse_registered_elsewhere(project, hosts, own_only=True)  # again: a concurrent apply may have won
-            fleet = Fleet(project=project, name=name, backend=FleetBackend.SSH, status=FleetStatus.PENDING,
+            fleet = Fleet(project=project, name=name, backend=GIVEN_HOSTS, status=FleetStatus.PENDING,
                           placement=conf.get("placement") or Placement.ANY, configuration=_stored_configuration(conf))
             fleet.private_key = fleet_key
             fleet.save()
             for i, host in enumerate(hosts):
                 Instance.objects.create(
                     project=project, fleet=fleet, index=i, name=f"{name}-{i}", status=InstanceStatus.PENDING,
-                    backend=FleetBackend.SSH, hostname=host["hostname"], port=host["port"], username=host["user"],
+                    backend=GIVEN_HOSTS, hostname=host["hostname"], port=host["port"], username=host["user"],
                     host_key=host.get("host_key") or "",  # given: the host must present exactly this key
                     private_key_encrypted=crypto.encrypt(host["private_key"]) if host["private_key"] != fleet_key else "",
                     # A runner home of its own per instance, named by nothing another fleet or project can

@@ -15,11 +15,11 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-PRIVILEGED_BY_DEFAULT = ("gcp",)
+from backends.registry import compute_class
 
 
 def default_allow_privileged(backend: str) -> bool:
-    return backend in PRIVILEGED_BY_DEFAULT
+    return compute_class(backend).privileged_by_default
 
 
 def fleet_policy(configuration: dict[str, Any], backend: str) -> dict[str, Any]:

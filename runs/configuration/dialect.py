@@ -15,19 +15,19 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
+from backends.registry import written_names
+
 from .durations import parse_duration, parse_optional_duration
 from .errors import ErrorList
 from .fields import WrittenModel
 
 PYTHON_VERSIONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
-# Every backend a dstack configuration may name; Muster has the last three (`remote` is how
-# dstack names SSH fleets).
-DSTACK_BACKENDS = (
+# Every backend a dstack configuration may name that Muster has not; Muster's own (and a
+# deployment's extra ones) are the registry's (backends/registry.py: written_names).
+DSTACK_ONLY_BACKENDS = (
     "amddevcloud", "aws", "azure", "cloudrift", "crusoe", "cudo", "datacrunch", "digitalocean", "dstack",
-    "gcp", "hotaisle", "kubernetes", "lambda", "nebius", "oci", "runpod", "tensordock", "vastai",
-    "verda", "vultr", "local", "remote", "ssh",
+    "hotaisle", "kubernetes", "lambda", "nebius", "oci", "runpod", "tensordock", "vastai", "verda", "vultr",
 )  # fmt: skip
-MUSTER_BACKENDS = ("gcp", "local", "remote", "ssh")
 SUPPORTED_BACKENDS_TEXT = "gcp (TPU fleets), local and ssh fleets (dstack's `remote`)"
 _UNIX_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(?::[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
 
@@ -244,17 +244,17 @@ def check_backends(value: list[str] | None, lacking_ok: bool = False) -> list[st
     if value is None:
         return None
     for name in value:
-        if name not in DSTACK_BACKENDS:
+        if name not in DSTACK_ONLY_BACKENDS and name not in written_names():
             raise ValueError(f"unknown backend `{name}`: Muster supports {SUPPORTED_BACKENDS_TEXT}")
-        if name not in MUSTER_BACKENDS and not lacking_ok:
+        if name not in written_names() and not lacking_ok:
             raise ValueError(f"Muster has no `{name}` backend: it supports {SUPPORTED_BACKENDS_TEXT}")
     return list(dict.fromkeys(value))
 
 
 def backends_warning(backends: list[str]) -> str:
     """What a task's `backends` does here: it keeps the run to fleets of those kinds."""
-    lacking = [name for name in backends if name not in MUSTER_BACKENDS]
-    kept = [name for name in backends if name in MUSTER_BACKENDS]
+    lacking = [name for name in backends if name not in written_names()]
+    kept = [name for name in backends if name in written_names()]
     if not lacking:
         return f"{', '.join(backends)}: the run goes only to the project's fleets of these kinds"
     missing = ", ".join(f"`{name}`" for name in lacking)

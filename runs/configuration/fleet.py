@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from backends.registry import compute_class, fleet_backend
+
 from .container_policy import default_allow_privileged
 from .dialect import SpotPolicy
 from .documents import load_document
@@ -28,9 +30,6 @@ DEFAULT_IDLE_DURATION = 72 * 3600
 CLOUD_KEYS = ("nodes", "resources", "spot", "zones", "regions", "idle_duration", "runtime_version",
               "queued_resource")
 
-Backend = Literal["gcp", "local"]
-
-
 class VolumePolicy(CheckedModel):
     allowed_prefixes: list[str] = []  # host paths a run's volumes may mount; none by default
 
@@ -40,7 +39,7 @@ class FleetConfiguration(CheckedModel):
     name: str
     placement: Placement
     ssh_config: SSHConfig | None
-    backends: list[Backend] | None
+    backends: list[str] | None  # backend names (backends/registry.py), checked as written
     nodes: IntRange | None  # cloud fleets: how many instances
     resources: Resources | None  # cloud fleets
     spot: bool
@@ -132,16 +131,20 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
                 warnings.append({"field": ["spot_policy"], "message": (
                     "spot_policy: auto creates on-demand capacity here: Muster does not fall back "
                     "between spot and on-demand; write spot to ask for spot capacity")})
-            if "local" in fleet.backends and fleet.spot_policy != "on-demand":
-                warnings.append({"field": ["spot_policy"], "message": (
-                    f"spot_policy: {fleet.spot_policy} ignored on a local fleet: its instances are this machine")})
-    backend = "ssh" if fleet.ssh_config is not None else (fleet.backends or ["local"])[0]
+            for name in fleet.backends:
+                note = compute_class(fleet_backend([name])).spot_note
+                if note and fleet.spot_policy != "on-demand":
+                    warnings.append({"field": ["spot_policy"], "message": (
+                        f"spot_policy: {fleet.spot_policy} ignored on a {name} fleet: {note}")})
+    backend = fleet_backend(fleet.backends, given_hosts=fleet.ssh_config is not None)
     allow_privileged = default_allow_privileged(backend) if fleet.allow_privileged is None else fleet.allow_privileged
     if default_allow_privileged(backend) and fleet.allow_privileged is False:
         errors.add(["allow_privileged"], "a gcp fleet's containers run privileged: the TPU runtime opens the "
                    "chips' devices directly; leave allow_privileged out (true) or remove `image` from its runs")
-    queued = fleet.backends is not None and "gcp" in fleet.backends and fleet.queued_resource is not None
-    if fleet.queued_resource is not None and fleet.backends is not None and "gcp" not in fleet.backends:
+    queued_ok = fleet.backends is not None and any(
+        "queued_resource" in compute_class(fleet_backend([name])).own_fleet_keys for name in fleet.backends)
+    queued = queued_ok and fleet.queued_resource is not None
+    if fleet.queued_resource is not None and fleet.backends is not None and not queued_ok:
         errors.add(["queued_resource"], "queued_resource is for gcp fleets (backends: [gcp]): remove it here")
     for key, note in _FLEET_NOTES.items():
         if key == "reservation" and queued:

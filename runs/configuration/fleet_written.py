@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, field_validator
 
+from backends.registry import compute_class, fleet_backend
+
 from .container_policy import check_prefix
 from .dialect import SpotPolicy, TerminationPolicy, check_backends, check_max_price
 from .durations import parse_duration, parse_optional_duration
@@ -118,7 +120,7 @@ class _FleetInput(WrittenModel):
         if value is not None and not value:
             raise ValueError("list at least one backend (gcp or local)")
         value = check_backends(value)
-        if value is not None and any(b in ("ssh", "remote") for b in value):
+        if value is not None and any(compute_class(fleet_backend([b])).given_hosts for b in value):
             raise ValueError("an ssh fleet is written with `ssh_config` (its hosts), not `backends`")
         return value
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Collection
 
-from backends.tpu_shapes import SliceShape, looks_like_slice, parse_slice, valid_sizes_message
+from backends.registry import SliceShape, looks_like_slice, parse_slice, valid_sizes_message
 
 from .errors import ErrorList
 from .gpus import VENDOR_ALIASES, VENDORS, canonical_name, known_names, name_key, vendor_of

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.tpu_shapes import parse_slice
+from backends.registry import parse_slice
 
 from .gpus import name_key
 

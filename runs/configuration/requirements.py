@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from backends.tpu_shapes import SliceShape, parse_slice
+from backends.registry import SliceShape, parse_slice
 
 CpuArch = Literal["x86", "arm"]
 GpuVendor = Literal["nvidia", "amd", "google", "intel"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from backends.tpu_shapes import SliceShape
+from backends.registry import SliceShape
 
 from .envs import parse_env, resolve_env
 from .errors import ConfigurationError, ErrorList

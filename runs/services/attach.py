@@ -21,7 +21,7 @@ import re
 
 from django.db import transaction
 
-from instances.models import FleetBackend
+from backends.registry import GIVEN_HOSTS, LOCAL_HOSTS
 from muster.api_errors import InvalidInput
 from runs.choices import JOB_ATTACHABLE as ATTACHABLE
 from runs.models import AttachGrant, Job, Run
@@ -82,9 +82,9 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
     ports = job_ports(job)
     info = {"job": job_num, "backend": inst.backend, "ip": inst.internal_ip, "ports": ports,
             "node_group_name": job.node_group_name, "node_group_rank": job.node_group_rank}
-    if inst.backend == FleetBackend.LOCAL:
+    if inst.backend == LOCAL_HOSTS:
         return info  # the job listens on this machine's loopback: nothing to forward
-    if inst.backend != FleetBackend.SSH:
+    if inst.backend != GIVEN_HOSTS:
         raise InvalidInput(["job"], f"attach reaches jobs on ssh and local fleets; this job is on {inst.backend}")
     if not ports:
         raise InvalidInput(["job"], f"job {job_num} has no ports to forward: list them under `ports`")

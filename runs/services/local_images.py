@@ -15,9 +15,9 @@ other: it goes to a fleet that fits, or the plan's capacity says per fleet why n
 
 from __future__ import annotations
 
-from backends.local.host import local_docker
+from backends.registry import LOCAL_HOSTS, local_docker
 from instances import docker_facts, fitting
-from instances.models import FleetBackend, Instance, InstanceStatus
+from instances.models import Instance, InstanceStatus
 from projects.models import Project
 from runs.configuration import ConfigurationError, TaskConfiguration
 
@@ -29,7 +29,7 @@ def check(project: Project, conf: TaskConfiguration) -> None:
     if not groups:
         return
     fleets = fitting.fleets_for(project.pk, conf.fleets or [])
-    local = [f for f in fleets if f.backend == FleetBackend.LOCAL]
+    local = [f for f in fleets if f.backend == LOCAL_HOSTS]
     if not local:
         return
     found = local_docker()

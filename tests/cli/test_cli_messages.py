@@ -67,8 +67,8 @@ def test_a_run_that_does_not_exist_is_named_with_its_project(muster, live_server
 def test_a_configuration_without_type_says_type_is_missing(muster, live_server, tmp_path):  # noqa: F811
     plan = muster("plan", "-f", write(tmp_path, "commands: [echo]\n"))
     assert plan.returncode == 1
-    assert _errors(plan) == [f"error: {tmp_path / 'task.yml'}: missing `type:`: write `type: task` (a run) "
-                             "or `type: fleet`"]
+    assert _errors(plan) == [f"error: {tmp_path / 'task.yml'}: missing `type:`: write `type: task` (a run), "
+                             "`type: service` or `type: fleet`"]
     assert "None" not in muster("apply", "-f", write(tmp_path, "type:\ncommands: [echo]\n"), "-y").stderr
 
     request = urllib.request.Request(
@@ -79,7 +79,7 @@ def test_a_configuration_without_type_says_type_is_missing(muster, live_server, 
         urllib.request.urlopen(request, timeout=30)
     assert answer.value.code == 400
     assert json.loads(answer.value.read())["errors"] == [
-        {"loc": ["type"], "msg": "missing `type:`: write `type: task`"}]
+        {"loc": ["type"], "msg": "missing `type:`: write `type: task` or `type: service`"}]
 
 
 def test_a_yaml_error_is_one_line_naming_the_file_and_line(muster, tmp_path):  # noqa: F811

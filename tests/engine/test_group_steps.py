@@ -45,7 +45,7 @@ class FakeCloud:
 def cloud(monkeypatch):
     fake = FakeCloud()
     for module in (groups, pods, pod_watch):
-        monkeypatch.setattr(module, "get_compute", lambda *args, **kwargs: fake)
+        monkeypatch.setattr(module, "compute_for_group", lambda *args, **kwargs: fake)
     return fake
 
 

@@ -8,7 +8,7 @@ from http import HTTPStatus
 
 from google.cloud import tpu_v2
 
-from backends.tpu_shapes import parse_slice
+from backends.gcp.tpu_shapes import parse_slice
 from tests.fake_tpu.errors import FakeApiError
 
 HostAddresses = list[str] | Callable[[str, int], list[str]]

@@ -10,7 +10,7 @@ from http import HTTPStatus
 from google.cloud import tpu_v2
 from google.rpc import status_pb2
 
-from backends.tpu_shapes import parse_slice
+from backends.gcp.tpu_shapes import parse_slice
 from tests.fake_tpu.errors import FakeApiError
 from tests.fake_tpu.nodes import NodeRecord
 

@@ -13,7 +13,7 @@ import pytest
 from backends.base import BackendError, NoCapacityError
 from backends.gcp import tpu_client, tpu_create, tpu_errors, tpu_nodes, tpu_offers
 from backends.gcp.compute import GcpTpuCompute
-from backends.tpu_shapes import FAMILIES
+from backends.gcp.tpu_shapes import FAMILIES
 from tests.fake_tpu import fake_tpu  # noqa: F401
 from tests.waiting import wait_until
 

@@ -14,6 +14,7 @@ import yaml
 from django.utils import timezone
 
 from backends.base import BackendError
+from backends.gcp.compute import GcpTpuCompute
 from backends.gcp.config import env_settings
 from backends.gcp.tpu_client import TpuConfig
 from backends.registry import fleet_backend_config, get_compute
@@ -97,7 +98,7 @@ def test_server_wide_gcp_settings_can_come_from_the_environment(tmp_path):
 
 def test_pod_names_are_valid_tpu_node_ids():
     for run, group in [("Run_1", "default"), ("9lives", "g"), ("a" * 80, "default")]:
-        name = pods.pod_name(run, group)
+        name = GcpTpuCompute.group_name(run, group)
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 57, name
 
 
@@ -199,9 +200,9 @@ def test_the_gcp_backend_says_it_creates_groups_without_any_settings_and_checks_
 
 
 def test_pod_names_are_the_same_for_one_attempt_and_differ_between_attempts():
-    assert pods.pod_name("train", "default", "7/0/0") == pods.pod_name("train", "default", "7/0/0")
-    assert pods.pod_name("train", "default", "7/0/0") != pods.pod_name("train", "default", "7/0/1")
-    assert pods.pod_name("train", "default", "7/0/0") != pods.pod_name("train", "default", "8/0/0")
+    assert GcpTpuCompute.group_name("train", "default", "7/0/0") == GcpTpuCompute.group_name("train", "default", "7/0/0")
+    assert GcpTpuCompute.group_name("train", "default", "7/0/0") != GcpTpuCompute.group_name("train", "default", "7/0/1")
+    assert GcpTpuCompute.group_name("train", "default", "7/0/0") != GcpTpuCompute.group_name("train", "default", "8/0/0")
 
 
 @pytest.mark.parametrize("reached_the_api", [True, False])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.gcp.shape_table import render
-from backends.tpu_shapes import parse_slice
+from backends.gcp.tpu_shapes import parse_slice
 from tests.conftest import EXAMPLES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tpu.md"

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from backends.registry import LOCAL_HOSTS
 from instances.models import Fleet, Placement
 from instances.services.fleets import create_local_fleet
 from muster.files import write_private
@@ -36,8 +37,9 @@ class Command(BaseCommand):
         Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
         if not settings.MUSTER["LOCAL_BACKEND"]:
             no_fleet = True  # production without MUSTER_LOCAL_BACKEND: no shell on the control plane
-        if not no_fleet and not Fleet.objects.filter(project=project, name="local").exists():
-            create_local_fleet(project, "local", settings.MUSTER["LOCAL_FLEET_SIZE"], placement=Placement.CLUSTER)
+        # the first fleet is named after its backend: this machine's hosts
+        if not no_fleet and not Fleet.objects.filter(project=project, name=LOCAL_HOSTS).exists():
+            create_local_fleet(project, LOCAL_HOSTS, settings.MUSTER["LOCAL_FLEET_SIZE"], placement=Placement.CLUSTER)
         # Only a token's hash is kept, so it is printed when made; later runs cannot show it again.
         live = user.api_tokens.exclude(expires__lte=timezone.now())
         if live.exists():
