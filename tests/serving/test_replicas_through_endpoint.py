@@ -61,3 +61,32 @@ def test_a_replica_whose_probe_fails_gets_no_request_until_it_passes_again(
     assert {requests.get(where + "ok", headers=auth, timeout=10).status_code for _ in range(12)} == {200}
     ok.write_text("ok\n")
     wait_until(lambda: len(ready("web")) == 2, 30, "the replica back in the pool")
+
+
+class Scaler(Beat):
+    """Beat's scaling tick (muster/celery.py), sent to the worker."""
+
+    interval = 0.5
+
+    def tick(self) -> None:
+        from engine import tasks
+
+        tasks.scale_services.apply_async(expires=5)
+
+
+def test_the_first_request_to_a_service_at_zero_waits_for_the_replica_it_brings_up(
+        fast_limits, celery_worker, superuser_api, endpoint, django_user_model, tmp_path):  # noqa: F811
+    local_project_fleet(size=1)
+    scaling = "scaling:\n  metric: rps\n  target: 5\n  scale_up_delay: 0s\n  scale_down_delay: 1h\n"
+    answer = superuser_api.post("/api/projects/main/runs/", {"configuration": service_yaml(
+        "web", tmp_path, replicas="0..1", extra=scaling, port=free_port())}, format="json")
+    assert answer.status_code == 201, answer.json()
+    wait_until(lambda: superuser_api.get("/api/projects/main/runs/web/").json()["status"] == "running", 30,
+               "running at zero replicas")
+    assert not ready("web")
+    key = token_for(django_user_model.objects.get(username="root"))
+    with Scaler():
+        got = requests.get(f"{endpoint.url}/proxy/services/main/web/version",
+                           headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    assert (got.status_code, got.text.strip()) == (200, "v1")
+    assert len(ready("web")) == 1
