@@ -18,8 +18,9 @@ from functools import partial
 from engine import messages
 from runs import rows
 from runs.choices import FAILING_REASONS, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
-from runs.configuration.stored import run_configuration
+from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
+from serving.rows import notify_routes
 
 
 def may_change_run(job: Job, to: str, reason: str) -> bool:
@@ -52,7 +53,7 @@ def matters_only_last(job: Job, to: str, reason: str) -> bool:
     if not ended_without_failure(to, reason):
         return False
     run = job.run
-    if run.restarts:
+    if run.restarts or is_service(run):  # a service's replica ending is acted on at once (replaced, rolled on)
         return False
     return not (job.job_num == 0 and run_configuration(run).stop_criteria == "master-done")
 
@@ -88,3 +89,36 @@ def jobs_moved(run: Run, jobs: list[Job], to: str, reason: str) -> None:
         messages.process_run_if(run.pk, partial(derive_due, run.pk, run))
     else:
         messages.process_run(run.pk)
+
+
+def is_service(run: Run) -> bool:
+    return isinstance(run_configuration(run), StoredService)
+
+
+def routes_change(job: Job, to: str, fields: dict) -> bool:
+    """Whether moving `job` to `to` writing `fields` may change its service's ready set (the
+    endpoint's pool: running, not superseded, ready_at set; serving/replicas.py): its readiness set
+    or cleared, a drain begun, or a ready replica leaving `running`. Never for a task's job."""
+    if not is_service(job.run):
+        return False
+    if "ready_at" in fields or "drain_at" in fields:
+        return True
+    return job.ready_at is not None and job.status == JobStatus.RUNNING and to != JobStatus.RUNNING
+
+
+def routes_moved(job: Job) -> None:
+    """In the transaction of the move routes_change said yes to: the endpoints re-read the
+    service's replicas once it commits, and the run is derived again (a rolling update waits for a
+    new replica to be ready; a replica that stopped serving may need replacing)."""
+    notify_routes(job.run_id)
+    messages.process_run(job.run_id)
+
+
+def run_routes_end(run: Run, to: str) -> bool:
+    """Whether moving `run` to `to` takes its service out of the endpoint (it stops or ends)."""
+    return to in (RunStatus.TERMINATING, *RUN_FINISHED) and is_service(run)
+
+
+def routes_ended(run: Run) -> None:
+    """In the transaction of the run's move run_routes_end said yes to."""
+    notify_routes(run.pk)

@@ -1,7 +1,8 @@
 """The run processor: derives a run's status from its jobs, tears down, retries, finishes.
 
 `process_run` is the body of an idempotent task, nudged after every job transition and swept by
-beat. Failure of any job tears the whole run down (or resubmits it under the retry policy).
+beat. Failure of any job tears the whole run down (or resubmits it under the retry policy). A
+service is kept at its replicas instead (engine/replicas/keep.py): it runs until it is stopped.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from django.utils import timezone
 
 from engine import claims, failure_policy, messages, outcome, restarts
 from engine.finishing import end_active_jobs
+from engine.replicas import keep
+from engine.replicas import rows as replica_rows
 from events.models import Event
 from events.services import record
 from muster import compiled
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunReason, RunStatus, StopRequest
-from runs.configuration.stored import run_configuration
+from runs.configuration.stored import StoredService, run_configuration
 from runs.job_rows import create_jobs
 from runs.limits import retry_duration
 from runs.models import Job, Run
@@ -78,10 +81,19 @@ def _derive(run: Run, lease: Lease) -> None:
     jobs = _JOBS.all(run.pk)
     for job in jobs:
         job.run = run  # as run.jobs would: one run object, not a read per job
+    service = isinstance(run_configuration(run), StoredService)
     if run.stop_requested:
         reason = JobReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else JobReason.TERMINATED_BY_USER
         run_reason = RunReason.ABORTED_BY_USER if run.stop_requested == StopRequest.ABORT else RunReason.STOPPED_BY_USER
+        if service:
+            replica_rows.leave_pool(jobs, "the service stops")
         _teardown(run, reason, RunStatus.TERMINATED, run_reason, jobs=jobs, lease=lease)
+        return
+    if service:  # a service runs until it is stopped: its replicas are kept, not derived from
+        cause = keep.keep(run, jobs, lease)
+        if cause is not None:  # a failure its retry does not replace: the service fails, as a task's run
+            replica_rows.leave_pool(jobs, f"replica {cause.node_group_name}/{cause.replica_num} failed")
+            _fail_or_retry(run, cause, jobs, lease, retry=False)
         return
     failed = [j for j in jobs if j.termination_reason in FAILING_REASONS]
     ignored: set[int] = set()
@@ -121,9 +133,10 @@ def _derive(run: Run, lease: Lease) -> None:
             move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], lease=lease)
 
 
-def _fail_or_retry(run: Run, cause: Job, jobs: list[Job], lease: Lease) -> None:
-    """A failure no rule of its group took: the run's `retry`, else the run fails."""
-    if _retry_allowed(run, cause.termination_reason):
+def _fail_or_retry(run: Run, cause: Job, jobs: list[Job], lease: Lease, retry: bool = True) -> None:
+    """A failure no rule of its group took: the run's `retry`, else the run fails (`retry` False: a
+    service's replica, which its own replacement would have retried: keep.py)."""
+    if retry and _retry_allowed(run, cause.termination_reason):
         _teardown(run, JobReason.TERMINATED_BY_SERVER, RunStatus.PENDING, "", retry=True, cause=cause, jobs=jobs,
                   lease=lease)
     else:

@@ -17,6 +17,7 @@ from engine import (
     ssh_registration,
     sweeps,
 )
+from engine.replicas import scaling
 from engine.running import watch
 from engine.starting import advance
 from engine.submitted import provision
@@ -66,6 +67,11 @@ def watch_running() -> None:
 def sweep() -> dict[str, int]:
     # what it found is returned so /metrics can count recoveries (console/taskstats.py)
     return sweeps.sweep()
+
+
+@shared_task(priority=NEXT)
+def scale_services() -> int:
+    return scaling.scale_services()
 
 
 @shared_task

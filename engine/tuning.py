@@ -61,3 +61,8 @@ STARTING_RECHECK = 0.25
 # characters of a no-capacity explanation kept on the job: the whole of it for any real project,
 # while a run with thousands of groups cannot make every job row (and API answer) megabytes long
 NO_CAPACITY_MESSAGE_LIMIT = 4000
+
+# seconds: the longest a replica taken out of a service's pool keeps running before its stop, whatever
+# MUSTER_DRAIN_DELAY says: a drain holds a host and a rolling update's next step, and a request still
+# running after ten minutes is a stream the stop's grace period ends anyway
+MAX_DRAIN_DELAY = 600.0

@@ -45,6 +45,7 @@ def _beat_schedule() -> dict:
     poll = float(settings.MUSTER["JOB_POLL_INTERVAL"])
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
     pods = float(settings.MUSTER["POD_POLL_INTERVAL"] or 5 * poll)
+    scaling = float(settings.MUSTER["SCALING_INTERVAL"])
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
         "sweep": {"task": "engine.tasks.sweep", "schedule": every, "options": {"expires": every}},
@@ -56,6 +57,9 @@ def _beat_schedule() -> dict:
         # is the only thing that looks at them, so a tick waits out a short backlog: dropped after
         # one interval, a busy queue dropped every tick and no preemption was noticed (make chaos)
         "pods": {"task": "engine.tasks.watch_pods", "schedule": pods, "options": {"expires": 10 * pods}},
+        # each scaled service's requests sampled and its replicas set to follow them (engine/replicas/scaling.py);
+        # a lost tick is made up by the next (it is its own sweep)
+        "scaling": {"task": "engine.tasks.scale_services", "schedule": scaling, "options": {"expires": scaling}},
         # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/log_storage.py)
         "logs": {"task": "engine.tasks.sweep_logs", "schedule": logs, "options": {"expires": logs}},
     }

@@ -108,6 +108,11 @@ class Job(Claimable):
     replica_num = models.IntegerField(default=0)
     # The run's deployment_num this job was made for (a rolling update replaces older ones).
     deployment_num = models.IntegerField(default=0)
+    # A service's replica: when it was first ready (a replica that was ready once is not ended by
+    # its ready_timeout when a probe fails later: it only leaves the pool), and when the engine took
+    # it out of the pool to remove it (a rolling update, a scale-down): it is stopped a drain delay later.
+    first_ready_at = models.DateTimeField(null=True, blank=True)
+    drain_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

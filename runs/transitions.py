@@ -40,11 +40,12 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     reason = fields.get("termination_reason", "")
     starts_run = to == JobStatus.RUNNING and job.run.status in (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
     ends = _ends(to, now, fields)
+    routes = nudges.routes_change(job, to, fields)  # a service's ready set: the endpoints are told in here
     # The move and its event are one statement on PostgreSQL (update_and_record), atomic on its own;
-    # a transaction only when the run moves with it. The caller's when there is one, without a
-    # savepoint (two statements less): an error in here ends the caller's transaction anyway, as
-    # it does move_instances'.
-    with transaction.atomic(savepoint=False) if starts_run else nullcontext():
+    # a transaction only when the run moves with it or the endpoints are told. The caller's when there
+    # is one, without a savepoint (two statements less): an error in here ends the caller's
+    # transaction anyway, as it does move_instances'.
+    with transaction.atomic(savepoint=False) if starts_run or routes else nullcontext():
         touched = update_row_and_record(
             Job, job.pk, {"status__in": frm, **held},
             {"status": to, "status_changed_at": now, **freed, **fields, **ends},
@@ -53,6 +54,8 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
             instance_id=fields.get("instance_id", job.instance_id))
         if touched != 1:
             return False
+        if routes:
+            nudges.routes_moved(job)
         if starts_run:
             # what process_run would derive from it, without a task: the first running job runs the run
             move_run(job.run, RunStatus.RUNNING, frm=[RunStatus.SUBMITTED, RunStatus.PROVISIONING])
@@ -129,12 +132,16 @@ def move_run(run: Run, to: str, *, frm=None, message: str = "", actor: str = "se
     # the first start only: the row's own value wins over this one, whatever this copy of the run holds
     first_start = {"started_at": Coalesce(F("started_at"), Value(now))} if to == RunStatus.RUNNING else {}
     reason = fields.get("termination_reason", "")
+    routes = nudges.run_routes_end(run, to)  # a service leaving the endpoint: told in the move's transaction
     # as in move_job: the move and its event in one statement on PostgreSQL
-    touched = update_row_and_record(Run, run.pk, {"status__in": frm, **guard_of(lease)},
-                                    {"status": to, "updated": now, **first_start, **written_by(lease), **fields},
-                                    run.project_id,
-                                    f"run {run.name}", message or (f"{to} ({reason})" if reason else to), status=to,
-                                    actor=actor, run_id=run.pk)
+    with transaction.atomic(savepoint=False) if routes else nullcontext():
+        touched = update_row_and_record(Run, run.pk, {"status__in": frm, **guard_of(lease)},
+                                        {"status": to, "updated": now, **first_start, **written_by(lease), **fields},
+                                        run.project_id,
+                                        f"run {run.name}", message or (f"{to} ({reason})" if reason else to),
+                                        status=to, actor=actor, run_id=run.pk)
+        if touched == 1 and routes:
+            nudges.routes_ended(run)
     if touched != 1:
         return False
     if first_start and run.started_at is None:

@@ -93,7 +93,8 @@ def watch_observed(job: Job, status: dict | None, *, lease: Lease) -> None:
     if (state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status in STARTING
             and not containers.container_end(state)):
         # a group without probes is ready once it runs; with probes, once they pass (readiness.py)
-        ready = {} if ordering.probes_of(job) else {"ready_at": timezone.now()}
+        now = timezone.now()
+        ready = {} if ordering.probes_of(job) else {"ready_at": now, "first_ready_at": now}
         move_job(job, JobStatus.RUNNING, start_time=times["start_time"], message="running", lease=lease, **ready)
         readiness.wake_waiting_peers(job)
     if state.get("state") in (RunnerState.RUNNING, *RUNNER_END_STATES) and job.status == JobStatus.RUNNING:

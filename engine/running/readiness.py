@@ -5,7 +5,8 @@ A job of a group without probes is ready once it runs (`ready_at` is set with th
 times in a row (the runner counts the streaks, runner/probes.py); until then each look checks
 its group's `ready_timeout`, counted on the host's own clock from the job's start (the runner's
 `now` and `start_time`, so a skewed host clock cannot shorten or stretch it). Later failures are
-shown with the job but are not failures (dstack's meaning of service probes).
+shown with the job but are not failures (dstack's meaning of service probes). A service's replica
+is probed for as long as it runs, and its readiness follows its probes both ways (_follow_replica).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from django.utils import timezone
 
 from engine import messages
 from engine.job_outcome import learn
+from engine.nudges import is_service
 from engine.starting.ordering import group_conf, has_ordering, probes_of
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus
 from runs.configuration.readiness import Probe
 from runs.configuration.stored import run_configuration
 from runs.models import Job
-from runs.transitions import end_job
+from runs.transitions import end_job, move_job
 
 
 def describe(probe: Probe) -> str:
@@ -57,6 +59,9 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
     if results != job.probes:
         updates["probes"] = results
     passed = all(r["success_streak"] >= r["ready_after"] for r in results)
+    if not ended and is_service(job.run):
+        _follow_replica(job, state, host_now, results, passed, updates, lease)
+        return
     if passed and job.ready_at is None:
         # written with the give-back; the peers look again once it is (they wait for this ready_at)
         learn(job, event=f"ready: {', '.join(r['probe'] for r in results)} passed",
@@ -65,6 +70,29 @@ def observe_probes(job: Job, state: dict, host_now: float | None, ended: bool = 
     if updates:
         learn(job, **updates)
     if job.ready_at is None and not ended:
+        _check_ready_timeout(job, state, host_now, results, lease)
+
+
+def _follow_replica(job: Job, state: dict, host_now: float | None, results: list[dict], passed: bool, updates: dict,
+                    lease: Lease) -> None:
+    """A service's replica is probed as long as it runs: in the endpoint's pool while its probes
+    pass, out of it at the first failure, back in once they pass again (each a move of the job
+    whose transaction tells the endpoints, runs/transitions.py). A replica the engine is draining
+    (drain_at) stays out. Its ready_timeout ends it only if it never was ready."""
+    if updates:
+        learn(job, **updates)
+    if passed and job.ready_at is None and job.drain_at is None:
+        now = timezone.now()
+        again = " again" if job.first_ready_at else ""
+        move_job(job, JobStatus.RUNNING, frm=[JobStatus.RUNNING], lease=lease, ready_at=now,
+                 first_ready_at=job.first_ready_at or now,
+                 message=f"ready{again}: {', '.join(r['probe'] for r in results)} passed: in the endpoint's pool")
+    elif not passed and job.ready_at is not None:
+        failing = "; ".join(f"{r['probe']}: {r['last_error'] or 'failed'}" for r in results
+                            if r["success_streak"] < r["ready_after"])
+        move_job(job, JobStatus.RUNNING, frm=[JobStatus.RUNNING], lease=lease, ready_at=None,
+                 message=f"not ready: {failing}"[:900] + ": out of the endpoint's pool until its probes pass")
+    elif job.ready_at is None and job.first_ready_at is None:
         _check_ready_timeout(job, state, host_now, results, lease)
 
 

@@ -121,7 +121,7 @@ def _wait_for_runner(job: Job, lease: Lease) -> None:
 
 
 def _start_when_ready(job: Job, lease: Lease) -> None:
-    jobs = _PEERS.all(job.run_id)
+    jobs = cluster.replica_of(job, _PEERS.all(job.run_id))
     for peer in jobs:
         peer.run = job.run  # as run.jobs would: one run object, not a read per peer
     if not job.runner_submitted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from backends.registry import compute_class
+from engine.nudges import is_service
 from engine.starting.ordering import probes_of
 from instances.models import GroupKind, InstanceStatus
 from muster import crypto
@@ -14,6 +15,16 @@ from runs.configuration.container_policy import fleet_policy
 from runs.configuration.stored import run_configuration
 from runs.job_rows import secret_env
 from runs.models import Job
+
+
+def replica_of(job: Job, jobs: list[Job]) -> list[Job]:
+    """The job's peers: the run's current jobs, or for a service's replica the jobs of that replica
+    only (one today; issue 41's multi-host replica has N), so a replica starts without waiting for
+    the others and is told nothing of them."""
+    if not is_service(job.run):
+        return jobs
+    return [j for j in jobs if j.node_group_index == job.node_group_index and j.replica_num == job.replica_num
+            and j.deployment_num == job.deployment_num]
 
 
 def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:

@@ -12,7 +12,8 @@ from backends.base import BackendError
 from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
-from engine.submitted import fanout, gang, placement, waiting
+from engine.nudges import is_service
+from engine.submitted import fanout, gang, placement, replica_placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, spanning
 from instances.models import Fleet
@@ -56,6 +57,8 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
         return {}  # the run is ending; process_run terminates this job
+    if is_service(run):  # each replica on its own: no gang across replicas
+        return replica_placement.place_replica(job, lease)
     if job.instance_id is not None:  # a group master's batch already gave this job its host
         with transaction.atomic():
             move_job(job, JobStatus.PROVISIONING, message=f"provisioning on {job.instance.name} (group batch)",

@@ -1,0 +1,10 @@
+"""A service run's replicas, kept by the engine (docs/services.md, "Replicas, updates and scaling").
+
+keep.py     what process_run does with a service instead of a task's derive: failed replicas
+            replaced, the count kept at desired_replicas, a rolling update surged one at a time,
+            removed replicas drained (out of the pool, then stopped), the run's status
+rows.py     the replica rows it writes: a replacement (a new submission of the replica), a new
+            replica (scale-up, update), a drain
+scaling.py  scale_service: the claimed step that turns the endpoint's request count into
+            desired_replicas (beat-driven, MUSTER_SCALING_INTERVAL)
+"""

@@ -1,0 +1,181 @@
+"""A service run kept at its replicas: process_run's derive for `type: service` (engine/processing.py).
+
+A service runs until it is stopped: its replicas ending never ends it, and it may have none (scaled
+to zero). Each pass, under process_run's hold on the run, and safe to repeat:
+
+1. ended replicas: a drained one (drain_at) or one of an older deployment is left behind
+   (superseded); a failed one of the current deployment is replaced by a new submission of it
+   once the back-off of its failures in a row is over (engine/restarts.py's steps, 15 s doubling
+   to 10 min), if the run's `retry` lists its event within `retry.duration` (as a task's run
+   retries); without `retry` the failure fails the service, as dstack does. A replica whose
+   commands exit 0 is started again after the same back-off (a service does not finish).
+2. per replica group, the count follows desired_replicas: replicas are added (a new deployment's
+   one at a time while old ones remain: the surge of one), and removed newest first, never taking
+   the ready count below what the group wants while old replicas are rolled out (one old replica at
+   a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
+   drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+3. the run's status: `running` from its first running replica (or at once when it wants none) to
+   its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
+
+When something is due later (a back-off, a drain), the run's next_retry_at says when: the sweep
+derives it again then (engine/sweeps.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from engine import outcome
+from engine.replicas import rows
+from engine.restarts import backoff
+from muster.claimable import Lease
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
+from runs.configuration.stored import StoredService, run_configuration
+from runs.limits import retry_duration
+from runs.models import Job, Run
+from runs.transitions import move_run, terminate_job
+from serving.replicas import is_ready
+
+STARTING_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
+
+
+def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
+    """One pass (module docstring). Returns the failed replica that fails the service (no retry
+    lets it be replaced), for process_run to tear the run down with; None otherwise."""
+    conf = run_configuration(run)
+    assert isinstance(conf, StoredService)
+    now = timezone.now()
+    due: list[datetime] = []
+    pending: dict[str, list[int]] = {}  # group -> replica_nums of replicas just replaced or waiting to be
+    for job in [j for j in jobs if j.finished]:
+        cause = _ended(run, conf, job, now, due, pending)
+        if cause is not None:
+            return cause
+    live = [j for j in jobs if not j.finished and not j.superseded]
+    for group in conf.groups:
+        _follow_count(run, group.name, [j for j in live if j.node_group_name == group.name],
+                      pending.get(group.name, []), jobs)
+    for job in live:
+        if job.drain_at is not None and job.status == JobStatus.RUNNING:
+            stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
+            if stop_at <= now:
+                terminate_job(job, JobReason.TERMINATED_BY_SERVER, "drained: stopped after the drain delay")
+            else:
+                due.append(stop_at)
+    _status(run, live, lease)
+    if due:
+        outcome.learn(run, next_retry_at=min(due))  # written with process_run's give-back
+    elif run.next_retry_at is not None:
+        outcome.learn(run, next_retry_at=None)
+    return None
+
+
+def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
+    if job.drain_at is not None or job.deployment_num < run.deployment_num \
+            or conf.replica_group(job.node_group_name) is None:
+        rows.supersede(job)  # removed on purpose, or rolled out: nothing to replace
+        return None
+    failed = job.termination_reason in FAILING_REASONS
+    if failed and not _retry_allows(run, conf, job):
+        return job
+    wait = backoff(_failures_in_a_row(job))
+    at = job.status_changed_at + wait
+    pending.setdefault(job.node_group_name, []).append(job.replica_num)
+    if at > now:
+        due.append(at)
+        return None
+    why = f"{job.termination_reason or job.status} after a back-off of {wait.total_seconds():.0f}s"
+    new = rows.replace(run, job, why)
+    if new is not None:
+        outcome.learn(run, submission_num=max(run.submission_num, new.submission_num))
+    return None
+
+
+def _retry_allows(run: Run, conf: StoredService, job: Job) -> bool:
+    """As a task's run retries (engine/processing.py): the event listed, the next attempt inside
+    retry.duration (counted from the run's submission for no-capacity, from this failure otherwise)."""
+    event = RETRY_EVENT.get(job.termination_reason)
+    if conf.retry is None or event is None or event not in conf.retry.on_events:
+        return False
+    now = timezone.now()
+    since = run.submitted_at if event == "no-capacity" else now
+    return now + backoff(_failures_in_a_row(job)) < since + timedelta(seconds=retry_duration(conf))
+
+
+def _failures_in_a_row(job: Job) -> int:
+    """1 + the replica's earlier submissions that ended without ever being ready, back to the
+    last one that was (a replica that served, then failed, waits the first back-off only)."""
+    if job.first_ready_at is not None:
+        return 1
+    earlier = Job.objects.filter(run_id=job.run_id, job_num=job.job_num, submission_num__lt=job.submission_num) \
+        .order_by("-submission_num").values_list("first_ready_at", flat=True)[:32]
+    count = 1
+    for ready in earlier:
+        if ready is not None:
+            break
+        count += 1
+    return count
+
+
+def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job]) -> None:
+    """Step 2 for one replica group; `replacing`: the replica numbers of its replicas step 1 replaced
+    or will replace after their back-off (they count as the current deployment's)."""
+    pending = len(replacing)
+    desired = int((run.desired_replicas or {}).get(group, 0))
+    serving = [j for j in live if j.drain_at is None]
+    new = [j for j in serving if j.deployment_num >= run.deployment_num]
+    old = [j for j in serving if j.deployment_num < run.deployment_num]
+    old_draining = any(j.drain_at is not None and j.deployment_num < run.deployment_num for j in live)
+    holding = sum(1 for j in live if j.drain_at is not None)  # draining: their hosts are not free yet
+    ready = sum(1 for j in serving if is_ready(j))
+    # newest first, those not serving yet before those that are
+    newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))
+    for job in newest_first[:max(0, len(new) + pending - desired)]:
+        was_ready = is_ready(job)
+        if rows.drain(job, f"scaled to {desired} replicas of {group}"):
+            ready -= was_ready
+            new.remove(job)
+    if old and not old_draining and len(new) + pending + len(old) > desired:
+        victim = sorted(old, key=lambda j: (is_ready(j), j.job_num))[0]
+        # one old replica at a time, and only while the others ready cover what the group wants
+        if ready - is_ready(victim) >= min(desired, ready) and rows.drain(
+                victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}"):
+            old.remove(victim)
+            old_draining, holding = True, holding + 1  # its host is busy until it has stopped
+    # the surge of one: while a rollout is under way (old replicas serve or drain) one replica more
+    # than wanted holds a host at most, so an update needs one spare host, not a second fleet
+    rolling = bool(old) or old_draining
+    surge = 1 if rolling else 0
+    held = len(old) + (holding if rolling else 0)
+    used = {j.replica_num for j in live} | set(replacing)
+    next_job = None
+    count = len(new) + pending
+    while count < desired and count + held < desired + surge:
+        if next_job is None:  # read only when a replica is added
+            next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
+        num = next(n for n in range(len(used) + 1) if n not in used)
+        used.add(num)
+        why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
+        rows.add(run, group, num, next_job, why)
+        next_job += 1
+        count += 1
+
+
+def _top_job_num(run: Run) -> int:
+    """The highest job number the run ever used (its superseded rows' too): a new replica's is above it."""
+    return Job.objects.filter(run_id=run.pk).order_by("-job_num").values_list("job_num", flat=True).first() or 0
+
+
+def _status(run: Run, live: list[Job], lease: Lease) -> None:
+    """Step 3: `running` from the first running replica, or at once when the service wants none."""
+    if run.status not in STARTING_RUN:
+        return
+    wants_none = not any((run.desired_replicas or {}).values())
+    if wants_none or any(j.status == JobStatus.RUNNING for j in live):
+        move_run(run, RunStatus.RUNNING, frm=list(STARTING_RUN), lease=lease,
+                 message="running: scaled to zero, a request brings a replica up" if wants_none and not live else "")
+    elif any(j.status in (JobStatus.PROVISIONING, JobStatus.PULLING) for j in live) \
+            and run.status == RunStatus.SUBMITTED:
+        move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], lease=lease)

@@ -1,0 +1,70 @@
+"""A service's replica placed on its own: no gang across replicas, no master unlock.
+
+Each replica job of a service is claimable from its submit (runs/job_rows.py) and takes one host
+for itself: the first fleet it may use (the group's `fleets`, else the run's; its own earlier fleet
+first, for a replacement) with an idle host that fits its resources. A replica that finds none
+waits for a host given back when some fleet would hold it once its busy hosts are free and either
+the run's `retry` lists `no-capacity` or the service runs already (engine/submitted/waiting.py, as
+job 0 of a task waits); otherwise it ends `failed_to_start_due_to_no_capacity`, which the
+service's keeper (engine/replicas/keep.py) acts on. The other replicas are not touched either way.
+
+Static fleets only (local, SSH; containers where the host has Docker): a replica on a backend that
+creates host groups (a TPU slice) is issue 41's multi-host replica.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from django.db import transaction
+
+from engine import claims
+from engine.submitted import placement, waiting
+from instances import fitting, spanning
+from instances.models import Fleet
+from muster.claimable import Lease
+from runs.choices import JobReason, JobStatus, RunStatus
+from runs.models import Job, Run
+from runs.transitions import end_job, move_job, move_run
+
+
+def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
+    """provision_job's attempt for a service's replica: the fields its give-back writes (a wait),
+    or the Outcome whose move ends it (no capacity, no wait)."""
+    run = job.run
+    fleets = _fleets_for(run, job)
+    req = job.spec["resources"]
+    for fleet in fleets:
+        taken = placement.take_instances(fleet, req, 1)
+        if taken:
+            _hold(run, job, fleet, taken[0], lease)
+            return {}
+    full = [f for f in fleets if fitting.static_fleet_fits(f, [(req, 1)], busy_too=True)]
+    # a replica of a service that already serves (a scale-up, an update's new replica, a replacement)
+    # waits for a host rather than failing the whole service for want of one
+    if full and (run.status == RunStatus.RUNNING or waiting.retry_lets_it_wait(run)):
+        return waiting.wait(job, spanning.full_fleets(full))
+    names = ", ".join(f.name for f in fleets) or "none the service may use"
+    why = (f"replica {job.node_group_name}/{job.replica_num}: no idle host fits it on fleets {names}"
+           + ("" if full else " (none would, even with every host free)"))
+    return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
+
+
+def _fleets_for(run: Run, job: Job) -> list[Fleet]:
+    usable = [f for f in fitting.candidate_fleets(run) if fitting.is_static(f)]
+    own = spanning.group_fleet_names(run.configuration)
+    fleets = spanning.candidates_per_group(usable, own, job.node_group_index + 1)[job.node_group_index]
+    return sorted(fleets, key=lambda f: f.pk != job.fleet_id)  # its own earlier fleet first
+
+
+def _hold(run: Run, job: Job, fleet: Fleet, host, lease: Lease) -> None:
+    with transaction.atomic():
+        if not move_job(job, JobStatus.PROVISIONING, instance_id=host.pk, fleet_id=fleet.pk, lease=lease,
+                        message=f"replica {job.node_group_name}/{job.replica_num} provisioning on {host.name} "
+                                f"({host.internal_ip})", **waiting.placed(job)):
+            waiting.hand_back([host], job, f"not used: job {run.name}/{job.job_num} ended before it was placed")
+            return
+        job.fleet = fleet
+        if run.fleet_id is None and not move_run(run, RunStatus.PROVISIONING, frm=[RunStatus.SUBMITTED], fleet=fleet,
+                                                 message=f"placed on fleet {fleet.name}"):
+            Run.objects.filter(pk=run.pk, fleet__isnull=True).update(fleet=fleet)
