@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from engine import processing, sweeps
+from engine.replicas import rows as replica_rows
 from runs.models import Job, Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -72,3 +73,15 @@ def test_an_update_while_process_run_holds_the_service_is_rolled_out_after_all(s
     assert run.deployment_num == 1 and run.desired_replicas == {"0": 2}
     assert Job.objects.filter(run=run, superseded=False, deployment_num=1).exists(), "the rollout started"
     assert run.pk not in [pk for pk, _, _ in sweeps.runs_to_derive(timezone.now(), run.derived_at)]
+
+
+def test_only_a_finished_replica_is_superseded(sent):
+    # the routes and process_run skip superseded jobs: a live one superseded would serve unseen
+    fleet = local_project_fleet(size=1)
+    run = submit_run(fleet.project, None, {"configuration": THREE})
+    live = Job.objects.filter(run=run, job_num=0).get()
+    Job.objects.filter(pk=live.pk).update(status="running")
+    live.status = "terminated"  # a stale copy says it ended: the row's status is what counts
+    assert not replica_rows.supersede(live) and not Job.objects.get(pk=live.pk).superseded
+    Job.objects.filter(pk=live.pk).update(status="terminated")
+    assert replica_rows.supersede(live) and Job.objects.get(pk=live.pk).superseded
