@@ -136,10 +136,12 @@ class Endpoint:
                                    "`Authorization: Bearer <token>`")
             entry = await self.table.get(target.project, target.run)
             service = entry.service
+            # an unknown name asks for a token as a service with auth does: a 404 only to a member,
+            # so a caller without one cannot tell which services exist
+            if service is None or service.auth:
+                await self.authorize(request, target.project)
             if service is None:
                 raise Refused(404, f"no running service {target.run} in project {target.project}")
-            if service.auth:
-                await self.authorize(request, target.project)
             self.counts[service.run_id] += 1
             path = paths.upstream_path(target, service.strip_prefix)
             headers = paths.request_headers(
