@@ -107,7 +107,8 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
             sent = [*headers, ("Host", replica.address)] if through_ssh else headers
             try:
                 if websocket:
-                    return await _websocket(request, session, f"http://{address}{path}", sent, report)
+                    return await _websocket(request, session, f"http://{address}{path}", sent, report,
+                                            limits.max_body)
                 upstream = await pool.request(address, request.method, path, sent, body.chunks() if body else None,
                                               request.content_length if body else None, limits.read_timeout)
                 break
@@ -190,13 +191,16 @@ async def _stream_back(request: web.BaseRequest, upstream: upstream_client.Answe
     return response
 
 
-async def _websocket(request, session, url, headers, report: Upstream):
+async def _websocket(request, session, url, headers, report: Upstream, max_message: int):
+    # a message is held whole before it is passed on: MUSTER_ENDPOINT_MAX_BODY bounds it both ways
+    # (a larger one closes the WebSocket with 1009, message too big)
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-    upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=False, max_msg_size=0,
+    upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=False,
+                                        max_msg_size=max_message,
                                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0))
     report.first_byte = time.monotonic()
     client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=False,
-                                   max_msg_size=0)
+                                   max_msg_size=max_message)
     await client.prepare(request)
 
     async def pump(source, sink):
