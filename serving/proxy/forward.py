@@ -35,6 +35,8 @@ class Limits:
     read_timeout: float
     client_timeout: float
     max_body: int
+    # the console's session and CSRF cookie names: a replica's Set-Cookie for them is dropped
+    muster_cookies: frozenset[str] = frozenset()
 
 
 class _Body:
@@ -149,14 +151,14 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                 break
             continue
         report.first_byte = time.monotonic()
-        return await _stream_back(request, upstream, report, limits.read_timeout)
+        return await _stream_back(request, upstream, report, limits.read_timeout, limits.muster_cookies)
     report.error = "replica_error"
     raise _failed(502, "the replica refused the connection after the request body was sent")
 
 
 async def _stream_back(request: web.BaseRequest, upstream: upstream_client.Answer, report: Upstream,
-                       read_timeout: float):
-    headers = CIMultiDict(response_headers(CIMultiDict(upstream.headers)))
+                       read_timeout: float, muster_cookies: frozenset[str]):
+    headers = CIMultiDict(response_headers(CIMultiDict(upstream.headers), muster_cookies))
     length = upstream.length
     broken = (upstream_client.Dropped, upstream_client.Malformed, TimeoutError)
     if length is not None and length <= SMALL and request.method != "HEAD":

@@ -134,6 +134,8 @@ def test_auth_needs_a_member_token_and_nothing_of_muster_reaches_the_replica(end
     got = requests.get(url(endpoint, "open"), headers={"Authorization": "Bearer app-own"}, timeout=10)
     assert got.status_code == 200 and got.json()["headers"]["Authorization"] == "Bearer app-own"
     assert open_run.project.name == "main"
+    got = requests.get(url(endpoint, "open", "cookies"), timeout=10)
+    assert got.raw.headers.getlist("Set-Cookie") == ["app=1; Path=/"]  # none for the console or other hosts
     # which services exist is told to members only: without a token an unknown name is a 401 too
     assert requests.get(url(endpoint, "nosuch"), timeout=10).status_code == 401
     assert requests.get(url(endpoint, "nosuch"), headers={"Authorization": "Bearer mst_nonsense"},
