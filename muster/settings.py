@@ -371,9 +371,10 @@ MUSTER = {
     "DSTACK_SSH_PUBLIC_PORT": env_int("MUSTER_DSTACK_SSH_PUBLIC_PORT", 0),
     # the services endpoint (serving/proxy/, docs/services.md): where it listens (`muster serve`: on
     # the web's host, ENDPOINT_URL to match unless given), seconds to connect to a replica / of a
-    # replica's silence / for a client's headers or of its silence mid-body, bytes of a request
-    # body / of one header line, headers per request; a scale-to-zero service's wait for a replica,
-    # the routing table's re-read (the safety net under NOTIFY; SQLite's only way), a token's cache
+    # replica's silence / for a client's headers or of its silence mid-body, bytes of a request body
+    # (and of a WebSocket message) / of one header line, headers per request; a scale-to-zero
+    # service's wait for a replica, the routing table's re-read (the safety net under NOTIFY;
+    # SQLite's only way), a token's cache
     "ENDPOINT_BIND": env_str("MUSTER_ENDPOINT_BIND", "127.0.0.1:8001"),
     "ENDPOINT_CONNECT_TIMEOUT": env_float("MUSTER_ENDPOINT_CONNECT_TIMEOUT", 5.0),
     "ENDPOINT_READ_TIMEOUT": env_float("MUSTER_ENDPOINT_READ_TIMEOUT", 300.0),

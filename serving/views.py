@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from serving.proxy.paths import PREFIX
 from serving.urls_for import endpoint_url
 
 
@@ -20,6 +21,8 @@ def to_endpoint(request):
     if base == f"{request.scheme}://{request.get_host()}":
         return JsonResponse({"detail": "the services endpoint is not in front of this server: route /proxy/ to "
                                        "it (MUSTER_ENDPOINT_URL, docs/services.md)"}, status=503)
-    # the path as the client sent it (gunicorn's RAW_URI): the endpoint checks it as sent
-    return HttpResponse(status=307, headers={"Location": base + (request.META.get("RAW_URI") or
-                                                                  request.get_full_path())})
+    # the path as the client sent it (gunicorn's RAW_URI): the endpoint checks it as sent; anything
+    # else there (an absolute URI, `//host`) would make the Location name another host
+    raw = request.META.get("RAW_URI") or ""
+    path = raw if raw.startswith(PREFIX) else request.get_full_path()
+    return HttpResponse(status=307, headers={"Location": base + path})

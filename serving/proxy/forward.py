@@ -35,6 +35,8 @@ class Limits:
     read_timeout: float
     client_timeout: float
     max_body: int
+    # the console's session and CSRF cookie names: a replica's Set-Cookie for them is dropped
+    muster_cookies: frozenset[str] = frozenset()
 
 
 class _Body:
@@ -107,7 +109,8 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
             sent = [*headers, ("Host", replica.address)] if through_ssh else headers
             try:
                 if websocket:
-                    return await _websocket(request, session, f"http://{address}{path}", sent, report)
+                    return await _websocket(request, session, f"http://{address}{path}", sent, report,
+                                            limits.max_body)
                 upstream = await pool.request(address, request.method, path, sent, body.chunks() if body else None,
                                               request.content_length if body else None, limits.read_timeout)
                 break
@@ -148,14 +151,14 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                 break
             continue
         report.first_byte = time.monotonic()
-        return await _stream_back(request, upstream, report, limits.read_timeout)
+        return await _stream_back(request, upstream, report, limits.read_timeout, limits.muster_cookies)
     report.error = "replica_error"
     raise _failed(502, "the replica refused the connection after the request body was sent")
 
 
 async def _stream_back(request: web.BaseRequest, upstream: upstream_client.Answer, report: Upstream,
-                       read_timeout: float):
-    headers = CIMultiDict(response_headers(CIMultiDict(upstream.headers)))
+                       read_timeout: float, muster_cookies: frozenset[str]):
+    headers = CIMultiDict(response_headers(CIMultiDict(upstream.headers), muster_cookies))
     length = upstream.length
     broken = (upstream_client.Dropped, upstream_client.Malformed, TimeoutError)
     if length is not None and length <= SMALL and request.method != "HEAD":
@@ -190,13 +193,16 @@ async def _stream_back(request: web.BaseRequest, upstream: upstream_client.Answe
     return response
 
 
-async def _websocket(request, session, url, headers, report: Upstream):
+async def _websocket(request, session, url, headers, report: Upstream, max_message: int):
+    # a message is held whole before it is passed on: MUSTER_ENDPOINT_MAX_BODY bounds it both ways
+    # (a larger one closes the WebSocket with 1009, message too big)
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-    upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=False, max_msg_size=0,
+    upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=False,
+                                        max_msg_size=max_message,
                                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0))
     report.first_byte = time.monotonic()
     client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=False,
-                                   max_msg_size=0)
+                                   max_msg_size=max_message)
     await client.prepare(request)
 
     async def pump(source, sink):

@@ -10,7 +10,9 @@ Headers: hop-by-hop ones never pass (RFC 9110 7.6.1, and whatever `Connection` n
 `auth: true` the Authorization header holds the Muster key and is not forwarded; with `auth:
 false` it is the application's own and is. Muster's own cookies (the console's session and CSRF
 cookies, sent when the endpoint shares the console's host behind the TLS proxy) and any
-`X-Muster-*` header are never forwarded; the application's other cookies are.
+`X-Muster-*` header are never forwarded; the application's other cookies are. Back from the
+replica, a `Set-Cookie` naming one of Muster's cookies or carrying a `Domain=` attribute is dropped:
+an application must not set the console's session, nor a cookie for hosts beyond the endpoint's.
 """
 
 from __future__ import annotations
@@ -116,6 +118,16 @@ def request_headers(headers, *, auth: bool, muster_cookies: frozenset[str], peer
 RESPONSE_DROPPED = HOP_BY_HOP | {"content-length"}
 
 
-def response_headers(headers) -> list[tuple[str, str]]:
+def response_headers(headers, muster_cookies: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     named = {h.strip().lower() for h in headers.get("Connection", "").split(",")}
-    return [(k, v) for k, v in headers.items() if k.lower() not in RESPONSE_DROPPED and k.lower() not in named]
+    return [(k, v) for k, v in headers.items() if k.lower() not in RESPONSE_DROPPED and k.lower() not in named
+            and not (k.lower() == "set-cookie" and _foreign_cookie(v, muster_cookies))]
+
+
+def _foreign_cookie(value: str, muster_cookies: frozenset[str]) -> bool:
+    """A replica's cookie that would overwrite the console's session or CSRF cookie, or reach past
+    the endpoint's own host (a `Domain=` attribute: the console's host is within a parent domain)."""
+    name, _, rest = value.partition("=")
+    if name.strip() in muster_cookies:
+        return True
+    return any(attr.split("=", 1)[0].strip().lower() == "domain" for attr in rest.split(";")[1:])

@@ -69,8 +69,10 @@ def _read_run(run_id: int):
 class Endpoint:
     def __init__(self):
         conf = settings.MUSTER
+        self.muster_cookies = frozenset({settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME})
         self.limits = Limits(connect_timeout=conf["ENDPOINT_CONNECT_TIMEOUT"], read_timeout=conf["ENDPOINT_READ_TIMEOUT"],
-                             client_timeout=conf["ENDPOINT_CLIENT_TIMEOUT"], max_body=conf["ENDPOINT_MAX_BODY"])
+                             client_timeout=conf["ENDPOINT_CLIENT_TIMEOUT"], max_body=conf["ENDPOINT_MAX_BODY"],
+                             muster_cookies=self.muster_cookies)
         self.cold_start_wait = conf["ENDPOINT_COLD_START_WAIT"]
         # the ORM's reads (routes, tokens, counts) run here, off the event loop
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="endpoint-db")
@@ -79,7 +81,6 @@ class Endpoint:
         self.tokens = auth.TokenCheck(self.executor, conf["ENDPOINT_AUTH_CACHE"])
         self.tunnels = Tunnels(self.executor, _ssh_target)
         self.counts: Counter[int] = Counter()
-        self.muster_cookies = frozenset({settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME})
         self.session: aiohttp.ClientSession | None = None  # WebSockets
         self.pool = upstream.Pool(self.limits.connect_timeout)  # every other request
 
@@ -136,10 +137,12 @@ class Endpoint:
                                    "`Authorization: Bearer <token>`")
             entry = await self.table.get(target.project, target.run)
             service = entry.service
+            # an unknown name asks for a token as a service with auth does: a 404 only to a member,
+            # so a caller without one cannot tell which services exist
+            if service is None or service.auth:
+                await self.authorize(request, target.project)
             if service is None:
                 raise Refused(404, f"no running service {target.run} in project {target.project}")
-            if service.auth:
-                await self.authorize(request, target.project)
             self.counts[service.run_id] += 1
             path = paths.upstream_path(target, service.strip_prefix)
             headers = paths.request_headers(

@@ -16,6 +16,7 @@ import asyncio
 from collections import deque
 
 MAX_HEAD = 64 << 10
+MAX_LINE = 4096  # a chunk size line or a trailer line
 HIGH_WATER = 1 << 20  # bytes of an answer held before the replica is asked to wait (pause_reading)
 IDLE_KEEP = 30.0
 
@@ -208,7 +209,7 @@ class _Conn(asyncio.Protocol):
             if self.chunk_state == "size":
                 end = buffer.find(b"\r\n")
                 if end < 0:
-                    if len(buffer) > 4096:
+                    if len(buffer) > MAX_LINE:
                         self._fail(Malformed("a chunk size line is too long"))
                     return
                 try:
@@ -230,14 +231,22 @@ class _Conn(asyncio.Protocol):
             elif self.chunk_state == "crlf":
                 if len(buffer) < 2:
                     return
+                if buffer[:2] != b"\r\n":  # a chunk longer than its size said: the framing is lost
+                    self._fail(Malformed("a chunk's data is not followed by CRLF"))
+                    return
                 del buffer[:2]
                 self.chunk_state = "size"
-            else:  # trailers, then the blank line that ends the answer
+            else:  # trailers, then the blank line that ends the answer; `remaining` (0 after the
+                # last chunk) counts the trailer's bytes, held to MAX_LINE as a size line is
                 end = buffer.find(b"\r\n")
+                if self.remaining + (len(buffer) if end < 0 else end) > MAX_LINE:
+                    self._fail(Malformed("a chunked answer's trailer is too long"))
+                    return
                 if end < 0:
                     return
                 line = bytes(buffer[:end])
                 del buffer[: end + 2]
+                self.remaining += end + 2
                 if not line:
                     self.complete = True
                     return

@@ -88,6 +88,11 @@ class Replica:
             request.transport.close()
             await asyncio.sleep(0.1)
             return web.Response()
+        if tail.endswith("cookies"):  # an application setting the console's cookies, and its own
+            response = web.Response(text="cookies")
+            for cookie in ("sessionid=replica", "csrftoken=replica", "wide=1; Domain=example.com", "app=1; Path=/"):
+                response.headers.add("Set-Cookie", cookie)
+            return response
         if tail.endswith("silent"):
             await asyncio.sleep(60)
         if tail.endswith("ws"):

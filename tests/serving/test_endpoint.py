@@ -134,6 +134,14 @@ def test_auth_needs_a_member_token_and_nothing_of_muster_reaches_the_replica(end
     got = requests.get(url(endpoint, "open"), headers={"Authorization": "Bearer app-own"}, timeout=10)
     assert got.status_code == 200 and got.json()["headers"]["Authorization"] == "Bearer app-own"
     assert open_run.project.name == "main"
+    got = requests.get(url(endpoint, "open", "cookies"), timeout=10)
+    assert got.raw.headers.getlist("Set-Cookie") == ["app=1; Path=/"]  # none for the console or other hosts
+    # which services exist is told to members only: without a token an unknown name is a 401 too
+    assert requests.get(url(endpoint, "nosuch"), timeout=10).status_code == 401
+    assert requests.get(url(endpoint, "nosuch"), headers={"Authorization": "Bearer mst_nonsense"},
+                        timeout=10).status_code == 401
+    assert requests.get(url(endpoint, "nosuch"), headers={"Authorization": f"Bearer {member}"},
+                        timeout=10).status_code == 404
 
 
 def test_another_projects_service_is_not_reached_with_this_projects_token(endpoint, replicas, port, make_user):
@@ -211,7 +219,7 @@ def test_hostile_requests_get_clear_answers(endpoint, replicas, port):
     assert requests.get(url(endpoint, "target"), headers={"X-Big": "z" * 20000}, timeout=10).status_code in (400, 431)
     assert requests.get(url(endpoint, "target", "malformed"), timeout=10).status_code == 502
     assert requests.get(url(endpoint, "target", "silent"), timeout=20).status_code == 504
-    assert requests.get(url(endpoint, "nothing-here"), timeout=10).status_code == 404
+    assert requests.get(url(endpoint, "nothing-here"), timeout=10).status_code == 401  # no token: names not told
     # a slowloris client: its half-sent headers hold one connection for the client timeout, then it is cut
     slow = socket.create_connection(("127.0.0.1", endpoint.port))
     slow.sendall(b"GET /proxy/services/main/target/who HTTP/1.1\r\nHost: x\r\nX-Slow: ")

@@ -34,6 +34,14 @@ def test_a_websocket_passes_both_ways(endpoint, replicas, port):  # noqa: F811
 
     assert asyncio.run(talk()) == ["a:hello", "a:again"]
 
+    async def shout():  # past MUSTER_ENDPOINT_MAX_BODY (1 MiB here): closed as too big, not held and passed
+        async with aiohttp.ClientSession() as session, session.ws_connect(url(endpoint, "chat", "ws")) as ws:
+            await ws.send_str("x" * (2 << 20))
+            return await ws.receive(timeout=10)
+
+    got = asyncio.run(shout())
+    assert got.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) and got.data == 1009, got
+
 
 def test_a_scale_to_zero_service_holds_the_first_request_until_a_replica_is_ready(endpoint, replicas, port):  # noqa: F811
     from instances.models import Instance

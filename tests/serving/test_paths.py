@@ -53,3 +53,14 @@ def test_hop_by_hop_muster_and_auth_headers_stay_behind():
     opened = CIMultiDict(request_headers(sent, auth=False, muster_cookies=frozenset(), peer="p", host="h",
                                          scheme="http", prefix=None))
     assert opened["Authorization"] == "Bearer mst_x"
+
+
+def test_a_replicas_cookie_for_the_console_or_another_domain_stays_behind():
+    from serving.proxy.paths import response_headers
+
+    sent = CIMultiDict([("Set-Cookie", "sessionid=stolen; Path=/"), ("Set-Cookie", "csrftoken=x"),
+                        ("Set-Cookie", "wide=1; Path=/; domain=.example.com"), ("Set-Cookie", "app=kept; Path=/"),
+                        ("Content-Type", "text/plain")])
+    got = response_headers(sent, frozenset({"sessionid", "csrftoken"}))
+    assert [v for k, v in got if k == "Set-Cookie"] == ["app=kept; Path=/"]
+    assert ("Content-Type", "text/plain") in got

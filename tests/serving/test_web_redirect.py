@@ -32,3 +32,14 @@ def test_an_endpoint_url_that_is_the_webs_own_origin_is_a_503_not_a_loop(setting
     settings.MUSTER = {**settings.MUSTER, "ENDPOINT_URL": "http://muster.example.com"}
     got = Client().get("/proxy/services/main/llm/", HTTP_HOST="muster.example.com")
     assert got.status_code == 503 and "route /proxy/" in got.json()["detail"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("raw", ["http://evil.example/proxy/services/main/llm/", "//evil.example/x", "/other"])
+def test_a_raw_uri_that_is_not_a_services_path_is_not_the_location(settings, raw):
+    settings.MUSTER = {**settings.MUSTER, "ENDPOINT_URL": "https://models.example.com"}
+    got = Client().get("/proxy/services/main/llm/x?a=1", HTTP_HOST="muster.example.com", RAW_URI=raw)
+    assert got.status_code == 307
+    assert got["Location"] == "https://models.example.com/proxy/services/main/llm/x?a=1"
+    kept = Client().get("/proxy/services/main/llm/x", HTTP_HOST="muster.example.com", RAW_URI="/proxy/services/main/llm/%2e")
+    assert kept["Location"] == "https://models.example.com/proxy/services/main/llm/%2e"  # as sent: the endpoint judges it
