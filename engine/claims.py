@@ -221,9 +221,14 @@ def give_back(model: type[models.Model], pk, token: str, outcome: Outcome, step:
             return True
         with transaction.atomic() if outcome.events else nullcontext():
             # what the body learned still holds of a row that moved on: written, with its events
-            kept = model.objects.filter(pk=pk, **lease_guard(token)).update(**outcome.written())
+            kept = model.objects.filter(pk=pk, **lease_guard(token), **outcome.where).update(**outcome.written())
             if kept:
                 record_events(outcome.events)
+        if not kept and outcome.where and model.objects.filter(pk=pk, **lease_guard(token)).update(
+                **outcome.written(fields=False)):
+            log.info("step %s: %s %s changed under it (%s): what it learned is dropped", step, model.__name__,
+                     pk, ", ".join(outcome.where))
+            return False
         if not kept:
             log.warning("step %s: %s %s was no longer held (stale lease): its outcome is dropped", step,
                         model.__name__, pk)
@@ -238,7 +243,7 @@ def _apply(model, pk, token: str, outcome: Outcome) -> bool:
     """The give-back's one guarded write: the move, or the UPDATE of the fields that clears the lease."""
     if outcome.move is not None:
         return outcome.move(lease=Lease(token, ends=True))
-    touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.written())
+    touched = locked_claims.give_back_one(model, pk, token, tuple(outcome.expect), outcome.written(), outcome.where)
     if touched is None:
         touched = model.objects.filter(pk=pk, **lease_guard(token), **outcome.guard()).update(**outcome.written())
     return touched == 1
@@ -260,8 +265,8 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
     those somebody moved are given back as they are and handed over, the others were stale."""
     model, token = held.model, held.token
     outcomes = {pk: outcomes.get(pk) or Outcome() for pk in held.pks if pk not in held.failed}
-    # a move, or a backoff, is given back on its own (the bulk UPDATE clears every lease)
-    moves = {pk: o for pk, o in outcomes.items() if o.move is not None or o.retry_in}
+    # a move, a backoff or a field guard is given back on its own (the bulk UPDATE clears every lease)
+    moves = {pk: o for pk, o in outcomes.items() if o.move is not None or o.retry_in or o.where}
     plain = {pk: o for pk, o in outcomes.items() if pk not in moves}
     for pk, outcome in moves.items():
         if give_back(model, pk, token, outcome, held.step):

@@ -78,11 +78,11 @@ def take(queryset, limit: int | None, until, token: str) -> list:
         return [row[0] for row in cursor.fetchall()]
 
 
-def give_back_one(model, pk, token: str, expect: tuple, fields: dict) -> int | None:
+def give_back_one(model, pk, token: str, expect: tuple, fields: dict, guard: dict | None = None) -> int | None:
     """`UPDATE ... SET lease_until = NULL, lease_token = '', <fields> WHERE pk AND lease_token AND
-    status IN (expect)`, the give-back of one row (muster/compiled.row_update); the rows touched (0
-    or 1). None when a field's value is one only the ORM can write (the caller then does)."""
-    where = {"lease_token": token, **({"status__in": expect} if expect else {})}
+    status IN (expect) [AND guard]`, the give-back of one row (muster/compiled.row_update); the rows
+    touched (0 or 1). None when a field's value is one only the ORM can write (the caller then does)."""
+    where = {"lease_token": token, **({"status__in": expect} if expect else {}), **(guard or {})}
     update = compiled.row_update(model, pk, where, {"lease_until": None, "lease_token": "", **fields})
     if update is None:
         return None

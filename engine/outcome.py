@@ -40,6 +40,11 @@ class Outcome:
     `retry_in`: seconds the row stays unclaimable once given back (its lease runs on with nobody's
     token, as `Held.back_off` does): a step whose work failed and must be tried again later
     (a cloud call refused) backs off instead of being sent again by the next sweep.
+    `where`: field equalities the row must still hold for what the body learned to be written (one
+    row's give-back only): for a row that a writer without the lease may change under the step (a
+    rolling update raises a run's deployment_num under the scaler). A row that no longer matches is
+    given back with only its lease released: the fields, events and follow-ups are dropped, as they
+    were worked out from what is no longer so (the step looks again next time).
     """
 
     expect: tuple = ()
@@ -49,14 +54,15 @@ class Outcome:
     events: tuple[dict, ...] = ()
     hand_over: Mapping[str, Callable[[object], object]] = field(default_factory=dict)
     retry_in: float | None = None
+    where: dict = field(default_factory=dict)
 
     def guard(self) -> dict:
-        return {"status__in": self.expect} if self.expect else {}
+        return {**({"status__in": self.expect} if self.expect else {}), **self.where}
 
-    def written(self) -> dict:
+    def written(self, fields: bool = True) -> dict:
         """The lease's release and the fields, as the give-back's UPDATE writes them."""
         until = timezone.now() + timedelta(seconds=self.retry_in) if self.retry_in else None
-        return {**released(until), **self.fields}
+        return {**released(until), **(self.fields if fields else {})}
 
 
 def event(project_id: int, subject: str, message: str, *, status: str = "", actor: str = "server", run_id=None,
@@ -100,11 +106,12 @@ def learned(row) -> Learned:
     return row.__dict__.pop("_learned", None) or Learned()
 
 
-def with_learned(row, *, expect: tuple = (), then=(), hand_over: Mapping | None = None, **fields) -> Outcome:
+def with_learned(row, *, expect: tuple = (), then=(), hand_over: Mapping | None = None, where: dict | None = None,
+                 **fields) -> Outcome:
     """The Outcome that gives `row` back with `fields` and what was learned about it (its follow-ups
     first, then `then`). A learned field is written as the copy holds it now: a move since (which
     writes the field too, and sets it on the copy) is not undone."""
     found = learned(row)
     return Outcome(expect=tuple(expect), fields={**{name: getattr(row, name) for name in found.fields}, **fields},
                    events=tuple(found.events),
-                   then=(*found.then, *then), hand_over=hand_over or {})
+                   then=(*found.then, *then), hand_over=hand_over or {}, where=dict(where or {}))

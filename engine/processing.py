@@ -61,9 +61,12 @@ def _process(held: claims.Held) -> claims.Outcome:
 
 def _derive_again_if_moved(run: Run, derived_at) -> None:
     """Once the run is free: a job that moved while we held it had its nudge dropped (the run was
-    leased), so derive again."""
-    if run.status in ACTIVE_RUN and Job.objects.filter(
-            run_id=run.pk, superseded=False, status_changed_at__gte=derived_at).exists():
+    leased), so derive again. So did a service's update (it takes no lease): a deployment other than
+    the one read is one to roll out (only a service, whose desired_replicas is never empty, asks)."""
+    if run.status not in ACTIVE_RUN:
+        return
+    if Job.objects.filter(run_id=run.pk, superseded=False, status_changed_at__gte=derived_at).exists() or (
+            run.desired_replicas and Run.objects.filter(pk=run.pk).exclude(deployment_num=run.deployment_num).exists()):
         messages.process_run(run.pk)
 
 

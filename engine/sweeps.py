@@ -128,7 +128,8 @@ def runs_to_derive(now, old):
     """Runs that process_run should have looked at by now and may not have (a lost nudge).
 
     A run is derived when one of its jobs changed after its last derivation, when a stop asked for
-    is not acted on yet (or its teardown waits), or when its retry is due. A running run whose
+    is not acted on yet (or its teardown waits), when a service was updated after it, or when its
+    retry is due. A running run whose
     jobs are quiet is not looked at at all, so the cost of the sweep follows what changes, not how
     many runs are running.
     """
@@ -137,10 +138,12 @@ def runs_to_derive(now, old):
         run_id=OuterRef("pk"), superseded=False,
         status_changed_at__gte=Coalesce(OuterRef("derived_at"), OuterRef("submitted_at")),
         status_changed_at__lt=old))  # changed long enough ago that its own nudge should have come
+    # a service updated after its last derivation (the update's nudge bounced off a process_run)
+    updated = Q(updated_at__lt=old) & (Q(derived_at__isnull=True) | Q(updated_at__gte=F("derived_at")))
     stale = Q(derived_at__isnull=True) | Q(derived_at__lt=old)
     waiting = (~Q(stop_requested="") | Q(status=RunStatus.TERMINATING)) & stale
     return list(Run.objects.filter(unleased(now)).filter(
-        Q(status__in=active) & (job_changed | waiting) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)
+        Q(status__in=active) & (job_changed | waiting | updated) | Q(status=RunStatus.PENDING, next_retry_at__lte=now)
         # a group restart whose backoff is over (engine/restarts.py): only the sweep sends it
         | Q(status__in=active, next_retry_at__lte=now)
     ).values_list("pk", "status", "stop_requested")[:BATCH])

@@ -42,6 +42,10 @@ class Run(Claimable):
     # A service's wanted replicas per replica group name ({"prefill": 2}), kept by the engine:
     # set at submit from `replicas`, changed by the scaler and by an update. Empty for tasks.
     desired_replicas = models.JSONField(default=dict, blank=True)
+    # When an update last changed the service (its deployment, its replicas): an update writes without
+    # the run's lease, so its nudge may bounce off a process_run that read the run before it; the sweep
+    # derives a run updated after its last derivation. Null for tasks.
+    updated_at = models.DateTimeField(null=True, blank=True)
     # What the scaler remembers between its looks (the last request count sample, when it last
     # scaled up or down); written only by the step that holds the run.
     scaling = models.JSONField(default=dict, blank=True)

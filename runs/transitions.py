@@ -27,12 +27,14 @@ from runs.models import Job, Run
 
 
 def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "server", lease: Lease | None = None,
-             **fields) -> bool:
+             where: dict | None = None, **fields) -> bool:
     """Move `job` to status `to` if it is still in one of `frm` (default: its current status).
 
     `lease`: the step holding the job (muster.claimable.Lease): the UPDATE is guarded by its token
     too, and when the move is the step's give-back (an Outcome's `move`) it clears the lease in the
     same statement.
+    `where`: more guards of the UPDATE (filter lookups), for a field another step writes without
+    the job's lease (a replica's drain_at, written by process_run): the copy may not show it yet.
     """
     frm = tuple(frm) if frm else (job.status,)
     now = timezone.now()
@@ -47,7 +49,7 @@ def move_job(job: Job, to: str, *, frm=None, message: str = "", actor: str = "se
     # transaction anyway, as it does move_instances'.
     with transaction.atomic(savepoint=False) if starts_run or routes else nullcontext():
         touched = update_row_and_record(
-            Job, job.pk, {"status__in": frm, **held},
+            Job, job.pk, {"status__in": frm, **held, **(where or {})},
             {"status": to, "status_changed_at": now, **freed, **fields, **ends},
             job.run.project_id, f"job {job.run.name}/{job.job_num}", message or (f"{to} ({reason})" if reason else to),
             status=to, actor=actor, run_id=job.run_id, job_id=job.pk,

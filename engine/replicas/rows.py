@@ -13,7 +13,7 @@ from django.utils import timezone
 from engine import messages
 from engine.tuning import MAX_DRAIN_DELAY
 from events.services import record
-from runs.choices import JobReason, JobStatus
+from runs.choices import JOB_FINISHED, JobReason, JobStatus
 from runs.configuration.replica_specs import new_replica_spec
 from runs.job_rows import new_jobs
 from runs.models import Job, Run
@@ -30,8 +30,12 @@ def _say(run: Run, job: Job, message: str) -> None:
 
 
 def supersede(job: Job) -> bool:
-    """An ended replica the service goes on without (drained, or of an older deployment)."""
-    done = Job.objects.filter(pk=job.pk, superseded=False).update(superseded=True) == 1
+    """An ended replica the service goes on without (drained, or of an older deployment).
+
+    A plain UPDATE without the job's lease, safe only because a finished job is never moved or held
+    again: it is guarded by the finished statuses, so a live replica is never hidden from the reads
+    that skip superseded jobs (the endpoint's routes, process_run's jobs) while it still runs."""
+    done = Job.objects.filter(pk=job.pk, superseded=False, status__in=JOB_FINISHED).update(superseded=True) == 1
     job.superseded = job.superseded or done
     return done
 

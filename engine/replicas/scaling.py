@@ -99,4 +99,7 @@ def _scale(held: claims.Held) -> claims.Outcome:
     memory = {"samples": samples, "rps": round(rps, 3), "groups": marks, "decisions": decisions}
     changed = desired != (run.desired_replicas or {})
     fields = {"scaling": memory, **({"desired_replicas": desired} if changed else {})}
-    return outcome.with_learned(run, then=(partial(messages.process_run, run.pk),) if changed else (), **fields)
+    # an update (runs/services/service_runs.py) writes desired_replicas without the run's lease: counts
+    # worked out from the deployment read here would undo it, so they are written only if it still holds
+    return outcome.with_learned(run, then=(partial(messages.process_run, run.pk),) if changed else (),
+                                where={"deployment_num": run.deployment_num}, **fields)

@@ -84,8 +84,10 @@ def _follow_replica(job: Job, state: dict, host_now: float | None, results: list
     if passed and job.ready_at is None and job.drain_at is None:
         now = timezone.now()
         again = " again" if job.first_ready_at else ""
-        move_job(job, JobStatus.RUNNING, frm=[JobStatus.RUNNING], lease=lease, ready_at=now,
-                 first_ready_at=job.first_ready_at or now,
+        # drain (engine/replicas/rows.py) is process_run's, written without this job's lease: a drain
+        # after our copy was read must keep the replica out of the pool
+        move_job(job, JobStatus.RUNNING, frm=[JobStatus.RUNNING], lease=lease, where={"drain_at__isnull": True},
+                 ready_at=now, first_ready_at=job.first_ready_at or now,
                  message=f"ready{again}: {', '.join(r['probe'] for r in results)} passed: in the endpoint's pool")
     elif not passed and job.ready_at is not None:
         failing = "; ".join(f"{r['probe']}: {r['last_error'] or 'failed'}" for r in results

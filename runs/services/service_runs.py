@@ -10,6 +10,7 @@ time (new replica ready, then an old one drained and stopped). Nothing else of t
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 
 from engine import messages
 from events.services import update_and_record
@@ -117,7 +118,8 @@ def update(project: Project, user, conf: TaskConfiguration, stored: dict, text: 
         actor = getattr(user, "username", "") or "api"
         update_and_record(
             Run.objects.filter(pk=run.pk), {"configuration": stored, "submitted_text": text,
-                                            "deployment_num": deployment, "desired_replicas": desired},
+                                            "deployment_num": deployment, "desired_replicas": desired,
+                                            "updated_at": timezone.now()},
             project.id, f"run {run.name}", f"updated by {actor} to deployment {deployment} (replicas {counts}): "
             "the replicas are rolled to it one at a time", status=run.status, actor=actor, run_id=run.pk)
         messages.process_run(run.pk)

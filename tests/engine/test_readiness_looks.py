@@ -10,8 +10,11 @@ from django.utils import timezone
 
 from engine import claims
 from engine.job_outcome import job_outcome
-from engine.running import observe
+from engine.replicas import rows as replica_rows
+from engine.running import observe, readiness
+from events.models import Event
 from instances.models import Instance
+from muster.claimable import Lease
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -85,3 +88,30 @@ def test_a_running_job_unready_past_its_ready_timeout_fails_as_unready():
     _look(job, "running", streak=0, started_ago=120)
     job.refresh_from_db()
     assert (job.status, job.termination_reason) == ("terminating", "waiting_ready_limit_exceeded")
+
+
+PROBED_SERVICE = """type: service
+name: probed-web
+port: 8000
+probes: [{type: http, url: /, interval: 1s, timeout: 1s}]
+commands: [python3 -m http.server 8000]
+"""
+
+
+def test_a_replica_drained_while_the_watcher_holds_it_does_not_come_back_into_the_pool(sent):
+    # drain is process_run's and takes no job lease: the watcher's copy, read before it, shows no drain_at
+    fleet = local_project_fleet(size=1, name="probed-fleet")
+    run = submit_run(fleet.project, None, {"configuration": PROBED_SERVICE})
+    host = fleet.instances.get()
+    Job.objects.filter(run=run).update(status="running", instance=host, runner_submitted=True,
+                                       status_changed_at=timezone.now())
+    stale = Job.objects.select_related("run", "instance").get(run=run)
+    token = claims.claim(Job, stale.pk)
+    assert replica_rows.drain(Job.objects.select_related("run").get(pk=stale.pk), "scaled down")
+    now = time.time()
+    readiness.observe_probes(stale, {"now": now, "start_time": now - 5, "probes": [
+        {"success_streak": 5, "calls": 5, "last_at": now, "last_error": None}]}, now, lease=Lease(token))
+    drained = Job.objects.get(pk=stale.pk)
+    assert drained.drain_at is not None and drained.ready_at is None, "a drained replica stays out of the pool"
+    assert not Event.objects.filter(job=drained, message__startswith="ready").exists()
+    claims.forget_all()

@@ -111,3 +111,23 @@ def test_metrics_show_a_services_replicas_and_its_scaling_decisions(sent, client
     assert value(samples, "muster_service_replicas", project="main", service="web", state="desired") == 1
     assert value(samples, "muster_service_replicas", project="main", service="web", state="ready") == 0
     assert value(samples, "muster_service_scaling_decisions_total", project="main", service="web") == 1
+
+
+@pytest.mark.step_case("scale_service", "contention")
+def test_an_update_while_the_scaler_holds_the_run_is_not_undone_by_its_give_back(sent, monkeypatch):
+    # the update takes no lease: it commits while scale_service holds the run, with the old deployment read
+    run = _service()
+    add_requests(run.pk, 5)
+    updated = SCALED.format(name="web").replace("replicas: 0..3", "replicas: 2..3")
+    around_body(monkeypatch, scaling, "_scale",
+                lambda held: submit_run(run.project, None, {"configuration": updated, "update": True}))
+    sent.clear()
+    scaling.scale_services()
+    run.refresh_from_db()
+    assert run.deployment_num == 1 and run.desired_replicas == {"0": 2}, "the update's counts stand"
+    assert run.lease_token == "" and run.scaling == {}, "given back, what the scaler learned dropped"
+    assert not Event.objects.filter(run=run, message__startswith="scaled").exists()
+    monkeypatch.undo()
+    scaling.scale_services()  # the next interval looks again, at the new deployment
+    run.refresh_from_db()
+    assert run.deployment_num == 1 and run.desired_replicas == {"0": 2} and len(run.scaling["samples"]) == 2
