@@ -74,6 +74,7 @@ class Endpoint:
                              client_timeout=conf["ENDPOINT_CLIENT_TIMEOUT"], max_body=conf["ENDPOINT_MAX_BODY"],
                              muster_cookies=self.muster_cookies)
         self.cold_start_wait = conf["ENDPOINT_COLD_START_WAIT"]
+        self.trusted = paths.trusted_networks(conf["ENDPOINT_TRUSTED_PROXIES"])
         # the ORM's reads (routes, tokens, counts) run here, off the event loop
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="endpoint-db")
         self.metrics = metrics.Metrics()
@@ -149,7 +150,7 @@ class Endpoint:
                 request.headers, auth=service.auth, muster_cookies=self.muster_cookies,
                 peer=request.remote or "", host=request.host, scheme=request.scheme,
                 prefix=target.prefix if service.strip_prefix else None,
-                websocket=request.headers.get("Upgrade", "").lower() == "websocket")
+                websocket=request.headers.get("Upgrade", "").lower() == "websocket", trusted=self.trusted)
             response = await forward(request, entry, path, headers, self.session, self.pool, self.limits, report,
                                      self.tunnels)
             if response is None and service.scales_to_zero:
