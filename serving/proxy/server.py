@@ -78,12 +78,18 @@ class Endpoint:
         # the ORM's reads (routes, tokens, counts) run here, off the event loop
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="endpoint-db")
         self.metrics = metrics.Metrics()
-        self.table = Table(_read_service, _read_run, self.executor, on_load=self.metrics.loaded)
+        self.table = Table(_read_service, _read_run, self.executor, on_load=self.loaded)
         self.tokens = auth.TokenCheck(self.executor, conf["ENDPOINT_AUTH_CACHE"])
         self.tunnels = Tunnels(self.executor, _ssh_target)
         self.counts: Counter[int] = Counter()
         self.session: aiohttp.ClientSession | None = None  # WebSockets
         self.pool = upstream.Pool(self.limits.connect_timeout)  # every other request
+
+    def loaded(self, service) -> None:
+        self.metrics.loaded(service)
+        # a replica that left the routing table keeps no SSH connection to its host
+        self.tunnels.prune({(r.instance_id, r.port) for e in self.table.entries.values() if e.service
+                            for r in e.service.replicas})
 
     async def start(self) -> None:
         # no limit on connections per replica (a stream holds one for its length); idle ones are
