@@ -374,7 +374,7 @@ MUSTER = {
     # replica's silence / for a client's headers or of its silence mid-body, bytes of a request body
     # (and of a WebSocket message) / of one header line, headers per request; a scale-to-zero
     # service's wait for a replica, the routing table's re-read (the safety net under NOTIFY;
-    # SQLite's only way), a token's cache
+    # SQLite's only way), a token's cache, the peers (the TLS proxy's) whose X-Forwarded-* are believed
     "ENDPOINT_BIND": env_str("MUSTER_ENDPOINT_BIND", "127.0.0.1:8001"),
     "ENDPOINT_CONNECT_TIMEOUT": env_float("MUSTER_ENDPOINT_CONNECT_TIMEOUT", 5.0),
     "ENDPOINT_READ_TIMEOUT": env_float("MUSTER_ENDPOINT_READ_TIMEOUT", 300.0),
@@ -385,6 +385,7 @@ MUSTER = {
     "ENDPOINT_COLD_START_WAIT": env_float("MUSTER_ENDPOINT_COLD_START_WAIT", 120.0),
     "ENDPOINT_ROUTES_REFRESH": env_float("MUSTER_ENDPOINT_ROUTES_REFRESH", 5.0),
     "ENDPOINT_AUTH_CACHE": env_float("MUSTER_ENDPOINT_AUTH_CACHE", 5.0),
+    "ENDPOINT_TRUSTED_PROXIES": env_str("MUSTER_ENDPOINT_TRUSTED_PROXIES", "127.0.0.1/32,::1/128"),
     # set in a settings file, not the environment: the gcp backend's defaults (the MUSTER_GCP_*
     # variables win, backends/gcp/config.py), and backends a deployment adds (name -> dotted class path)
     "GCP": {},
@@ -392,9 +393,8 @@ MUSTER = {
 }
 
 LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "version": 1, "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}}, "root": {"handlers": ["console"],
+                                                                          "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

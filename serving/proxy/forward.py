@@ -102,17 +102,19 @@ async def forward(request: web.BaseRequest, entry: Entry, path: str, headers: li
                 continue  # its host needed the SSH path lately
             if through_ssh and not replica.ssh:
                 break
-            address = await tunnels.local_address(replica) if through_ssh else replica.address
-            if address is None:
+            tunnel = await tunnels.tunnel(replica) if through_ssh else None
+            if through_ssh and tunnel is None:
                 break
-            # through the tunnel the replica still gets its own address as Host, not the local port
+            # through the tunnel the replica still gets its own address as Host
             sent = [*headers, ("Host", replica.address)] if through_ssh else headers
             try:
                 if websocket:
-                    return await _websocket(request, session, f"http://{address}{path}", sent, report,
-                                            limits.max_body)
-                upstream = await pool.request(address, request.method, path, sent, body.chunks() if body else None,
-                                              request.content_length if body else None, limits.read_timeout)
+                    return await _websocket(request, tunnel.session() if tunnel else session,
+                                            f"http://{replica.address}{path}", sent, report, limits.max_body)
+                upstream = await pool.request(
+                    f"ssh/{replica.instance_id}/{replica.address}" if tunnel else replica.address, request.method,
+                    path, sent, body.chunks() if body else None, request.content_length if body else None,
+                    limits.read_timeout, opener=tunnel.open_socket if tunnel else None)
                 break
             except upstream_client.ConnectFailed:
                 continue  # refused or unreachable there: it got nothing; the SSH path, or another replica

@@ -13,10 +13,15 @@ cookies, sent when the endpoint shares the console's host behind the TLS proxy) 
 `X-Muster-*` header are never forwarded; the application's other cookies are. Back from the
 replica, a `Set-Cookie` naming one of Muster's cookies or carrying a `Domain=` attribute is dropped:
 an application must not set the console's session, nor a cookie for hosts beyond the endpoint's.
+
+X-Forwarded-For/-Host/-Proto from the client are believed only from a trusted peer (the TLS proxy in
+front: MUSTER_ENDPOINT_TRUSTED_PROXIES); from anyone else they are replaced by the peer's address,
+the Host and the scheme the endpoint saw, so a client cannot pose as another address or as HTTPS.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote
@@ -29,8 +34,9 @@ _ENCODED_BAD = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade"})
-# X-Forwarded-For gets the peer appended; a TLS proxy's X-Forwarded-Proto/Host pass, else they are set
-REQUEST_DROPPED = HOP_BY_HOP | {"host", "x-forwarded-for", "x-forwarded-prefix"}
+# X-Forwarded-For gets the peer appended; a trusted proxy's X-Forwarded-Proto/Host pass, else they are set
+REQUEST_DROPPED = HOP_BY_HOP | {"host", "x-forwarded-for", "x-forwarded-prefix", "x-forwarded-proto",
+                                "x-forwarded-host"}
 WEBSOCKET_OWN = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
                            "sec-websocket-protocol", "sec-websocket-accept"})
 
@@ -89,9 +95,23 @@ def _without_cookies(header: str, names: frozenset[str]) -> str:
     return "; ".join(kept)
 
 
+def trusted_networks(setting: str) -> tuple:
+    """MUSTER_ENDPOINT_TRUSTED_PROXIES (comma-separated addresses or CIDRs) parsed once."""
+    return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in setting.split(",") if part.strip())
+
+
+def is_trusted(peer: str, trusted: tuple) -> bool:
+    try:
+        address = ipaddress.ip_address(peer.strip("[]"))
+    except ValueError:  # no address (a Unix socket) or not one: not a proxy we know
+        return False
+    return any(address in network for network in trusted)
+
+
 def request_headers(headers, *, auth: bool, muster_cookies: frozenset[str], peer: str, host: str, scheme: str,
-                    prefix: str | None, websocket: bool = False) -> list[tuple[str, str]]:
-    """The headers the replica gets (a list: repeated headers stay repeated)."""
+                    prefix: str | None, websocket: bool = False, trusted: tuple = ()) -> list[tuple[str, str]]:
+    """The headers the replica gets (a list: repeated headers stay repeated); the client's
+    X-Forwarded-* count only when `peer` is in `trusted` (trusted_networks)."""
     named = {h.strip().lower() for h in headers.get("Connection", "").split(",")}
     drop = REQUEST_DROPPED | named | (WEBSOCKET_OWN if websocket else frozenset())
     out = []
@@ -104,12 +124,11 @@ def request_headers(headers, *, auth: bool, muster_cookies: frozenset[str], peer
             if not value:
                 continue
         out.append((name, value))
-    forwarded_for = headers.get("X-Forwarded-For")
+    believed = is_trusted(peer, trusted)
+    forwarded_for = headers.get("X-Forwarded-For") if believed else None
     out.append(("X-Forwarded-For", f"{forwarded_for}, {peer}" if forwarded_for else peer))
-    if "X-Forwarded-Host" not in headers:
-        out.append(("X-Forwarded-Host", host))
-    if "X-Forwarded-Proto" not in headers:
-        out.append(("X-Forwarded-Proto", scheme))
+    out.append(("X-Forwarded-Host", headers.get("X-Forwarded-Host", host) if believed else host))
+    out.append(("X-Forwarded-Proto", headers.get("X-Forwarded-Proto", scheme) if believed else scheme))
     if prefix:
         out.append(("X-Forwarded-Prefix", prefix))
     return out

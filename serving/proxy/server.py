@@ -74,15 +74,22 @@ class Endpoint:
                              client_timeout=conf["ENDPOINT_CLIENT_TIMEOUT"], max_body=conf["ENDPOINT_MAX_BODY"],
                              muster_cookies=self.muster_cookies)
         self.cold_start_wait = conf["ENDPOINT_COLD_START_WAIT"]
+        self.trusted = paths.trusted_networks(conf["ENDPOINT_TRUSTED_PROXIES"])
         # the ORM's reads (routes, tokens, counts) run here, off the event loop
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="endpoint-db")
         self.metrics = metrics.Metrics()
-        self.table = Table(_read_service, _read_run, self.executor, on_load=self.metrics.loaded)
+        self.table = Table(_read_service, _read_run, self.executor, on_load=self.loaded)
         self.tokens = auth.TokenCheck(self.executor, conf["ENDPOINT_AUTH_CACHE"])
         self.tunnels = Tunnels(self.executor, _ssh_target)
         self.counts: Counter[int] = Counter()
         self.session: aiohttp.ClientSession | None = None  # WebSockets
         self.pool = upstream.Pool(self.limits.connect_timeout)  # every other request
+
+    def loaded(self, service) -> None:
+        self.metrics.loaded(service)
+        # a replica that left the routing table keeps no SSH connection to its host
+        self.tunnels.prune({(r.instance_id, r.port) for e in self.table.entries.values() if e.service
+                            for r in e.service.replicas})
 
     async def start(self) -> None:
         # no limit on connections per replica (a stream holds one for its length); idle ones are
@@ -149,7 +156,7 @@ class Endpoint:
                 request.headers, auth=service.auth, muster_cookies=self.muster_cookies,
                 peer=request.remote or "", host=request.host, scheme=request.scheme,
                 prefix=target.prefix if service.strip_prefix else None,
-                websocket=request.headers.get("Upgrade", "").lower() == "websocket")
+                websocket=request.headers.get("Upgrade", "").lower() == "websocket", trusted=self.trusted)
             response = await forward(request, entry, path, headers, self.session, self.pool, self.limits, report,
                                      self.tunnels)
             if response is None and service.scales_to_zero:

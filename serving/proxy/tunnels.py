@@ -1,26 +1,32 @@
 """The SSH path: a replica on an SSH host the endpoint cannot reach directly, reached through the
-host's SSH connection, as `ssh -L` (and `muster attach`) forward a port.
+host's SSH connection, as `ssh -L` (and `muster attach`) forward a port, but with no port open.
 
 A replica on an SSH fleet's host is tried directly first (its instance's address and the
 service's port). When that connection fails (refused, unreachable, timed out), the endpoint logs
 in to the host as the engine does (the fleet's key, the recorded host key, the SSH address
 policy: backends/ssh/connection.py) and opens a `direct-tcpip` channel to the replica's port at the
-host's own address for it (DSTACK_NODE_IP, what the replica binds) or, where that is refused, at
-the host's loopback. The channel is offered to the HTTP client as a local port (127.0.0.1, one per
-host and destination), so forwarding, streaming and retries are the same code on both paths.
-A host that needed the tunnel is tried through it first for PREFER seconds, then directly again.
+host's own address for it (DSTACK_NODE_IP, what the replica binds). Each connection to the replica
+is one channel and one socketpair in this process: the HTTP client (upstream.py, or aiohttp for a
+WebSocket) gets one end, two threads pump the other end to and from the channel. Nothing listens:
+a local port would let any process in the endpoint's network namespace reach the replica past
+`auth: true`. A host that needed the tunnel is tried through it first for PREFER seconds, then
+directly again. A tunnel whose replica left every routing table entry is closed (prune).
 
-Cost: one SSH connection per host (kept while it lives), and on this path one thread per open
-connection (paramiko's channels block); the direct path has neither.
+Cost: one SSH connection per host and port (kept while its replica is routed), and on this path
+two threads per open connection (paramiko's channels block); the direct path has neither.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from aiohttp.connector import BaseConnector
 
 log = logging.getLogger("muster.endpoint")
 PREFER = 60.0
@@ -28,68 +34,95 @@ OPEN_TIMEOUT = 10.0
 
 
 class Tunnel:
-    """A local listening port whose every connection is one channel to `dest` through `client`."""
+    """Connections to `dest` through `client`, each a channel handed over as one end of a socketpair."""
 
-    def __init__(self, client, dests: tuple[tuple[str, int], ...], pumps: ThreadPoolExecutor):
-        self.client, self.dests, self.pumps = client, dests, pumps
-        self.server: asyncio.AbstractServer | None = None
-        self.port = 0
+    def __init__(self, client, dest: tuple[str, int], pumps: ThreadPoolExecutor):
+        self.client, self.dest, self.pumps = client, dest, pumps
+        self.closed = False
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def alive(self) -> bool:
         transport = self.client.get_transport()
-        return transport is not None and transport.is_active() and self.server is not None
+        return transport is not None and transport.is_active() and not self.closed
 
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
+    def session(self) -> aiohttp.ClientSession:
+        """An aiohttp session whose every connection is one through this tunnel (WebSockets)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=_TunnelConnector(self), auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
+        return self._session
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        self.client.close()
+        self.closed = True
+        if self._session is not None:
+            try:
+                asyncio.get_running_loop().create_task(self._session.close())
+            except RuntimeError:  # no loop left (shutting down): its connections die with the client's
+                pass
+            self._session = None
+        self.client.close()  # every channel ends: the pumps close their sockets, the pool forgets them
 
     def _open_channel(self):
-        transport = self.client.get_transport()
-        last: Exception | None = None
-        for dest in self.dests:
-            try:
-                return transport.open_channel("direct-tcpip", dest, ("127.0.0.1", 0), timeout=OPEN_TIMEOUT)
-            except Exception as exc:  # paramiko's ChannelException: refused at that address
-                last = exc
-        raise ConnectionRefusedError(f"no replica at {self.dests} through SSH: {last}")
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
+        # only the job's own node address: a fallback to the host's 127.0.0.1 would let a service's
+        # `port` reach whatever listens on its host's loopback (the host's own daemons), not a replica
         try:
-            channel = await loop.run_in_executor(self.pumps, self._open_channel)
-        except Exception:
-            writer.close()  # the HTTP client sees the connection closed: a refusal, as on the direct path
-            return
+            return self.client.get_transport().open_channel("direct-tcpip", self.dest, ("127.0.0.1", 0),
+                                                            timeout=OPEN_TIMEOUT)
+        except Exception as exc:  # paramiko's ChannelException: refused at that address
+            raise ConnectionRefusedError(f"no replica at {self.dest} through SSH: {exc}") from None
 
-        def back() -> None:  # the replica's bytes to the client, waiting for the client to take them
-            try:
-                while data := channel.recv(1 << 16):
-                    asyncio.run_coroutine_threadsafe(_write(writer, data), loop).result()
-            except Exception:  # the client or the channel went away
-                pass
-            finally:
-                loop.call_soon_threadsafe(writer.close)
+    async def open_socket(self) -> socket.socket:
+        """A connected, non-blocking socket whose other end is a new channel to the replica."""
+        channel = await asyncio.get_running_loop().run_in_executor(self.pumps, self._open_channel)
+        ours, theirs = socket.socketpair()
+        out = threading.Thread(target=_pump_out, args=(theirs, channel), name="endpoint-ssh-out", daemon=True)
+        out.start()
+        threading.Thread(target=_pump_back, args=(theirs, channel, out), name="endpoint-ssh-back",
+                         daemon=True).start()
+        ours.setblocking(False)
+        return ours
 
-        threading.Thread(target=back, name="endpoint-ssh-back", daemon=True).start()
+
+def _pump_out(sock: socket.socket, channel) -> None:
+    """The client's bytes to the replica; the client closing ends the channel."""
+    try:
+        while data := sock.recv(1 << 16):
+            channel.sendall(data)
+    except OSError:
+        pass
+    finally:
+        channel.close()
+
+
+def _pump_back(sock: socket.socket, channel, out: threading.Thread) -> None:
+    """The replica's bytes to the client; the replica (or the SSH connection) closing ends the socket."""
+    try:
+        while data := channel.recv(1 << 16):
+            sock.sendall(data)
+    except OSError:
+        pass
+    finally:
         try:
-            while data := await reader.read(1 << 16):
-                await loop.run_in_executor(self.pumps, channel.sendall, data)
-        except Exception:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes _pump_out's recv
+        except OSError:
             pass
-        finally:
-            channel.close()
+        out.join()
+        sock.close()
 
 
-async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    writer.write(data)
-    await writer.drain()
+class _TunnelConnector(BaseConnector):
+    def __init__(self, tunnel: Tunnel):
+        super().__init__(limit=0, keepalive_timeout=30.0)
+        self._tunnel = tunnel
+
+    async def _create_connection(self, req, traces, timeout):
+        try:
+            _, proto = await self._loop.create_connection(self._factory, sock=await self._tunnel.open_socket())
+        except OSError as exc:
+            raise aiohttp.ClientConnectorError(req.connection_key, exc) from exc
+        return proto
 
 
 def _connect(target):
@@ -110,13 +143,13 @@ class Tunnels:
     def prefers(self, replica) -> bool:
         return self._prefer.get(replica.instance_id, 0.0) > time.monotonic()
 
-    async def _local_address(self, replica) -> str | None:
+    async def _tunnel(self, replica) -> Tunnel | None:
         key = (replica.instance_id, replica.port)
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             tunnel = self._open.get(key)
             if tunnel is not None and tunnel.alive:
-                return f"127.0.0.1:{tunnel.port}"
+                return tunnel
             if tunnel is not None:
                 tunnel.close()
             if self._no_ssh.get(replica.instance_id, 0.0) > time.monotonic():
@@ -131,21 +164,27 @@ class Tunnels:
                 self._no_ssh[replica.instance_id] = time.monotonic() + PREFER
                 log.warning("no SSH path to replica %s (instance %s): %s", replica.job_id, replica.instance_id, exc)
                 return None
-            dests = ((replica.inner or replica.host, replica.port), ("127.0.0.1", replica.port))
-            tunnel = Tunnel(client, dests, self._pumps)
-            await tunnel.start()
-            self._open[key] = tunnel
-            return f"127.0.0.1:{tunnel.port}"
+            tunnel = self._open[key] = Tunnel(client, (replica.inner or replica.host, replica.port), self._pumps)
+            return tunnel
 
-    async def local_address(self, replica) -> str | None:
-        """The local port that reaches `replica` through its host's SSH connection (made on first
-        use, made again when the connection died), or None when its host cannot be logged in to."""
-        address = await self._local_address(replica)
-        if address is not None:
+    async def tunnel(self, replica) -> Tunnel | None:
+        """The tunnel that reaches `replica` through its host's SSH connection (made on first use,
+        made again when the connection died), or None when its host cannot be logged in to."""
+        tunnel = await self._tunnel(replica)
+        if tunnel is not None:
             self._prefer[replica.instance_id] = time.monotonic() + PREFER
-        return address
+        return tunnel
+
+    def prune(self, routed: set[tuple[int, int]]) -> None:
+        """Close the tunnels to replicas no longer in the routing table ((instance id, port) pairs)."""
+        for key in [k for k in self._open if k not in routed]:
+            self._open.pop(key).close()
+            lock = self._opening.get(key)
+            if lock is not None and not lock.locked():
+                del self._opening[key]
 
     def close(self) -> None:
         for tunnel in self._open.values():
             tunnel.close()
+        self._open.clear()
         self._pumps.shutdown(wait=False)

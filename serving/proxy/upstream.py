@@ -280,7 +280,7 @@ class Pool:
         if idle and conn in idle:
             idle.remove(conn)
 
-    async def _conn(self, address: str, head_request: bool, fresh: bool) -> tuple[_Conn, bool]:
+    async def _conn(self, address: str, head_request: bool, fresh: bool, opener) -> tuple[_Conn, bool]:
         idle = None if fresh else self.idle.get(address)
         while idle:
             conn = idle.pop()
@@ -289,32 +289,37 @@ class Pool:
             if conn.transport is not None and not conn.transport.is_closing():
                 conn.reset(head_request)
                 return conn, True
-        host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self, address, head_request), host.strip("[]"), int(port)),
-                self.connect_timeout)
+            if opener is not None:  # the SSH path: a socket handed over, `address` only the pool's key
+                connecting = loop.create_connection(lambda: _Conn(self, address, head_request), sock=await opener())
+            else:
+                host, _, port = address.rpartition(":")
+                connecting = loop.create_connection(lambda: _Conn(self, address, head_request), host.strip("[]"),
+                                                    int(port))
+            _, conn = await asyncio.wait_for(connecting, self.connect_timeout)
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"{address}: {exc or 'timed out'}") from None
         return conn, False
 
     async def request(self, address: str, method: str, target: str, headers: list[tuple[str, str]], body,
-                      length: int | None, read_timeout: float) -> Answer:
+                      length: int | None, read_timeout: float, opener=None) -> Answer:
         """Send one request (its body an async iterator of bytes, or None) and return the answer
         once its head arrived; the body is read from the Answer. A kept connection the replica
-        had closed meanwhile is replaced by a new one, when there is no body to send again."""
+        had closed meanwhile is replaced by a new one, when there is no body to send again. `opener`
+        (async, returning a connected socket) makes new connections instead of connecting to `address`."""
         for attempt in (0, 1):
             try:
                 return await self._request(address, method, target, headers, body, length, read_timeout,
-                                           fresh=attempt == 1)
+                                           fresh=attempt == 1, opener=opener)
             except _Stale:
                 continue
         raise Dropped("the replica closed the connection")
 
-    async def _request(self, address, method, target, headers, body, length, read_timeout, fresh) -> Answer:
+    async def _request(self, address, method, target, headers, body, length, read_timeout, fresh,
+                       opener) -> Answer:
         head_request = method == "HEAD"
-        conn, reused = await self._conn(address, head_request, fresh)
+        conn, reused = await self._conn(address, head_request, fresh, opener)
         host = next((v for k, v in headers if k.lower() == "host"), address)  # the SSH path names the replica's
         lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
         lines += [f"{k}: {v}" for k, v in headers if k.lower() not in ("host", "content-length")]

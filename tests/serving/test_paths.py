@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from serving.proxy.paths import Refused, key_in_query, parse, request_headers, upstream_path
+from serving.proxy.paths import Refused, key_in_query, parse, request_headers, trusted_networks, upstream_path
 
 BASE = "/proxy/services/main/llm"
 
@@ -45,7 +45,8 @@ def test_hop_by_hop_muster_and_auth_headers_stay_behind():
                         ("X-Private", "1"), ("Keep-Alive", "5"), ("X-Muster-Project", "main"), ("Accept", "a"),
                         ("Cookie", "sessionid=1; csrftoken=2; theme=dark"), ("X-Forwarded-For", "10.0.0.1")])
     got = CIMultiDict(request_headers(sent, auth=True, muster_cookies=frozenset({"sessionid", "csrftoken"}),
-                                      peer="10.0.0.2", host="models.example.com", scheme="https", prefix=BASE))
+                                      peer="10.0.0.2", host="models.example.com", scheme="https", prefix=BASE,
+                                      trusted=trusted_networks("10.0.0.2")))
     assert "Authorization" not in got and "X-Private" not in got and "Keep-Alive" not in got
     assert "X-Muster-Project" not in got and "Connection" not in got
     assert got["Cookie"] == "theme=dark" and got["Accept"] == "a"
@@ -64,3 +65,22 @@ def test_a_replicas_cookie_for_the_console_or_another_domain_stays_behind():
     got = response_headers(sent, frozenset({"sessionid", "csrftoken"}))
     assert [v for k, v in got if k == "Set-Cookie"] == ["app=kept; Path=/"]
     assert ("Content-Type", "text/plain") in got
+
+
+def test_forwarded_headers_are_believed_only_from_a_trusted_proxy():
+    sent = CIMultiDict([("X-Forwarded-For", "1.2.3.4"), ("X-Forwarded-Host", "bank.example"),
+                        ("X-Forwarded-Proto", "https")])
+    trusted = trusted_networks("127.0.0.1/32, ::1, 10.1.0.0/16")
+
+    def seen(peer):
+        return CIMultiDict(request_headers(sent, auth=False, muster_cookies=frozenset(), peer=peer,
+                                           host="models.example.com", scheme="http", prefix=None, trusted=trusted))
+
+    for peer in ("10.1.2.3", "::1", "127.0.0.1"):
+        got = seen(peer)
+        assert got["X-Forwarded-For"] == f"1.2.3.4, {peer}"
+        assert got["X-Forwarded-Host"] == "bank.example" and got["X-Forwarded-Proto"] == "https"
+    for peer in ("10.2.0.1", "127.0.0.2", ""):
+        got = seen(peer)
+        assert got.getall("X-Forwarded-For") == [peer] and got.getall("X-Forwarded-Host") == ["models.example.com"]
+        assert got.getall("X-Forwarded-Proto") == ["http"]
