@@ -66,3 +66,22 @@ def story() -> str:
 def describe(run_name: str) -> list[tuple]:
     return [(j.job_num, j.replica_num, j.submission_num, j.deployment_num, j.status, j.termination_reason,
              bool(j.ready_at), j.instance and j.instance.internal_ip) for j in replicas(run_name)]
+
+
+def apply_service(api, conf: str, update: bool = False) -> dict:
+    """Submit a service through the REST API (an in-place update with `update`); the run's answer."""
+    answer = api.post("/api/projects/main/runs/", {"configuration": conf, **({"update": True} if update else {})},
+                      format="json")
+    assert answer.status_code in (200, 201), answer.content
+    return answer.json()
+
+
+def local_fleet(count: int):
+    """A cluster local fleet of `count` hosts in project main, and the function that ends it."""
+    from engine.groups import terminate_fleet_instances
+    from instances.services.fleets import create_local_fleet
+    from projects.models import Project
+
+    project, _ = Project.objects.get_or_create(name="main")
+    fleet = create_local_fleet(project, "local", count, placement="cluster")
+    return fleet, lambda: terminate_fleet_instances(fleet)

@@ -11,36 +11,31 @@ import pytest
 
 from events.models import Event
 from instances.models import Instance
-from instances.services.fleets import create_local_fleet
 from runs.models import Job, Run
 from tests.engine.helpers import Beat, wait_for_run
-from tests.engine.service_helpers import describe, ready, replicas, service_yaml, wait_until
+from tests.engine.service_helpers import (
+    apply_service,
+    describe,
+    local_fleet,
+    ready,
+    replicas,
+    service_yaml,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
 def two_hosts(fast_limits):
-    from projects.models import Project
-
-    project, _ = Project.objects.get_or_create(name="main")
-    fleet = create_local_fleet(project, "local", 2, placement="cluster")
+    fleet, end = local_fleet(2)
     yield fleet
-    from engine.groups import terminate_fleet_instances
-
-    terminate_fleet_instances(fleet)
-
-
-def _apply(api, conf: str, update: bool = False):
-    answer = api.post("/api/projects/main/runs/", {"configuration": conf, **({"update": True} if update else {})},
-                      format="json")
-    assert answer.status_code in (200, 201), answer.content
-    return answer.json()
+    end()
 
 
 def test_two_replicas_are_placed_one_host_each_and_a_third_waits_for_a_host(two_hosts, celery_worker, api, tmp_path):
     retry = "retry:\n  on_events: [no-capacity]\n  duration: 1h\n"
-    _apply(api, service_yaml("web", tmp_path, replicas="3", extra=retry))
+    apply_service(api, service_yaml("web", tmp_path, replicas="3", extra=retry))
     wait_until(lambda: len(ready("web")) == 2, 60, "two replicas ready")
     jobs = replicas("web")
     placed = [j for j in jobs if j.instance_id]
@@ -53,7 +48,7 @@ def test_two_replicas_are_placed_one_host_each_and_a_third_waits_for_a_host(two_
 
 def test_a_killed_replica_is_replaced_while_the_other_keeps_serving(two_hosts, celery_worker, api, tmp_path):
     retry = "retry:\n  on_events: [error, interruption]\n  duration: 1h\n"
-    _apply(api, service_yaml("web", tmp_path, extra=retry))
+    apply_service(api, service_yaml("web", tmp_path, extra=retry))
     first = wait_until(lambda: (r := ready("web")) and len(r) == 2 and r, 60, "two replicas ready")
     victim, other = first
     pid = int((Path(tmp_path) / victim.instance.internal_ip / "pid").read_text())
@@ -74,7 +69,7 @@ def test_a_killed_replica_is_replaced_while_the_other_keeps_serving(two_hosts, c
 
 
 def test_a_replica_whose_probe_fails_leaves_the_ready_set_and_comes_back(two_hosts, celery_worker, api, tmp_path):
-    _apply(api, service_yaml("web", tmp_path))
+    apply_service(api, service_yaml("web", tmp_path))
     first = wait_until(lambda: (r := ready("web")) and len(r) == 2 and r, 60, "two replicas ready")
     sick = first[0]
     ok = Path(tmp_path) / sick.instance.internal_ip / "ok"
@@ -88,7 +83,7 @@ def test_a_replica_whose_probe_fails_leaves_the_ready_set_and_comes_back(two_hos
 
 def test_a_stop_takes_the_replicas_out_of_the_pool_then_stops_them_and_ends_terminated(two_hosts, celery_worker, api,
                                                                                       tmp_path):
-    _apply(api, service_yaml("web", tmp_path))
+    apply_service(api, service_yaml("web", tmp_path))
     wait_until(lambda: len(ready("web")) == 2, 60, "two replicas ready")
     assert api.post("/api/projects/main/runs/web/stop", {}, format="json").status_code in (200, 202)
     run = wait_for_run("web", timeout=60)
@@ -102,7 +97,7 @@ def test_a_stop_takes_the_replicas_out_of_the_pool_then_stops_them_and_ends_term
 
 
 def test_without_retry_a_failed_replica_fails_the_service_as_dstack_does(two_hosts, celery_worker, api, tmp_path):
-    _apply(api, service_yaml("web", tmp_path))
+    apply_service(api, service_yaml("web", tmp_path))
     victim = wait_until(lambda: (r := ready("web")) and len(r) == 2 and r[0], 60, "two replicas ready")
     os.kill(int((Path(tmp_path) / victim.instance.internal_ip / "pid").read_text()), signal.SIGKILL)
     run = wait_for_run("web", timeout=60)

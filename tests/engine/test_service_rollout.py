@@ -11,33 +11,20 @@ import pytest
 
 from engine import tasks
 from events.models import Event
-from instances.services.fleets import create_local_fleet
 from runs.models import Job, Run
 from serving.stats import add_requests
 from tests.engine.helpers import BackgroundLoop, Beat
-from tests.engine.service_helpers import ready, replicas, service_yaml, wait_until
+from tests.engine.service_helpers import apply_service, local_fleet, ready, replicas, service_yaml, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
 def three_hosts(fast_limits, settings):
-    from projects.models import Project
-
     settings.MUSTER = {**settings.MUSTER, "DRAIN_DELAY": 1.0, "SCALING_INTERVAL": 0.5}
-    project, _ = Project.objects.get_or_create(name="main")
-    fleet = create_local_fleet(project, "local", 3, placement="cluster")
+    fleet, end = local_fleet(3)
     yield fleet
-    from engine.groups import terminate_fleet_instances
-
-    terminate_fleet_instances(fleet)
-
-
-def _apply(api, conf: str, update: bool = False):
-    answer = api.post("/api/projects/main/runs/", {"configuration": conf, **({"update": True} if update else {})},
-                      format="json")
-    assert answer.status_code in (200, 201), answer.content
-    return answer.json()
+    end()
 
 
 class ReadyCounts(BackgroundLoop):
@@ -63,11 +50,11 @@ def _alive(pid: int) -> bool:
 
 def test_a_rolling_update_ends_with_only_the_new_deployment_and_never_zero_ready(three_hosts, celery_worker, api,
                                                                                  tmp_path):
-    _apply(api, service_yaml("web", tmp_path))
+    apply_service(api, service_yaml("web", tmp_path))
     old = wait_until(lambda: (r := ready("web")) and len(r) == 2 and r, 60, "two replicas ready")
     old_pids = [int((Path(tmp_path) / j.instance.internal_ip / "pid").read_text()) for j in old]
     with ReadyCounts("web") as counts, Beat():
-        _apply(api, service_yaml("web", tmp_path).replace("VERSION=v1", "VERSION=v2"), update=True)
+        apply_service(api, service_yaml("web", tmp_path).replace("VERSION=v1", "VERSION=v2"), update=True)
         assert Run.objects.get(name="web").deployment_num == 1
 
         def rolled():
@@ -114,7 +101,7 @@ class Load(threading.Thread):
 
 def test_rps_scaling_goes_up_from_zero_under_load_and_back_down_after_it(three_hosts, celery_worker, api, tmp_path):
     scaling = "scaling:\n  metric: rps\n  target: 5\n  window: 30s\n  scale_up_delay: 0s\n  scale_down_delay: 2s\n"
-    _apply(api, service_yaml("web", tmp_path, replicas="0..2", extra=scaling))
+    apply_service(api, service_yaml("web", tmp_path, replicas="0..2", extra=scaling))
     run = wait_until(lambda: (r := Run.objects.get(name="web")).status == "running" and r, 30, "running at zero")
     assert not replicas("web") and run.desired_replicas == {"0": 0}
     with Scaler(), Beat():
