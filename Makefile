@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-containers test-dstack demo lint bench bench-peer chaos fuzz clean
+.PHONY: run test test-containers test-dstack test-serving demo lint bench bench-peer chaos fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(BIN)/pytest -q -m "not docker and not dstack_cli" -n $(TEST_WORKERS) --durations=10
+	$(BIN)/pytest -q -m "not docker and not dstack_cli and not smg" -n $(TEST_WORKERS) --durations=10
 
 test-containers: $(STAMP)
 	$(BIN)/pytest -q -m docker --durations=5
@@ -44,6 +44,11 @@ $(DSTACK_VENV)/.installed:
 
 test-dstack: $(STAMP) $(DSTACK_VENV)/.installed
 	$(BIN)/pytest -q -m dstack_cli -n 2 --durations=5 tests/dstack_cli
+
+# PD services with the real smg router (tests/serving_pd, marker smg): apart from `make test` so that
+# one stays within its time; each test runs a router, workers and a Muster worker of its own
+test-serving: $(STAMP)
+	$(BIN)/pytest -q -m smg -n 2 --durations=5 tests/serving_pd
 
 demo: $(STAMP)
 	$(BIN)/python -m muster.demo

@@ -13,6 +13,12 @@ def is_ready(job) -> bool:
     return job.status == JobStatus.RUNNING and not job.superseded and job.ready_at is not None
 
 
+def is_head(job) -> bool:
+    """Node 0 of its replica: a replica of `nodes: N` is N jobs, and only its node 0 is routed to
+    and registered with a router."""
+    return job.node_group_rank == 0
+
+
 def replica_counts(run, jobs) -> dict[str, int]:
     """{ready, total}: total is what the run wants now (`desired_replicas`, summed over its groups),
     so a rolling update's extra replica does not show as a larger service."""
