@@ -376,8 +376,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
             SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
                                          run=run)
         # job 0 is claimable at once; the others wait for their master (runs/job_rows.py); a
-        # service's replicas are each claimable at once (none at all when it starts at 0 replicas)
-        for job in jobs if run.configuration.get("type") == "service" else [j for j in jobs if j.job_num == 0]:
+        # service's replicas are each claimable at once by their node 0 (none at all when it starts at 0
+        # replicas)
+        for job in [j for j in jobs if not j.waiting_master_job]:
             messages.provision_job(job.pk)
         if not jobs:
             messages.process_run(run.pk)
