@@ -81,12 +81,14 @@ def replace_replica(run: Run, old: list[Job], hosts: list | None, why: str) -> l
             transaction.set_rollback(True)
             return []
         number = max(j.submission_num for j in old) + 1
-        fresh = new_jobs(run, [j.spec for j in old], number)
-        for row, job in zip(fresh, old, strict=True):
-            row.fleet_id = job.fleet_id
-            if hosts is not None:
-                row.instance, row.status, row.waiting_master_job = hosts[old.index(job)], JobStatus.PROVISIONING, False
-        fresh = Job.objects.bulk_create(fresh)
+        placed = hosts is not None
+        fresh = Job.objects.bulk_create([
+            Job(run=run, job_num=j.job_num, submission_num=number, node_group_name=j.node_group_name,
+                node_group_index=j.node_group_index, node_group_rank=j.node_group_rank, replica_num=j.replica_num,
+                deployment_num=j.deployment_num, spec=j.spec, fleet_id=j.fleet_id,
+                status=JobStatus.PROVISIONING if placed else JobStatus.SUBMITTED,
+                instance=hosts[i] if placed else None, waiting_master_job=not placed and j.node_group_rank != 0)
+            for i, j in enumerate(old)])
         head = fresh[0]
         where = "on the same hosts" if hosts is not None else "looking for hosts"
         _say(run, head, f"replica {head.node_group_name}/{head.replica_num}, submission {number}: its "
