@@ -171,8 +171,9 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
     jobs = [{k: spec[k] for k in (*PLAN_JOB_KEYS, "replica_num") if k in spec} for spec in stored_specs(conf)]
     replicas = service_runs.plan_replicas(conf)
     if replicas is not None:
-        # the hosts a service needs now: one per replica it starts with (at least one, to show where it goes)
-        groups = [(name, index, req, max(replicas[name]["desired"], 1)) for name, index, req, _ in groups]
+        # the hosts a service needs now: `nodes` per replica it starts with (at least one replica, to
+        # show where it goes)
+        groups = [(name, index, req, max(replicas[name]["desired"], 1) * nodes) for name, index, req, nodes in groups]
     return {
         **({"replicas": replicas, "service_url": service_runs.planned_url(project, conf)} if replicas else {}),
         "run_name": conf.name or "(generated at submit)",
