@@ -229,7 +229,7 @@ def service_port(value: object) -> int:
 GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "python", "nvcc", "docker", "privileged",
                       "spot_policy", "reservation")
 GROUP_REFUSED = {
-    "slices": "a replica is one host: TPU multislice replicas are not supported yet",
+    "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
     "depends_on": "replicas start on their own: a service's groups have no depends_on",
     "ports": "a replica serves on the service's `port`",
     "on_failure": "a failed replica is replaced with the run's `retry` policy, not a group's on_failure",
