@@ -68,7 +68,9 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     live = [j for j in jobs if not j.finished and not j.superseded]
     others = replica_nodes.others_of(live)
     for group in conf.groups:
-        heads = [j for j in live if j.node_group_name == group.name and is_head(j)]
+        # a multi-host replica restarting as one counts once, as `pending`, while its nodes stop
+        restarting = pending.get(group.name, [])
+        heads = [j for j in live if j.node_group_name == group.name and is_head(j) and j.replica_num not in restarting]
         _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others)
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
