@@ -1,7 +1,8 @@
-"""Multi-host replicas (`nodes: 2`) through the REST API with a real worker on local hosts and the
-endpoint process: each replica is two jobs on two hosts with its own rank space, only node 0 is
-routed to, a node killed restarts its whole replica on the same hosts while the other replica
-serves every request, and a replica larger than any fleet is said at plan and at submit."""
+"""Multi-host replicas (`nodes: 2`) through the REST API with a real worker and the endpoint
+process, on local hosts: each replica is two jobs on two hosts with its own rank space, only node 0
+is routed to, a node killed restarts its whole replica on the same hosts while the other replica
+serves every request, and a replica larger than any fleet is said at plan and at submit; and on
+real sshd hosts in network namespaces: a replica's nodes told their hosts, node 0 alone reached."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.engine.helpers import Beat, local_project_fleet
 from tests.engine.service_helpers import describe, replicas, wait_until
 from tests.serving.replicas import free_port
 from tests.serving.test_endpoint import endpoint  # noqa: F401 (the fixture)
+from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -133,3 +135,34 @@ def test_two_node_replicas_have_their_own_ranks_and_restart_as_one_while_the_oth
     assert any("no 6 idle hosts fit it (nodes: 6) in one fleet" in j.termination_message
                and "none would, even with every host free" in j.termination_message for j in heads_big), \
         [(j.termination_reason, j.termination_message) for j in heads_big]
+
+
+@needs_netns[0]
+@needs_netns[1]
+@needs_netns[2]
+def test_a_two_node_replica_on_ssh_hosts_is_told_its_hosts_and_only_node_0_is_reached(
+        ssh_hosts, fast_limits, celery_worker, superuser_api, endpoint, django_user_model, tmp_path):  # noqa: F811
+    from projects.models import Project
+
+    pool = ssh_hosts(2, mode="netns")
+    project, _ = Project.objects.get_or_create(name="main")
+    fleet = registered_fleet(project, {"configuration": fleet_configuration(pool, name="svc")})
+    assert fleet.status == "active", fleet.errors
+    # one replica of two nodes; node 0 listens on all its host's addresses (the probe knocks on 127.0.0.1)
+    conf = _yaml("mh", tmp_path, free_port()).replace("replicas: 2", "replicas: 1").replace(
+        "--bind $DSTACK_NODE_IP", "--bind 0.0.0.0") + "fleets: [svc]\n"
+    with Beat():
+        answer = superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
+        assert answer.status_code == 201, answer.json()
+        (unit,) = wait_until(lambda: (u := _units("mh")) and all(j.status == "running" for j in u[0])
+                             and u[0][0].ready_at and list(u.values()), 120, "the 2-node replica ready")
+    ips = [j.instance.internal_ip for j in unit]
+    assert sorted(ips) == sorted(h.address for h in pool), "one node on each SSH host"
+    for rank, job in enumerate(unit):
+        told = Path(tmp_path) / job.instance.internal_ip  # the hosts share this filesystem
+        assert (told / "cluster").read_text().split() == [str(rank), "2", ips[0]]
+        assert (told / "hostfile").read_text().split() == ips
+    key = token_for(django_user_model.objects.get(username="root"))
+    where = f"{endpoint.url}/proxy/services/main/mh/who"
+    assert {requests.get(where, headers={"Authorization": f"Bearer {key}"}, timeout=30).text.strip()
+            for _ in range(8)} == {ips[0]}, "node 0 alone is routed to"
