@@ -14,14 +14,14 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    the ready count below what the group wants while old replicas are rolled out (one old replica at
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
    drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+3. the run's status: `running` from its first running replica (or at once when it wants none) to
+   its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
+
 A multi-host replica (`nodes: N`) is kept as one: only its node 0 counts and is drained, its other
 nodes going with it; any node ending stops the others (the replica restarts as one, as LWS's
 RecreateGroupOnPodRestart), and once all have ended they get a new submission together after the
 back-off: on the same hosts after an error (kept busy meanwhile, `Job.keep_host`), on new ones after
 an interruption or when a host is gone (engine/replicas/nodes.py).
-
-3. the run's status: `running` from its first running replica (or at once when it wants none) to
-   its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
 
 When something is due later (a back-off, a drain), the run's next_retry_at says when: the sweep
 derives it again then (engine/sweeps.py).

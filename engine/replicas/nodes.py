@@ -86,16 +86,17 @@ def let_go(nodes: list[Job], ended: list[Job]) -> None:
 
 def restart(run: Run, nodes: list[Job], cause: Job, why: str) -> list[Job]:
     """The new submission of every node (all ended), on the same hosts when it may and can."""
-    hosts = None
     if event_of(cause) != INTERRUPTION:
         try:
-            with transaction.atomic():  # all the hosts again, or none taken
-                hosts = [reused_host(j, j.node_group_index) for j in nodes]
+            with transaction.atomic():  # all the hosts again and the new rows on them, or nothing
+                fresh = rows.replace_replica(run, nodes, [reused_host(j, j.node_group_index) for j in nodes], why)
+                if not fresh:
+                    transaction.set_rollback(True)
+                return fresh
         except Lost:
-            hosts = None
-    if hosts is None:
-        _hand_back_kept(nodes)
-    return rows.replace_replica(run, nodes, hosts, why if hosts is not None else f"{why}; on new hosts")
+            pass  # a host was taken meanwhile (or never had): the replica moves
+    _hand_back_kept(nodes)
+    return rows.replace_replica(run, nodes, None, f"{why}; on new hosts")
 
 
 def _hand_back_kept(nodes: list[Job]) -> None:
