@@ -116,6 +116,11 @@ class SSHRunnerHost(RunnerHost):
         return self._runner_command(f"forward --to {shlex.quote(ip)} --ports {','.join(map(str, ports))} "
                                     f"--keys {keys_expr} --grant {shlex.quote(grant)}")
 
+    def shell_command(self, job_id: str, keys_expr: str, grant: str) -> str:
+        """The shell command that runs $SSH_ORIGINAL_COMMAND (or a login shell) in job `job_id`'s
+        environment (runner/shell.py), while the line marked `grant` is in the file `keys_expr` names."""
+        return self._runner_command(f"shell --job {shlex.quote(job_id)} --keys {keys_expr} --grant {shlex.quote(grant)}")
+
     def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "", max_output: int | None = None) -> bytes:
         status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin, max_output=max_output)
         if status != 0:
