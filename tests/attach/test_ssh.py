@@ -4,8 +4,12 @@ the host holds it, and the key gone when its member is removed; read-only member
 
 from __future__ import annotations
 
+import os
+import pty
+import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,40 @@ def muster(env, *args: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
 
 
+def interactive(env, typed: bytes) -> tuple[int, bool]:
+    """`muster ssh quiet` on a terminal (a pty of our own), `typed` sent once the shell prompts:
+    its exit status, and whether the job's env answered."""
+    parent, child = pty.openpty()
+    proc = subprocess.Popen([*MUSTER, "ssh", "quiet"], env=env, stdin=child, stdout=child, stderr=child,
+                            cwd=Path(__file__).resolve().parents[2])
+    os.close(child)
+    seen = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(parent, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # after the CLI's line saying where it is, the remote shell's prompt ("$ " or "# ")
+        wait_until(lambda: re.search(rb"OpenSSH.*[#$] ?$", bytes(seen), re.S), timeout=60, what="the prompt")
+        os.write(parent, typed)
+        code = proc.wait(30)
+        reader.join(5)
+        return code, b"[hello-from-the-job]" in seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(parent)
+
+
 def shell_lines(pool) -> list[str]:
     return [line for line in pool.authorized_keys.read_text().splitlines() if "muster-attach-" in line]
 
@@ -67,8 +105,20 @@ def test_muster_ssh_runs_a_command_in_the_jobs_env_and_the_key_goes_with_the_mem
     assert (seen.returncode, seen.stdout) == (0, b"hello-from-the-job\n"), seen.stderr
     assert run(ssh(pool, key, "-N", "-L", "9999:127.0.0.1:22", command=None)).returncode != 0
 
-    Membership.objects.filter(user__username="bob").delete()
-    wait_until(lambda: shell_lines(pool) == [], timeout=60, what="the shell key removed from the host")
+    # an interactive shell on a terminal: what is typed runs in the job's environment
+    assert interactive(cli_env, b'echo "[$GREETING]"; exit 3\n') == (3, True)
+    # a shell open when the member goes is ended with the key
+    held = subprocess.Popen([*MUSTER, "ssh", "quiet", "--", "echo open; sleep 300"], env=cli_env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert held.stdout.readline() == "open\n"
+        Membership.objects.filter(user__username="bob").delete()
+        wait_until(lambda: shell_lines(pool) == [], timeout=60, what="the shell key removed from the host")
+        assert held.wait(30) != 0
+    finally:
+        held.kill()
+        held.wait(10)
     refused = run(ssh(pool, key, command="echo $GREETING"))
     assert b"Permission denied" in refused.stderr and refused.stdout == b""
     again = muster(cli_env, "ssh", "quiet", "--", "true")
