@@ -81,6 +81,11 @@ def creates_groups(backend: str) -> bool:
     return compute_class(backend).creates_groups
 
 
+def user_keys_over_ssh(backend: str) -> bool:
+    """Whether a user's attach or shell key can be put on the backend's hosts (ssh, and gcp's TPU VMs)."""
+    return compute_class(backend).user_keys_over_ssh
+
+
 def compute_for_instance(instance) -> Compute:
     fleet = instance.fleet
     if fleet is None and instance.group_id is not None:

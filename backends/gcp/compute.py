@@ -43,6 +43,8 @@ class GcpTpuCompute(Compute):
     creates_groups = True
     group_noun = "TPU slice"
     dstack_name = "gcp"
+    # a TPU VM is an SSH host (runner_host below): the fleet's SSH user takes attach and shell keys
+    user_keys_over_ssh = True
     own_fleet_keys = ("queued_resource", "reservation")
     # the TPU runtime opens the chips' devices directly
     privileged_by_default = True
