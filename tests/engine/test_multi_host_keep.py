@@ -85,3 +85,23 @@ def test_a_lost_node_stops_its_replica_which_restarts_as_one_on_new_hosts(sent):
         [(head.job_num, 1, "submitted", False), (member.job_num, 1, "submitted", True)], fresh
     assert Job.objects.filter(pk__in=[head.pk, member.pk], superseded=True).count() == 2
     assert ("provision_job", fresh[0].pk) in {m[:2] for m in sent.messages}, sent.messages
+
+
+def test_a_rolling_update_adds_a_whole_replica_then_removes_an_old_one_whole(sent):
+    fleet = local_project_fleet(size=4)
+    one = TWO_BY_TWO.replace("replicas: 2", "replicas: 1")
+    run = submit_run(fleet.project, None, {"configuration": one})
+    now = timezone.now()
+    Job.objects.filter(run=run).update(status="running", ready_at=now, first_ready_at=now)
+    submit_run(fleet.project, None, {"configuration": one.replace("http.server 8000", "http.server 8000 --bind 0.0.0.0"),
+                                     "update": True})
+    assert processing.process_run(run.pk)
+    new = list(Job.objects.filter(run=run, deployment_num=1).order_by("job_num"))
+    assert [(j.job_num, j.replica_num, j.node_group_rank, j.waiting_master_job) for j in new] == \
+        [(2, 1, 0, False), (3, 1, 1, True)], "the surge is one whole replica, numbered after the old one's jobs"
+    assert all(j.drain_at is None for j in _unit(run, 0)), "the old replica serves until the new one is ready"
+    Job.objects.filter(pk__in=[j.pk for j in new]).update(status="running", ready_at=now, first_ready_at=now)
+    assert processing.process_run(run.pk)
+    old = _unit(run, 0)
+    assert all(j.drain_at is not None for j in old), [(j.node_group_rank, j.drain_at) for j in old]
+    assert all(j.drain_at is None for j in _unit(run, 1))
