@@ -126,7 +126,7 @@ class GcpTpuCompute(Compute):
         shape = parse_slice(str(wanted)) if wanted else None
         if shape is None:
             return []
-        return [o for o in tpu_offers.slice_offers(self.tpu) if o.instance_type == shape.name]
+        return tpu_offers.slice_offers(self.tpu, [shape])
 
     def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
         if not names:

@@ -10,6 +10,7 @@ from http import HTTPStatus
 from google.cloud import tpu_v2
 from google.rpc import status_pb2
 
+from backends.gcp.tpu_nodes import shape_name
 from backends.gcp.tpu_shapes import parse_slice
 from tests.fake_tpu.errors import FakeApiError
 from tests.fake_tpu.nodes import NodeRecord
@@ -50,7 +51,7 @@ class QueuedMixin:
         qr = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
         specs = list(qr.tpu.node_spec)
         multi = specs[0].multislice_params if len(specs) == 1 and "multislice_params" in specs[0] else None
-        if len(specs) != 1 or parse_slice(specs[0].node.accelerator_type) is None or (
+        if len(specs) != 1 or parse_slice(shape_name(specs[0].node)) is None or (
                 bool(specs[0].node_id) == bool(multi)):
             raise FakeApiError(HTTPStatus.BAD_REQUEST, "tpu.nodeSpec needs one of nodeId and multisliceParams, "
                                "and a known acceleratorType")
