@@ -19,6 +19,8 @@ from backends.gcp.tpu_shapes import (  # noqa: F401
     parse_slice,
     valid_sizes_message,
 )
+from backends.gcp.tpu_shapes import family_named as tpu_family_named  # noqa: F401
+from backends.gcp.tpu_shapes import with_topology as slice_with_topology  # noqa: F401
 
 # The product's backends: name -> Compute class. A deployment adds its own by settings
 # (MUSTER["EXTRA_BACKENDS"], same shape; the benchmarks' hollow instances come that way).
