@@ -20,6 +20,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backends.base import BackendError, Compute, GroupPlan, GroupProgress, NoCapacityError, ProvisioningData
@@ -32,6 +33,7 @@ from backends.registry import (
 )
 from engine import claims, messages, outcome
 from engine.claims import unleased
+from engine.nudges import is_service
 from engine.submitted import gang
 from engine.tuning import POD_BATCH
 from events.services import record
@@ -59,6 +61,9 @@ log = logging.getLogger(__name__)
 # Job statuses that still wait for their host to come up.
 _WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
 NOT_TERMINATED_GROUP = [status for status in GroupStatus.values if status != GroupStatus.TERMINATED]
+# backend_data's mark of a pod made for one service replica: deleted once idle, whatever the fleet's
+# idle_duration (a replica's slice is billed for its replica alone: scale-down, update and stop end it)
+REPLICA_POD = "service_replica"
 
 
 def poll_interval() -> float:
@@ -67,11 +72,13 @@ def poll_interval() -> float:
     return float(muster["POD_POLL_INTERVAL"] or 5 * float(muster["JOB_POLL_INTERVAL"]))
 
 
-def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, int]:
+def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list, replica: bool = False) -> dict[int, int]:
     """Give job k of the group host k of one pod: an idle pod of the same shape, else a new one.
 
     Returns {job id: instance id}; {} when the fleet has no offer for the slice. A capacity or
-    API error is raised after the planned rows are marked terminated.
+    API error is raised after the planned rows are marked terminated. `replica`: the jobs are one
+    service replica (engine/submitted/replica_groups.py): its pod is its own (named by its replica
+    number too) and is deleted as soon as no job uses it (expire_idle_pods).
     """
     slices = slices_of(group_jobs[0])
     plan = compute.plan_group(group_jobs[0].spec["resources"], len(group_jobs) // slices)
@@ -84,7 +91,7 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, i
     offers = compute.get_offers(jobs[0].spec["resources"])
     if not offers:
         return {}
-    group, instances = _plan_pod(fleet, compute, plan, slices, jobs)
+    group, instances = _plan_pod(fleet, compute, plan, slices, jobs, replica)
     try:
         progress = compute.create_group(offers[0], len(jobs), group.name)
     except NoCapacityError as exc:
@@ -134,10 +141,12 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> li
 
 
 def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
-              jobs: list) -> tuple[InstanceGroup, list[Instance]]:
+              jobs: list, replica: bool = False) -> tuple[InstanceGroup, list[Instance]]:
     master = jobs[0]
-    name = compute.group_name(master.run.name, master.node_group_name,
-                              f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
+    label, attempt = master.node_group_name, f"{master.run_id}/{master.node_group_index}/{master.submission_num}"
+    if replica:  # replicas of one group share its index and submission: each gets a pod of its own
+        label, attempt = f"{label}-{master.replica_num}", f"{attempt}/{master.replica_num}"
+    name = compute.group_name(master.run.name, label, attempt)
     with transaction.atomic():
         planned = (InstanceGroup.objects.select_for_update()
                    .filter(project=fleet.project, name=name, kind=GroupKind.TPU_POD,
@@ -152,7 +161,7 @@ def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=plan.shape,
             status=GroupStatus.PROVISIONING,
             backend_data={"backend": fleet.backend, "fleet": kept_for_group(fleet),
-                          **({"slices": slices} if slices > 1 else {})},
+                          **({"slices": slices} if slices > 1 else {}), **({REPLICA_POD: True} if replica else {})},
         )
         instances = [
             Instance.objects.create(
@@ -309,6 +318,8 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str, lease: Lease) -> None
             terminate_job(job, reason, f"{group_noun(group)} {group.name}: {why}")
             gangs[(job.run_id, job.submission_num)] = job
         for job in gangs.values():  # their runs' static hosts go back in this same step
+            if is_service(job.run):
+                continue  # a service's replicas are placed each on its own: no gang to let go
             gang.release(job.run, job.submission_num, job.node_group_name, f"{group_noun(group)} {group.name}: {why}")
         move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}", lease=lease)
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATING,
@@ -325,13 +336,14 @@ def pods_to_poll(now):
 def expire_idle_pods(now) -> int:
     """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
     expired = 0
-    for group in InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE,
-                                              fleet__idle_duration__isnull=False).select_related("fleet"):
+    for group in InstanceGroup.objects.filter(Q(fleet__idle_duration__isnull=False) | Q(**{f"backend_data__{REPLICA_POD}": True}),
+                                              kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE).select_related("fleet"):
         hosts = list(group.instances.all())
         if not hosts or any(h.status != InstanceStatus.IDLE for h in hosts):
             continue
         idle_since = max(h.idle_since or now for h in hosts)
-        if now - idle_since < timedelta(seconds=group.fleet.idle_duration) or group_in_use(group):
+        keep_for = 0 if group.backend_data.get(REPLICA_POD) else group.fleet.idle_duration
+        if now - idle_since < timedelta(seconds=keep_for) or group_in_use(group):
             continue  # (a job still pointing at idle hosts is about to take them back)
         with transaction.atomic():
             # Take every host from idle in one conditional update, so a run reusing the pod at
