@@ -85,7 +85,7 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list, replica: bool 
     if plan is None or len(group_jobs) != plan.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)
-    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices)
+    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices, replica)
     if reused is not None:
         return {job.pk: inst.pk for job, inst in zip(jobs, reused, strict=True)}
     offers = compute.get_offers(jobs[0].spec["resources"])
@@ -122,7 +122,8 @@ def slices_of(job) -> int:
     return run_configuration(job.run).group(job.node_group_index).slices
 
 
-def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> list[Instance] | None:
+def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1,
+                    replica: bool = False) -> list[Instance] | None:
     for group in InstanceGroup.objects.filter(fleet=fleet, kind=GroupKind.TPU_POD, shape=shape,
                                               status=GroupStatus.ACTIVE).order_by("created"):
         if int(group.backend_data.get("slices") or 1) != slices:
@@ -135,6 +136,9 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> li
                                    message=f"taken with instance group {group.name}: reused by a new run",
                                    idle_since=None)
             if len(taken) == hosts:
+                if replica:  # taken by a service replica: it goes with that replica
+                    InstanceGroup.objects.filter(pk=group.pk).update(backend_data={**group.backend_data,
+                                                                                   REPLICA_POD: True})
                 return list(group.instances.order_by("index"))
             transaction.set_rollback(True)  # a partly busy pod is not ours to take
     return None
@@ -145,7 +149,8 @@ def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
     master = jobs[0]
     label, attempt = master.node_group_name, f"{master.run_id}/{master.node_group_index}/{master.submission_num}"
     if replica:  # replicas of one group share its index and submission: each gets a pod of its own
-        label, attempt = f"{label}-{master.replica_num}", f"{attempt}/{master.replica_num}"
+        # (node 0's job_num too: a replica number used again later is another replica, another pod)
+        label, attempt = f"{label}-{master.replica_num}", f"{attempt}/{master.replica_num}/{master.job_num}"
     name = compute.group_name(master.run.name, label, attempt)
     with transaction.atomic():
         planned = (InstanceGroup.objects.select_for_update()

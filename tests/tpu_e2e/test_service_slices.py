@@ -91,6 +91,9 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
     assert refused.status_code == 400, refused.content
     assert "v4-16 has 2 hosts: set nodes: 2 or leave nodes out" in refused.content.decode(), refused.content
 
+    plan = superuser_api.post("/api/projects/main/runs/plan", {"configuration": conf}, format="json")
+    assert plan.status_code == 200, plan.content
+    assert plan.json()["capacity"]["fits"] is True and plan.json()["capacity"]["fleet"] == "tpu", plan.json()
     answer = superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
     assert answer.status_code == 201, answer.json()
     assert sorted((j["replica_num"], j["node_group_rank"]) for j in answer.json()["jobs"]) == \
@@ -111,6 +114,8 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
     heads = {u[0].instance.internal_ip for u in units.values()}
     answered = {requests.get(where, headers=auth, timeout=10).text.strip() for _ in range(12)}
     assert answered == heads, ("only worker 0 of each slice is reached", answered, heads)
+    service = superuser_api.get("/api/projects/main/runs/slices/").json().get("service") or {}
+    assert service.get("replicas") == {"ready": 2, "total": 2}, service
 
     victim, other = units[0], units[1]
     lost = InstanceGroup.objects.get(pk=victim[0].instance.group_id)
