@@ -287,9 +287,11 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
         log.warning("deleting %s %s: %s", group_noun(group), group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, lease)
         return GroupStatus.TERMINATING
-    if queued and not _awaited(group):
+    if (queued or group.backend_data.get(REPLICA_POD)) and not _awaited(group):
         # A request may wait at Google for hours; once no job waits for it (the run was stopped)
-        # it is withdrawn rather than left to turn into a billed slice nobody asked for.
+        # it is withdrawn rather than left to turn into a billed slice nobody asked for. A service
+        # replica's slice is its replica's alone: one whose replica went (scaled down, stopped) is
+        # deleted while still being made, not kept once up.
         _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER, lease)
         return GroupStatus.TERMINATING
     return GroupStatus.PROVISIONING

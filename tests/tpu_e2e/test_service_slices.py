@@ -147,3 +147,18 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
     wait_until(lambda: Run.objects.get(name="slices").finished, 60, "the service stopped")
     wait_until(lambda: not gcp.nodes and not InstanceGroup.objects.exclude(status="terminated").exists(), 60,
                "every slice deleted once its replica is gone, though the fleet keeps idle slices an hour")
+
+
+def test_a_slice_still_being_made_for_a_stopped_replica_is_deleted_before_it_is_up(
+        gcp, make_fleet, superuser_api, celery_worker, beat, tmp_path):
+    gcp.stuck_creating = True  # Google takes its time: the slice stays CREATING
+    make_fleet(idle_duration="1h")
+    conf = _service(tmp_path, free_port())
+    conf["groups"][0]["replicas"] = 1
+    assert superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    wait_until(lambda: len(gcp.create_calls) == 1, 30, "the replica's slice asked for")
+    assert superuser_api.post("/api/projects/main/runs/slices/stop", {}, format="json").status_code in (200, 202)
+    wait_until(lambda: Run.objects.get(name="slices").finished, 30, "the service stopped")
+    wait_until(lambda: not gcp.nodes and not InstanceGroup.objects.exclude(status="terminated").exists(), 30,
+               "the slice nobody waits for deleted while CREATING")
+    assert gcp.delete_calls, gcp.calls
