@@ -59,12 +59,13 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
 
 
 def _members(head: Job) -> list[Job]:
-    """The other nodes of a multi-host replica, still waiting for their node 0 to place them."""
+    """The other nodes of a multi-host replica, still waiting for their node 0 to place them (one may
+    point at a host already: an earlier try of this attempt planned the replica's slice, engine/pods.py)."""
     if int(head.spec.get("nodes_in_group") or 1) == 1:
         return []
     return list(Job.objects.filter(run_id=head.run_id, superseded=False, node_group_index=head.node_group_index,
                                    replica_num=head.replica_num, submission_num=head.submission_num,
-                                   status=JobStatus.SUBMITTED, instance__isnull=True, node_group_rank__gt=0)
+                                   status=JobStatus.SUBMITTED, node_group_rank__gt=0)
                 .select_related("run").order_by("node_group_rank"))
 
 
