@@ -1,6 +1,6 @@
 """A service whose replicas are TPU slices, through the REST API with a real worker, the endpoint
 process and the fake TPU API (the real google-cloud-tpu client; each slice's hosts are sshd hosts in
-network namespaces): two replicas of a v4-16 (2 hosts each) are two slices, job k of a replica on
+network namespaces): two replicas of a v4-16 (2 hosts each) are two queued spot slices, job k of a replica on
 host k of its slice told TPU_WORKER_ID k; only worker 0 is reached through the endpoint; a `nodes`
 that disagrees with the slice is a 400; one replica's slice preempted is replaced by a new slice
 while the other replica serves every request; stopping the service deletes every slice."""
@@ -16,26 +16,26 @@ from google.cloud import tpu_v2
 
 from instances.models import InstanceGroup
 from runs.models import Job, Run
-from tests.conftest import token_for
+from tests.conftest import example, token_for
 from tests.engine.service_helpers import describe, replicas, wait_until
 from tests.serving.replicas import free_port
 from tests.serving.test_endpoint import endpoint  # noqa: F401 (the fixture)
 from tests.tpu_e2e.helpers import ZONES, needs_netns
-from tests.tpu_e2e.test_pod_preemption import node, pod_watch  # noqa: F401 (the fixture)
+from tests.tpu_e2e.test_pod_preemption import node, pod_watch, request  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.netns, pytest.mark.slow, needs_netns]
 
 LIVE = (tpu_v2.Node.State.CREATING, tpu_v2.Node.State.READY)
 
 
-def _service(tmp, port: int) -> dict:
+def _service(tmp, port: int, fleet: str = "tpu") -> dict:
     """Every node writes what it was told into `<tmp>/<its address>/`; worker 0 serves that
     directory (its `ok` is the probe's), the other worker only runs, as a model's second host does."""
     return yaml.safe_load(f"""
 type: service
 name: slices
 port: {port}
-fleets: [tpu]
+fleets: [{fleet}]
 groups:
   - name: worker
     replicas: 2
@@ -68,7 +68,7 @@ def _both_ready():
 
 
 def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_stop_deletes_them(
-        gcp, make_fleet, superuser_api, celery_worker, beat, pod_watch, endpoint,  # noqa: F811
+        gcp, superuser_api, celery_worker, beat, pod_watch, endpoint,  # noqa: F811
         django_user_model, tpu_hosts, tmp_path):
     hosts = [h.address for h in tpu_hosts]
     pairs, owner = [hosts[0:2], hosts[2:4]], {}
@@ -82,9 +82,12 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
         return pairs[owner[node_id]]
 
     gcp.host_addresses = addresses
-    make_fleet(spot=True, idle_duration="1h")  # a replica's slice goes with it all the same
+    gcp.queued_script[ZONES[0]] = ["CREATING", "ACTIVE"]
+    # queued spot slices, kept an hour when idle: a replica's slice goes with its replica all the same
+    fleet = {**yaml.safe_load(example("tpu-queued-spot-fleet.yml")), "idle_duration": "1h"}
+    assert superuser_api.post("/api/projects/main/fleets/", {"configuration": fleet}, format="json").status_code == 201
     port = free_port()
-    conf = _service(tmp_path, port)
+    conf = _service(tmp_path, port, fleet="tpu-queued")
 
     wrong = {**conf, "groups": [{**conf["groups"][0], "nodes": 3}]}
     refused = superuser_api.post("/api/projects/main/runs/", {"configuration": wrong}, format="json")
@@ -93,14 +96,14 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
 
     plan = superuser_api.post("/api/projects/main/runs/plan", {"configuration": conf}, format="json")
     assert plan.status_code == 200, plan.content
-    assert plan.json()["capacity"]["fits"] is True and plan.json()["capacity"]["fleet"] == "tpu", plan.json()
+    assert plan.json()["capacity"]["fits"] is True and plan.json()["capacity"]["fleet"] == "tpu-queued", plan.json()
     answer = superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
     assert answer.status_code == 201, answer.json()
     assert sorted((j["replica_num"], j["node_group_rank"]) for j in answer.json()["jobs"]) == \
         [(0, 0), (0, 1), (1, 0), (1, 1)], answer.json()["jobs"]
     units = wait_until(_both_ready, 120, "two slice replicas running, worker 0 of each ready")
     pods = {u[0].instance.group_id for u in units.values()}
-    assert len(pods) == 2 and len(gcp.create_calls) == 2, (describe("slices"), gcp.create_calls)
+    assert len(pods) == 2 and len(gcp.queued_create_calls) == 2, (describe("slices"), gcp.calls)
     for unit in units.values():
         assert {j.instance.group_id for j in unit} == {unit[0].instance.group_id}, "a replica is one slice"
         for rank, job in enumerate(unit):
@@ -141,12 +144,15 @@ def test_replicas_are_slices_worker_0_serves_a_preempted_slice_is_replaced_and_s
     assert [(Path(tmp_path) / j.instance.internal_ip / "told").read_text().split()[0] for j in fresh] == ["0", "1"]
     wait_until(lambda: InstanceGroup.objects.get(pk=lost.pk).status == "terminated"
                and node(ZONES[0], lost.name) not in gcp.nodes, 30, "the preempted slice deleted")
+    assert (request(ZONES[0], lost.name), True) in gcp.queued_delete_calls, "its suspended request, with force"
+    assert len(gcp.queued_create_calls) == 3, ("one new request for the replaced replica", gcp.queued_create_calls)
     assert Run.objects.get(name="slices").status == "running"
 
     assert superuser_api.post("/api/projects/main/runs/slices/stop", {}, format="json").status_code in (200, 202)
     wait_until(lambda: Run.objects.get(name="slices").finished, 60, "the service stopped")
-    wait_until(lambda: not gcp.nodes and not InstanceGroup.objects.exclude(status="terminated").exists(), 60,
-               "every slice deleted once its replica is gone, though the fleet keeps idle slices an hour")
+    wait_until(lambda: not gcp.nodes and not gcp.queued and not InstanceGroup.objects.exclude(
+        status="terminated").exists(), 60, "every slice deleted once its replica is gone, though the fleet keeps "
+               "idle slices an hour")
 
 
 def test_a_slice_still_being_made_for_a_stopped_replica_is_deleted_before_it_is_up(
