@@ -166,7 +166,8 @@ def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=plan.shape,
             status=GroupStatus.PROVISIONING,
             backend_data={"backend": fleet.backend, "fleet": kept_for_group(fleet),
-                          **({"slices": slices} if slices > 1 else {}), **({REPLICA_POD: True} if replica else {})},
+                          **({"slices": slices} if slices > 1 else {}),
+                          **({REPLICA_POD: True} if replica else {})},
         )
         instances = [
             Instance.objects.create(
@@ -341,10 +342,12 @@ def pods_to_poll(now):
 
 
 def expire_idle_pods(now) -> int:
-    """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
+    """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse); a service
+    replica's pod as soon as it is idle (its replica is gone)."""
     expired = 0
-    for group in InstanceGroup.objects.filter(Q(fleet__idle_duration__isnull=False) | Q(**{f"backend_data__{REPLICA_POD}": True}),
-                                              kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE).select_related("fleet"):
+    policed = Q(fleet__idle_duration__isnull=False) | Q(**{f"backend_data__{REPLICA_POD}": True})
+    for group in InstanceGroup.objects.filter(policed, kind=GroupKind.TPU_POD,
+                                              status=GroupStatus.ACTIVE).select_related("fleet"):
         hosts = list(group.instances.all())
         if not hosts or any(h.status != InstanceStatus.IDLE for h in hosts):
             continue
