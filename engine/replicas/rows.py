@@ -24,7 +24,6 @@ def drain_delay() -> float:
     return min(max(float(settings.MUSTER["DRAIN_DELAY"]), 0.0), MAX_DRAIN_DELAY)
 
 
-
 def _say(run: Run, job: Job, message: str) -> None:
     record(run.project_id, f"job {run.name}/{job.job_num}", message, status=job.status, run_id=run.pk, job_id=job.pk,
            instance_id=job.instance_id)
