@@ -11,7 +11,7 @@ should be is probed (its /server_info, once per sync) and added (POST /workers);
 not wanted is removed (DELETE /workers/{id}: smg drains it). Every add and remove is a run event. A
 router that refuses the worker API, or a worker the router does not take (accepted, then dropped:
 it answers Muster's probe but not what smg asks), is one event when it starts and one when it ends
-(RouterSync.problems), and a refused worker is tried again with a back-off (RouterSync.attempts),
+(RouterSync.problems), and a refused worker is offered again with a back-off (RouterSync.attempts),
 never in a loop. What each router lists is kept in RouterSync.listed for keep.py, which stops a
 drained replica only once no router lists it.
 
@@ -122,9 +122,9 @@ class _Sync:
             worker_id = self.add(router, name, reg, by_job[reg.job_id])
             if worker_id:
                 added[reg.job_id] = worker_id
-        for reg in wanted:
-            if reg not in add:
-                self.attempts.pop(f"{router.pk} {reg.url}", None)  # listed: its back-off is over
+        missing = {f"{router.pk} {reg.job_id}" for reg in add}
+        for key in [k for k in self.attempts if k.split(" ")[0] == str(router.pk) and k not in missing]:
+            del self.attempts[key]  # listed, or no longer wanted: its tries are over
         self.listed[str(router.pk)] = rules.listed_jobs(current, added)
         self.draining |= any(rules.draining(e) for e in current) or bool(remove)
 
@@ -152,13 +152,14 @@ class _Sync:
             return None  # not an SGLang server that says what it is: the group's name says
 
     def add(self, router: Job, name: str, reg: rules.Registration, job: Job) -> str | None:
-        key = f"{router.pk} {reg.url}"
-        count, next_at, first = ((self.attempts.get(key) or []) + [0, 0, time.time()])[:3]
+        key = f"{router.pk} {job.pk}"
+        # [adds the router accepted, when to offer it again, when it was first offered]
+        accepted, next_at, first = ((self.attempts.get(key) or []) + [0, 0, time.time()])[:3]
         problem = f"worker {router.pk} {job.pk}"
         if next_at > time.time():
             self.problems.setdefault(problem, "")  # still failing: kept, not said again
             return None
-        self.attempts[key] = [count + 1, time.time() + BACKOFF[min(count, len(BACKOFF) - 1)], first]
+        self.attempts[key] = [accepted, time.time() + RECHECK, first]
         where = f"job {self.run.name}/{job.job_num} ({job.node_group_name})"
         try:
             answer = request(router, self.port, "POST", "/workers", json=reg.body(), timeout=TIMEOUT, max_bytes=ACK_CAP)
@@ -172,7 +173,8 @@ class _Sync:
         not_taken = (f"{name} did not take worker {reg.url} ({where}): it answers Muster's probe but not what smg "
                      "asks of an SGLang worker (/health, /model_info, /v1/models); see the router's log")
         if answer.status == 202:
-            if count:  # accepted before and not listed since: the router gave it up
+            self.attempts[key] = [accepted + 1, time.time() + BACKOFF[min(accepted, len(BACKOFF) - 1)], first]
+            if accepted:  # accepted before and not listed since: the router gave it up
                 self.problems[problem] = not_taken
             else:
                 self.say(f"{name}: added worker {reg.describe()} for {where}", job)
@@ -183,6 +185,7 @@ class _Sync:
             else:
                 self.problems.setdefault(problem, "")
             return None
+        self.attempts[key] = [accepted, time.time() + BACKOFF[-1], first]
         self.problems[problem] = (
             f"{name} refused worker {reg.url} ({where}): POST /workers answered {answer.status} {answer.body[:200]!r}")
         return None

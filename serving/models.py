@@ -26,8 +26,9 @@ class RouterSync(Claimable):
     the last sync (after its adds and removes): engine/replicas/keep.py stops a drained replica only
     once no router lists it. `problems`: {key: message} of the failures the last sync met (a router
     that refuses the worker API, a worker it does not take), so each is one event when it starts and
-    one when it ends, not one per sync. `attempts`: {router/worker URL: [count, next try (epoch)]}: a
-    worker the router refused is tried again with a back-off, not every sync.
+    one when it ends, not one per sync. `attempts`: {"<router job> <worker job>": [adds accepted, next
+    offer, first offer (epochs)]}: a worker the router refused or dropped is offered again with a
+    back-off, not every sync.
     """
 
     run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, primary_key=True, related_name="router_sync")
