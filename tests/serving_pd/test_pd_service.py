@@ -17,7 +17,7 @@ import requests
 
 from events.models import Event
 from runs.models import Run
-from tests.conftest import token_for
+from tests.conftest import example, token_for
 from tests.engine.helpers import Beat, local_project_fleet
 from tests.engine.service_helpers import ready, replicas, wait_until
 from tests.serving.replicas import free_port
@@ -115,3 +115,22 @@ def test_a_pd_service_routes_through_smg_and_its_worker_list_follows_the_ready_w
     for job in replicas("pd"):
         pid = int((tmp_path / f"{job.instance.internal_ip}.pid").read_text())
         wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 20, f"process {pid} gone")
+
+
+def test_the_local_pd_service_example_answers_through_router_prefill_and_decode(
+        fast_limits, celery_worker, superuser_api, endpoint, django_user_model):  # noqa: F811
+    # as written, but with this checkout's stand-in and the venv's smg by path: the test's local
+    # jobs have the test process's PATH, and its python3 need not be this checkout's
+    conf = example("pd-disagg-local-service.yml").replace(
+        "python3 -m serving.standin", f"{sys.executable} {STANDIN}").replace("exec smg ", f"exec {smg_binary()} ")
+    local_project_fleet(size=3)
+    answer = superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json")
+    assert answer.status_code == 201, answer.json()
+    wait_until(lambda: set(_jobs("pd-local-service")) == {"router", "prefill", "decode"}, 90, "all three ready")
+    router = _jobs("pd-local-service")["router"].instance.internal_ip
+    wait_until(lambda: len(listed(router, 8000)) == 2, 30, "smg lists both workers")
+    key = token_for(django_user_model.objects.get(username="root"))
+    where, auth = f"{endpoint.url}/proxy/services/main/pd-local-service/", {"Authorization": f"Bearer {key}"}
+    for _ in range(5):  # every request the endpoint takes goes to the router: none straight to a worker
+        got = requests.post(where + "generate", json={"text": "hi"}, headers=auth, timeout=30)
+        assert got.status_code == 200 and got.json()["meta_info"]["prefill"]["prefill"].startswith("prefill@"), got.text
