@@ -4,8 +4,9 @@ keep serving so the runs can be looked at, until Ctrl-C.
 
 The router, prefill and decode groups run on the local backend; the task's router starts last and
 prints what it fetched from both workers. The service's router is the real `smg` in front of
-stand-in SGLang workers (examples/pd-disagg-local-service.yml); its local jobs find `smg` and the
-stand-in because the server runs with this virtualenv's bin first on PATH. The demo's local fleet takes 127.0.0.6 upwards
+stand-in SGLang workers (examples/pd-disagg-local-service.yml), applied with both named by path
+(this virtualenv's `smg`, this checkout's serving/standin.py): a local job has the server's PATH,
+whose `python3` need not import this checkout. The demo's local fleet takes 127.0.0.6 upwards
 (MUSTER_LOCAL_FIRST_ADDRESS), so it runs beside `make run`'s (127.0.0.2-5) on one machine, and its
 server listens on MUSTER_DEMO_BIND (127.0.0.1:8765). Ctrl-C (or SIGTERM) stops the server and
 removes the data directory. Exits with the CLI's status for the run: 0 when it ended done.
@@ -91,11 +92,15 @@ def _wait_for_stop(server: subprocess.Popen) -> None:
         _say(f"the server exited with status {server.returncode}")
 
 
-def _show_pd_service(cli: list[str], client_env: dict, token: str, endpoint: str, timeout: float = 120) -> int:
+def _show_pd_service(cli: list[str], client_env: dict, token: str, endpoint: str, data: str,
+                     timeout: float = 120) -> int:
     """Apply the local PD service and send it one request through the endpoint once it answers."""
     _say("applying examples/pd-disagg-local-service.yml (smg in front of stand-in prefill and decode workers)")
-    code = subprocess.run([*cli, "apply", "-f", str(ROOT / "examples" / "pd-disagg-local-service.yml"), "-y"],
-                          env=client_env, cwd=ROOT).returncode
+    conf = Path(data) / "pd-disagg-local-service.yml"
+    conf.write_text((ROOT / "examples" / "pd-disagg-local-service.yml").read_text()
+                    .replace("python3 -m serving.standin", f"{sys.executable} {ROOT / 'serving' / 'standin.py'}")
+                    .replace("exec smg ", f"exec {Path(sys.executable).parent / 'smg'} "))
+    code = subprocess.run([*cli, "apply", "-f", str(conf), "-y"], env=client_env, cwd=ROOT).returncode
     if code:
         return code
     url = f"http://{endpoint}/proxy/services/main/pd-local-service/generate"
@@ -118,6 +123,27 @@ def _show_pd_service(cli: list[str], client_env: dict, token: str, endpoint: str
     return 1
 
 
+def _stop_service(url: str, token: str, timeout: float = 60) -> None:
+    """Stop the PD service and wait for it to end: its local jobs outlive the server otherwise."""
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    run = f"{url}/api/projects/main/runs/pd-local-service/"
+    try:
+        urllib.request.urlopen(urllib.request.Request(run + "stop", data=b"{}", headers=headers), timeout=10).close()
+    except OSError as exc:
+        _say(f"the PD service was not stopped: {exc}")  # a 404: never applied
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(run, headers=headers), timeout=10) as answer:
+                if json.loads(answer.read()).get("status") in ("terminated", "done", "failed"):
+                    return
+        except (OSError, ValueError):
+            return
+        time.sleep(0.5)
+    _say(f"the PD service had not stopped after {timeout:.0f}s")
+
+
 def main() -> int:
     data = tempfile.mkdtemp(prefix="muster-demo-")
     env = {**os.environ, "MUSTER_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "muster.settings",
@@ -125,15 +151,13 @@ def main() -> int:
            # its own dstack SSH gateway and services endpoint ports too, so it runs beside `make run`
            # (which has 2222 and 8001)
            "MUSTER_DSTACK_SSH_BIND": os.environ.get("MUSTER_DSTACK_SSH_BIND", DSTACK_SSH_BIND),
-           "MUSTER_ENDPOINT_BIND": os.environ.get("MUSTER_ENDPOINT_BIND", ENDPOINT_BIND),
-           # local jobs run with the server's PATH: the service example's `smg` and `python3 -m
-           # serving.standin` are this virtualenv's
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+           "MUSTER_ENDPOINT_BIND": os.environ.get("MUSTER_ENDPOINT_BIND", ENDPOINT_BIND)}
     env.pop("DATABASE_URL", None)
     env.pop("CELERY_BROKER_URL", None)
     manage = [sys.executable, str(ROOT / "manage.py")]
     url = f"http://{BIND}"
     server = None
+    token = ""
     code = 130
     try:
         password, token = _bootstrap(manage, env)
@@ -149,7 +173,7 @@ def main() -> int:
         code = subprocess.run([*cli, "apply", "-f", str(ROOT / "examples" / "pd-disagg-local.yml"), "-y"],
                               env=client_env, cwd=ROOT).returncode
         if code == 0:
-            code = _show_pd_service(cli, client_env, token, env["MUSTER_ENDPOINT_BIND"])
+            code = _show_pd_service(cli, client_env, token, env["MUSTER_ENDPOINT_BIND"], data)
         subprocess.run([*cli, "ps", "-a"], env=client_env, cwd=ROOT, timeout=60)
         print(flush=True)
         _say("Muster keeps serving so you can look at the run:")
@@ -163,6 +187,8 @@ def main() -> int:
     finally:
         if server is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the directory behind
+            if token and server.poll() is None:
+                _stop_service(url, token)
             _stop(server)
         _remove(data)
         _say(f"stopped; removed {data}")
