@@ -27,7 +27,7 @@ from tests.serving_pd.processes import STANDIN, listed, smg_binary
 pytestmark = [pytest.mark.smg, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def pd_yaml(name: str, port: int, tmp: Path) -> str:
+def pd_yaml(name: str, port: int, tmp: Path, decode: int = 1) -> str:
     """The seed's layout as a service: smg in front of a prefill and a decode stand-in. Each replica
     writes its pid where the test finds it (its host's address), then becomes its server (exec)."""
     standin = f"{sys.executable} {STANDIN} --host $DSTACK_NODE_IP --port {port}"
@@ -53,7 +53,7 @@ groups:
       - {pid}
       - exec {standin} --role prefill --bootstrap-port {free_port()}
 {probe}  - name: decode
-    replicas: 1
+    replicas: {decode}
     commands:
       - {pid}
       - exec {standin} --role decode
@@ -134,3 +134,26 @@ def test_the_local_pd_service_example_answers_through_router_prefill_and_decode(
     for _ in range(5):  # every request the endpoint takes goes to the router: none straight to a worker
         got = requests.post(where + "generate", json={"text": "hi"}, headers=auth, timeout=30)
         assert got.status_code == 200 and got.json()["meta_info"]["prefill"]["prefill"].startswith("prefill@"), got.text
+
+
+def test_a_scaled_down_decode_worker_leaves_smgs_list_before_it_is_stopped(
+        fast_limits, celery_worker, superuser_api, tmp_path):
+    local_project_fleet(size=4)
+    port = free_port()
+    conf = pd_yaml("pd", port, tmp_path, decode=2)
+    assert superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    wait_until(lambda: len(ready("pd")) == 4, 90, "router, prefill and two decodes ready")
+    router = _jobs("pd")["router"].instance.internal_ip
+    wait_until(lambda: len(listed(router, port)) == 3, 30, "smg lists the prefill and both decodes")
+    answer = superuser_api.post("/api/projects/main/runs/", {"configuration": conf.replace(
+        "replicas: 2", "replicas: 1"), "update": True}, format="json")
+    assert answer.status_code == 200, answer.json()
+    with Beat():
+        wait_until(lambda: len(listed(router, port)) == 2, 30, "smg lists one decode")
+        drained = wait_until(lambda: [j for j in replicas("pd") if j.drain_at is not None and j.status in
+                                      ("terminated", "terminating")], 60, "the drained decode stopped")
+    url = f"http://{drained[0].instance.internal_ip}:{port}"
+    events = list(Event.objects.filter(run__name="pd").order_by("id").values_list("message", flat=True))
+    removed = next(i for i, m in enumerate(events) if "removed worker" in m and url in m)
+    stopped = next(i for i, m in enumerate(events) if "drained: stopped" in m)
+    assert removed < stopped, "\n".join(events)
