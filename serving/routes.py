@@ -1,6 +1,7 @@
 """The routing table the endpoint reads: a service, its keys, and its ready replicas' addresses.
 
-A replica is in the table when it is ready (serving.replicas.is_ready: its job runs, is its
+A replica is in the table when its node 0 (serving.replicas.is_head: a multi-host replica's
+other nodes are never routed to) is ready (serving.replicas.is_ready: its job runs, is its
 replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
 is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends
 `serving.rows.notify_routes(run_id)` in the transaction that changes any of those; the endpoint
@@ -77,7 +78,7 @@ def _service(run: Run) -> Service | None:
                    strip_prefix=conf.strip_prefix, port=conf.port,
                    scales_to_zero=bool(groups) and all(g.replicas.min == 0 for g in groups),
                    replicas=tuple(sorted(ready, key=lambda r: r.job_id)),
-                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED]))
+                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED and is_head(j)]))
 
 
 def service(project: str, name: str) -> Service | None:
