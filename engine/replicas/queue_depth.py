@@ -26,6 +26,7 @@ from engine import outcome
 from runs.configuration.stored import StoredGroup
 from runs.models import Run
 from serving.prometheus_text import gauge_value
+from serving.replica_http import ReplicaAnswerTooLarge, ReplicaUnreachable, request
 from serving.replicas import is_head, is_ready
 
 SCRAPE_TIMEOUT = 3.0  # seconds, one replica's answer
@@ -64,8 +65,6 @@ def look(run: Run, groups: list[StoredGroup], memory: dict, now: float, service_
 
 def _scrape(job, port: int, path: str, metric: str, deadline: float, found: list) -> str | None:
     """Scrape one replica: its depth appended to `found`, or why not."""
-    from serving.replica_http import ReplicaAnswerTooLarge, ReplicaUnreachable, request  # f41-sync's, merged later
-
     left = deadline - time.monotonic()
     if left <= 0:
         return f"not asked: this tick's {TICK_BUDGET:g}s for scrapes ran out"
@@ -74,7 +73,7 @@ def _scrape(job, port: int, path: str, metric: str, deadline: float, found: list
     except ReplicaAnswerTooLarge:
         return f"its answer on :{port}{path} is over {SCRAPE_MAX_BYTES // (1024 * 1024)} MiB"
     except ReplicaUnreachable as exc:
-        return f"no answer on :{port}{path} ({exc})"
+        return f"no answer ({exc})"
     if answer.status != 200:
         return f":{port}{path} answered HTTP {answer.status}"
     value = gauge_value(answer.body.decode("utf-8", "replace"), metric)
