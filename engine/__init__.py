@@ -39,6 +39,7 @@ services      engine/replicas/keep.py            keep: a service's derive: faile
                                                  at desired_replicas, a rolling update surged one at a time, drains
               engine/replicas/rows.py            replace, add, drain, leave_pool: the replica rows it writes
               engine/replicas/scaling.py         scale_service: desired_replicas from the endpoint's rps (beat)
+              engine/replicas/queue_depth.py     ... or from the queue gauge the group's replicas serve
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again

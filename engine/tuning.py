@@ -66,3 +66,12 @@ NO_CAPACITY_MESSAGE_LIMIT = 4000
 # MUSTER_DRAIN_DELAY says: a drain holds a host and a rolling update's next step, and a request still
 # running after ten minutes is a stream the stop's grace period ends anyway
 MAX_DRAIN_DELAY = 600.0
+
+# -- queue-depth scaling (engine/replicas/queue_depth.py) --
+# seconds one replica has to answer its /metrics: a gauge page is tens of kB served from memory
+SCRAPE_TIMEOUT = 3.0
+# seconds for all of one tick's scrapes (the run's lease is renewed meanwhile): a group of many
+# replicas that all hang costs the tick this, and the rest are left out of that tick's average
+SCRAPE_TICK_BUDGET = 20.0
+# seconds between two events of one replica's failing scrape: said, not repeated every tick
+SCRAPE_FAILURE_EVENT_EVERY = 300.0

@@ -14,7 +14,7 @@ ceil(depth / target) replicas (Kubernetes HPA's AverageValue rule: ceil(sum / ta
 A tick where no replica answered adds no sample, and a group with no sample in its window is not
 scaled at all: a scrape that fails never reads as an empty queue.
 
-A replica whose scrape fails gets an event when it first fails and again every FAILURE_EVENT_EVERY
+A replica whose scrape fails gets an event when it first fails and again every SCRAPE_FAILURE_EVENT_EVERY
 seconds while it keeps failing (not one per tick), and one when it answers again.
 """
 
@@ -22,22 +22,19 @@ from __future__ import annotations
 
 import time
 
-from engine import outcome
+from engine import outcome, tuning
 from runs.configuration.stored import StoredGroup
 from runs.models import Run
 from serving.prometheus_text import gauge_value
 from serving.replica_http import ReplicaAnswerTooLarge, ReplicaUnreachable, request
 from serving.replicas import is_head, is_ready
 
-SCRAPE_TIMEOUT = 3.0  # seconds, one replica's answer
 SCRAPE_MAX_BYTES = 4 * 1024 * 1024  # a vLLM or SGLang /metrics is tens of kB
-TICK_BUDGET = 20.0  # seconds for all of one tick's scrapes (the lease is renewed meanwhile)
-FAILURE_EVENT_EVERY = 300.0  # seconds between two events of one replica's failing scrape
 
 
 def look(run: Run, groups: list[StoredGroup], memory: dict, now: float, service_port: int) -> tuple[dict, dict]:
     """({group: its queue depth over the window, or None: not known}, the memory's queue parts)."""
-    deadline = time.monotonic() + TICK_BUDGET
+    deadline = time.monotonic() + tuning.SCRAPE_TICK_BUDGET
     jobs = [j for j in run.current_jobs().select_related("instance") if is_ready(j) and is_head(j)]
     kept = {name: list(samples) for name, samples in (memory.get("queue") or {}).items()}
     unscraped = dict(memory.get("unscraped") or {})
@@ -67,9 +64,9 @@ def _scrape(job, port: int, path: str, metric: str, deadline: float, found: list
     """Scrape one replica: its depth appended to `found`, or why not."""
     left = deadline - time.monotonic()
     if left <= 0:
-        return f"not asked: this tick's {TICK_BUDGET:g}s for scrapes ran out"
+        return f"not asked: this tick's {tuning.SCRAPE_TICK_BUDGET:g}s for scrapes ran out"
     try:
-        answer = request(job, port, "GET", path, timeout=min(SCRAPE_TIMEOUT, left), max_bytes=SCRAPE_MAX_BYTES)
+        answer = request(job, port, "GET", path, timeout=min(tuning.SCRAPE_TIMEOUT, left), max_bytes=SCRAPE_MAX_BYTES)
     except ReplicaAnswerTooLarge:
         return f"its answer on :{port}{path} is over {SCRAPE_MAX_BYTES // (1024 * 1024)} MiB"
     except ReplicaUnreachable as exc:
@@ -92,11 +89,11 @@ def _note(run: Run, job, why: str | None, unscraped: dict, now: float) -> None:
             unscraped.pop(key)
             _event(run, f"the queue of {replica} is read again: back in the scaling average")
         return
-    if last is not None and now - float(last) < FAILURE_EVENT_EVERY:
+    if last is not None and now - float(last) < tuning.SCRAPE_FAILURE_EVENT_EVERY:
         return
     unscraped[key] = now
     _event(run, f"cannot read the queue of {replica}: {why}; left out of the scaling average (said again every "
-                f"{FAILURE_EVENT_EVERY / 60:g} min while it lasts)")
+                f"{tuning.SCRAPE_FAILURE_EVENT_EVERY / 60:g} min while it lasts)")
 
 
 def _event(run: Run, message: str) -> None:

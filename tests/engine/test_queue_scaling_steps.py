@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from engine.replicas import scaling
 from events.models import Event
-from runs.models import Job, Run
+from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
 from tests.serving.replicas import free_port
