@@ -1,14 +1,15 @@
 """`scaling: {metric: queue}`: a replica group's queue depth, read from the gauge its replicas serve.
 
 At each of the scaler's ticks (engine/replicas/scaling.py, inside its claimed step), every ready
-head of a queue-scaled group (serving.replicas.is_ready / is_head: the replica's node 0, the one
-that serves) is asked for `metrics_path` on `metrics_port` (serving/replica_http.py: a timeout and a
+head of a queue-scaled group not being drained (serving.replicas.is_ready / is_head: the replica's
+node 0, the one that serves) is asked for `metrics_path` on `metrics_port` (serving/replica_http.py: a timeout and a
 size cap on each answer, and one budget for the tick's scrapes), and `queue_metric` is read from the
 Prometheus text it answers (serving/prometheus_text.py: its series summed).
 
 The group's queue at that tick is the average over the replicas that answered, times the group's
-ready replicas (a replica whose scrape failed counts as the average, not as 0 or as missing: left
-out of the average, not out of the group). Those totals are kept for the last `window` seconds in
+ready replicas: the sum of what they reported, a replica whose scrape failed counted as the average
+(left out of the average, not counted as an empty queue). A replica idle beside busy ones (a new
+one, or a revision not yet sent traffic) reports 0 and so adds no load, only its share of the mean. Those totals are kept for the last `window` seconds in
 Run.scaling["queue"][group], and their mean is the group's queue depth, from which the scaler wants
 ceil(depth / target) replicas (Kubernetes HPA's AverageValue rule: ceil(sum / target per pod)).
 A tick where no replica answered adds no sample, and a group with no sample in its window is not
@@ -35,8 +36,11 @@ SCRAPE_MAX_BYTES = 4 * 1024 * 1024  # a vLLM or SGLang /metrics is tens of kB
 def look(run: Run, groups: list[StoredGroup], memory: dict, now: float, service_port: int) -> tuple[dict, dict]:
     """({group: its queue depth over the window, or None: not known}, the memory's queue parts)."""
     deadline = time.monotonic() + tuning.SCRAPE_TICK_BUDGET
-    jobs = [j for j in run.current_jobs().select_related("instance") if is_ready(j) and is_head(j)]
-    kept = {name: list(samples) for name, samples in (memory.get("queue") or {}).items()}
+    # a draining replica is leaving: what it still has queued is finished there, not a need for capacity
+    jobs = [j for j in run.current_jobs().select_related("instance")
+            if is_ready(j) and is_head(j) and j.drain_at is None]
+    earlier = memory.get("queue") or {}
+    kept: dict[str, list] = {}  # a group no longer queue-scaled (an update) leaves its samples behind
     unscraped = dict(memory.get("unscraped") or {})
     depths: dict[str, float | None] = {}
     heads = set()
@@ -50,7 +54,7 @@ def look(run: Run, groups: list[StoredGroup], memory: dict, now: float, service_
             why = _scrape(job, scaling.metrics_port or service_port, scaling.metrics_path, scaling.queue_metric,
                           deadline, found)
             _note(run, job, why, unscraped, now)
-        samples = [s for s in kept.get(group.name, []) if now - s[0] <= scaling.window]
+        samples = [s for s in earlier.get(group.name, []) if now - s[0] <= scaling.window]
         if found:
             samples.append([now, round(sum(found) / len(found) * len(members), 3)])
         kept[group.name] = samples
