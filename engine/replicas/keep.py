@@ -13,7 +13,8 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    one at a time while old ones remain: the surge of one), and removed newest first, never taking
    the ready count below what the group wants while old replicas are rolled out (one old replica at
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
-   drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+   drain delay later (rows.drain, MUSTER_DRAIN_DELAY), and in a PD service not before its routers
+   dropped it (bounded: engine/tuning.py ROUTER_DRAIN_WAIT; serving/router_sync.py).
 3. the run's status: `running` from its first running replica (or at once when it wants none) to
    its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
 
@@ -34,9 +35,11 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from engine import outcome
+from engine.nudges import is_routed
 from engine.replicas import nodes as replica_nodes
 from engine.replicas import rows
 from engine.restarts import backoff
+from engine.tuning import ROUTER_DRAIN_WAIT
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
 from runs.configuration.stored import StoredService, run_configuration
@@ -44,6 +47,7 @@ from runs.limits import retry_duration
 from runs.models import Job, Run
 from runs.transitions import move_run, terminate_job
 from serving.replicas import is_head, is_ready
+from serving.router_sync import still_listed
 
 STARTING_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
 
@@ -72,19 +76,36 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         restarting = pending.get(group.name, [])
         heads = [j for j in live if j.node_group_name == group.name and is_head(j) and j.replica_num not in restarting]
         _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others)
+    head_of = {replica_nodes.key(j): j.pk for j in live if is_head(j)}  # routers list a replica by its node 0
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
-            stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
-            if stop_at <= now:
-                terminate_job(job, JobReason.TERMINATED_BY_SERVER, "drained: stopped after the drain delay")
-            else:
-                due.append(stop_at)
+            _stop_drained(run, job, head_of.get(replica_nodes.key(job), job.pk), now, due)
     _status(run, live, lease)
     if due:
         outcome.learn(run, next_retry_at=min(due))  # written with process_run's give-back
     elif run.next_retry_at is not None:
         outcome.learn(run, next_retry_at=None)
     return None
+
+
+def _stop_drained(run: Run, job: Job, head: int, now, due: list) -> None:
+    """A drained replica is stopped a drain delay after it left the pool, and not before its
+    service's routers stopped listing it (serving/router_sync.py: they would send it requests as
+    it stops); ROUTER_DRAIN_WAIT later it is stopped anyway, and the event says which still did."""
+    stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
+    if stop_at > now:
+        due.append(stop_at)
+        return
+    listing = still_listed(run.pk, head) if is_routed(run) else []
+    bound = stop_at + timedelta(seconds=ROUTER_DRAIN_WAIT)
+    if listing and now < bound:
+        due.append(min(bound, now + timedelta(seconds=2)))  # the sync nudges process_run once they dropped it
+        return
+    why = "drained: stopped after the drain delay"
+    if listing:
+        why += (f"; router job(s) {', '.join(listing)} still listed it {ROUTER_DRAIN_WAIT:.0f}s after that: "
+                "stopped anyway")
+    terminate_job(job, JobReason.TERMINATED_BY_SERVER, why)
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
