@@ -28,11 +28,24 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from bench import harness
 from bench.chaos import PrivateRedis, free_or
 from bench.pd_service import (
-    Load, alive, free_port_block, heads, pd_yaml, pid_at, session_env, smg_workers, stale, start_endpoint, started,
+    Load,
+    alive,
+    free_port_block,
+    heads,
+    pd_yaml,
+    pid_at,
+    session_env,
+    smg_workers,
+    stale,
+    start_endpoint,
+    started,
+    strays,
+    supervise,
 )
 
 SWEEP = 1.0
@@ -108,6 +121,8 @@ def main(argv=None) -> int:
     checks: dict[str, int] = {}
     tally: dict[str, int] = {}
     events: list[str] = []
+    restarts: list[str] = []
+    supervised = threading.Event()
     piddir = session.data_dir / "pd"
     piddir.mkdir()
     load = sampler = None
@@ -124,6 +139,8 @@ def main(argv=None) -> int:
 
         session.start_worker("worker0", 3)
         session.start_beat()
+        supervise(session, ["worker0", "beat"], restarts, supervised,
+                  lambda name: session.start_worker(name, 3) if name.startswith("worker") else session.start_beat())
         endpoint = start_endpoint(session)
         project, user, token = project_with_user("chaos-pd", superuser=True)
         fleet = create_local_fleet(project, "local", args.hosts, placement="cluster")
@@ -158,7 +175,7 @@ def main(argv=None) -> int:
                 events.append(f"{time.time() - t0:5.1f}s redis restarted (queued messages lost)")
             else:
                 done = kill_one(run.pk, fault, piddir, rng)
-                events.append(f"{time.time() - t0:5.1f}s {done or f'no running {fault} to kill'}")
+                events.append(f"{time.time() - t0:5.1f}s {done or f'no live {fault} to kill (being replaced)'}")
         for line in events:
             print("  " + line, flush=True)
 
@@ -205,22 +222,34 @@ def main(argv=None) -> int:
             print(f"  alive after stop: {group} pid {pid} at {address}")
         print(f"replica processes started: {len(started(piddir))}; router list samples: {sampler.samples}")
         terminate_fleet_instances(fleet, actor="bench")
+        harness.wait_until(lambda: not strays(session), 20, every=0.5)
+        left = strays(session)
+        checks["runner or replica processes left after stop"] = len(left)
+        for pid in left:
+            print(f"  left after stop: pid {pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+            os.kill(pid, signal.SIGKILL)
+        supervised.set()
     finally:
         if load:
             load.close()
         if sampler:
             sampler.stop.set()
+        supervised.set()
+        for pid in strays(session):  # an interrupted run's replicas (counted above when it got there)
+            os.kill(pid, signal.SIGKILL)
         leftovers = session.teardown()
         redis.stop()
         time.sleep(0.5)
         leftovers += [pid for pid in harness.marked_processes(session.id) if pid not in leftovers]
         checks["leftover processes"] = len(leftovers)
-    print(f"\n== requests: {tally}")
+    for line in restarts:
+        print(f"  {line}")
+    print(f"\n== requests: {tally}; Celery processes started again after exiting on their own: {len(restarts)}")
     width = max(len(k) for k in checks)
     print("== chaos (serving) checks (all must be 0)")
     for key, value in checks.items():
         print(f"{key.ljust(width)}  {value}")
-    code = 0 if len(checks) == 10 and not any(checks.values()) else 1
+    code = 0 if len(checks) == 11 and not any(checks.values()) else 1
     print(f"PASS (load average {os.getloadavg()[0]:.2f})" if code == 0 else "FAIL", flush=True)
     return code
 

@@ -29,7 +29,17 @@ import time
 
 from bench import harness
 from bench.chaos import PrivateRedis
-from bench.pd_service import Load, free_port_block, heads, pd_yaml, pid_at, session_env, smg_workers, stale, start_endpoint
+from bench.pd_service import (
+    Load,
+    free_port_block,
+    heads,
+    pd_yaml,
+    pid_at,
+    session_env,
+    smg_workers,
+    stale,
+    start_endpoint,
+)
 
 
 def _fmt(values: list[float | None]) -> str:

@@ -138,6 +138,49 @@ def started(piddir: Path) -> list[tuple[int, str, str]]:
     return [(int(r[0]), r[1], r[2]) for r in rows if len(r) == 3]
 
 
+def strays(session: harness.Session) -> list[int]:
+    """Processes working under the session's data dir that are not the session's own: local runner
+    jobs and what they started (their environment is the job's, without the BENCH_SESSION mark)."""
+    # the session's own by their mark, or as the trees of the processes it started (a process that
+    # sets its title, as celery beat does, overwrites its environment where /proc shows it)
+    mine = set(harness.marked_processes(session.id))
+    for proc in list(session.procs.values()):
+        mine.update(harness.tree(proc.pid))
+    mark = str(session.data_dir).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine or int(entry) == os.getpid():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes() + Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if mark in raw:
+            found.append(int(entry))
+    return found
+
+
+def supervise(session: harness.Session, names: list[str], restarts: list[str], stop: threading.Event,
+              start) -> threading.Thread:
+    """Start again a session process that exited on its own, as `muster serve` or systemd does for
+    the product's worker (a Celery worker may exit on a broker restart: kombu's "Unrecoverable
+    error"); each restart is noted in `restarts`."""
+
+    def loop():
+        while not stop.wait(0.5):
+            for name in names:
+                proc = session.procs.get(name)
+                if proc is not None and proc.poll() is not None:
+                    session.procs.pop(name)
+                    proc._bench_log.close()  # type: ignore[attr-defined]
+                    start(name)
+                    restarts.append(f"{time.strftime('%H:%M:%S')} {name} exited ({proc.returncode}); started again")
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
 def pid_at(piddir: Path, address: str) -> int | None:
     try:
         return int((piddir / f"{address}.pid").read_text())
@@ -185,6 +228,7 @@ class Load:
     clients: int = 4
     bound: float = 30.0
     pause: float = 0.02
+    backoff: float = 0.5  # after an answer other than 200, as a client that retries a 5xx waits
     answers: list[Answer] = field(default_factory=list)
 
     def __post_init__(self):
@@ -206,10 +250,10 @@ class Load:
         n = 0
         while not self.stop.is_set():
             n += 1
-            self._one(json.dumps({"text": f"client {k} request {n}"}).encode())
-            self.stop.wait(self.pause)
+            ok = self._one(json.dumps({"text": f"client {k} request {n}"}).encode())
+            self.stop.wait(self.pause if ok else self.backoff)
 
-    def _one(self, body: bytes) -> None:
+    def _one(self, body: bytes) -> bool:
         request = urllib.request.Request(self.url + "generate", data=body, headers={
             "Content-Type": "application/json", "Authorization": f"Bearer {self.token}"})
         t0, served = time.time(), ""
@@ -219,12 +263,13 @@ class Load:
             served = json.loads(raw).get("meta_info", {}).get("served_by", "")
         except urllib.error.HTTPError as exc:
             status = exc.code
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             status = "timeout"
         except (OSError, ValueError) as exc:
             status = "timeout" if "timed out" in str(exc) else f"error: {exc}"
         with self.lock:
             self.answers.append(Answer(t0, time.time() - t0, status, served))
+        return status == 200
 
     def tally(self, since: float = 0.0) -> dict[str, int]:
         with self.lock:
