@@ -13,6 +13,10 @@ Beside them, TPU runs (bench/chaos_tpu.py: single slices and multislice sets, cr
 as queued spot resources, on the real gcp backend against the fake TPU API with hollow hosts) have
 their slices preempted while they run, and retry.
 
+Then the serving scenario (bench/chaos_pd.py, `--serving yes|no|only`): a PD service with the real
+smg router under request load through the endpoint, with worker kills, a router kill and a Redis
+restart during a rolling update; its own checks, and the exit status is 1 when either fails.
+
 After settling, the checks below must all be 0; the exit status is 1 otherwise:
   runs not in a terminal or `running` state, jobs stuck beyond three sweep intervals, instances
   assigned to two live jobs, busy instances with no live job, processes left after the stop,
@@ -99,7 +103,19 @@ def main(argv=None) -> int:
     p.add_argument("--preempt-every", type=float, default=1.0, help="seconds between preemptions")
     p.add_argument("--db", default="muster_chaos", help="the PostgreSQL database made and dropped for the run")
     p.add_argument("--restart-runs", type=int, default=20, help="runs whose second group fails once and restarts")
+    p.add_argument("--serving", choices=("yes", "no", "only"), default="yes",
+                   help="then the serving scenario (bench/chaos_pd.py, a process of its own); only: just that")
     args = p.parse_args(argv)
+    if args.serving == "only":
+        return subprocess.run([sys.executable, "-m", "bench.chaos_pd"], cwd=harness.ROOT).returncode
+    code = placement(args)
+    if args.serving == "yes":  # its own process: a Django setup and a bench session of its own
+        print("\n== the serving scenario: python -m bench.chaos_pd", flush=True)
+        code = max(code, subprocess.run([sys.executable, "-m", "bench.chaos_pd"], cwd=harness.ROOT).returncode)
+    return code
+
+
+def placement(args) -> int:
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "0")) or None)
 
     port = free_or(args.redis_port)
