@@ -39,6 +39,7 @@ from bench.pd_service import (
     smg_workers,
     stale,
     start_endpoint,
+    strays,
 )
 
 
@@ -169,6 +170,8 @@ def main(argv=None) -> int:
                                        backend == "ssh", args.timeout)
             terminate_fleet_instances(fleet, actor="bench")
     finally:
+        for pid in strays(session):  # local runner jobs left by an interrupted run
+            os.kill(pid, signal.SIGKILL)
         session.teardown()
         redis.stop()
         if pool is not None:

@@ -36,7 +36,8 @@ def smg_binary() -> str:
 
 def pd_yaml(name: str, port: int, piddir: Path, *, decode: int = 2, version: str = "v1", any_address: bool = False,
             fleet: str | None = None, max_surge: int | None = None) -> str:
-    """router (smg) + 1 prefill + `decode` decodes, retried on errors. `version` is an env value: a new
+    """router (smg, round robin: its default policy keeps a prompt prefix on one worker, so a worker
+    replaced could go without requests) + 1 prefill + `decode` decodes, retried on errors. `version` is an env value: a new
     one is a new revision (an update). `any_address`: servers listen on 0.0.0.0 (an SSH host in a
     namespace, whose probes knock on its 127.0.0.1); else on the replica's own loopback address."""
     host = "0.0.0.0" if any_address else "$DSTACK_NODE_IP"
@@ -56,7 +57,7 @@ def pd_yaml(name: str, port: int, piddir: Path, *, decode: int = 2, version: str
             + "groups:\n"
             "  - name: router\n    replicas: 1\n    router:\n      type: smg\n    commands:\n" + pid("router")
             + f"      - exec {smg_binary()} launch --host {host} --port {port} --pd-disaggregation "
-              f"--prometheus-host {host} --prometheus-port {port + 1} --log-level warn\n" + probe
+              f"--prometheus-host {host} --prometheus-port {port + 1} --policy round_robin --log-level warn\n" + probe
             + "  - name: prefill\n    replicas: 1\n    commands:\n" + pid("prefill")
             + standin("prefill", f"--bootstrap-port {port + 2}") + probe
             + f"  - name: decode\n    replicas: {decode}\n    commands:\n" + pid("decode") + standin("decode") + probe)
