@@ -43,6 +43,10 @@ from bench.pd_service import (
 )
 
 
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}s"
+
+
 def _fmt(values: list[float | None]) -> str:
     got = [v for v in values if v is not None]
     if not got:
@@ -108,9 +112,9 @@ def measure(project, user, token, endpoint: str, fleet: str, piddir, kills: int,
             last = max((a.at + a.took for a in failed), default=killed) - killed
             rows.append({"kill": k + 1, "out_of_list_s": out, "last_failed_s": last, "failed": len(failed),
                          "answers": len(after), "replacement_ready_s": listed, "replacement_serving_s": serving})
-            print(f"    kill {k + 1}: out of smg's list {out}, last failed answer {last:.2f}s "
-                  f"({len(failed)} of {len(after)} failed), replacement ready+listed {listed}, serving {serving}",
-                  flush=True)
+            print(f"    kill {k + 1}: out of smg's list {_s(out)}, last failed answer {last:.2f}s "
+                  f"({len(failed)} of {len(after)} failed), replacement ready+listed {_s(listed)}, "
+                  f"serving {_s(serving)}", flush=True)
             harness.wait_until(whole, timeout, every=0.5)
             time.sleep(2)
     finally:
