@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from engine.replicas import scaling
 from events.models import Event
-from runs.models import Job
+from runs.models import Job, Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
 from tests.serving.replicas import free_port
@@ -111,3 +111,16 @@ def test_an_endless_answer_is_cut_left_out_and_said_once(replica):
     run.refresh_from_db()
     assert run.scaling["unscraped"] == {} and run.scaling["queue_depth"] == {"decode": 0.0}
     assert Event.objects.filter(run=run, message__startswith="the queue of replica decode/").count() == 1
+
+
+def test_a_stored_metrics_path_that_cannot_be_sent_is_a_failed_scrape_not_a_failed_tick(replica):
+    run, decode, server = replica
+    # stored before the rule refused it at submit (printable ASCII only): the tick must go on
+    conf = run.configuration
+    conf["groups"][0]["scaling"]["metrics_path"] = "/\u6307\u6807"
+    Run.objects.filter(pk=run.pk).update(configuration=conf)
+    assert scaling.scale_services() == 1
+    run.refresh_from_db()
+    assert run.scaling["queue_depth"] == {"decode": None} and str(decode.pk) in run.scaling["unscraped"]
+    said = Event.objects.get(run=run, message__startswith="cannot read the queue of replica decode/")
+    assert "request path" in said.message
