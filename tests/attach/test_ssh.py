@@ -134,7 +134,8 @@ def test_muster_ssh_runs_a_command_in_the_jobs_env_and_the_key_goes_with_the_mem
                             cwd=Path(__file__).resolve().parents[2])
     try:
         assert held.stdout.readline() == "open\n"
-        assert len(sleeps()) == 3 and not argv_holding(b"not-in-argv", besides=held.pid)
+        wait_until(lambda: len(sleeps()) == 3, timeout=10, what="the session's sleeps started")
+        assert argv_holding(b"not-in-argv", besides=held.pid) == []
         Membership.objects.filter(user__username="bob").delete()
         wait_until(lambda: shell_lines(pool) == [], timeout=60, what="the shell key removed from the host")
         assert held.wait(30) != 0
