@@ -19,6 +19,7 @@ environment.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import uuid
@@ -74,6 +75,23 @@ def _end(child: subprocess.Popen, token: str, container: str | None, tty: bool) 
         child.kill()
 
 
+def _wait(child: subprocess.Popen, tty: bool) -> int:
+    """The child's exit status; without a terminal, -SIGHUP as soon as our stdout has no reader:
+    sshd closed the session (its client went, or the gateway closed it) but, with no terminal to
+    hang up, signals nothing."""
+    if tty:
+        return child.wait()
+    poller = select.poll()
+    poller.register(1, select.POLLERR | select.POLLHUP)
+    while True:
+        try:
+            return child.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+        if any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0)):
+            return -signal.SIGHUP
+
+
 def run(command: str, container: str | None, env: dict[str, str], cwd: str) -> int:
     """The session's command (a login shell when empty) under a fresh marker; whatever it started is
     ended when the command ends, or when the revoke's SIGTERM or sshd's SIGHUP reaches this process.
@@ -93,7 +111,7 @@ def run(command: str, container: str | None, env: dict[str, str], cwd: str) -> i
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, ended)
-    code = child.wait()
+    code = _wait(child, tty)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     _end(child, token, container, tty)
