@@ -14,6 +14,9 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    the ready count below what the group wants while old replicas are rolled out (one old replica at
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
    drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+   A service with a `router` group is updated blue/green per deployment instead
+   (engine/replicas/revisions.py): the newest deployment's groups are counted here, the serving one
+   is kept until the switch, any other is drained.
 3. the run's status: `running` from its first running replica (or at once when it wants none) to
    its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
 
@@ -28,7 +31,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from engine import outcome
-from engine.replicas import rows
+from engine.replicas import revisions, rows
 from engine.restarts import backoff
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
@@ -49,14 +52,27 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     now = timezone.now()
     due: list[datetime] = []
     pending: dict[str, list[int]] = {}  # group -> replica_nums of replicas just replaced or waiting to be
+    failed_new = revisions.failed_new(run, jobs) if conf.routed else None
+    if failed_new is not None:  # a routed service's rollout failed: back to the deployment that serves
+        if not revisions.roll_back(run, failed_new):
+            return None  # an update came in between: the next pass works from it
+        conf = run_configuration(run)
+        assert isinstance(conf, StoredService)
     for job in [j for j in jobs if j.finished]:
         cause = _ended(run, conf, job, now, due, pending)
         if cause is not None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
+    counted = live
+    if conf.routed:  # blue/green: the groups of the newest deployment are counted, the others kept or drained
+        revisions.drain_others(run, live)
+        counted = [j for j in live if j.deployment_num == run.deployment_num]
     for group in conf.groups:
-        _follow_count(run, group.name, [j for j in live if j.node_group_name == group.name],
+        _follow_count(run, group.name, [j for j in counted if j.node_group_name == group.name],
                       pending.get(group.name, []), jobs)
+    if conf.routed and revisions.rolling_out(run) and revisions.ready_to_switch(run, conf, live) \
+            and revisions.switch(run):
+        revisions.drain_others(run, live)
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
             stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
@@ -73,7 +89,8 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
-    if job.drain_at is not None or job.deployment_num < run.deployment_num \
+    # another deployment's: an older one rolled out, or a newer one rolled back
+    if job.drain_at is not None or job.deployment_num != run.deployment_num \
             or conf.replica_group(job.node_group_name) is None:
         rows.supersede(job)  # removed on purpose, or rolled out: nothing to replace
         return None

@@ -189,6 +189,11 @@ class StoredService(StoredTask):
     def replica_group(self, name: str) -> StoredGroup | None:
         return next((g for g in self.groups if g.name == name), None)
 
+    @property
+    def routed(self) -> bool:
+        """A group is a router: an update is blue/green per deployment (engine/replicas/revisions.py)."""
+        return any(g.router for g in self.groups)
+
 
 def _without_nulls(value: Any) -> Any:
     # the engine has always read a stored key as `value or default`: a stored null is the default

@@ -1,0 +1,113 @@
+"""Blue/green per deployment for a service with a `router` group: what keep.py does for it instead
+of the per-group rolling update, so that no router ever lists workers of two deployments.
+
+An update raises `deployment_num` above `serving_deployment` (runs/services/service_runs.py) and
+records what a rollback restores (`Run.rollout`). Each pass while the rollout is under way:
+
+1. every group of the new deployment is kept at its desired count beside the serving deployment,
+   which is left as it is (its routers keep the endpoint's traffic);
+2. a replica of the new deployment that fails (it did not start, its probes did not pass within
+   the group's `ready_timeout`, its commands failed) rolls the rollout back (`roll_back`): the
+   stored configuration, submitted text and desired_replicas are the serving deployment's again and
+   `deployment_num` is the serving one; the new deployment's replicas are removed (step 4);
+3. once every group of the new deployment has its desired count of ready heads, the endpoint
+   switches to it (`switch`): one guarded write of `serving_deployment`, its event, notify_routes;
+4. any live replica of a deployment other than the one kept (the serving one outside a rollout,
+   the serving and the new one during it) is taken out of the pool, drained and stopped (keep.py's
+   drain path): after a switch the old deployment, after a rollback the new one, after a second
+   update the superseded one.
+
+Both writes are guarded by the deployments they were worked out from, so an update written meanwhile
+(it takes no lease) is never undone: the pass is simply worked out again from the new row.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from engine.replicas import rows
+from events.services import record
+from runs.choices import FAILING_REASONS
+from runs.configuration.stored import StoredService
+from runs.models import Job, Run
+from serving.replicas import is_head, is_ready
+from serving.rows import notify_routes
+
+
+def rolling_out(run: Run) -> bool:
+    return run.serving_deployment < run.deployment_num
+
+
+def failed_new(run: Run, jobs: list[Job]) -> Job | None:
+    """A replica of the deployment being rolled out that failed (not one removed on purpose)."""
+    if not rolling_out(run):
+        return None
+    return next((j for j in jobs if j.finished and j.deployment_num == run.deployment_num and j.drain_at is None
+                 and j.termination_reason in FAILING_REASONS), None)
+
+
+def roll_back(run: Run, cause: Job) -> bool:
+    """Step 2: the run back at its serving deployment, in one write guarded by the deployments the
+    pass read; `run` (the pass's copy) follows. False: an update came in between (nothing written)."""
+    serving, failed = run.serving_deployment, run.deployment_num
+    restore = run.rollout or {}
+    why = (f"replica {cause.node_group_name}/{cause.replica_num} of deployment {failed} "
+           f"{cause.termination_reason}: {cause.termination_message or 'no message'}")[:900]
+    fields = {"deployment_num": serving, "rollout": {}, "updated_at": timezone.now()}
+    if restore:
+        fields.update(configuration=restore.get("configuration") or run.configuration,
+                      submitted_text=restore.get("submitted_text", run.submitted_text),
+                      desired_replicas=restore.get("desired_replicas") or {})
+    with transaction.atomic():
+        if not Run.objects.filter(pk=run.pk, deployment_num=failed, serving_deployment=serving).update(**fields):
+            return False
+        record(run.project_id, f"run {run.name}",
+               f"rollout to deployment {failed} failed ({why}): rolled back to deployment {serving}, which kept "
+               f"serving; its configuration and replicas are restored and deployment {failed}'s replicas removed",
+               status=run.status, run_id=run.pk)
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return True
+
+
+def ready_to_switch(run: Run, conf: StoredService, live: list[Job]) -> bool:
+    """Step 3's condition: every group of the new deployment has its desired count of ready heads,
+    none of them draining."""
+    desired = run.desired_replicas or {}
+    for group in conf.groups:
+        heads = [j for j in live if j.node_group_name == group.name and j.deployment_num == run.deployment_num
+                 and j.drain_at is None and is_head(j) and is_ready(j)]
+        if len(heads) < int(desired.get(group.name, 0)):
+            return False
+    return True
+
+
+def switch(run: Run) -> bool:
+    """Step 3: the endpoint sends to the new deployment's routers from the commit on (one write, its
+    event and the endpoints' re-read in one transaction). False: an update came in between."""
+    old, new = run.serving_deployment, run.deployment_num
+    with transaction.atomic():
+        if not Run.objects.filter(pk=run.pk, deployment_num=new, serving_deployment=old).update(
+                serving_deployment=new, rollout={}):
+            return False
+        record(run.project_id, f"run {run.name}",
+               f"switched to deployment {new}: its routers and workers are ready, the endpoint sends to its routers "
+               f"now; deployment {old} drains and stops", status=run.status, run_id=run.pk)
+        notify_routes(run.pk)
+    run.serving_deployment, run.rollout = new, {}
+    return True
+
+
+def drain_others(run: Run, live: list[Job]) -> None:
+    """Step 4."""
+    keep = {run.serving_deployment, run.deployment_num}
+    for job in live:
+        if job.drain_at is None and job.deployment_num not in keep:
+            if job.deployment_num < run.serving_deployment:
+                why = f"deployment {run.serving_deployment} serves now, deployment {job.deployment_num} is removed"
+            elif job.deployment_num > run.deployment_num:
+                why = f"deployment {job.deployment_num} was rolled back"
+            else:
+                why = f"deployment {job.deployment_num} was superseded by deployment {run.deployment_num}"
+            rows.drain(job, why)

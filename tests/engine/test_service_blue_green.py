@@ -1,0 +1,164 @@
+"""A routed service's blue/green update (engine/replicas/revisions.py) in the test process, no worker:
+rows in, rows out. The replicas' running and readiness are written as the engine's steps would."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from engine import processing
+from events.models import Event
+from instances.models import Instance
+from runs.models import Job, Run
+from runs.services.submission import submit_run
+from serving import routes
+from tests.engine.helpers import local_project_fleet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROUTED = """type: service
+name: pd
+port: 8000
+env:
+  - VERSION=v1
+groups:
+  - name: router
+    router: {type: smg}
+    replicas: 1
+    commands: [python3 -m http.server 8000]
+  - name: worker
+    replicas: 2
+    commands: [python3 -m http.server 8000]
+"""
+
+
+def _apply(fleet, text: str, update: bool = False) -> Run:
+    return submit_run(fleet.project, None, {"configuration": text, **({"update": True} if update else {})})
+
+
+def _live(run: Run, deployment: int | None = None) -> list[Job]:
+    jobs = Job.objects.filter(run=run, superseded=False).order_by("job_num")
+    return [j for j in jobs if deployment is None or j.deployment_num == deployment]
+
+
+def _serve(jobs: list[Job]) -> None:
+    """The jobs run and their probes passed (as the engine's running and readiness steps write it)."""
+    now = timezone.now()
+    hosts = list(Instance.objects.order_by("id"))
+    for job in jobs:  # any host: the routes want an address, nothing here reaches it
+        Job.objects.filter(pk=job.pk).update(status="running", ready_at=now, first_ready_at=now,
+                                             instance=hosts[job.job_num % len(hosts)])
+
+
+def _derive(run: Run) -> Run:
+    assert processing.process_run(run.pk)
+    return Run.objects.get(pk=run.pk)
+
+
+def _said(run: Run) -> list[str]:
+    return list(Event.objects.filter(run=run).order_by("id").values_list("message", flat=True))
+
+
+def _routed_jobs(run: Run) -> set[int]:
+    service = routes.service_by_run(run.pk)
+    return {r.job_id for r in service.replicas} if service else set()
+
+
+@pytest.fixture
+def serving_pd(sent):
+    """A routed service of deployment 0, its router and two workers serving."""
+    fleet = local_project_fleet(size=6)
+    run = _apply(fleet, ROUTED)
+    run = _derive(run)
+    _serve(_live(run))
+    return fleet, _derive(run)
+
+
+def test_the_new_deployment_comes_up_beside_the_old_and_the_endpoint_switches_in_one_step(serving_pd):
+    fleet, run = serving_pd
+    old = {j.pk for j in _live(run)}
+    assert _routed_jobs(run) == old
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2"), update=True)
+    assert (run.deployment_num, run.serving_deployment) == (1, 0)
+    assert run.rollout["desired_replicas"] == {"router": 1, "worker": 2}
+    run = _derive(run)
+    new = _live(run, 1)
+    assert sorted(j.node_group_name for j in new) == ["router", "worker", "worker"], "every group at its count"
+    assert all(j.drain_at is None for j in _live(run, 0)), "the old deployment serves on untouched"
+    _serve(new[:2])  # the router and one worker: not all of it yet
+    run = _derive(run)
+    assert run.serving_deployment == 0 and _routed_jobs(run) == old
+    _serve(new)
+    run = _derive(run)
+    assert (run.serving_deployment, run.rollout) == (1, {})
+    assert _routed_jobs(run) == {j.pk for j in new}, "the endpoint sends to deployment 1 only"
+    drained = _live(run, 0)
+    assert drained and all(j.drain_at is not None and j.ready_at is None for j in drained), \
+        "the old deployment is out of the pool at once, stopped after the drain delay"
+    said = _said(run)
+    assert any(m.startswith("switched to deployment 1") for m in said), said
+    assert sum("deployment 1 serves now, deployment 0 is removed" in m for m in said) == 3, said
+
+
+def test_a_replica_of_the_new_deployment_that_fails_rolls_back_and_the_old_one_serves_on(serving_pd):
+    fleet, run = serving_pd
+    old = {j.pk for j in _live(run)}
+    old_conf = run.configuration
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2").replace("replicas: 2", "replicas: 3"),
+                 update=True)
+    run = _derive(run)
+    new = _live(run, 1)
+    assert len(new) == 4
+    _serve(new[:3])
+    Job.objects.filter(pk=new[3].pk).update(status="terminated", termination_reason="waiting_ready_limit_exceeded",
+                                            termination_message="not ready within ready_timeout 60s")
+    run = _derive(run)
+    assert (run.deployment_num, run.serving_deployment, run.rollout) == (0, 0, {})
+    assert run.configuration == old_conf and run.desired_replicas == {"router": 1, "worker": 2}
+    assert "VERSION=v1" in run.submitted_text
+    assert {j.pk for j in _live(run, 0)} == old and all(j.drain_at is None for j in _live(run, 0))
+    assert _routed_jobs(run) == old, "the old deployment served throughout"
+    rolled_back = _live(run, 1)
+    assert rolled_back and all(j.drain_at is not None for j in rolled_back), "deployment 1's replicas are removed"
+    said = _said(run)
+    assert any("rollout to deployment 1 failed" in m and "waiting_ready_limit_exceeded" in m
+               and "rolled back to deployment 0" in m for m in said), said
+    assert Run.objects.get(pk=run.pk).status == "running"
+    # the next update does not reuse the rolled-back number
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v3"), update=True)
+    assert (run.deployment_num, run.serving_deployment) == (2, 0)
+
+
+def test_a_second_apply_during_a_rollout_supersedes_it(serving_pd):
+    fleet, run = serving_pd
+    old = {j.pk for j in _live(run)}
+    _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2"), update=True)
+    run = _derive(run)
+    first = _live(run, 1)
+    assert len(first) == 3
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v3"), update=True)
+    assert (run.deployment_num, run.serving_deployment) == (2, 0)
+    assert "VERSION=v1" in run.rollout["submitted_text"], "a rollback would still restore what serves"
+    run = _derive(run)
+    assert all(Job.objects.get(pk=j.pk).drain_at is not None for j in first), "the superseded rollout is removed"
+    second = _live(run, 2)
+    assert len(second) == 3 and _routed_jobs(run) == old
+    _serve(second)
+    run = _derive(run)
+    assert run.serving_deployment == 2 and _routed_jobs(run) == {j.pk for j in second}
+    said = _said(run)
+    assert any("supersedes the rollout to deployment 1" in m for m in said), said
+    assert sum("deployment 1 was superseded by deployment 2" in m for m in said) == 3, said
+
+
+def test_a_service_without_a_router_is_still_rolled_one_replica_at_a_time(sent):
+    fleet = local_project_fleet(size=4)
+    plain = "type: service\nname: web\nport: 8000\nreplicas: 2\nenv: [VERSION=v1]\n" \
+            "commands: [python3 -m http.server 8000]\n"
+    run = _derive(_apply(fleet, plain))
+    _serve(_live(run))
+    run = _derive(run)
+    run = _apply(fleet, plain.replace("v1", "v2"), update=True)
+    assert (run.deployment_num, run.serving_deployment, run.rollout) == (1, 1, {})
+    run = _derive(run)
+    assert len(_live(run, 1)) == 1, "the surge of one"
