@@ -54,7 +54,7 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     pending: dict[str, list[int]] = {}  # group -> replica_nums of replicas just replaced or waiting to be
     failed_new = revisions.failed_new(run, jobs) if conf.routed else None
     if failed_new is not None:  # a routed service's rollout failed: back to the deployment that serves
-        if not revisions.roll_back(run, failed_new):
+        if not revisions.roll_back(run, revisions.failure(failed_new)):
             return None  # an update came in between: the next pass works from it
         conf = run_configuration(run)
         assert isinstance(conf, StoredService)
@@ -64,15 +64,25 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
     counted = live
-    if conf.routed:  # blue/green: the groups of the newest deployment are counted, the others kept or drained
-        revisions.drain_others(run, live)
+    if conf.routed and revisions.rolling_out(run):
+        give_up = revisions.deadline(run, conf)
+        if give_up is not None and give_up <= now:
+            if not revisions.roll_back(run, revisions.overdue(run, live)):
+                return None
+            conf = run_configuration(run)
+            assert isinstance(conf, StoredService)
+        elif give_up is not None:
+            due.append(give_up)
+    # blue/green: the groups of the newest deployment are counted, the others kept or drained
+    revisions.drain_others(run, live, conf.routed)
+    if conf.routed:
         counted = [j for j in live if j.deployment_num == run.deployment_num]
     for group in conf.groups:
         _follow_count(run, group.name, [j for j in counted if j.node_group_name == group.name],
                       pending.get(group.name, []), jobs)
     if conf.routed and revisions.rolling_out(run) and revisions.ready_to_switch(run, conf, live) \
             and revisions.switch(run):
-        revisions.drain_others(run, live)
+        revisions.drain_others(run, live, True)
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
             stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())

@@ -7,7 +7,9 @@ records what a rollback restores (`Run.rollout`). Each pass while the rollout is
 1. every group of the new deployment is kept at its desired count beside the serving deployment,
    which is left as it is (its routers keep the endpoint's traffic);
 2. a replica of the new deployment that fails (it did not start, its probes did not pass within
-   the group's `ready_timeout`, its commands failed) rolls the rollout back (`roll_back`): the
+   the group's `ready_timeout`, its commands failed), or the new deployment not ready within the
+   longest `ready_timeout` of its groups since the update (`deadline`: a replica waiting for a host,
+   hosts being short for two deployments, has no timeout of its own), rolls the rollout back: the
    stored configuration, submitted text and desired_replicas are the serving deployment's again and
    `deployment_num` is the serving one; the new deployment's replicas are removed (step 4);
 3. once every group of the new deployment has its desired count of ready heads, the endpoint
@@ -22,6 +24,8 @@ Both writes are guarded by the deployments they were worked out from, so an upda
 """
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -47,13 +51,39 @@ def failed_new(run: Run, jobs: list[Job]) -> Job | None:
                  and j.termination_reason in FAILING_REASONS), None)
 
 
-def roll_back(run: Run, cause: Job) -> bool:
+def failure(job: Job) -> str:
+    return (f"replica {job.node_group_name}/{job.replica_num} of deployment {job.deployment_num} "
+            f"{job.termination_reason}: {job.termination_message or 'no message'}")
+
+
+def deadline(run: Run, conf: StoredService) -> datetime | None:
+    """When a rollout not switched yet is given up: the update's time plus the longest `ready_timeout`
+    of the new deployment's groups (a replica waiting for a host has no timeout of its own); None
+    when a group has none (0) or the record has no time."""
+    started = (run.rollout or {}).get("started_at")
+    limits = [g.ready_timeout for g in conf.groups]
+    if not started or not limits or not all(limits):
+        return None
+    return datetime.fromisoformat(started) + timedelta(seconds=max(limits))
+
+
+def overdue(run: Run, live: list[Job]) -> str:
+    """Why a rollout past its deadline is rolled back (it names the replicas still waiting for a host:
+    blue/green runs both deployments at once)."""
+    waiting = [j for j in live if j.deployment_num == run.deployment_num and j.waiting_for]
+    why = f"deployment {run.deployment_num} not ready within the longest ready_timeout of its groups since the update"
+    if waiting:
+        why += (f"; {len(waiting)} of its replicas waited for a host ({waiting[0].waiting_for}): blue/green needs "
+                "hosts for every group of both deployments at once")
+    return why
+
+
+def roll_back(run: Run, why: str) -> bool:
     """Step 2: the run back at its serving deployment, in one write guarded by the deployments the
     pass read; `run` (the pass's copy) follows. False: an update came in between (nothing written)."""
     serving, failed = run.serving_deployment, run.deployment_num
     restore = run.rollout or {}
-    why = (f"replica {cause.node_group_name}/{cause.replica_num} of deployment {failed} "
-           f"{cause.termination_reason}: {cause.termination_message or 'no message'}")[:900]
+    why = why[:900]
     fields = {"deployment_num": serving, "rollout": {}, "updated_at": timezone.now()}
     if restore:
         fields.update(configuration=restore.get("configuration") or run.configuration,
@@ -99,11 +129,12 @@ def switch(run: Run) -> bool:
     return True
 
 
-def drain_others(run: Run, live: list[Job]) -> None:
-    """Step 4."""
+def drain_others(run: Run, live: list[Job], routed: bool) -> None:
+    """Step 4. `routed` False (a rollback restored a configuration without a router): only the
+    rolled-back deployment's replicas go; older ones are rolled out replica by replica as ever."""
     keep = {run.serving_deployment, run.deployment_num}
     for job in live:
-        if job.drain_at is None and job.deployment_num not in keep:
+        if job.drain_at is None and job.deployment_num not in keep and (routed or job.deployment_num > run.deployment_num):
             if job.deployment_num < run.serving_deployment:
                 why = f"deployment {run.serving_deployment} serves now, deployment {job.deployment_num} is removed"
             elif job.deployment_num > run.deployment_num:

@@ -3,6 +3,8 @@ rows in, rows out. The replicas' running and readiness are written as the engine
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -162,3 +164,26 @@ def test_a_service_without_a_router_is_still_rolled_one_replica_at_a_time(sent):
     assert (run.deployment_num, run.serving_deployment, run.rollout) == (1, 1, {})
     run = _derive(run)
     assert len(_live(run, 1)) == 1, "the surge of one"
+
+
+def test_a_rollout_short_of_hosts_is_rolled_back_at_its_deadline_saying_so(serving_pd):
+    fleet, run = serving_pd
+    old = {j.pk for j in _live(run)}
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2").replace(
+        "    replicas: 2\n", "    replicas: 2\n    ready_timeout: 60s\n"), update=True)
+    run = _derive(run)
+    new = _live(run, 1)
+    _serve(new[:2])
+    Job.objects.filter(pk=new[2].pk).update(waiting_for="a host of fleet local")
+    run = _derive(run)
+    assert run.deployment_num == 1 and run.next_retry_at is not None, "looked at again at the deadline"
+    # the router has the default 30 min: the deadline is the update's time plus that
+    started = timezone.now() - timedelta(minutes=31)
+    Run.objects.filter(pk=run.pk).update(rollout={**run.rollout, "started_at": started.isoformat()})
+    run = _derive(run)
+    assert (run.deployment_num, run.serving_deployment, run.rollout) == (0, 0, {})
+    assert _routed_jobs(run) == old
+    assert all(j.drain_at is not None for j in _live(run, 1))
+    said = _said(run)
+    assert any("rollout to deployment 1 failed (deployment 1 not ready within the longest ready_timeout" in m
+               and "1 of its replicas waited for a host (a host of fleet local)" in m for m in said), said
