@@ -4,7 +4,9 @@ in-place update when a running service of the same name is applied again.
 An update (the submit with `"update": true`, which `muster apply` sends once the user agreed)
 stores the new configuration, raises the run's `deployment_num` and recomputes `desired_replicas`,
 with an event, then nudges the run: the engine rolls the replicas to the new deployment one at a
-time (new replica ready, then an old one drained and stopped). Nothing else of the run changes.
+time (new replica ready, then an old one drained and stopped); a service with a `router` group is
+updated blue/green instead (engine/replicas/revisions.py), with what a rollback restores recorded in
+the run's `rollout`. Nothing else of the run changes.
 """
 
 from __future__ import annotations
