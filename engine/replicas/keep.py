@@ -78,8 +78,11 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     if conf.routed:
         counted = [j for j in live if j.deployment_num == run.deployment_num]
     for group in conf.groups:
+        # the replica numbers of the group's other deployments stay taken: a replica is (group, number)
+        # to the steps that start and restart it (engine/starting/cluster.py)
+        taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
         _follow_count(run, group.name, [j for j in counted if j.node_group_name == group.name],
-                      pending.get(group.name, []), jobs)
+                      pending.get(group.name, []), jobs, taken)
     if conf.routed and revisions.rolling_out(run) and revisions.ready_to_switch(run, conf, live) \
             and revisions.switch(run):
         revisions.drain_others(run, live, True)
@@ -99,7 +102,10 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
-    # another deployment's: an older one rolled out, or a newer one rolled back
+    # another deployment's: an older one rolled out, or a newer one rolled back. A routed service's
+    # serving replica ending during a rollout is not replaced either: a new replica starts with the
+    # run's configuration, the new deployment's (the switch, or the rollback's restored configuration,
+    # brings the count back)
     if job.drain_at is not None or job.deployment_num != run.deployment_num \
             or conf.replica_group(job.node_group_name) is None:
         rows.supersede(job)  # removed on purpose, or rolled out: nothing to replace
@@ -146,7 +152,8 @@ def _failures_in_a_row(job: Job) -> int:
     return count
 
 
-def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job]) -> None:
+def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job],
+                  taken: set[int]) -> None:
     """Step 2 for one replica group; `replacing`: the replica numbers of its replicas step 1 replaced
     or will replace after their back-off (they count as the current deployment's)."""
     pending = len(replacing)
@@ -176,7 +183,7 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     rolling = bool(old) or old_draining
     surge = 1 if rolling else 0
     held = len(old) + (holding if rolling else 0)
-    used = {j.replica_num for j in live} | set(replacing)
+    used = {j.replica_num for j in live} | set(replacing) | taken
     next_job = None
     count = len(new) + pending
     while count < desired and count + held < desired + surge:

@@ -187,3 +187,22 @@ def test_a_rollout_short_of_hosts_is_rolled_back_at_its_deadline_saying_so(servi
     said = _said(run)
     assert any("rollout to deployment 1 failed (deployment 1 not ready within the longest ready_timeout" in m
                and "1 of its replicas waited for a host (a host of fleet local)" in m for m in said), said
+
+
+def test_a_serving_replica_that_ends_during_a_rollout_is_not_replaced_and_a_rollback_restores_the_count(serving_pd):
+    # a replica starts with the run's configuration, which is the new deployment's during a rollout
+    fleet, run = serving_pd
+    _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2"), update=True)
+    run = _derive(run)
+    worker = next(j for j in _live(run, 0) if j.node_group_name == "worker")
+    Job.objects.filter(pk=worker.pk).update(status="done", status_changed_at=timezone.now() - timedelta(minutes=1))
+    run = _derive(run)
+    assert Job.objects.get(pk=worker.pk).superseded and len(_live(run, 0)) == 2
+    new = _live(run, 1)
+    assert len(new) == 3 and len({(j.node_group_name, j.replica_num) for j in _live(run)}) == 5, \
+        "a replica number is one live replica's, whatever its deployment"
+    Job.objects.filter(pk=new[0].pk).update(status="failed", termination_reason="process_exited_with_error")
+    run = _derive(run)
+    assert run.deployment_num == 0 and run.configuration["env"] == {"VERSION": "v1"}
+    back = [j for j in _live(run, 0) if j.node_group_name == "worker" and j.drain_at is None]
+    assert len(back) == 2, "the restored deployment is brought back to its count, with its own configuration"
