@@ -159,6 +159,9 @@ class Compute(ABC):
     given_hosts: bool = False
     # Its name in dstack's answers (dstack calls every fleet of hosts `remote`).
     dstack_name: str = "remote"
+    # Its hosts are reached over SSH with a login whose authorized_keys Muster may add to, so a
+    # user's attach or shell key can go there (runs/services/attach.py, engine/attach_installs.py).
+    user_keys_over_ssh: bool = False
 
     @classmethod
     def fleet_config(cls, configuration: dict[str, Any]) -> dict[str, Any]:

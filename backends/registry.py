@@ -19,6 +19,8 @@ from backends.gcp.tpu_shapes import (  # noqa: F401
     parse_slice,
     valid_sizes_message,
 )
+from backends.gcp.tpu_shapes import family_named as tpu_family_named  # noqa: F401
+from backends.gcp.tpu_shapes import with_topology as slice_with_topology  # noqa: F401
 
 # The product's backends: name -> Compute class. A deployment adds its own by settings
 # (MUSTER["EXTRA_BACKENDS"], same shape; the benchmarks' hollow instances come that way).
@@ -79,6 +81,11 @@ def load_every_backend() -> None:
 def creates_groups(backend: str) -> bool:
     """Static fleets (local, ssh, hollow) hold registered hosts; group-creating ones make them."""
     return compute_class(backend).creates_groups
+
+
+def user_keys_over_ssh(backend: str) -> bool:
+    """Whether a user's attach or shell key can be put on the backend's hosts (ssh, and gcp's TPU VMs)."""
+    return compute_class(backend).user_keys_over_ssh
 
 
 def compute_for_instance(instance) -> Compute:

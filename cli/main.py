@@ -181,6 +181,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return attach(client_for(args), args.run, args.job, parse_port_maps(args.port))
 
 
+def cmd_ssh(args: argparse.Namespace) -> int:
+    from cli.ssh import ssh
+
+    return ssh(client_for(args), args.run, args.job, args.remote_command)
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     client = client_for(args)
     follow.get_run(client, args.run)  # a 404 for a run that does not exist, not an empty table
@@ -274,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{config,apply,plan,ps,logs,metrics,attach,events,stop,delete,fleet,instances,serve}")
+                                metavar="{config,apply,plan,ps,logs,metrics,attach,ssh,events,stop,delete,fleet,instances,serve}")
 
     config = _command(sub, "config", cmd_config, help="save the server URL and token to ~/.muster/config")
     config.add_argument("--url", required=True)
@@ -319,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("-p", "--port", action="append", metavar="LOCAL:JOB_PORT",
                         help="local port for a job port (default: the same number, or a free one)")
 
+    shell = _command(sub, "ssh", cmd_ssh, help="a shell, or one command, in a job's environment (its container)")
+    shell.add_argument("run")
+    shell.add_argument("--job", type=int, default=0, help="job number (default 0, the master)")
+    shell.set_defaults(remote_command=[])  # `-- COMMAND` (split off in main): run it and exit with its status
+
     events = _command(sub, "events", cmd_events, help="a run's events, oldest first")
     events.add_argument("run")
     events.add_argument("--limit", type=int, default=500, help="at most this many, the latest (default 500)")
@@ -352,8 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `muster ssh RUN -- COMMAND`: what follows `--` is the command, whatever it looks like
+    # (argparse's subcommands do not keep `--` for a positional list)
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     try:
         args = parser.parse_args(argv)
+        if command and getattr(args, "remote_command", None) is None:
+            parser.error("`-- COMMAND` is for `muster ssh` only")
+        if command:
+            args.remote_command = command
     except SystemExit as exc:  # --help (0) or a usage error (2): return it like any other outcome
         return exc.code if isinstance(exc.code, int) else 2
     try:

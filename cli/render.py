@@ -229,7 +229,16 @@ def runs_table(runs: Sequence[dict[str, Any]], now: datetime | None = None) -> s
     if any(r.get("service") for r in runs):  # services: where they are served, and replicas ready
         rows = [(*row, service_text(r)) for row, r in zip(rows, runs, strict=True)]
         headers.append("service")
+    if any(j.get("deadline") for r in runs for j in r.get("jobs") or []):
+        # flex-start slices: when Google takes them back (the run ends as an interruption then)
+        rows = [(*row, deadline_text(r)) for row, r in zip(rows, runs, strict=True)]
+        headers.append("deadline")
     return table(headers, rows)
+
+
+def deadline_text(run: dict[str, Any]) -> str:
+    deadlines = sorted(j["deadline"] for j in run.get("jobs") or [] if j.get("deadline"))
+    return f"flex-start ends {clock(deadlines[0])}" if deadlines else "-"
 
 
 def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:

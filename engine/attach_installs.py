@@ -26,6 +26,7 @@ from backends.registry import attach_keys as attach_keys_module
 from backends.registry import compute_for_instance
 from engine import claims, messages, outcome
 from engine.tuning import SWEEP_BATCH
+from instances.models import Instance
 from runs.choices import JOB_ATTACHABLE
 from runs.models import AttachGrant
 
@@ -50,12 +51,17 @@ def key_line(grant: AttachGrant, ip: str, host) -> str:
     key cannot be held to the job's ports: `permitopen` leaves -R open, `permitlisten` bounds TCP
     listeners only, and OpenSSH (9.2 here) lets any Unix-socket -R or -L through whatever the lists
     say. docs/cli.md has the design."""
-    # the address comes from the host's own probe: only a plain IP goes into the command
-    ip = str(ipaddress.ip_address(ip))
-    forward = host.forward_command(ip, list(grant.ports), attach_keys.path_expr(attach_keys.authorized_keys_path()),
-                                   grant.marker)
+    keys = attach_keys.path_expr(attach_keys.authorized_keys_path())
+    if grant.shell:
+        # a shell key (`muster ssh`): still no forwarding of any kind, but a terminal (`pty`) for
+        # its one forced command, the runner's `shell` in the job's environment
+        options, command = "restrict,pty", host.shell_command(grant.job.runner_job_id, keys, grant.marker)
+    else:
+        # the address comes from the host's own probe: only a plain IP goes into the command
+        ip = str(ipaddress.ip_address(ip))
+        options, command = "restrict", host.forward_command(ip, list(grant.ports), keys, grant.marker)
     # sshd's own quoting of a command="..." option: a double quote is written \"
-    return f'restrict,command="{forward.replace(chr(34), chr(92) + chr(34))}" {grant.public_key} {grant.marker}'
+    return f'{options},command="{command.replace(chr(34), chr(92) + chr(34))}" {grant.public_key} {grant.marker}'
 
 
 def _install(held: claims.Held) -> claims.Outcome:
@@ -79,6 +85,7 @@ def _install(held: claims.Held) -> claims.Outcome:
             log.info("attach key of grant %s not installed on %s: %s", grant.pk, inst.name, exc)
             return claims.Outcome(fields={"install_error": f"host {inst.name} did not take the key: {exc}"[:300]},
                                   retry_in=claims.backoff_seconds())
+        _record_host_key(inst, host)
         if not AttachGrant.objects.filter(pk=grant.pk, revoke_due=False).exists():
             attach_keys.remove(host, attach_keys.authorized_keys_path(), [grant.needle])
             AttachGrant.objects.filter(pk=grant.pk).delete()
@@ -86,10 +93,21 @@ def _install(held: claims.Held) -> claims.Outcome:
     finally:
         host.close()
     actor = grant.user.username if grant.user else "server"
+    what = ("a shell in the job's environment" if grant.shell
+            else f"forwarding to {inst.internal_ip}:{','.join(map(str, grant.ports))}")
     said = outcome.event(grant.project_id, f"job {job.run.name}/{job.job_num}", f"{ATTACH_EVENT} on {inst.name} by "
-                         f"{actor}: forwarding to {inst.internal_ip}:{','.join(map(str, grant.ports))}", actor=actor,
-                         run_id=job.run_id, job_id=job.pk, instance_id=inst.pk)
+                         f"{actor}: {what}", actor=actor, run_id=job.run_id, job_id=job.pk, instance_id=inst.pk)
     return claims.Outcome(fields={"install_due": False, "install_error": ""}, events=(said,))
+
+
+def _record_host_key(inst, host) -> None:
+    """The CLI checks the host key the server recorded. Hosts of an ssh fleet have theirs from
+    registration; a TPU VM's is taken on the engine's first contact and kept nowhere, so the key
+    this connection (the one the engine trusts for the job) saw is recorded here, once."""
+    if not inst.host_key:
+        seen = host.remote_host_key()
+        Instance.objects.filter(pk=inst.pk, host_key="").update(host_key=seen)
+        inst.host_key = seen
 
 
 # the grant went away under the step (its job ended): given back as it is, nothing to say

@@ -23,6 +23,7 @@ from .files import Paths, emit
 from .forward import cmd_forward
 from .job import run_job
 from .protocol import COMMANDS
+from .shell import cmd_shell
 
 DEFAULT_LOG_LIMIT = 1024 * 1024
 
@@ -55,9 +56,15 @@ def _forward_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grant", default="", help="the line's marker: gone means revoked")
 
 
+def _shell_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keys", default="", help="the authorized_keys file holding the grant's line")
+    parser.add_argument("--grant", default="", help="the line's marker: gone means revoked")
+
+
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "agent": _agent_arguments,
     "forward": _forward_arguments,
+    "shell": _shell_arguments,
     "ensure-agent": _ensure_agent_arguments,
     "log": _log_arguments,
 }
@@ -72,6 +79,7 @@ HANDLERS: dict[str, Callable[[Paths, Any], int]] = {
     "cleanup": lambda paths, args: commands.cmd_cleanup(paths, args.job),
     "job": lambda paths, args: run_job(paths.home, args.job),
     "forward": lambda paths, args: cmd_forward(args.to, args.ports, args.keys, args.grant),
+    "shell": lambda paths, args: cmd_shell(paths, args.job, args.keys, args.grant),
 }
 
 

@@ -16,7 +16,7 @@ import sys
 FORWARD_BUFFER = 64 << 10
 
 
-def _granted(keys: str, grant: str) -> bool:
+def granted(keys: str, grant: str) -> bool:
     try:
         with open(os.path.expanduser(keys), encoding="utf-8", errors="replace") as f:
             return any(line.rstrip("\n").endswith(" " + grant) for line in f)
@@ -27,7 +27,7 @@ def _granted(keys: str, grant: str) -> bool:
 def cmd_forward(ip: str, ports: str, keys: str = "", grant: str = "") -> int:
     wanted = os.environ.get("SSH_ORIGINAL_COMMAND", "").strip()
     allowed = [p for p in ports.split(",") if p.isdigit()]
-    if keys and grant and not _granted(keys, grant):
+    if keys and grant and not granted(keys, grant):
         # the line is gone (revoked) but this SSH connection was made before: no new session
         sys.stderr.write("muster attach: this key was revoked\n")
         return 2

@@ -38,6 +38,7 @@ COMMANDS = {
     "cleanup": (True, "remove a job's directory unless it is running; prints {removed}"),
     "job": (True, "internal: run one job (spawned by the agent)"),
     "forward": (False, "internal: an attach key's forced command, stdin/stdout to --to:$SSH_ORIGINAL_COMMAND"),
+    "shell": (True, "internal: a shell key's forced command, $SSH_ORIGINAL_COMMAND or a shell in the job's env"),
 }
 
 # The spec ``submit`` reads from stdin (all optional but ``commands``):

@@ -185,6 +185,9 @@ class AttachGrant(Claimable):
     install_due = models.BooleanField(default=False)
     public_key = models.TextField(blank=True, default="")
     ports = models.JSONField(default=list, blank=True)
+    # a shell key (`muster ssh`, runs/services/shell.py): its line runs commands in the job's
+    # environment instead of forwarding to its ports
+    shell = models.BooleanField(default=False)
     install_error = models.CharField(max_length=300, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
 

@@ -26,6 +26,9 @@ NOT_A_BACKEND = {
     ("muster/settings.py", "local"): "the folder local hosts' homes live in (MUSTER_DATA_DIR/local)",
     ("runs/services/attach.py", "ssh"): "the attach answer's key for how to reach the host: the protocol",
     ("cli/attach.py", "ssh"): "the attach answer's key for how to reach the host: the protocol",
+    ("cli/ssh.py", "ssh"): "the attach answer's key for how to reach the host: the protocol",
+    ("cli/main.py", "ssh"): "the `muster ssh` command's name",
+    ("runs/services/shell.py", "ssh"): "the `muster ssh` command's name, in its errors",
 }
 
 

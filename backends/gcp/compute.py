@@ -43,6 +43,8 @@ class GcpTpuCompute(Compute):
     creates_groups = True
     group_noun = "TPU slice"
     dstack_name = "gcp"
+    # a TPU VM is an SSH host (runner_host below): the fleet's SSH user takes attach and shell keys
+    user_keys_over_ssh = True
     own_fleet_keys = ("queued_resource", "reservation")
     # the TPU runtime opens the chips' devices directly
     privileged_by_default = True
@@ -81,8 +83,11 @@ class GcpTpuCompute(Compute):
         create = backend_data.get("create") or {}
         if not create.get("queued"):
             return None
-        return {"name": backend_data.get("queued_resource", ""), "zone": create.get("zone", ""),
+        view = {"name": backend_data.get("queued_resource", ""), "zone": create.get("zone", ""),
                 "state": create.get("qr_state", ""), "since": create.get("since")}
+        if create.get("flex_deadline"):  # flex-start: when Google takes the slice back
+            view.update(deadline=create["flex_deadline"], max_run_duration=create.get("max_run_duration"))
+        return view
 
     @classmethod
     def group_env(cls, hosts: list[str], index: int, backend_data: dict[str, Any]) -> dict[str, Any] | None:
@@ -126,7 +131,7 @@ class GcpTpuCompute(Compute):
         shape = parse_slice(str(wanted)) if wanted else None
         if shape is None:
             return []
-        return [o for o in tpu_offers.slice_offers(self.tpu) if o.instance_type == shape.name]
+        return tpu_offers.slice_offers(self.tpu, [shape])
 
     def create_instances(self, offer: InstanceOffer, count: int, names: list[str]) -> list[ProvisioningData]:
         if not names:
@@ -332,7 +337,8 @@ class GcpTpuCompute(Compute):
 def _watch(node: SliceStatus | None, name: str, data: dict[str, Any], requests: dict[str, str]) -> GroupWatch:
     request = data.get("queued_resource")
     if request and requests.get(request) in tpu_queued.LOST_STATES:
-        return GroupWatch(lost=f"queued resource {request} is {requests[request]}")
+        why = tpu_queued.flex_end(data.get("create") or {})
+        return GroupWatch(lost=f"queued resource {request} is {requests[request]}" + (f" ({why})" if why else ""))
     if request and request not in requests:
         return GroupWatch(lost=f"queued resource {request} is gone")
     if node is None:

@@ -43,6 +43,9 @@ class TpuConfig:
     queued: bool = False
     valid_until: int | None = None
     reservation: str = ""
+    # Flex-start (`queued_resource: {provisioning_model: flex-start, max_run_duration}`): how long,
+    # in seconds, the slice is ours once given; None: not flex-start.
+    max_run_duration: int | None = None
 
     def __post_init__(self) -> None:
         if not self.project_id:
@@ -74,6 +77,7 @@ class TpuConfig:
             queued=config.get("queued_resource") is not None,
             valid_until=(config.get("queued_resource") or {}).get("valid_until"),
             reservation=config.get("reservation") or "",
+            max_run_duration=(config.get("queued_resource") or {}).get("max_run_duration"),
         )
 
 

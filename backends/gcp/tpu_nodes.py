@@ -12,9 +12,10 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
+from backends.base import BackendError
 from backends.gcp.tpu_client import TpuConfig, node_name
 from backends.gcp.tpu_errors import TpuApiError, api_errors
-from backends.gcp.tpu_shapes import SliceShape
+from backends.gcp.tpu_shapes import FAMILIES, SliceShape, with_topology
 
 # States a node passes through on its way to READY.
 PENDING_STATES = frozenset(
@@ -96,9 +97,19 @@ def node_spec(
     network = (
         cfg.network if "/" in cfg.network else f"projects/{cfg.project_id}/global/networks/{cfg.network}"
     )
+    runtime_version = cfg.runtime_versions.get(shape.family.name) or ""
+    if not runtime_version:
+        raise BackendError(f"{shape.family.name} has no default TPU VM image: set runtime_version on the fleet "
+                           "(the version Google gave you for it)")
+    if shape.topology:
+        # Google's two ways of naming a slice are exclusive: a type, or a family and a topology.
+        kind: dict[str, Any] = {"accelerator_config": tpu_v2.AcceleratorConfig(
+            type_=tpu_v2.AcceleratorConfig.Type[shape.family.accelerator_config_type], topology=shape.topology)}
+    else:
+        kind = {"accelerator_type": shape.accelerator_type}
     return tpu_v2.Node(
-        accelerator_type=shape.name,
-        runtime_version=cfg.runtime_versions[shape.family.name],
+        **kind,
+        runtime_version=runtime_version,
         # External addresses: the server reaches each host over SSH from outside the VPC.
         network_config=tpu_v2.NetworkConfig(network=network, enable_external_ips=True),
         scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
@@ -129,11 +140,25 @@ def _status(node: tpu_v2.Node) -> SliceStatus:
     return SliceStatus(
         state=state,
         hosts=hosts,
-        accelerator_type=node.accelerator_type,
+        accelerator_type=shape_name(node),
         health="" if health == "HEALTH_UNSPECIFIED" else health,
         name=node.name,
         queued_resource=node.queued_resource,
     )
+
+
+def shape_name(node: tpu_v2.Node) -> str:
+    """The slice's canonical name: a node made from a topology says so in its acceleratorConfig."""
+    config = node.accelerator_config
+    if config.topology:
+        family = next((f for f in FAMILIES.values() if f.accelerator_config_type
+                       and f.accelerator_config_type == tpu_v2.AcceleratorConfig.Type(config.type_).name), None)
+        if family is not None:
+            try:
+                return with_topology(family, config.topology).name
+            except ValueError:
+                pass
+    return node.accelerator_type
 
 
 def owning_request(client: tpu_v2.TpuClient, cfg: TpuConfig, node_name: str) -> str:

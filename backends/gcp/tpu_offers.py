@@ -20,10 +20,12 @@ _HOST_SHAPES: dict[str, dict[int, tuple[int, int]]] = {
     "v5p": {4: (208, 448)},
     "v5litepod": {1: (24, 48), 4: (112, 192), 8: (224, 384)},
     "v6e": {1: (44, 176), 4: (180, 720), 8: (180, 1440)},
+    "tpu7x": {4: (224, 960)},  # cloud.google.com/tpu/docs/tpu7x: "4-chip VM", 224 vCPUs, 960 GB
 }
 # Rough, indicative on-demand USD per chip-hour (us-central list prices, 2024); only used to rank
 # offers, never to bill. Spot is roughly a third of it.
-_CHIP_HOUR_USD = {"v2": 1.125, "v3": 2.0, "v4": 3.22, "v5p": 4.2, "v5litepod": 1.2, "v6e": 2.7}
+# tpu7x has no public list price (access goes through an account team): it ranks after v5p.
+_CHIP_HOUR_USD = {"v2": 1.125, "v3": 2.0, "v4": 3.22, "v5p": 4.2, "v5litepod": 1.2, "v6e": 2.7, "tpu7x": 6.0}
 _SPOT_FACTOR = 0.35
 
 
@@ -42,8 +44,9 @@ def host_resources(shape: SliceShape) -> dict[str, Any]:
     }
 
 
-def slice_offers(cfg: TpuConfig) -> list[InstanceOffer]:
-    """One offer per slice of the shape table; `price` is for the whole slice per hour."""
+def slice_offers(cfg: TpuConfig, shapes: list[SliceShape] | None = None) -> list[InstanceOffer]:
+    """One offer per slice of the shape table (or per slice given: one with an explicit topology is
+    in no table); `price` is for the whole slice per hour."""
     factor = _SPOT_FACTOR if cfg.spot else 1.0
     return [
         InstanceOffer(
@@ -55,7 +58,7 @@ def slice_offers(cfg: TpuConfig) -> list[InstanceOffer]:
             hosts=shape.hosts,
             zones=list(cfg.zones),
         )
-        for shape in all_slices()
+        for shape in (all_slices() if shapes is None else shapes)
     ]
 
 

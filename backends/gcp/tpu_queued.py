@@ -24,6 +24,7 @@ from google.cloud import tpu_v2
 from google.rpc import code_pb2
 
 from backends.base import BackendError, SliceInterruptedError
+from backends.gcp import tpu_flex
 from backends.gcp.tpu_client import TpuConfig, node_name, queued_name, slice_node_id
 from backends.gcp.tpu_create import CreatedSlice, lost_grace, no_capacity, not_known_yet, untried_zones
 from backends.gcp.tpu_errors import (
@@ -154,11 +155,14 @@ def _submit(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
             labels: dict[str, str], state: dict[str, Any]) -> CreatedSlice:
     for zone in untried_zones(cfg, state):
         state.update(zone=zone, lost_at=None, qr_state="", since=time.time())
+        parent = f"projects/{cfg.project_id}/locations/{zone}"
+        request = request_for(cfg, zone, qr_id, shape, labels, state.get("slices") or 1)
         try:
-            client.create_queued_resource(
-                parent=f"projects/{cfg.project_id}/locations/{zone}", queued_resource_id=qr_id,
-                queued_resource=request_for(cfg, zone, qr_id, shape, labels, state.get("slices") or 1),
-                timeout=cfg.timeout)
+            if cfg.max_run_duration:
+                tpu_flex.create_flex(client, cfg, parent, qr_id, request)
+            else:
+                client.create_queued_resource(parent=parent, queued_resource_id=qr_id,
+                                              queued_resource=request, timeout=cfg.timeout)
         except (gexc.GoogleAPICallError, gexc.RetryError, requests.exceptions.RequestException) as exc:
             verdict = classify_refusal(exc)
             if verdict == NEXT_ZONE:
@@ -186,6 +190,10 @@ def _follow(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
     current = state_of(qr)
     if current != state["qr_state"]:
         state.update(qr_state=current, since=time.time())
+        if current == "ACTIVE" and cfg.max_run_duration:
+            # Google gives a flex-start slice for max_run_duration from when it is given; the client
+            # cannot read Google's own end time, so it is counted from the first look at ACTIVE.
+            state.update(flex_deadline=state["since"] + cfg.max_run_duration, max_run_duration=cfg.max_run_duration)
     if current in QUEUED_STATES:
         return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)
     if current == "ACTIVE" and (state.get("slices") or 1) > 1:
@@ -196,7 +204,7 @@ def _follow(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
         return CreatedSlice(zone, node_name(cfg, zone, qr_id), status, state)
     if current in LOST_STATES:
         delete_queued(client, cfg, name)
-        raise SliceInterruptedError(f"queued resource {name} is {current} (the slice was preempted)")
+        raise SliceInterruptedError(f"queued resource {name} is {current} ({flex_end(state) or 'the slice was preempted'})")
     if current == "FAILED":
         error = qr.state.failed_data.error
         said = f"{_code_name(error.code)} {error.message}".strip()
@@ -209,6 +217,20 @@ def _follow(client: tpu_v2.TpuClient, cfg: TpuConfig, qr_id: str, shape: SliceSh
         raise TpuRefusedError(f"queued resource {name} failed: {said}. Fix: check the slice type, spot, "
                               f"reservation and runtime_version against what zone {zone!r} offers{_before(state)}")
     return CreatedSlice(zone, node_name(cfg, zone, qr_id), None, state)  # DELETING: look again
+
+
+def flex_end(state: dict[str, Any]) -> str:
+    """Why a flex-start slice went: its run time is over, once the deadline has passed ("" before,
+    or for a request that is not flex-start: then it was taken back for another reason)."""
+    deadline = state.get("flex_deadline")
+    if not deadline or time.time() < deadline - FLEX_EARLY:
+        return ""
+    hours = state.get("max_run_duration", 0) / 3600
+    return f"flex-start max_run_duration {hours:g}h is over: Google reclaimed the slice"
+
+
+# Google's end time and the first look at ACTIVE differ by up to a poll interval.
+FLEX_EARLY = 120
 
 
 def _code_name(code: int) -> str:

@@ -21,6 +21,7 @@ def ssh_timeout() -> float:
 class SSHCompute(Compute):
     name = "ssh"
     given_hosts = True
+    user_keys_over_ssh = True
 
     def get_offers(self, requirements: dict[str, Any]) -> list[InstanceOffer]:
         return []  # an SSH fleet holds what was registered; placement looks at its idle instances

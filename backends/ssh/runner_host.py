@@ -116,6 +116,25 @@ class SSHRunnerHost(RunnerHost):
         return self._runner_command(f"forward --to {shlex.quote(ip)} --ports {','.join(map(str, ports))} "
                                     f"--keys {keys_expr} --grant {shlex.quote(grant)}")
 
+    def shell_command(self, job_id: str, keys_expr: str = "", grant: str = "") -> str:
+        """The shell command that runs $SSH_ORIGINAL_COMMAND (or a login shell) in job `job_id`'s
+        environment (runner/shell.py), while the line marked `grant` is in the file `keys_expr` names
+        (no grant: the caller is the server itself, which checks access on its side)."""
+        held = f" --keys {keys_expr} --grant {shlex.quote(grant)}" if grant else ""
+        return self._runner_command(f"shell --job {shlex.quote(job_id)}{held}")
+
+    def open_shell(self, job_id: str, command: str | None, pty: tuple[str, int, int] | None):
+        """A session on this host running the job's `shell` (the dstack gateway's `ssh <run>`):
+        `command`, or a login shell when None; a terminal of `pty` (term, columns, rows) if given.
+        The command is the runner's SSH_ORIGINAL_COMMAND, as under a shell key's forced command."""
+        prefix = "" if command is None else f"SSH_ORIGINAL_COMMAND={shlex.quote(command)}; export SSH_ORIGINAL_COMMAND; "
+        with self._lock:
+            channel = self._connection().get_transport().open_session(timeout=self.timeout)
+        if pty is not None:
+            channel.get_pty(term=pty[0], width=pty[1], height=pty[2])
+        channel.exec_command(prefix + self.shell_command(job_id))
+        return channel
+
     def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "", max_output: int | None = None) -> bytes:
         status, out, err = self._exec(self._runner_command(args, prefix), stdin=stdin, max_output=max_output)
         if status != 0:

@@ -4,7 +4,8 @@ paramiko's server mode. A connection logs in with a user's dstack key (UserSSHKe
 `<upstream_id>_root`, naming a job the user may read. It may only open `-L` channels: to
 localhost:10999 (the log WebSocket, websocket.py) and to localhost:<one of the job's ports>, which
 goes on to that port on the job's host (writers only, and only to an address the SSH host policy
-allows: dstack_api/services/gateway.py). A session (shell, command, subsystem) and `-R` are refused.
+allows: dstack_api/services/gateway.py). A session's shell or command runs in a running job, for
+writers only (shell.py: `ssh <run>` after `dstack attach`); a subsystem and `-R` are refused.
 
 Access is checked again at each channel and every DSTACK_SSH_RECHECK seconds while connected, so an
 open forward of a removed member is closed within that bound. Limits (settings, docs/security.md): a
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import connection
 
+from dstack_api.gateway import shell
 from dstack_api.gateway.limits import Counts, limit
 from dstack_api.gateway.websocket import stream_log
 from dstack_api.services import gateway as rules
@@ -87,6 +89,7 @@ class Session(paramiko.ServerInterface):
         self.targets: dict[int, tuple[rules.Target, object]] = {}
         self.channels = 0  # approved and not yet ended, of this login and its jump streams: DSTACK_SSH_MAX_CHANNELS
         self.forwards: set = set()  # open channels to job ports, closed if the member loses them
+        self.shells: dict[int, shell.ShellRequest] = {}  # session channels (shell.py), by channel id
 
     def get_allowed_auths(self, username):
         return "publickey"
@@ -116,7 +119,51 @@ class Session(paramiko.ServerInterface):
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):
-        return PROHIBITED  # a session: no shell, no command, no subsystem; -L comes as direct-tcpip
+        # a session: a shell or command in a running job for a writer (shell.py: `ssh <run>` after
+        # `dstack attach`), else refused, as a subsystem always is; -L comes as direct-tcpip
+        if kind != "session" or self.key is None or self.jump:
+            return PROHIBITED
+        try:
+            grant = self.recheck()
+            if not shell.allowed(grant):
+                log.info("dstack gateway: %s as %s: session refused", self.peer, self.username)
+                return PROHIBITED
+        finally:
+            connection.close()
+        owner = self.outer or self
+        with owner.lock:
+            if owner.channels >= limit("DSTACK_SSH_MAX_CHANNELS"):
+                return PROHIBITED
+            owner.channels += 1
+        request = shell.ShellRequest()
+        with self.lock:
+            self.targets[chanid] = (request, grant.job)
+            self.shells[chanid] = request
+        return paramiko.OPEN_SUCCEEDED
+
+    def _shell(self, channel) -> shell.ShellRequest | None:
+        with self.lock:
+            return self.shells.get(channel.get_id())
+
+    def check_channel_pty_request(self, channel, term, width, height, pixelwidth, pixelheight, modes):
+        request = self._shell(channel)
+        if request is None or request.started.is_set():
+            return False
+        request.pty = (term.decode(errors="replace") if isinstance(term, bytes) else term, width, height)
+        return True
+
+    def check_channel_shell_request(self, channel):
+        request = self._shell(channel)
+        return request is not None and request.start(None)
+
+    def check_channel_exec_request(self, channel, command):
+        request = self._shell(channel)
+        text = command.decode(errors="replace") if isinstance(command, bytes) else command
+        return request is not None and request.start(text)
+
+    def check_channel_window_change_request(self, channel, width, height, pixelwidth, pixelheight):
+        request = self._shell(channel)
+        return request is not None and request.resize(width, height)
 
     def check_port_forward_request(self, address, port):
         return False  # -R
@@ -157,6 +204,7 @@ class Session(paramiko.ServerInterface):
             owner.channels -= 1
         with self.lock:
             self.forwards.discard(chan)
+            self.shells.pop(chan.get_id(), None)
 
 
 def _pump(src, dst) -> None:
@@ -201,6 +249,16 @@ def _serve_channel(session: Session, chan, target: rules.Target, job) -> None:
         log.info("dstack gateway: channel to %s ended: %s", target, exc)
     finally:
         connection.close()
+        session.channel_ended(chan)
+        chan.close()
+
+
+def _serve_shell(session: Session, chan, request: shell.ShellRequest, job) -> None:
+    with session.lock:
+        session.forwards.add(chan)  # a member made read-only loses it as a forward (_still_member)
+    try:
+        shell.serve(chan, request, job)
+    finally:
         session.channel_ended(chan)
         chan.close()
 
@@ -260,6 +318,10 @@ def _serve_transport(sock, peer, key: paramiko.PKey, counts: Counts, outer: Sess
             if found[0] is JUMP:
                 threading.Thread(target=_serve_transport, args=(chan, peer, key, counts, session), daemon=True,
                                  name="dstack-gateway-jump").start()
+                continue
+            if isinstance(found[0], shell.ShellRequest):
+                threading.Thread(target=_serve_shell, args=(session, chan, *found), daemon=True,
+                                 name="dstack-gateway-shell").start()
                 continue
             name = "dstack-gateway-log" if found[0].logs else "dstack-gateway-forward"
             threading.Thread(target=_serve_channel, args=(session, chan, *found), daemon=True, name=name).start()

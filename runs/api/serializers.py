@@ -9,7 +9,7 @@ from rest_framework import serializers
 from instances.queued import queued_message, queued_view
 from muster.serializers import EpochTimeField, ModelSerializer, iso_time
 from runs import restart_view
-from runs.choices import JobStatus
+from runs.choices import JOB_FINISHED, JobStatus
 from runs.configuration.stored import SERVER_KEYS
 from runs.models import Job, Run
 from runs.waits import waiting_view
@@ -75,6 +75,9 @@ class JobSerializer(ModelSerializer):
     start_time = EpochTimeField()
     end_time = EpochTimeField()
     probes = serializers.SerializerMethodField()
+    deadline = serializers.SerializerMethodField(help_text="when Google takes the job's flex-start slice back "
+                                                 "(its queued resource's max_run_duration from when it was given); "
+                                                 "null for any other host")
 
     class Meta:
         model = Job
@@ -83,12 +86,18 @@ class JobSerializer(ModelSerializer):
             "node_group_name", "node_group_index", "node_group_rank", "replica_num", "deployment_num",
             "waiting_master_job",
             "instance", "instance_ip", "fleet", "resources", "start_time", "end_time", "exit_status",
-            "ready_at", "probes", "waiting_for",
+            "ready_at", "probes", "waiting_for", "deadline",
         ]
 
     def get_probes(self, job: Job) -> list:
         return [dict(p, last_at=iso_time(p.get("last_at"))) if isinstance(p, dict) and "last_at" in p else p
                 for p in job.probes or []]
+
+    def get_deadline(self, job: Job) -> str | None:
+        if job.instance is None or job.instance.group is None or job.status in JOB_FINISHED:
+            return None
+        view = queued_view(job.instance.group)
+        return iso_time(view.get("deadline")) if view else None
 
     def get_status_message(self, job: Job) -> str:
         if job.waiting_for and job.status in (JobStatus.SUBMITTED, JobStatus.PROVISIONING, JobStatus.PULLING):

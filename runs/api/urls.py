@@ -14,5 +14,6 @@ urlpatterns = [
     path("runs/<str:name>/logs", views.RunLogsView.as_view(), name="run-logs"),
     path("runs/<str:name>/metrics", views.RunMetricsView.as_view(), name="run-metrics"),
     path("runs/<str:name>/attach", views.RunAttachView.as_view(), name="run-attach"),
+    path("runs/<str:name>/ssh", views.RunSshView.as_view(), name="run-ssh"),
     path("runs/<str:name>/attach/<int:grant>", views.RunAttachStatusView.as_view(), name="run-attach-status"),
 ]

@@ -21,7 +21,7 @@ from runs.api.serializers import (
     StopRequestSerializer,
 )
 from runs.models import Job, Run
-from runs.services import attach, logs
+from runs.services import attach, logs, shell
 from runs.services.submission import idempotency_key_of, plan_run, submit_run
 from runs.transitions import request_stop
 
@@ -123,13 +123,30 @@ class RunAttachView(ProjectScopedMixin, APIView):
     @extend_schema(request=dict, responses={200: dict, 202: dict})
     def post(self, request, project, name):
         body = request.data if isinstance(request.data, dict) else {}
-        job = body.get("job", 0)
-        if not isinstance(job, int) or isinstance(job, bool) or not 0 <= job <= settings.MUSTER["MAX_NODES"]:
-            raise InvalidInput(["job"], f"a job number from 0 to {settings.MUSTER['MAX_NODES']}")
-        info = attach.attach(_run(self.project, name), job, body.get("public_key"),
+        info = attach.attach(_run(self.project, name), _job_number(body), body.get("public_key"),
                                   actor=request.user.username, user=request.user)
         # 202: a worker installs the key on the host; GET runs/X/attach/<id> says when it is in
         return Response(info, status=202 if "id" in info else 200)
+
+
+class RunSshView(ProjectScopedMixin, APIView):
+    """`muster ssh`: a shell key for a job's host (runs/services/shell.py). A POST, so read-only
+    members get a 403: running commands in a job is more than reading."""
+
+    @extend_schema(request=dict, responses={202: dict})
+    def post(self, request, project, name):
+        body = request.data if isinstance(request.data, dict) else {}
+        info = shell.shell(_run(self.project, name), _job_number(body), body.get("public_key"),
+                           actor=request.user.username, user=request.user)
+        # as attach: a worker installs the key; GET runs/X/attach/<id> says when it is in
+        return Response(info, status=202)
+
+
+def _job_number(body: dict) -> int:
+    job = body.get("job", 0)
+    if not isinstance(job, int) or isinstance(job, bool) or not 0 <= job <= settings.MUSTER["MAX_NODES"]:
+        raise InvalidInput(["job"], f"a job number from 0 to {settings.MUSTER['MAX_NODES']}")
+    return job
 
 
 class RunAttachStatusView(ProjectScopedMixin, APIView):

@@ -7,7 +7,7 @@ in `fleet_written`, an SSH fleet's host rules in `fleet_hosts`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -50,7 +50,8 @@ class FleetConfiguration(CheckedModel):
     spot_policy: SpotPolicy | None = None  # as written; `spot` is what it means for gcp
     allow_privileged: bool = False  # whether runs' containers may be privileged (gcp: true by default)
     volumes: VolumePolicy = VolumePolicy()
-    queued_resource: dict[str, int | None] | None = None  # gcp: {valid_until: seconds or None}
+    # gcp: {valid_until: seconds or None[, provisioning_model: flex-start, max_run_duration: seconds]}
+    queued_resource: dict[str, Any] | None = None
     reservation: str | None = None  # gcp with queued_resource: the QueuedResource's reservation_name
     # what the written configuration asks for that does not take effect here (not stored)
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
@@ -146,6 +147,10 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
     queued = queued_ok and fleet.queued_resource is not None
     if fleet.queued_resource is not None and fleet.backends is not None and not queued_ok:
         errors.add(["queued_resource"], "queued_resource is for gcp fleets (backends: [gcp]): remove it here")
+    if queued and (fleet.queued_resource or {}).get("provisioning_model") and spot:
+        errors.add(["queued_resource", "provisioning_model"], "flex-start is not spot: a flex-start slice is "
+                   "not preempted during its max_run_duration; remove spot_policy: spot (or spot: true) from this "
+                   "fleet, or remove provisioning_model for a spot queued resource")
     for key, note in _FLEET_NOTES.items():
         if key == "reservation" and queued:
             continue  # it takes effect: the queued resource asks for it

@@ -182,20 +182,48 @@ MAX_VALID_UNTIL = 30 * 86400
 _RESERVATION = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/\s]+/locations/[^/\s]+/reservations/[^/\s]+")
 
 
-def check_queued_resource(value: object) -> dict[str, int | None] | None:
-    """`queued_resource` as written -> None (off) or {"valid_until": seconds or None}."""
+# Flex-start (Google's Dynamic Workload Scheduler through queued resources) gives a slice for at
+# most 7 days (cloud.google.com/tpu/docs/request-using-flex-start, "Limitations").
+MAX_FLEX_RUN = 7 * 86400
+FLEX_START = "flex-start"
+_QUEUED_KEYS = {"valid_until", "provisioning_model", "max_run_duration"}
+
+
+def check_queued_resource(value: object) -> dict[str, Any] | None:
+    """`queued_resource` as written -> None (off) or {"valid_until": seconds or None} plus, for
+    flex-start, {"provisioning_model": "flex-start", "max_run_duration": seconds}."""
     if value is None or value is False:
         return None
     if value is True:
         return {"valid_until": None}
-    if isinstance(value, dict) and set(value) <= {"valid_until"}:
+    if isinstance(value, dict) and set(value) <= _QUEUED_KEYS:
         written = value.get("valid_until")
         seconds = None if written is None else parse_duration(written)
         if seconds is not None and not 1 <= seconds <= MAX_VALID_UNTIL:
             raise ValueError(f"valid_until {written} is out of range: Google queues a request for at most "
                              f"30d (write e.g. valid_until: 2h, or leave it out for no limit)")
-        return {"valid_until": seconds}
-    raise ValueError("queued_resource must be true, false or a mapping with valid_until (e.g. {valid_until: 2h})")
+        return {"valid_until": seconds, **_flex(value)}
+    raise ValueError("queued_resource must be true, false or a mapping with valid_until, provisioning_model "
+                     "and max_run_duration (e.g. {valid_until: 2h} or {provisioning_model: flex-start, "
+                     "max_run_duration: 1d})")
+
+
+def _flex(value: dict) -> dict[str, Any]:
+    model = value.get("provisioning_model")
+    run = value.get("max_run_duration")
+    if model is None and run is None:
+        return {}
+    if model != FLEX_START:
+        raise ValueError(f"provisioning_model must be {FLEX_START} (the only one a queued resource takes "
+                         f"besides the default), not {model!r}" if model is not None else
+                         f"max_run_duration is for provisioning_model: {FLEX_START}: add it, or remove max_run_duration")
+    if run is None:
+        raise ValueError(f"provisioning_model: {FLEX_START} needs max_run_duration (how long the slice is "
+                         "yours once given, at most 7d), e.g. max_run_duration: 1d")
+    seconds = parse_duration(run)
+    if seconds is None or not 1 <= seconds <= MAX_FLEX_RUN:
+        raise ValueError(f"max_run_duration {run} is out of range: flex-start gives a slice for at most 7d")
+    return {"provisioning_model": FLEX_START, "max_run_duration": seconds}
 
 
 def _check_ssh_port(value: int | None) -> int | None:

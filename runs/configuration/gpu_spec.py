@@ -10,7 +10,14 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Collection
 
-from backends.registry import SliceShape, looks_like_slice, parse_slice, valid_sizes_message
+from backends.registry import (
+    SliceShape,
+    looks_like_slice,
+    parse_slice,
+    slice_with_topology,
+    tpu_family_named,
+    valid_sizes_message,
+)
 
 from .errors import ErrorList
 from .gpus import VENDOR_ALIASES, VENDORS, canonical_name, known_names, name_key, vendor_of
@@ -19,7 +26,7 @@ from .requirements import GpuRequirement, IntRange, SizeRange
 
 # `gpu: L40S` with no count means one GPU.
 DEFAULT_GPU_COUNT = 1
-_GPU_OBJECT_KEYS = ("vendor", "name", "count", "memory", "total_memory", "compute_capability")
+_GPU_OBJECT_KEYS = ("vendor", "name", "count", "memory", "total_memory", "compute_capability", "topology")
 # Names probed on the project's hosts, asked for only when a name is not in the known table.
 ProbedNames = Callable[[], Collection[str]]
 
@@ -117,6 +124,8 @@ def _parse_gpu_object(raw: dict) -> GpuRequirement:
             vendor = _vendor(raw["vendor"])
     except ValueError as exc:
         errors.add(["vendor"], str(exc))
+    if raw.get("topology") is not None:
+        return _topology_slice(raw, vendor, errors)
     try:
         written = raw.get("name")
         if written is not None:
@@ -193,6 +202,35 @@ def _split_names(token: str) -> list[str]:
     if not names:
         raise ValueError(f"no GPU name in `{token}`")
     return names
+
+
+def _topology_slice(raw: dict, vendor: str | None, errors: ErrorList) -> GpuRequirement:
+    """`{name: tpu-v5litepod, topology: 4x4}` (or with the size, `tpu-v5litepod-16`): the slice
+    Google makes from the family and the topology (its AcceleratorConfig), whose chips decide the
+    hosts."""
+    name = raw.get("name")
+    shape = None
+    if not isinstance(name, str) or not name.strip():
+        errors.add(["name"], "a topology needs the TPU family in name, e.g. name: tpu-v5litepod")
+    else:
+        base = parse_slice(name) if looks_like_slice(name) else None
+        family = base.family if base is not None else tpu_family_named(name)
+        if family is None:
+            errors.add(["name"], f"`{name}` is no TPU family or slice: a topology is for TPUs "
+                       "(name: tpu-v5litepod, tpu-v6e, tpu-v4, tpu-v5p)")
+        elif base is None and looks_like_slice(name):
+            errors.add(["name"], f"unknown TPU slice `{name}`: {valid_sizes_message(name)}")
+        else:
+            try:
+                shape = slice_with_topology(family, str(raw["topology"]), base.size if base else None)
+            except ValueError as exc:
+                errors.add(["topology"], str(exc))
+    for key in ("count", "memory", "total_memory", "compute_capability"):
+        if raw.get(key) is not None:
+            errors.add([key], "a TPU slice takes no count or memory: the topology decides the chips")
+    errors.raise_if_any()
+    assert shape is not None
+    return _tpu(shape, vendor)
 
 
 def _slice(token: str) -> SliceShape:

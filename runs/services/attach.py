@@ -21,7 +21,7 @@ import re
 
 from django.db import transaction
 
-from backends.registry import GIVEN_HOSTS, LOCAL_HOSTS
+from backends.registry import LOCAL_HOSTS, user_keys_over_ssh
 from muster.api_errors import InvalidInput
 from runs.choices import JOB_ATTACHABLE as ATTACHABLE
 from runs.models import AttachGrant, Job, Run
@@ -72,28 +72,41 @@ def attach(run: Run, job_num: int, public_key: object, actor: str = "server", us
     """What the CLI needs to reach job `job_num`'s ports; on an SSH host, the grant whose line a
     worker installs (engine/attach_installs.py): the request itself does not contact the host."""
     key = parse_public_key(public_key)
-    job = run.current_jobs().select_related("instance", "instance__fleet").filter(job_num=job_num).first()
-    if job is None:
-        raise InvalidInput(["job"], f"run {run.name} has no job {job_num}")
-    if job.status not in ATTACHABLE or job.instance is None:
-        raise InvalidInput(["job"], f"job {job_num} of run {run.name} is {job.status}: "
-                           "attach once it is running")
+    job = running_job(run, job_num, "attach")
     inst = job.instance
     ports = job_ports(job)
     info = {"job": job_num, "backend": inst.backend, "ip": inst.internal_ip, "ports": ports,
             "node_group_name": job.node_group_name, "node_group_rank": job.node_group_rank}
     if inst.backend == LOCAL_HOSTS:
         return info  # the job listens on this machine's loopback: nothing to forward
-    if inst.backend != GIVEN_HOSTS:
-        raise InvalidInput(["job"], f"attach reaches jobs on ssh and local fleets; this job is on {inst.backend}")
+    reached_over_ssh(job, "attach")
     if not ports:
         raise InvalidInput(["job"], f"job {job_num} has no ports to forward: list them under `ports`")
+    grant = grant_for(job, run, user, actor, key, ports)
+    return {**info, "id": grant.pk, "status": INSTALLING}
+
+
+def running_job(run: Run, job_num: int, what: str) -> Job:
+    """Job `job_num` of the run's current submission, on its host and pulling or running."""
+    job = run.current_jobs().select_related("instance", "instance__fleet").filter(job_num=job_num).first()
+    if job is None:
+        raise InvalidInput(["job"], f"run {run.name} has no job {job_num}")
+    if job.status not in ATTACHABLE or job.instance is None:
+        raise InvalidInput(["job"], f"job {job_num} of run {run.name} is {job.status}: "
+                           f"{what} once it is running")
+    return job
+
+
+def reached_over_ssh(job: Job, what: str) -> None:
+    """A user's key can go onto the job's host: ssh fleets' hosts and TPU VMs (gcp), at a valid address."""
+    inst = job.instance
+    if not user_keys_over_ssh(inst.backend):
+        raise InvalidInput(["job"], f"{what} reaches jobs on hosts Muster logs in to over SSH (ssh and gcp "
+                           f"fleets); job {job.job_num} is on a {inst.backend} host")
     try:
         ipaddress.ip_address(inst.internal_ip or "")
     except ValueError:
         raise InvalidInput(["job"], f"host {inst.name} has no valid address ({inst.internal_ip!r})") from None
-    grant = _grant(job, run, user, actor, key, ports)
-    return {**info, "id": grant.pk, "status": INSTALLING}
 
 
 INSTALLING, INSTALLED, WITHDRAWN = "installing", "installed", "withdrawn"
@@ -114,7 +127,7 @@ def attach_status(run: Run, grant_id: int, user=None) -> dict:
                          "or you lost access to the project"}
     job, inst = grant.job, grant.instance
     info = {"id": grant.pk, "job": job.job_num, "backend": inst.backend, "ip": inst.internal_ip,
-            "ports": list(grant.ports), "node_group_name": job.node_group_name,
+            "ports": list(grant.ports), "shell": grant.shell, "node_group_name": job.node_group_name,
             "node_group_rank": job.node_group_rank}
     if grant.install_due:
         return {**info, "status": INSTALLING, "error": grant.install_error}
@@ -123,7 +136,7 @@ def attach_status(run: Run, grant_id: int, user=None) -> dict:
                                                   "username": target.username, "host_key": target.host_key}}
 
 
-def _grant(job: Job, run: Run, user, actor: str, key: str, ports: list[int]) -> AttachGrant:
+def grant_for(job: Job, run: Run, user, actor: str, key: str, ports: list[int], shell: bool = False) -> AttachGrant:
     """The grant row, due for its install, with the install's message sent after commit; written
     only while the job is attachable: the job's row lock orders this against the job's end
     (engine/finishing.py), which marks every grant of the job due after its status has left
@@ -133,10 +146,11 @@ def _grant(job: Job, run: Run, user, actor: str, key: str, ports: list[int]) -> 
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.status not in ATTACHABLE:
-            raise InvalidInput(["job"], f"job {job.job_num} of run {run.name} is {locked.status}: attach once it is running")
+            raise InvalidInput(["job"], f"job {job.job_num} of run {run.name} is {locked.status}: "
+                               f"{'ssh' if shell else 'attach'} once it is running")
         user = user if getattr(user, "pk", None) else None
         grant = AttachGrant.objects.create(job=job, instance_id=job.instance_id, project_id=run.project_id, user=user,
-                                           install_due=True, public_key=key, ports=ports)
+                                           install_due=True, public_key=key, ports=ports, shell=shell)
         grant.marker = marker(job.pk, grant.pk, getattr(user, "username", "") or actor)
         grant.save(update_fields=["marker"])
         messages.install_attach_key(grant.pk)

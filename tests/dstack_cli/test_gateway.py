@@ -160,6 +160,34 @@ def test_attach_forwards_the_jobs_port_and_answers_http_through_it(dstack, pool,
     assert f"localhost:{local}" in out, out
 
 
+def test_dstack_attach_then_ssh_run_runs_a_command_in_the_job(dstack, pool, base):
+    """dstack's own way into a job: `dstack attach RUN --job 0` writes the `Host RUN` entry, and
+    OpenSSH's `ssh RUN CMD` goes through the gateway to the job's environment on its host."""
+    _fleet(dstack, pool, base)
+    task_yml = _write(base / "sleepy.yml", {"type": "task", "name": "sleepy", "env": ["GREETING=hi-through-dstack"],
+                                           "commands": ["echo here > mark.txt", "sleep 150"]})
+    assert dstack("apply", "-f", task_yml, "-y", "-d").returncode == 0
+    _status("sleepy", ("running",))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSTACK_")}
+    env.update({"HOME": str(base / "dstack-home"), "NO_COLOR": "1", "COLUMNS": "200"})
+    attach = subprocess.Popen([*own_ssh_dir(base), str(DSTACK), "attach", "sleepy", "--job", "0"], env=env, cwd=base,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def ran():
+        done = subprocess.run([*own_ssh_dir(base), "ssh", "-o", "BatchMode=yes", "sleepy",
+                               'echo "$GREETING $(cat mark.txt)"; exit 5'], env=env, cwd=base,
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        return done if done.returncode == 5 else None
+
+    try:
+        done = wait_until(ran, timeout=60, what="ssh sleepy through the gateway")
+        assert done.stdout == "hi-through-dstack here\n", done.stderr
+    finally:
+        assert dstack("stop", "sleepy", "-y").returncode == 0
+        attach.kill()
+        attach.communicate(timeout=30)
+
+
 def _ssh(base, port, user, *args, command=(), timeout=30):
     key = base / "dstack-home" / "id_user"
     return subprocess.run(

@@ -42,6 +42,11 @@ Behaviour worth knowing when writing tests:
   create made while another request of that id was live in another zone (it must stay empty);
   `queued_invisible_gets = n` answers the next n GETs of an existing request 404, as a lookup
   that has not caught up with a create yet;
+- flex-start: a create body with `provisioningModel: FLEX_START` and `runDuration.maxRunDuration`
+  (backends/gcp/tpu_flex.py's names; spot with it is a 400) is echoed back by get and list; once
+  ACTIVE, its `runDuration.terminationTime` is ACTIVE + maxRunDuration, and at that time, as Google
+  documents, its nodes are deleted and the request goes SUSPENDED (checked on every request;
+  `flex_reclaimed` lists them); `queued_bodies` keeps each queued create's body as sent;
 - a running slice can be lost the ways Google loses it: `set_state(name, "PREEMPTED")`,
   `preempt(name)` (the node PREEMPTED and its queued resource SUSPENDED by the SERVICE),
   `vanish(name)` (the node is simply gone).

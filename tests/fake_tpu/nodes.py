@@ -8,6 +8,7 @@ from http import HTTPStatus
 
 from google.cloud import tpu_v2
 
+from backends.gcp.tpu_nodes import shape_name
 from backends.gcp.tpu_shapes import parse_slice
 from tests.fake_tpu.errors import FakeApiError
 
@@ -71,9 +72,12 @@ class NodesMixin:
         if name in self.nodes:
             raise FakeApiError(HTTPStatus.CONFLICT, f"node {name} already exists")
         node = tpu_v2.Node.from_json(body or b"{}", ignore_unknown_fields=True)
-        shape = parse_slice(node.accelerator_type)
+        if node.accelerator_type and "accelerator_config" in node:
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, "give acceleratorType or acceleratorConfig, not both")
+        shape = parse_slice(shape_name(node))
         if shape is None:
-            raise FakeApiError(HTTPStatus.BAD_REQUEST, f"unknown accelerator type {node.accelerator_type!r}")
+            raise FakeApiError(HTTPStatus.BAD_REQUEST, f"unknown accelerator type {node.accelerator_type!r} "
+                               f"or config {tpu_v2.AcceleratorConfig.to_dict(node.accelerator_config)}")
         node.name = name
         node.state = tpu_v2.Node.State.CREATING
         op_name = self._new_operation(parent, "create", name)
@@ -120,7 +124,7 @@ class NodesMixin:
             del self.nodes[rec.node.name]
             return
         node_id = rec.node.name.rsplit("/", 1)[1]
-        hosts = parse_slice(rec.node.accelerator_type).hosts
+        hosts = parse_slice(shape_name(rec.node)).hosts
         internal = _resolve(self.host_addresses, node_id, hosts)
         external = _resolve(self.external_addresses, node_id, hosts) if self.external_addresses else None
         rec.node.network_endpoints = [

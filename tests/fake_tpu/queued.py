@@ -10,6 +10,7 @@ from http import HTTPStatus
 from google.cloud import tpu_v2
 from google.rpc import status_pb2
 
+from backends.gcp.tpu_nodes import shape_name
 from backends.gcp.tpu_shapes import parse_slice
 from tests.fake_tpu.errors import FakeApiError
 from tests.fake_tpu.nodes import NodeRecord
@@ -24,6 +25,8 @@ class QueuedRecord:
         self.script = list(script)
         self.expires = expires  # epoch seconds when validUntilDuration runs out (expire zones only)
         self.step = 0
+        self.flex_seconds: float | None = None  # flex-start: the request's maxRunDuration
+        self.flex_deadline: float | None = None  # when ACTIVE + maxRunDuration is over
 
 
 class QueuedMixin:
@@ -48,9 +51,10 @@ class QueuedMixin:
         if name in self.queued:
             raise FakeApiError(HTTPStatus.CONFLICT, f"queued resource {name} already exists")
         qr = tpu_v2.QueuedResource.from_json(body or b"{}", ignore_unknown_fields=True)
+        flex = _flex_seconds(json.loads(body or b"{}"), spot="spot" in qr)
         specs = list(qr.tpu.node_spec)
         multi = specs[0].multislice_params if len(specs) == 1 and "multislice_params" in specs[0] else None
-        if len(specs) != 1 or parse_slice(specs[0].node.accelerator_type) is None or (
+        if len(specs) != 1 or parse_slice(shape_name(specs[0].node)) is None or (
                 bool(specs[0].node_id) == bool(multi)):
             raise FakeApiError(HTTPStatus.BAD_REQUEST, "tpu.nodeSpec needs one of nodeId and multisliceParams, "
                                "and a known acceleratorType")
@@ -69,6 +73,8 @@ class QueuedMixin:
             seconds = valid.total_seconds() if valid else 7 * 24 * 3600
             expires = time.time() + seconds
         rec = QueuedRecord(qr, self.queued_script.get(zone, DEFAULT_QUEUED_SCRIPT), expires)
+        rec.flex_seconds = flex
+        self.queued_bodies[name] = json.loads(body or b"{}")
         self.queued[name] = rec
         self._advance_queued(rec, count_poll=False)
         op_name = self._new_operation(parent, "create", name)
@@ -83,11 +89,10 @@ class QueuedMixin:
         if rec is None:
             raise FakeApiError(HTTPStatus.NOT_FOUND, f"queued resource {name} not found")
         self._advance_queued(rec, count_poll=True)
-        return tpu_v2.QueuedResource.to_json(rec.qr)
+        return json.dumps(_with_flex(rec))
 
     def _list_queued(self, parent: str) -> str:
-        found = [json.loads(tpu_v2.QueuedResource.to_json(r.qr))
-                 for n, r in self.queued.items() if n.startswith(parent + "/")]
+        found = [_with_flex(r) for n, r in self.queued.items() if n.startswith(parent + "/")]
         return json.dumps({"queuedResources": found})
 
     def _delete_queued(self, name: str, force: bool) -> str:
@@ -144,6 +149,20 @@ class QueuedMixin:
         self._set_queued(rec, step)
         if step == "ACTIVE":
             self._make_queued_node(rec)
+            if rec.flex_seconds is not None and rec.flex_deadline is None:
+                rec.flex_deadline = time.time() + rec.flex_seconds
+
+    def reclaim_flex(self) -> None:
+        """What Google does at a flex-start slice's end: "the TPU VMs are deleted and the queued
+        resource moves to the SUSPENDED state". Checked on every request the fake answers."""
+        now = time.time()
+        for name, rec in self.queued.items():
+            if rec.flex_deadline is None or now < rec.flex_deadline or self._state_of(rec) != "ACTIVE":
+                continue
+            for node in [n for n, r in self.nodes.items() if r.node.queued_resource == name]:
+                del self.nodes[node]
+            self._set_queued(rec, "SUSPENDED", initiator="SERVICE")
+            self.flex_reclaimed.append(name)
 
     def _make_queued_node(self, rec: QueuedRecord) -> None:
         spec = rec.qr.tpu.node_spec[0]
@@ -164,3 +183,35 @@ class QueuedMixin:
             node.state = tpu_v2.Node.State.CREATING
             self.nodes[name] = NodeRecord(node, self.queued_node_polls, "")
             self._maybe_ready(self.nodes[name], count_poll=False)
+
+
+def _flex_seconds(body: dict, *, spot: bool) -> float | None:
+    """The flex-start fields of a create body (tpu_flex's names), checked as Google would."""
+    from backends.gcp import tpu_flex
+
+    model = body.get(tpu_flex.PROVISIONING_MODEL)
+    run = (body.get(tpu_flex.RUN_DURATION) or {}).get(tpu_flex.MAX_RUN_DURATION)
+    if model is None and run is None:
+        return None
+    if model != tpu_flex.FLEX_START or not isinstance(run, str) or not run.endswith("s"):
+        raise FakeApiError(HTTPStatus.BAD_REQUEST, f"flex-start needs provisioningModel FLEX_START and "
+                           f"runDuration.maxRunDuration like '3600s', not {model!r} / {run!r}")
+    if spot:
+        raise FakeApiError(HTTPStatus.BAD_REQUEST, "a flex-start request cannot be in the spot tier")
+    seconds = float(run[:-1])
+    if not 0 < seconds <= 7 * 86400:
+        raise FakeApiError(HTTPStatus.BAD_REQUEST, f"maxRunDuration {run} is more than 7 days")
+    return seconds
+
+
+def _with_flex(rec: QueuedRecord) -> dict:
+    """The request as Google shows it: a flex-start one keeps its fields (the typed client ignores them)."""
+    out = json.loads(tpu_v2.QueuedResource.to_json(rec.qr))
+    if rec.flex_seconds is not None:
+        from backends.gcp import tpu_flex
+
+        out.update(tpu_flex.flex_fields(int(rec.flex_seconds)))
+        if rec.flex_deadline is not None:
+            out[tpu_flex.RUN_DURATION]["terminationTime"] = datetime.fromtimestamp(
+                rec.flex_deadline, UTC).isoformat().replace("+00:00", "Z")
+    return out

@@ -55,6 +55,8 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
         self.queued_node_polls = 0  # GETs of its node before a queued resource's node is READY
         self.queued_invisible_gets = 0  # the next n GETs of an existing request answer 404 (lag)
         self.queued_overlaps: list[tuple[str, str]] = []  # (new request, the live one elsewhere)
+        self.queued_bodies: dict[str, dict] = {}  # each queued create's body as sent
+        self.flex_reclaimed: list[str] = []  # flex-start requests whose run time ended (SUSPENDED)
         self._op_seq = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -151,6 +153,7 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
         url = urlsplit(raw_path)
         with self.lock:
             self.calls.append((method, url.path))
+            self.reclaim_flex()
             if method == "POST" and (m := _NODES_RE.match(url.path)):
                 node_id = parse_qs(url.query).get("nodeId", [""])[0]
                 self._create_names.append(f"{url.path[4:]}/{node_id}")
