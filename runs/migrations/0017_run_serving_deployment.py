@@ -12,7 +12,7 @@ def serve_the_newest(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0016_run_updated_at'),
+        ('runs', '0020_attachgrant_shell'),  # main's, numbered after the slots kept for issue 41
     ]
 
     operations = [
