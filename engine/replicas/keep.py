@@ -77,13 +77,16 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     revisions.drain_others(run, live, conf.routed)
     if conf.routed:
         counted = [j for j in live if j.deployment_num == run.deployment_num]
-    for group in conf.groups:
+    surge = revisions.max_surge(conf) if conf.routed and revisions.rolling_out(run) else None
+    stuck = surge is not None and revisions.grow_within_surge(run, conf, live, jobs, surge)
+    for group in conf.groups if surge is None else ():
         # the replica numbers of the group's other deployments stay taken: a replica is (group, number)
         # to the steps that start and restart it (engine/starting/cluster.py)
         taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
         _follow_count(run, group.name, [j for j in counted if j.node_group_name == group.name],
                       pending.get(group.name, []), jobs, taken)
-    if conf.routed and revisions.rolling_out(run) and revisions.ready_to_switch(run, conf, live) \
+    if conf.routed and revisions.rolling_out(run) and (
+            revisions.ready_to_switch(run, conf, live) or (stuck and revisions.may_switch_short(run, conf, live))) \
             and revisions.switch(run):
         revisions.drain_others(run, live, True)
     for job in live:
@@ -188,18 +191,13 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     count = len(new) + pending
     while count < desired and count + held < desired + surge:
         if next_job is None:  # read only when a replica is added
-            next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
+            next_job = rows.next_job_num(run, jobs)
         num = next(n for n in range(len(used) + 1) if n not in used)
         used.add(num)
         why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
         rows.add(run, group, num, next_job, why)
         next_job += 1
         count += 1
-
-
-def _top_job_num(run: Run) -> int:
-    """The highest job number the run ever used (its superseded rows' too): a new replica's is above it."""
-    return Job.objects.filter(run_id=run.pk).order_by("-job_num").values_list("job_num", flat=True).first() or 0
 
 
 def _status(run: Run, live: list[Job], lease: Lease) -> None:

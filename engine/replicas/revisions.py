@@ -33,7 +33,7 @@ from django.utils import timezone
 from engine.replicas import rows
 from events.services import record
 from runs.choices import FAILING_REASONS
-from runs.configuration.stored import StoredService
+from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
 from serving.replicas import is_head, is_ready
 from serving.rows import notify_routes
@@ -75,6 +75,12 @@ def overdue(run: Run, live: list[Job]) -> str:
     if waiting:
         why += (f"; {len(waiting)} of its replicas waited for a host ({waiting[0].waiting_for}): blue/green needs "
                 "hosts for every group of both deployments at once")
+    conf = run_configuration(run)
+    empty = [g.name for g in conf.groups if int((run.desired_replicas or {}).get(g.name, 0)) and not any(
+        j.deployment_num == run.deployment_num and j.node_group_name == g.name for j in live)]
+    if empty and isinstance(conf, StoredService) and max_surge(conf) is not None:
+        why += (f"; max_surge {max_surge(conf)} left no host for group(s) {', '.join(empty)} (the serving "
+                "deployment keeps its router and one replica of each group): raise max_surge")
     return why
 
 
@@ -142,3 +148,63 @@ def drain_others(run: Run, live: list[Job], routed: bool) -> None:
             else:
                 why = f"deployment {job.deployment_num} was superseded by deployment {run.deployment_num}"
             rows.drain(job, why)
+
+
+def max_surge(conf: StoredService) -> int | None:
+    return conf.rollout.max_surge if conf.rollout is not None else None
+
+
+def grow_within_surge(run: Run, conf: StoredService, live: list[Job], jobs: list[Job], limit: int) -> bool:
+    """Step 1 under `rollout: {max_surge: N}`: the run holds at most the serving deployment's wanted
+    replicas plus N hosts (a live replica, a draining one too, holds one). The new deployment grows
+    its router first, then its other groups in turn, while that allows; once it does not, the serving
+    deployment's workers shrink one at a time (out of the pool and out of its routers, drained and
+    stopped), never a group below one replica and never its router. Returns whether the new
+    deployment can grow no further before the switch (the switch then comes once each of its groups
+    has a ready replica)."""
+    desired = {name: int(n) for name, n in (run.desired_replicas or {}).items()}
+    budget = sum(int(n) for n in ((run.rollout or {}).get("desired_replicas") or {}).values()) + limit
+    new = [j for j in live if j.deployment_num == run.deployment_num and j.drain_at is None]
+    count = {g.name: sum(1 for j in new if j.node_group_name == g.name) for g in conf.groups}
+    in_use = len(live)
+    used = {(j.node_group_name, j.replica_num) for j in live}
+    next_job = None
+    order = [g for g in conf.groups if g.router] + [g for g in conf.groups if not g.router]
+    while in_use < budget:
+        short = [g for g in order if count[g.name] < desired.get(g.name, 0)]
+        if not short:
+            return False
+        group = short[0] if short[0].router else min(short, key=lambda g: count[g.name])
+        if next_job is None:
+            next_job = rows.next_job_num(run, jobs)
+        num = next(n for n in range(len(used) + 1) if (group.name, n) not in used)
+        used.add((group.name, num))
+        rows.add(run, group.name, num, next_job,
+                 f"rollout to deployment {run.deployment_num} within max_surge {limit}")
+        next_job, in_use, count[group.name] = next_job + 1, in_use + 1, count[group.name] + 1
+    if all(count[g.name] >= desired.get(g.name, 0) for g in conf.groups):
+        return False
+    old = [j for j in live if j.deployment_num == run.serving_deployment]
+    if any(j.drain_at is not None for j in old):
+        return False  # a host is being freed: the next pass adds on it
+    serving = [j for j in old if j.drain_at is None and not getattr(conf.replica_group(j.node_group_name), "router", None)]
+    per_group = {name: [j for j in serving if j.node_group_name == name] for name in {j.node_group_name for j in serving}}
+    candidates = [js for js in per_group.values() if len(js) > 1]
+    if not candidates:
+        return True
+    victims = max(candidates, key=len)
+    victim = sorted(victims, key=lambda j: (is_ready(j), -j.job_num))[0]
+    rows.drain(victim, f"rollout to deployment {run.deployment_num} within max_surge {limit}: deployment "
+                       f"{run.serving_deployment} shrinks as it grows")
+    return False
+
+
+def may_switch_short(run: Run, conf: StoredService, live: list[Job]) -> bool:
+    """Under max_surge, when the new deployment can grow no further: each of its groups that wants
+    replicas has a ready head (the rest come once the serving deployment has stopped)."""
+    for group in conf.groups:
+        if int((run.desired_replicas or {}).get(group.name, 0)) and not any(
+                j.node_group_name == group.name and j.deployment_num == run.deployment_num and j.drain_at is None
+                and is_head(j) and is_ready(j) for j in live):
+            return False
+    return True

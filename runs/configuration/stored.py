@@ -175,6 +175,13 @@ class StoredTask(_Stored):
         return self.groups[index] if 0 <= index < len(self.groups) else _NO_GROUP
 
 
+class StoredRollout(_Stored):
+    """A routed service's `rollout`: at most `max_surge` replicas beyond the serving deployment's
+    during an update (None: a full second copy of every group)."""
+
+    max_surge: int | None = None
+
+
 class StoredService(StoredTask):
     """`type: service` as stored: a task's fields (its `groups` are the replica groups, each with
     `replicas`; a service without `groups` is stored with one group), and the endpoint's keys."""
@@ -185,6 +192,7 @@ class StoredService(StoredTask):
     strip_prefix: bool = True
     model: str | None = None
     https: bool | None = None
+    rollout: StoredRollout | None = None
 
     def replica_group(self, name: str) -> StoredGroup | None:
         return next((g for g in self.groups if g.name == name), None)

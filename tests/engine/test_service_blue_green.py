@@ -206,3 +206,53 @@ def test_a_serving_replica_that_ends_during_a_rollout_is_not_replaced_and_a_roll
     assert run.deployment_num == 0 and run.configuration["env"] == {"VERSION": "v1"}
     back = [j for j in _live(run, 0) if j.node_group_name == "worker" and j.drain_at is None]
     assert len(back) == 2, "the restored deployment is brought back to its count, with its own configuration"
+
+
+def _stopped(jobs: list[Job]) -> None:
+    """Drained replicas that have stopped (as the stop after the drain delay ends them)."""
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(status="terminated", termination_reason="terminated_by_server")
+
+
+def test_with_max_surge_the_old_workers_shrink_as_the_new_ones_grow_and_the_switch_is_still_one_step(sent):
+    fleet = local_project_fleet(size=4)
+    surged = ROUTED.replace("groups:", "rollout:\n  max_surge: 1\ngroups:")
+    run = _derive(_apply(fleet, surged))
+    _serve(_live(run))
+    run = _derive(run)
+    old = {j.pk for j in _live(run)}
+    run = _derive(_apply(fleet, surged.replace("VERSION=v1", "VERSION=v2"), update=True))
+    new = _live(run, 1)
+    assert [j.node_group_name for j in new] == ["router"], "the router first, on the one host of the surge"
+    shrunk = [j for j in _live(run, 0) if j.drain_at is not None]
+    assert [j.node_group_name for j in shrunk] == ["worker"], "then one old worker leaves to free a host"
+    assert run.serving_deployment == 0 and _routed_jobs(run) == old - {shrunk[0].pk}
+    run = _derive(run)
+    assert len(_live(run, 1)) == 1, "no new worker while the old one's host is busy"
+    _stopped(shrunk)
+    run = _derive(run)
+    new = _live(run, 1)
+    assert sorted(j.node_group_name for j in new) == ["router", "worker"]
+    assert len(_live(run)) == 4, "never more than the old count plus max_surge"
+    assert all(j.drain_at is None for j in _live(run, 0)), "the last old worker stays: the old deployment serves"
+    _serve(new)
+    run = _derive(run)
+    assert run.serving_deployment == 1 and _routed_jobs(run) == {j.pk for j in new}, \
+        "switched with one worker of each: the rest come once the old deployment stopped"
+    _stopped(_live(run, 0))
+    run = _derive(run)
+    assert sorted(j.node_group_name for j in _live(run, 1)) == ["router", "worker", "worker"]
+    said = _said(run)
+    assert any("within max_surge 1: deployment 0 shrinks as it grows" in m for m in said), said
+
+
+def test_rollout_max_surge_is_checked_and_warned_about_without_a_router(sent):
+    from runs.configuration.errors import ConfigurationError
+    from runs.configuration.service import parse_service_configuration
+
+    doc = {"type": "service", "name": "x", "port": 80, "rollout": {"max_surge": 0}, "commands": ["x"]}
+    with pytest.raises(ConfigurationError) as bad:
+        parse_service_configuration(doc)
+    assert "max_surge must be a whole number of replicas, at least 1" in str(bad.value)
+    conf = parse_service_configuration({**doc, "rollout": {"max_surge": 2}})
+    assert conf.rollout.max_surge == 2
+    assert any(w["field"] == "rollout" and "router" in w["message"] for w in conf.warnings)
