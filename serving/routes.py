@@ -1,6 +1,7 @@
 """The routing table the endpoint reads: a service, its keys, and its ready replicas' addresses.
 
-A replica is in the table when it is ready (serving.replicas.is_ready: its job runs, is its
+A replica is in the table when its node 0 (serving.replicas.is_head: a multi-host replica's
+other nodes are never routed to) is ready (serving.replicas.is_ready: its job runs, is its
 replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
 is neither finished nor asked to stop (a stop drains: out of the pool first); for a service with a
 `router` group, it is of the run's `serving_deployment` too. The engine sends
@@ -21,7 +22,7 @@ from instances.models import FleetBackend, Instance
 from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
-from serving.replicas import is_ready
+from serving.replicas import is_head, is_ready
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "superseded", "ready_at", "deployment_num", "instance__id",
+                .only("id", "status", "superseded", "ready_at", "deployment_num", "node_group_rank", "instance__id",
                       "instance__hostname", "instance__internal_ip", "instance__backend"))
     # a routed service's endpoint sends to its serving deployment only: an update's new routers
     # join it in the one write that switches (engine/replicas/revisions.py)
@@ -68,13 +69,13 @@ def _service(run: Run) -> Service | None:
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
                 ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in serving
-        if is_ready(job) and job.instance is not None and job.instance.hostname)
+        if is_ready(job) and is_head(job) and job.instance is not None and job.instance.hostname)
     groups = [g for g in conf.groups if g.replicas is not None]
     return Service(run_id=run.id, project=run.project.name, name=run.name, auth=conf.auth,
                    strip_prefix=conf.strip_prefix, port=conf.port,
                    scales_to_zero=bool(groups) and all(g.replicas.min == 0 for g in groups),
                    replicas=tuple(sorted(ready, key=lambda r: r.job_id)),
-                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED]))
+                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED and is_head(j)]))
 
 
 def service(project: str, name: str) -> Service | None:

@@ -20,6 +20,12 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
 3. the run's status: `running` from its first running replica (or at once when it wants none) to
    its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
 
+A multi-host replica (`nodes: N`) is kept as one: only its node 0 counts and is drained, its other
+nodes going with it; any node ending stops the others (the replica restarts as one, as LWS's
+RecreateGroupOnPodRestart), and once all have ended they get a new submission together after the
+back-off: on the same hosts after an error (kept busy meanwhile, `Job.keep_host`), on new ones after
+an interruption or when a host is gone (engine/replicas/nodes.py).
+
 When something is due later (a back-off, a drain), the run's next_retry_at says when: the sweep
 derives it again then (engine/sweeps.py).
 """
@@ -31,6 +37,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from engine import outcome
+from engine.replicas import nodes as replica_nodes
 from engine.replicas import revisions, rows
 from engine.restarts import backoff
 from muster.claimable import Lease
@@ -39,7 +46,7 @@ from runs.configuration.stored import StoredService, run_configuration
 from runs.limits import retry_duration
 from runs.models import Job, Run
 from runs.transitions import move_run, terminate_job
-from serving.replicas import is_ready
+from serving.replicas import is_head, is_ready
 
 STARTING_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
 
@@ -58,8 +65,13 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
             return None  # an update came in between: the next pass works from it
         conf = run_configuration(run)
         assert isinstance(conf, StoredService)
-    for job in [j for j in jobs if j.finished]:
+    units = replica_nodes.multi_node(jobs)
+    for job in [j for j in jobs if j.finished and replica_nodes.key(j) not in units]:
         cause = _ended(run, conf, job, now, due, pending)
+        if cause is not None:
+            return cause
+    for nodes in units.values():
+        cause = _ended_replica(run, conf, nodes, now, due, pending)
         if cause is not None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
@@ -77,14 +89,18 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     revisions.drain_others(run, live, conf.routed)
     if conf.routed:
         counted = [j for j in live if j.deployment_num == run.deployment_num]
+    others = replica_nodes.others_of(live)
     surge = revisions.max_surge(conf) if conf.routed and revisions.rolling_out(run) else None
-    stuck = surge is not None and revisions.grow_within_surge(run, conf, live, jobs, surge)
+    stuck = surge is not None and revisions.grow_within_surge(run, conf, live, jobs, surge, others)
     for group in conf.groups if surge is None else ():
+        # a multi-host replica restarting as one counts once, as `pending`, while its nodes stop
+        restarting = pending.get(group.name, [])
+        heads = [j for j in counted if j.node_group_name == group.name and is_head(j)
+                 and j.replica_num not in restarting]
         # the replica numbers of the group's other deployments stay taken: a replica is (group, number)
-        # to the steps that start and restart it (engine/starting/cluster.py)
+        # to the steps that start and restart it (engine/starting/cluster.py, nodes.py)
         taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
-        _follow_count(run, group.name, [j for j in counted if j.node_group_name == group.name],
-                      pending.get(group.name, []), jobs, taken)
+        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others, taken)
     if conf.routed and revisions.rolling_out(run) and (
             revisions.ready_to_switch(run, conf, live) or (stuck and revisions.may_switch_short(run, conf, live))) \
             and revisions.switch(run):
@@ -129,6 +145,33 @@ def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dic
     return None
 
 
+def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: list, pending: dict) -> Job | None:
+    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order)."""
+    ended = [j for j in nodes if j.finished]
+    head = nodes[0]
+    if any(j.drain_at is not None for j in nodes) or head.deployment_num != run.deployment_num \
+            or conf.replica_group(head.node_group_name) is None:
+        replica_nodes.let_go(nodes, ended)  # removed on purpose, or rolled out: nothing to replace
+        return None
+    cause = replica_nodes.cause_of(ended)
+    pending.setdefault(head.node_group_name, []).append(head.replica_num)
+    if len(ended) < len(nodes):
+        replica_nodes.stop_the_rest(nodes, cause)
+        return None
+    if cause.termination_reason in FAILING_REASONS and not _retry_allows(run, conf, cause):
+        return cause
+    wait = backoff(_failures_in_a_row(head))
+    at = max(j.status_changed_at for j in nodes) + wait
+    if at > now:
+        due.append(at)
+        return None
+    fresh = replica_nodes.restart(run, nodes, cause, f"{replica_nodes.said(cause)}, after a back-off of "
+                                                     f"{wait.total_seconds():.0f}s")
+    if fresh:
+        outcome.learn(run, submission_num=max(run.submission_num, fresh[0].submission_num))
+    return None
+
+
 def _retry_allows(run: Run, conf: StoredService, job: Job) -> bool:
     """As a task's run retries (engine/processing.py): the event listed, the next attempt inside
     retry.duration (counted from the run's submission for no-capacity, from this failure otherwise)."""
@@ -155,10 +198,12 @@ def _failures_in_a_row(job: Job) -> int:
     return count
 
 
-def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job],
-                  taken: set[int]) -> None:
-    """Step 2 for one replica group; `replacing`: the replica numbers of its replicas step 1 replaced
-    or will replace after their back-off (they count as the current deployment's)."""
+def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job], nodes: int,
+                  others: dict, taken: set[int]) -> None:
+    """Step 2 for one replica group; `live`: its replicas' node 0s; `replacing`: the replica numbers of
+    its replicas step 1 replaced or will replace after their back-off (they count as the current
+    deployment's); `nodes`: the jobs of a new replica; `others`: a multi-host replica's other nodes;
+    `taken`: replica numbers the group's replicas of other deployments hold."""
     pending = len(replacing)
     desired = int((run.desired_replicas or {}).get(group, 0))
     serving = [j for j in live if j.drain_at is None]
@@ -171,14 +216,15 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))
     for job in newest_first[:max(0, len(new) + pending - desired)]:
         was_ready = is_ready(job)
-        if rows.drain(job, f"scaled to {desired} replicas of {group}"):
+        if rows.drain(job, f"scaled to {desired} replicas of {group}", others.get(replica_nodes.key(job), [])):
             ready -= was_ready
             new.remove(job)
     if old and not old_draining and len(new) + pending + len(old) > desired:
         victim = sorted(old, key=lambda j: (is_ready(j), j.job_num))[0]
         # one old replica at a time, and only while the others ready cover what the group wants
         if ready - is_ready(victim) >= min(desired, ready) and rows.drain(
-                victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}"):
+                victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}",
+                others.get(replica_nodes.key(victim), [])):
             old.remove(victim)
             old_draining, holding = True, holding + 1  # its host is busy until it has stopped
     # the surge of one: while a rollout is under way (old replicas serve or drain) one replica more
@@ -196,7 +242,7 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
         used.add(num)
         why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
         rows.add(run, group, num, next_job, why)
-        next_job += 1
+        next_job += nodes
         count += 1
 
 

@@ -33,7 +33,7 @@ from django.utils import timezone
 from engine.replicas import rows
 from events.services import record
 from runs.choices import FAILING_REASONS
-from runs.configuration.stored import StoredService, run_configuration
+from runs.configuration.stored import StoredService, run_configuration, stored_run
 from runs.models import Job, Run
 from serving.replicas import is_head, is_ready
 from serving.rows import notify_routes
@@ -154,49 +154,62 @@ def max_surge(conf: StoredService) -> int | None:
     return conf.rollout.max_surge if conf.rollout is not None else None
 
 
-def grow_within_surge(run: Run, conf: StoredService, live: list[Job], jobs: list[Job], limit: int) -> bool:
-    """Step 1 under `rollout: {max_surge: N}`: the run holds at most the serving deployment's wanted
-    replicas plus N hosts (a live replica, a draining one too, holds one). The new deployment grows
-    its router first, then its other groups in turn, while that allows; once it does not, the serving
-    deployment's workers shrink one at a time (out of the pool and out of its routers, drained and
-    stopped), never a group below one replica and never its router. Returns whether the new
-    deployment can grow no further before the switch (the switch then comes once each of its groups
-    has a ready replica)."""
+def grow_within_surge(run: Run, conf: StoredService, live: list[Job], jobs: list[Job], limit: int,
+                      others: dict) -> bool:
+    """Step 1 under `rollout: {max_surge: N}`: the run holds at most the hosts of the serving
+    deployment's wanted replicas plus N (a live job, a draining one too, holds one; a replica of
+    `nodes: K` takes K). The new deployment grows its router first, then its other groups in turn,
+    while that allows; once it does not, the serving deployment's workers shrink one replica at a
+    time (out of the pool and out of its routers, drained and stopped), never a group below one
+    replica and never its router. Returns whether the new deployment can grow no further before the
+    switch (the switch then comes once each of its groups has a ready replica). `others`: each
+    multi-host replica's other nodes, drained with it."""
     desired = {name: int(n) for name, n in (run.desired_replicas or {}).items()}
-    budget = sum(int(n) for n in ((run.rollout or {}).get("desired_replicas") or {}).values()) + limit
-    new = [j for j in live if j.deployment_num == run.deployment_num and j.drain_at is None]
+    budget = _serving_hosts(run) + limit
+    new = [j for j in live if j.deployment_num == run.deployment_num and j.drain_at is None and is_head(j)]
     count = {g.name: sum(1 for j in new if j.node_group_name == g.name) for g in conf.groups}
     in_use = len(live)
     used = {(j.node_group_name, j.replica_num) for j in live}
     next_job = None
     order = [g for g in conf.groups if g.router] + [g for g in conf.groups if not g.router]
-    while in_use < budget:
+    while True:
         short = [g for g in order if count[g.name] < desired.get(g.name, 0)]
         if not short:
             return False
         group = short[0] if short[0].router else min(short, key=lambda g: count[g.name])
+        if in_use + group.nodes > budget:
+            break
         if next_job is None:
             next_job = rows.next_job_num(run, jobs)
         num = next(n for n in range(len(used) + 1) if (group.name, n) not in used)
         used.add((group.name, num))
         rows.add(run, group.name, num, next_job,
                  f"rollout to deployment {run.deployment_num} within max_surge {limit}")
-        next_job, in_use, count[group.name] = next_job + 1, in_use + 1, count[group.name] + 1
-    if all(count[g.name] >= desired.get(g.name, 0) for g in conf.groups):
-        return False
+        next_job, in_use, count[group.name] = next_job + group.nodes, in_use + group.nodes, count[group.name] + 1
     old = [j for j in live if j.deployment_num == run.serving_deployment]
     if any(j.drain_at is not None for j in old):
         return False  # a host is being freed: the next pass adds on it
-    serving = [j for j in old if j.drain_at is None and not getattr(conf.replica_group(j.node_group_name), "router", None)]
-    per_group = {name: [j for j in serving if j.node_group_name == name] for name in {j.node_group_name for j in serving}}
+    routers = {g.name for g in conf.groups if g.router}
+    serving = [j for j in old if is_head(j) and j.node_group_name not in routers]
+    per_group: dict[str, list[Job]] = {}
+    for job in serving:
+        per_group.setdefault(job.node_group_name, []).append(job)
     candidates = [js for js in per_group.values() if len(js) > 1]
     if not candidates:
         return True
-    victims = max(candidates, key=len)
-    victim = sorted(victims, key=lambda j: (is_ready(j), -j.job_num))[0]
+    victim = sorted(max(candidates, key=len), key=lambda j: (is_ready(j), -j.job_num))[0]
     rows.drain(victim, f"rollout to deployment {run.deployment_num} within max_surge {limit}: deployment "
-                       f"{run.serving_deployment} shrinks as it grows")
+                       f"{run.serving_deployment} shrinks as it grows", others.get((victim.node_group_name,
+                                                                                   victim.replica_num), []))
     return False
+
+
+def _serving_hosts(run: Run) -> int:
+    """The hosts the serving deployment's wanted replicas take (its configuration, kept in the rollout record)."""
+    restore = run.rollout or {}
+    old = stored_run(restore.get("configuration"))
+    nodes = {g.name: g.nodes for g in old.groups} if isinstance(old, StoredService) else {}
+    return sum(int(n) * nodes.get(name, 1) for name, n in (restore.get("desired_replicas") or {}).items())
 
 
 def may_switch_short(run: Run, conf: StoredService, live: list[Job]) -> bool:

@@ -1,7 +1,8 @@
 """`type: service`: from the written configuration to a checked ServiceConfiguration.
 
-A service is a task whose groups are replica groups: each replica is one host running the group's
-commands, kept at `replicas` (a fixed count, or a range the scaler moves in). So the keys a service
+A service is a task whose groups are replica groups: each replica is `nodes` hosts (one unless the
+group sets `nodes: N`, a multi-host replica) running the group's commands, kept at `replicas` (a
+fixed count, or a range the scaler moves in). So the keys a service
 shares with a task (commands, image, env, resources, probes, retry, fleets, container and profile
 keys) are read by the task parser, from the document with the service's own keys taken out
 (`service_written` reads those), and both sets of problems are raised as one 400.
@@ -35,9 +36,7 @@ DEFAULT_GROUP_NAME = "0"
 SERVICE_KEYS = tuple(ServiceKeys.model_fields)
 # task keys that mean nothing for a service (dstack's services do not have them either)
 REFUSED = {
-    "nodes": "a service's replica is one host (as in dstack): set `replicas` for more of them",
-    "slices": "a replica is one host: TPU multislice replicas are not supported yet",
-    "startup_order": "replicas start on their own, in no order",
+    "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
     "stop_criteria": "a service runs until it is stopped",
     "ports": "a service serves on `port`, which the endpoint sends to (other ports: `muster attach`)",
     "on_failure": "a failed replica is replaced with the run's `retry` policy",
@@ -66,7 +65,7 @@ class Rollout(CheckedModel):
 
 
 class ServiceGroup(NodeGroup):
-    """A replica group: a task group of one node per replica, with its replica range."""
+    """A replica group: a task group of `nodes` nodes per replica, with its replica range."""
 
     replicas: ReplicaRange
     scaling: Scaling | None = None
@@ -161,7 +160,7 @@ def parse_service_configuration(document: dict, *, endpoint_tls: bool = False, *
     task_fields = {k: v for k, v in dict(task).items()
                    if k not in ("type", "groups", "nodes", "warnings", "registry_password")}
     return ServiceConfiguration(
-        **task_fields, groups=groups, nodes=sum(g.desired for g in groups), port=service.port,
+        **task_fields, groups=groups, nodes=sum(g.desired * g.nodes for g in groups), port=service.port,
         auth=service.auth, strip_prefix=service.strip_prefix, model=model["name"] if model else None,
         rollout=Rollout(max_surge=service.rollout.max_surge) if service.rollout else None,
         https=service.https if isinstance(service.https, bool) else None, gateway=service.gateway,
@@ -221,6 +220,11 @@ def _check_groups(groups: list[ReplicaGroupInput | None], document: dict, errors
         if groups[i].range != (1, 1):  # type: ignore[union-attr]
             errors.add(["groups", i, "replicas"], "the replica group with `router` must have replicas: 1 "
                        "(as in dstack 0.22)")
+        written = document["groups"][i].get("nodes")
+        if written not in (None, 1):
+            # the router is a CPU process the endpoint sends to: nothing of it spans hosts
+            errors.add(["groups", i, "nodes"], "the replica group with `router` is one host per replica: remove "
+                       "`nodes` (set `nodes` on the worker groups)")
 
 
 def _relocated(items: list[dict], copied: dict[int, set[str]]) -> list[dict]:

@@ -239,12 +239,12 @@ def service_port(value: object) -> int:
 
 
 # What a replica group may say besides the task group keys, read here; the rest goes to the task
-# parser's group reader. `nodes`, `slices` and `depends_on` do not apply to a replica (one host).
+# parser's group reader (`nodes` too: the hosts of one replica). `slices` and `depends_on` do not
+# apply to a replica.
 GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "python", "nvcc", "docker", "privileged",
                       "spot_policy", "reservation")
 GROUP_REFUSED = {
-    "nodes": "a replica is one host (as in dstack): set `replicas` for more of them",
-    "slices": "a replica is one host: TPU multislice replicas are not supported yet",
+    "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
     "depends_on": "replicas start on their own: a service's groups have no depends_on",
     "ports": "a replica serves on the service's `port`",
     "on_failure": "a failed replica is replaced with the run's `retry` policy, not a group's on_failure",

@@ -93,9 +93,10 @@ CASES = [
        {"image": "python:3.12", "env": {"A": "1"}, "retry.duration": 3600, "max_duration": 7200,
         "fleets": ["gpu"], "groups.0.resources.gpu.count.min": 1, "container.privileged": True}),
     bad("task-key-typo", svc(comands=["x"]), ["comands"], "unknown key"),
-    bad("nodes-refused", svc(nodes=2), ["nodes"], "`replicas`"),
+    ok("nodes-multi-host-replicas", svc(nodes=2, replicas=3), {"groups.0.nodes": 2, "nodes": 6}),
     bad("ports-refused", svc(ports=[8000]), ["ports"], "serves on `port`"),
-    bad("startup-order-refused", svc(startup_order="master-first"), ["startup_order"], "not a service key"),
+    ok("startup-order-within-a-replica", svc(nodes=2, startup_order="workers-first"),
+       {"startup_order": "workers-first"}),
     bad("on-failure-refused", svc(on_failure=[{"action": "fail-run"}]), ["on_failure"], "`retry`"),
     # ---- replica groups ------------------------------------------------------------------------
     ok("groups", grouped({"name": "router", "replicas": 1, "router": {"type": "sglang"}, "commands": ["r"]},
@@ -117,8 +118,16 @@ CASES = [
     bad("group-range-needs-scaling", grouped({"replicas": "1..3", "commands": ["a"]}), ["groups", 0, "scaling"],
         "needs `scaling`"),
     bad("group-needs-commands-or-image", grouped({"replicas": 1}), ["groups", 0, "commands"], "needs `commands`"),
-    bad("group-nodes-refused", grouped({"replicas": 1, "nodes": 2, "commands": ["a"]}), ["groups", 0, "nodes"],
-        "one host"),
+    ok("group-nodes", grouped({"replicas": 2, "nodes": 2, "commands": ["a"]}), {"groups.0.nodes": 2, "nodes": 4}),
+    bad("group-nodes-at-least-1", grouped({"replicas": 1, "nodes": 0, "commands": ["a"]}), ["groups", 0, "nodes"],
+        "at least 1"),
+    bad("group-nodes-whole-number", grouped({"replicas": 1, "nodes": "two", "commands": ["a"]}),
+        ["groups", 0, "nodes"], "whole number"),
+    bad("group-nodes-not-on-the-router", grouped(
+        {"name": "r", "replicas": 1, "router": {"type": "smg"}, "nodes": 2, "commands": ["r"]},
+        {"name": "w", "replicas": 1, "nodes": 2, "commands": ["w"]}), ["groups", 0, "nodes"], "worker groups"),
+    bad("nodes-at-the-top-with-groups", grouped({"replicas": 1, "commands": ["a"]}, nodes=2), ["nodes"],
+        "in each group"),
     bad("group-name-rule", grouped({"name": "Web", "replicas": 1, "commands": ["a"]}), ["groups", 0, "name"],
         "not a valid group name"),
     bad("group-names-unique", grouped({"name": "a", "replicas": 1, "commands": ["a"]},
@@ -168,12 +177,12 @@ def test_keys_that_cannot_take_effect_say_why():
 
 
 def test_all_problems_of_a_service_come_at_once():
-    doc = {"type": "service", "port": 0, "replicas": "1..3", "commands": ["x"], "nodes": 2, "comands": [],
+    doc = {"type": "service", "port": 0, "replicas": "1..3", "commands": ["x"], "ports": [2], "comands": [],
            "probes": [{"url": "x"}], "groups": None}
     with pytest.raises(ConfigurationError) as raised:
         parse_any_configuration(doc)
     locs = {tuple(e["loc"]) for e in raised.value.errors}
-    assert {("port",), ("nodes",), ("comands",), ("probes", 0, "url")} <= locs
+    assert {("port",), ("ports",), ("comands",), ("probes", 0, "url")} <= locs
 
 
 def test_the_checked_service_is_what_the_engine_reads_stored():
