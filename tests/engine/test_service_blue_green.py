@@ -256,3 +256,35 @@ def test_rollout_max_surge_is_checked_and_warned_about_without_a_router(sent):
     conf = parse_service_configuration({**doc, "rollout": {"max_surge": 2}})
     assert conf.rollout.max_surge == 2
     assert any(w["field"] == "rollout" and "router" in w["message"] for w in conf.warnings)
+
+
+def test_two_applies_at_once_are_applied_one_after_the_other_and_the_second_supersedes(serving_pd):
+    import threading
+
+    from django.db import connection
+
+    fleet, run = serving_pd
+    results: dict[str, int] = {}
+    start = threading.Barrier(2)
+
+    def apply(version: str) -> None:
+        try:
+            start.wait(5)
+            results[version] = _apply(fleet, ROUTED.replace("VERSION=v1", f"VERSION={version}"),
+                                      update=True).deployment_num
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=apply, args=(v,)) for v in ("v2", "v3")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(results.values()) == [1, 2], results
+    run = Run.objects.get(pk=run.pk)
+    last = max(results, key=results.get)
+    assert (run.deployment_num, run.serving_deployment) == (2, 0)
+    assert run.configuration["env"] == {"VERSION": last}, "the later apply's configuration is the one rolled out"
+    assert "VERSION=v1" in run.rollout["submitted_text"], "a rollback restores what serves, not the superseded one"
+    run = _derive(run)
+    assert len(_live(run, 2)) == 3 and not _live(run, 1)
