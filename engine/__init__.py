@@ -41,6 +41,8 @@ services      engine/replicas/keep.py            keep: a service's derive: faile
               engine/replicas/revisions.py       a routed service's blue/green update: switch, roll_back
               engine/replicas/nodes.py           a multi-host replica (nodes: N) stopped and restarted as one
               engine/replicas/scaling.py         scale_service: desired_replicas from the endpoint's rps (beat)
+              engine/router_sync.py              sync_routers: a PD service's smg routers list its ready workers
+                                                 (nudged on readiness changes; sweep_routers from beat)
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again

@@ -8,6 +8,10 @@ is neither finished nor asked to stop (a stop drains: out of the pool first); fo
 `serving.rows.notify_routes(run_id)` in the transaction that changes any of those; the endpoint
 re-reads on that and on a timer.
 
+A service with a `router` group (PD: a router in front of prefill and decode workers) has only
+that group's ready heads in the table: the workers are the router's to reach (serving/router_sync.py
+keeps its worker list); and a replica of `nodes: N` is in it by its node 0 only.
+
 The address is the one Muster reaches the job's instance on (its `hostname`: the SSH host's
 address, a local instance's loopback address) and the service's `port`.
 
@@ -23,6 +27,7 @@ from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
 from serving.replicas import is_head, is_ready
+from serving.router_sync import routed_group
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,18 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "superseded", "ready_at", "deployment_num", "node_group_rank", "instance__id",
-                      "instance__hostname", "instance__internal_ip", "instance__backend"))
-    # a routed service's endpoint sends to its serving deployment only: an update's new routers
-    # join it in the one write that switches (engine/replicas/revisions.py)
-    serving = [j for j in live if not conf.routed or j.deployment_num == run.serving_deployment]
+                .only("id", "status", "superseded", "ready_at", "deployment_num", "node_group_name",
+                      "node_group_rank", "instance__id", "instance__hostname", "instance__internal_ip",
+                      "instance__backend"))
+    routed = routed_group(conf)  # a PD service: the endpoint sends to its routers only, they to the workers
+    # and to its serving deployment's only: an update's new routers join in the one write that switches
+    # (engine/replicas/revisions.py)
+    serving = [j for j in live if routed is None or j.deployment_num == run.serving_deployment]
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
                 ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in serving
-        if is_ready(job) and is_head(job) and job.instance is not None and job.instance.hostname)
+        if is_ready(job) and is_head(job) and job.instance is not None and job.instance.hostname
+        and (routed is None or job.node_group_name == routed))
     groups = [g for g in conf.groups if g.replicas is not None]
     return Service(run_id=run.id, project=run.project.name, name=run.name, auth=conf.auth,
                    strip_prefix=conf.strip_prefix, port=conf.port,

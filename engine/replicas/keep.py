@@ -13,7 +13,8 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    one at a time while old ones remain: the surge of one), and removed newest first, never taking
    the ready count below what the group wants while old replicas are rolled out (one old replica at
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
-   drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+   drain delay later (rows.drain, MUSTER_DRAIN_DELAY), and in a PD service not before its routers
+   dropped it (bounded: engine/tuning.py ROUTER_DRAIN_WAIT; serving/router_sync.py).
    A service with a `router` group is updated blue/green per deployment instead
    (engine/replicas/revisions.py): the newest deployment's groups are counted here, the serving one
    is kept until the switch, any other is drained.
@@ -37,9 +38,11 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from engine import outcome
+from engine.nudges import is_routed
 from engine.replicas import nodes as replica_nodes
 from engine.replicas import revisions, rows
 from engine.restarts import backoff
+from engine.tuning import ROUTER_DRAIN_WAIT, ROUTER_RECHECK
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
 from runs.configuration.stored import StoredService, run_configuration
@@ -47,6 +50,7 @@ from runs.limits import retry_duration
 from runs.models import Job, Run
 from runs.transitions import move_run, terminate_job
 from serving.replicas import is_head, is_ready
+from serving.router_sync import still_listed
 
 STARTING_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
 
@@ -101,23 +105,42 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         # to the steps that start and restart it (engine/starting/cluster.py, nodes.py)
         taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
         _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others, taken)
-    if conf.routed and revisions.rolling_out(run) and (
-            revisions.ready_to_switch(run, conf, live) or (stuck and revisions.may_switch_short(run, conf, live))) \
-            and revisions.switch(run):
-        revisions.drain_others(run, live, True)
+    if conf.routed and revisions.rolling_out(run):
+        due_now = revisions.switch_due(run, conf, live, stuck)
+        if due_now and revisions.switch(run):
+            revisions.drain_others(run, live, True)
+        elif due_now is None:  # ready, but not all listed by the new routers yet: look again soon
+            due.append(now + timedelta(seconds=ROUTER_RECHECK))
+    head_of = {replica_nodes.key(j): j.pk for j in live if is_head(j)}  # routers list a replica by its node 0
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
-            stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
-            if stop_at <= now:
-                terminate_job(job, JobReason.TERMINATED_BY_SERVER, "drained: stopped after the drain delay")
-            else:
-                due.append(stop_at)
+            _stop_drained(run, job, head_of.get(replica_nodes.key(job), job.pk), now, due)
     _status(run, live, lease)
     if due:
         outcome.learn(run, next_retry_at=min(due))  # written with process_run's give-back
     elif run.next_retry_at is not None:
         outcome.learn(run, next_retry_at=None)
     return None
+
+
+def _stop_drained(run: Run, job: Job, head: int, now, due: list) -> None:
+    """A drained replica is stopped a drain delay after it left the pool, and not before its
+    service's routers stopped listing it (serving/router_sync.py: they would send it requests as
+    it stops); ROUTER_DRAIN_WAIT later it is stopped anyway, and the event says which still did."""
+    stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
+    if stop_at > now:
+        due.append(stop_at)
+        return
+    listing = still_listed(run.pk, head) if is_routed(run) else []
+    bound = stop_at + timedelta(seconds=ROUTER_DRAIN_WAIT)
+    if listing and now < bound:
+        due.append(min(bound, now + timedelta(seconds=2)))  # the sync nudges process_run once they dropped it
+        return
+    why = "drained: stopped after the drain delay"
+    if listing:
+        why += (f"; router job(s) {', '.join(listing)} still listed it {ROUTER_DRAIN_WAIT:.0f}s after that: "
+                "stopped anyway")
+    terminate_job(job, JobReason.TERMINATED_BY_SERVER, why)
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:

@@ -12,8 +12,9 @@ records what a rollback restores (`Run.rollout`). Each pass while the rollout is
    hosts being short for two deployments, has no timeout of its own), rolls the rollout back: the
    stored configuration, submitted text and desired_replicas are the serving deployment's again and
    `deployment_num` is the serving one; the new deployment's replicas are removed (step 4);
-3. once every group of the new deployment has its desired count of ready heads, the endpoint
-   switches to it (`switch`): one guarded write of `serving_deployment`, its event, notify_routes;
+3. once every group of the new deployment has its desired count of ready heads, and its routers
+   list them as ready (asked directly: the router sync, serving/router_sync.py, adds them, and smg
+   takes them in the background), the endpoint switches to it (`switch`): one guarded write of `serving_deployment`, its event, notify_routes;
 4. any live replica of a deployment other than the one kept (the serving one outside a rollout,
    the serving and the new one during it) is taken out of the pool, drained and stopped (keep.py's
    drain path): after a switch the old deployment, after a rollback the new one, after a second
@@ -31,11 +32,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.replicas import rows
+from engine.tuning import ROUTER_CALL_TIMEOUT, ROUTER_LIST_CAP
 from events.services import record
 from runs.choices import FAILING_REASONS
 from runs.configuration.stored import StoredService, run_configuration, stored_run
 from runs.models import Job, Run
+from serving.replica_http import ReplicaHTTPError, request
 from serving.replicas import is_head, is_ready
+from serving.router_sync import router_group, routers, worker_url, workers_for
 from serving.rows import notify_routes
 
 
@@ -107,14 +111,45 @@ def roll_back(run: Run, why: str) -> bool:
     return True
 
 
+def switch_due(run: Run, conf: StoredService, live: list[Job], stuck: bool) -> bool | None:
+    """Step 3's condition: True to switch now; False not ready; None ready but the new routers do
+    not list every worker yet (look again soon). `stuck`: under max_surge, the new deployment can
+    grow no further (`may_switch_short`)."""
+    if not (ready_to_switch(run, conf, live) or (stuck and may_switch_short(run, conf, live))):
+        return False
+    return True if synced(run, conf, live) else None
+
+
 def ready_to_switch(run: Run, conf: StoredService, live: list[Job]) -> bool:
-    """Step 3's condition: every group of the new deployment has its desired count of ready heads,
-    none of them draining."""
+    """Every group of the new deployment has its desired count of ready heads, none of them draining."""
     desired = run.desired_replicas or {}
     for group in conf.groups:
         heads = [j for j in live if j.node_group_name == group.name and j.deployment_num == run.deployment_num
                  and j.drain_at is None and is_head(j) and is_ready(j)]
         if len(heads) < int(desired.get(group.name, 0)):
+            return False
+    return True
+
+
+def synced(run: Run, conf: StoredService, live: list[Job]) -> bool:
+    """Each ready router of the new deployment lists every ready worker of its deployment, healthy
+    and ready, as the router itself answers (GET /workers): smg takes a worker in the background
+    after accepting it, and sends a request to none of a role until one is ready. A router whose
+    list Muster does not keep (not smg) is taken as it is."""
+    group = router_group(conf)
+    if group is None:
+        return True
+    new = [j for j in live if j.deployment_num == run.deployment_num]
+    for router in routers(group, new):
+        try:
+            answer = request(router, conf.port, "GET", "/workers", timeout=ROUTER_CALL_TIMEOUT,
+                             max_bytes=ROUTER_LIST_CAP)
+            entries = answer.json()["workers"] if answer.status == 200 else []
+        except (ReplicaHTTPError, ValueError, KeyError, TypeError):
+            return False  # the sync says why (its events); the switch waits
+        taken = {e.get("url") for e in entries if isinstance(e, dict) and e.get("is_healthy", True)
+                 and e.get("status", "ready") == "ready"}
+        if any(worker_url(j, conf.port) not in taken for j in workers_for(group, new, router)):
             return False
     return True
 

@@ -64,12 +64,21 @@ class Rollout(CheckedModel):
     max_surge: int | None = None  # None: blue/green with a full second copy of every group
 
 
+class Worker(CheckedModel):
+    """`worker`: the role (and a prefill's bootstrap port) the router registers the group's replicas
+    with, over what they report (docs/services.md, "PD services")."""
+
+    role: Literal["prefill", "decode", "regular"] | None = None
+    bootstrap_port: int | None = None
+
+
 class ServiceGroup(NodeGroup):
     """A replica group: a task group of `nodes` nodes per replica, with its replica range."""
 
     replicas: ReplicaRange
     scaling: Scaling | None = None
     router: str | None = None
+    worker: Worker | None = None
 
     @property
     def desired(self) -> int:
@@ -154,9 +163,11 @@ def parse_service_configuration(document: dict, *, endpoint_tls: bool = False, *
     ranges = [g.range if g is not None else (1, 1) for g in group_inputs] or [service.replicas or (1, 1)]
     scalings = [g.scaling for g in group_inputs] if group_inputs else [service.scaling]
     routers = [g.router.type if g is not None and g.router else None for g in group_inputs] or [None]
+    workers = [Worker(**dict(g.worker)) if g is not None and g.worker else None for g in group_inputs] or [None]
     groups = [ServiceGroup(**{**dict(g), "name": g.name if group_inputs else DEFAULT_GROUP_NAME},
-                           replicas=ReplicaRange(min=r[0], max=r[1]), scaling=_scaling(s), router=router)
-              for g, r, s, router in zip(task.groups, ranges, scalings, routers, strict=True)]
+                           replicas=ReplicaRange(min=r[0], max=r[1]), scaling=_scaling(s), router=router,
+                           worker=worker)
+              for g, r, s, router, worker in zip(task.groups, ranges, scalings, routers, workers, strict=True)]
     task_fields = {k: v for k, v in dict(task).items()
                    if k not in ("type", "groups", "nodes", "warnings", "registry_password")}
     return ServiceConfiguration(
@@ -216,6 +227,10 @@ def _check_groups(groups: list[ReplicaGroupInput | None], document: dict, errors
             errors.add(["groups", i, key], problem)
     for i in routers[1:]:
         errors.add(["groups", i, "router"], "at most one replica group may have `router`")
+    for i in routers:
+        if groups[i].worker is not None:  # type: ignore[union-attr]
+            errors.add(["groups", i, "worker"], "the router group is no worker: set `worker` on the groups the "
+                       "router sends to, or remove it")
     for i in routers[:1]:
         if groups[i].range != (1, 1):  # type: ignore[union-attr]
             errors.add(["groups", i, "replicas"], "the replica group with `router` must have replicas: 1 "
@@ -302,7 +317,7 @@ def _warn_service(service: ServiceKeys, endpoint_tls: bool, groups: list, warnin
         warn(["rollout"], "rollout: applies to a service with a `router` group (blue/green updates); this one's "
              "updates roll replica by replica with a surge of one")
     for i, group in enumerate(groups):
-        if group is not None and group.router is not None:
-            warn(["groups", i, "router"], f"router: {group.router.type} — Muster does not register the workers "
-                 "with the router yet: the endpoint sends to this group's replicas, and the router must find "
-                 "its workers itself")
+        # smg's worker list is kept by the engine (serving/router_sync.py); another router's is not
+        if group is not None and group.router is not None and group.router.type != "smg":
+            warn(["groups", i, "router"], f"router: {group.router.type} — Muster keeps only smg's worker list: the "
+                 "endpoint sends to this group's replicas, and this router must find its workers itself")

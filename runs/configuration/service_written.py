@@ -26,6 +26,7 @@ MAX_REPLICAS = 1000
 _HEADER_KEY = re.compile(r"^[a-zA-Z0-9-_]{1,500}$")
 _PREFIX = re.compile(r"^/[^\s\\{}]*$")
 ROUTER_TYPES = ("smg", "dynamo")
+WORKER_ROLES = ("prefill", "decode", "regular")
 
 
 def parse_replicas(value: object) -> tuple[int, int]:
@@ -154,6 +155,38 @@ class RolloutInput(WrittenModel):
         return value  # type: ignore[return-value]
 
 
+class WorkerInput(WrittenModel):
+    """A replica group's `worker`: how the router registers its replicas, over what they report."""
+
+    role: Any = None
+    bootstrap_port: Any = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: object) -> str | None:
+        if value is not None and value not in WORKER_ROLES:
+            raise ValueError(f"worker.role is one of {', '.join(WORKER_ROLES)} (got {value!r}): the role the "
+                             "router gives this group's replicas")
+        return value  # type: ignore[return-value]
+
+    @field_validator("bootstrap_port")
+    @classmethod
+    def _bootstrap_port(cls, value: object) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise ValueError("worker.bootstrap_port is the prefill's KV-transfer bootstrap port: a number from 1 "
+                             "to 65535")
+        return value
+
+    @model_validator(mode="after")
+    def _prefill_only(self) -> WorkerInput:
+        if self.bootstrap_port is not None and self.role not in (None, "prefill"):
+            raise ValueError(f"worker.bootstrap_port is a prefill worker's: remove it, or set worker.role: prefill "
+                             f"(not {self.role})")
+        return self
+
+
 class ServiceKeys(WrittenModel):
     """The service's own top-level keys; everything else of the document is the task parser's."""
 
@@ -241,7 +274,7 @@ def service_port(value: object) -> int:
 # What a replica group may say besides the task group keys, read here; the rest goes to the task
 # parser's group reader (`nodes` too: the hosts of one replica). `slices` and `depends_on` do not
 # apply to a replica.
-GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "python", "nvcc", "docker", "privileged",
+GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "worker", "python", "nvcc", "docker", "privileged",
                       "spot_policy", "reservation")
 GROUP_REFUSED = {
     "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
@@ -260,6 +293,7 @@ class ReplicaGroupInput(WrittenModel):
     count: Any = None
     scaling: ScalingInput | None = None
     router: RouterInput | None = None
+    worker: WorkerInput | None = None
     python: Any = None
     nvcc: bool | None = None
     docker: bool | None = None

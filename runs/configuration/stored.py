@@ -81,6 +81,14 @@ class StoredReplicas(_Stored):
     max: int = 1
 
 
+class StoredWorker(_Stored):
+    """A replica group's `worker`: the role and bootstrap port its replicas are registered with
+    (None: what each replica reports, then the group's name; serving/router_sync.py)."""
+
+    role: str | None = None
+    bootstrap_port: int | None = None
+
+
 class StoredGroup(_Stored):
     name: str = ""
     index: int = 0
@@ -103,6 +111,7 @@ class StoredGroup(_Stored):
     replicas: StoredReplicas | None = None
     scaling: StoredScaling | None = None
     router: str | None = None
+    worker: StoredWorker | None = None
 
     @model_validator(mode="before")
     @classmethod

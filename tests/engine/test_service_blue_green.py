@@ -25,7 +25,7 @@ env:
   - VERSION=v1
 groups:
   - name: router
-    router: {type: smg}
+    router: {type: dynamo}
     replicas: 1
     commands: [python3 -m http.server 8000]
   - name: worker
@@ -66,6 +66,14 @@ def _routed_jobs(run: Run) -> set[int]:
     return {r.job_id for r in service.replicas} if service else set()
 
 
+def _serves(run: Run, jobs: set[int]) -> bool:
+    """The endpoint sends to `jobs`' router and to nothing outside `jobs` (to their router only, once
+    the endpoint sends to a routed service's routers only)."""
+    routed = _routed_jobs(run)
+    router = Job.objects.filter(pk__in=jobs, node_group_name="router").values_list("pk", flat=True)
+    return bool(routed) and routed <= jobs and set(router) <= routed
+
+
 @pytest.fixture
 def serving_pd(sent):
     """A routed service of deployment 0, its router and two workers serving."""
@@ -79,7 +87,7 @@ def serving_pd(sent):
 def test_the_new_deployment_comes_up_beside_the_old_and_the_endpoint_switches_in_one_step(serving_pd):
     fleet, run = serving_pd
     old = {j.pk for j in _live(run)}
-    assert _routed_jobs(run) == old
+    assert _serves(run, old)
     run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2"), update=True)
     assert (run.deployment_num, run.serving_deployment) == (1, 0)
     assert run.rollout["desired_replicas"] == {"router": 1, "worker": 2}
@@ -89,11 +97,11 @@ def test_the_new_deployment_comes_up_beside_the_old_and_the_endpoint_switches_in
     assert all(j.drain_at is None for j in _live(run, 0)), "the old deployment serves on untouched"
     _serve(new[:2])  # the router and one worker: not all of it yet
     run = _derive(run)
-    assert run.serving_deployment == 0 and _routed_jobs(run) == old
+    assert run.serving_deployment == 0 and _serves(run, old)
     _serve(new)
     run = _derive(run)
     assert (run.serving_deployment, run.rollout) == (1, {})
-    assert _routed_jobs(run) == {j.pk for j in new}, "the endpoint sends to deployment 1 only"
+    assert _serves(run, {j.pk for j in new}), "the endpoint sends to deployment 1 only"
     drained = _live(run, 0)
     assert drained and all(j.drain_at is not None and j.ready_at is None for j in drained), \
         "the old deployment is out of the pool at once, stopped after the drain delay"
@@ -119,7 +127,7 @@ def test_a_replica_of_the_new_deployment_that_fails_rolls_back_and_the_old_one_s
     assert run.configuration == old_conf and run.desired_replicas == {"router": 1, "worker": 2}
     assert "VERSION=v1" in run.submitted_text
     assert {j.pk for j in _live(run, 0)} == old and all(j.drain_at is None for j in _live(run, 0))
-    assert _routed_jobs(run) == old, "the old deployment served throughout"
+    assert _serves(run, old), "the old deployment served throughout"
     rolled_back = _live(run, 1)
     assert rolled_back and all(j.drain_at is not None for j in rolled_back), "deployment 1's replicas are removed"
     said = _said(run)
@@ -144,10 +152,10 @@ def test_a_second_apply_during_a_rollout_supersedes_it(serving_pd):
     run = _derive(run)
     assert all(Job.objects.get(pk=j.pk).drain_at is not None for j in first), "the superseded rollout is removed"
     second = _live(run, 2)
-    assert len(second) == 3 and _routed_jobs(run) == old
+    assert len(second) == 3 and _serves(run, old)
     _serve(second)
     run = _derive(run)
-    assert run.serving_deployment == 2 and _routed_jobs(run) == {j.pk for j in second}
+    assert run.serving_deployment == 2 and _serves(run, {j.pk for j in second})
     said = _said(run)
     assert any("supersedes the rollout to deployment 1" in m for m in said), said
     assert sum("deployment 1 was superseded by deployment 2" in m for m in said) == 3, said
@@ -182,7 +190,7 @@ def test_a_rollout_short_of_hosts_is_rolled_back_at_its_deadline_saying_so(servi
     Run.objects.filter(pk=run.pk).update(rollout={**run.rollout, "started_at": started.isoformat()})
     run = _derive(run)
     assert (run.deployment_num, run.serving_deployment, run.rollout) == (0, 0, {})
-    assert _routed_jobs(run) == old
+    assert _serves(run, old)
     assert all(j.drain_at is not None for j in _live(run, 1))
     said = _said(run)
     assert any("rollout to deployment 1 failed (deployment 1 not ready within the longest ready_timeout" in m
@@ -225,7 +233,7 @@ def test_with_max_surge_the_old_workers_shrink_as_the_new_ones_grow_and_the_swit
     assert [j.node_group_name for j in new] == ["router"], "the router first, on the one host of the surge"
     shrunk = [j for j in _live(run, 0) if j.drain_at is not None]
     assert [j.node_group_name for j in shrunk] == ["worker"], "then one old worker leaves to free a host"
-    assert run.serving_deployment == 0 and _routed_jobs(run) == old - {shrunk[0].pk}
+    assert run.serving_deployment == 0 and _serves(run, old - {shrunk[0].pk})
     run = _derive(run)
     assert len(_live(run, 1)) == 1, "no new worker while the old one's host is busy"
     _stopped(shrunk)
@@ -236,7 +244,7 @@ def test_with_max_surge_the_old_workers_shrink_as_the_new_ones_grow_and_the_swit
     assert all(j.drain_at is None for j in _live(run, 0)), "the last old worker stays: the old deployment serves"
     _serve(new)
     run = _derive(run)
-    assert run.serving_deployment == 1 and _routed_jobs(run) == {j.pk for j in new}, \
+    assert run.serving_deployment == 1 and _serves(run, {j.pk for j in new}), \
         "switched with one worker of each: the rest come once the old deployment stopped"
     _stopped(_live(run, 0))
     run = _derive(run)
@@ -288,3 +296,54 @@ def test_two_applies_at_once_are_applied_one_after_the_other_and_the_second_supe
     assert "VERSION=v1" in run.rollout["submitted_text"], "a rollback restores what serves, not the superseded one"
     run = _derive(run)
     assert len(_live(run, 2)) == 3 and not _live(run, 1)
+
+
+def test_the_switch_waits_for_the_new_smg_router_to_list_its_workers_as_ready(sent):
+    """smg takes an added worker in the background: the endpoint switches only once the new router
+    itself lists every worker of its deployment as ready (a stand-in router answers GET /workers)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from serving.router_sync import worker_url
+    from tests.serving.replicas import free_port
+
+    listing: list[dict] = []
+
+    class Router(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"workers": listing}).encode()
+            self.send_response(200 if self.path == "/workers" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    fleet = local_project_fleet(size=6)
+    port = free_port()
+    smg = ROUTED.replace("router: {type: dynamo}", "router: {type: smg}").replace("port: 8000", f"port: {port}")
+    run = _derive(_apply(fleet, smg))
+    _serve(_live(run))
+    run = _derive(run)
+    old = {j.pk for j in _live(run)}
+    run = _derive(_apply(fleet, smg.replace("VERSION=v1", "VERSION=v2"), update=True))
+    new = _live(run, 1)
+    _serve(new)
+    router = Job.objects.select_related("instance").get(pk=next(j.pk for j in new if j.node_group_name == "router"))
+    server = ThreadingHTTPServer((router.instance.internal_ip, port), Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        workers = [Job.objects.select_related("instance").get(pk=j.pk) for j in new if j.node_group_name == "worker"]
+        listing[:] = [{"url": worker_url(workers[0], port), "is_healthy": True, "status": "ready"},
+                      {"url": worker_url(workers[1], port), "is_healthy": True, "status": "pending"}]
+        run = _derive(run)
+        assert run.serving_deployment == 0 and _serves(run, old), "one worker not ready in the router yet"
+        assert run.next_retry_at is not None, "looked at again soon"
+        listing[1]["status"] = "ready"
+        run = _derive(run)
+        assert run.serving_deployment == 1 and _serves(run, {j.pk for j in new})
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -15,7 +15,7 @@ from runs.models import Job, Run
 from serving import routes
 from tests.conftest import token_for
 from tests.engine.helpers import BackgroundLoop, Beat, local_project_fleet
-from tests.engine.service_helpers import replicas, wait_until
+from tests.engine.service_helpers import ready, replicas, wait_until
 from tests.serving.replicas import free_port
 from tests.serving.test_endpoint import endpoint  # noqa: F401 (the fixture)
 from tests.serving.test_rollout_under_load import Client, _alive, _pid
@@ -37,7 +37,9 @@ def _group(name: str, tmp: Path, port: int, extra: str = "", ok: str = "echo ok 
 def routed_yaml(tmp: Path, port: int, version: str, worker_ok: bool = True) -> str:
     """A router and a worker, each serving `<tmp>/<its address>/` (`version`, and `ok` for the
     probe: a worker without it never becomes ready)."""
-    router = _group("router", tmp, port, "    router: {type: smg}\n")
+    # a router whose worker list Muster does not keep (not smg): the endpoint's side of the update
+    # alone; tests/serving_pd/test_pd_rollout.py has smg's
+    router = _group("router", tmp, port, "    router: {type: dynamo}\n")
     worker = _group("worker", tmp, port, "    ready_timeout: 4s\n", "echo ok > ok && " if worker_ok else "rm -f ok && ")
     return f"""type: service
 name: pd
@@ -82,7 +84,7 @@ def test_a_routed_service_switches_deployments_in_one_step_under_load_and_a_fail
                                 format="json")
     assert answer.status_code == 201, answer.json()
     run = Run.objects.get(name="pd")
-    wait_until(lambda: routes.service_by_run(run.pk) and len(routes.service_by_run(run.pk).replicas) == 2, 60,
+    wait_until(lambda: len(ready("pd")) == 2 and routes.service_by_run(run.pk).replicas, 60,
                "the router and the worker of deployment 0 ready")
     old_pids = [_pid(tmp_path, j) for j in replicas("pd")]
     key = token_for(django_user_model.objects.get(username="root"))
