@@ -34,7 +34,7 @@ from engine.tuning import ROUTER_LIST_CAP as LIST_CAP
 from engine.tuning import ROUTER_RECHECK as RECHECK
 from engine.tuning import ROUTER_TAKE_WAIT as TAKE_WAIT
 from engine.tuning import WORKER_INFO_CAP as INFO_CAP
-from runs.choices import RUN_FINISHED
+from runs.choices import RUN_FINISHED, RunStatus
 from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
 from serving import router_sync as rules
@@ -44,7 +44,7 @@ from serving.replica_http import ReplicaHTTPError, request
 log = logging.getLogger(__name__)
 
 BACKOFF = (5, 10, 30, 60, 120, 300)  # seconds before a worker the router refused is offered again
-LIVE = ("submitted", "provisioning", "running")
+LIVE = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING)
 
 
 def sync_routers(run_id: int) -> None:

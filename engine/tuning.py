@@ -84,3 +84,11 @@ ROUTER_TAKE_WAIT = 30.0
 # seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
 # stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
 ROUTER_DRAIN_WAIT = 30.0
+# -- queue-depth scaling (engine/replicas/queue_depth.py) --
+# seconds one replica has to answer its /metrics: a gauge page is tens of kB served from memory
+SCRAPE_TIMEOUT = 3.0
+# seconds for all of one tick's scrapes (the run's lease is renewed meanwhile): a group of many
+# replicas that all hang costs the tick this, and the rest are left out of that tick's average
+SCRAPE_TICK_BUDGET = 20.0
+# seconds between two events of one replica's failing scrape: said, not repeated every tick
+SCRAPE_FAILURE_EVENT_EVERY = 300.0

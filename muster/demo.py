@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from runs.choices import RUN_FINISHED
+
 ROOT = Path(__file__).resolve().parent.parent
 BIND = os.environ.get("MUSTER_DEMO_BIND", "127.0.0.1:8765")
 DSTACK_SSH_BIND = "127.0.0.1:2223"
@@ -136,7 +138,7 @@ def _stop_service(url: str, token: str, timeout: float = 60) -> None:
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(urllib.request.Request(run, headers=headers), timeout=10) as answer:
-                if json.loads(answer.read()).get("status") in ("terminated", "done", "failed"):
+                if json.loads(answer.read()).get("status") in RUN_FINISHED:
                     return
         except (OSError, ValueError):
             return

@@ -10,8 +10,9 @@ the run's `retry` lists `no-capacity` or the service runs already (engine/submit
 job 0 of a task waits); otherwise it ends `failed_to_start_due_to_no_capacity`, which the
 service's keeper (engine/replicas/keep.py) acts on. The other replicas are not touched either way.
 
-Static fleets only (local, SSH; containers where the host has Docker): a replica on a backend that
-creates host groups (a TPU slice) is not placed here yet.
+On a fleet whose backend creates host groups (a TPU slice) the replica is one group of its own,
+reserved by node 0 (engine/submitted/replica_groups.py): such a fleet is tried when its backend makes
+a group of exactly the replica's `nodes` hosts for the replica's resources.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import partial
 from django.db import transaction
 
 from engine import claims
-from engine.submitted import fanout, placement, waiting
+from engine.submitted import fanout, placement, replica_groups, waiting
 from instances import fitting, spanning
 from instances.models import Fleet
 from muster.claimable import Lease
@@ -34,11 +35,13 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
     """provision_job's attempt for a service's replica: the fields its give-back writes (a wait),
     or the Outcome whose move ends it (no capacity, no wait)."""
     run = job.run
-    fleets = _fleets_for(run, job)
     req = job.spec["resources"]
     members = _members(job)
     need = 1 + len(members)
+    fleets = _fleets_for(run, job, req, need)
     for fleet in fleets:
+        if not fitting.is_static(fleet):
+            return replica_groups.place(job, members, fleet, lease)
         taken = placement.take_instances(fleet, req, need)
         if taken:
             _hold(run, job, fleet, taken, members, lease)
@@ -56,17 +59,18 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
 
 
 def _members(head: Job) -> list[Job]:
-    """The other nodes of a multi-host replica, still waiting for their node 0 to place them."""
+    """The other nodes of a multi-host replica, still waiting for their node 0 to place them (one may
+    point at a host already: an earlier try of this attempt planned the replica's slice, engine/pods.py)."""
     if int(head.spec.get("nodes_in_group") or 1) == 1:
         return []
     return list(Job.objects.filter(run_id=head.run_id, superseded=False, node_group_index=head.node_group_index,
                                    replica_num=head.replica_num, submission_num=head.submission_num,
-                                   status=JobStatus.SUBMITTED, instance__isnull=True, node_group_rank__gt=0)
+                                   status=JobStatus.SUBMITTED, node_group_rank__gt=0)
                 .select_related("run").order_by("node_group_rank"))
 
 
-def _fleets_for(run: Run, job: Job) -> list[Fleet]:
-    usable = [f for f in fitting.candidate_fleets(run) if fitting.is_static(f)]
+def _fleets_for(run: Run, job: Job, req: dict, need: int) -> list[Fleet]:
+    usable = [f for f in fitting.candidate_fleets(run) if fitting.is_static(f) or replica_groups.takes(f, req, need)]
     own = spanning.group_fleet_names(run.configuration)
     fleets = spanning.candidates_per_group(usable, own, job.node_group_index + 1)[job.node_group_index]
     return sorted(fleets, key=lambda f: f.pk != job.fleet_id)  # its own earlier fleet first

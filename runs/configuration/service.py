@@ -53,11 +53,14 @@ class ReplicaRange(CheckedModel):
 
 
 class Scaling(CheckedModel):
-    metric: Literal["rps"] = "rps"
+    metric: Literal["rps", "queue"] = "rps"
     target: float
     window: int
     scale_up_delay: int
     scale_down_delay: int
+    queue_metric: str | None = None  # metric: queue only, as the next two
+    metrics_port: int | None = None  # None: the service's port
+    metrics_path: str | None = None
 
 
 class Rollout(CheckedModel):
@@ -294,8 +297,11 @@ def _model_probe(model: Mapping[str, str]) -> dict[str, Any] | None:
 def _scaling(scaling: ScalingInput | None) -> Scaling | None:
     if scaling is None:
         return None
-    return Scaling(target=scaling.target, window=scaling.window or 60, scale_up_delay=scaling.scale_up_delay,
-                   scale_down_delay=scaling.scale_down_delay)
+    queue = scaling.metric == "queue"
+    return Scaling(metric=scaling.metric, target=scaling.target, window=scaling.window or 60,
+                   scale_up_delay=scaling.scale_up_delay, scale_down_delay=scaling.scale_down_delay,
+                   queue_metric=scaling.queue_metric, metrics_port=scaling.metrics_port,
+                   metrics_path=(scaling.metrics_path or "/metrics") if queue else None)
 
 
 def _warn_service(service: ServiceKeys, endpoint_tls: bool, groups: list, warnings: list) -> None:

@@ -65,13 +65,22 @@ class StoredResources(_Stored):
 
 
 class StoredScaling(_Stored):
-    """A replica group's `scaling` (dstack's ScalingSpec): requests per second per replica."""
+    """A replica group's `scaling`: dstack's ScalingSpec (`rps`: requests per second per replica), or
+    Muster's `queue` (queued requests per replica, read from a Prometheus gauge the replicas serve)."""
 
     metric: str = "rps"
     target: float = 1.0
-    window: int = 60  # seconds the rps is averaged over (dstack: 30, 60 or 300)
+    window: int = 60  # seconds the rps (or the queue depth) is averaged over
     scale_up_delay: int = 300  # seconds
     scale_down_delay: int = 600  # seconds
+    queue_metric: str | None = None  # metric: queue: the gauge's name
+    metrics_port: int | None = None  # None: the service's port
+    metrics_path: str = "/metrics"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, value: Any) -> Any:
+        return _without_nulls(value)
 
 
 class StoredReplicas(_Stored):

@@ -108,6 +108,18 @@ def test_a_pd_service_routes_through_smg_and_its_worker_list_follows_the_ready_w
     assert sum("added worker" in m for m in messages) == 3, "\n".join(messages)
     assert sum("removed worker" in m for m in messages) == 1, "\n".join(messages)
 
+    # a router killed comes back empty: its replacement gets the whole list once it is ready
+    old_router = _jobs("pd")["router"]
+    with Beat():
+        os.kill(int((tmp_path / f"{old_router.instance.internal_ip}.pid").read_text()), signal.SIGKILL)
+        wait_until(lambda: (j := _jobs("pd").get("router")) is not None and j.pk != old_router.pk, 90,
+                   "the router replaced and ready")
+        router = _jobs("pd")["router"].instance.internal_ip
+        wait_until(lambda: listed(router, port) == _expected("pd", port) and len(_expected("pd", port)) == 2, 30,
+                   "the new router lists both workers")
+    got = requests.post(where + "generate", json={"text": "after the router"}, headers=auth, timeout=30)
+    assert got.status_code == 200 and got.json()["meta_info"]["prefill"], got.text
+
     run = Run.objects.get(name="pd")
     assert superuser_api.post(f"/api/projects/main/runs/{run.name}/stop", {}, format="json").status_code in (200, 202)
     with Beat():
