@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from engine import messages
 from events.services import update_and_record
+from muster import crypto
 from muster.api_errors import Conflict
 from projects.models import Project
 from runs.choices import RunStatus
@@ -132,6 +133,19 @@ def update(project: Project, user, conf: TaskConfiguration, stored: dict, text: 
         actor = getattr(user, "username", "") or "api"
         fields = {"configuration": stored, "submitted_text": text, "deployment_num": deployment,
                   "desired_replicas": desired, "updated_at": timezone.now()}
+        if _routed(stored) and not (run.rollout and run.serving_deployment < run.deployment_num) \
+                and _scaled_only(run.configuration, stored):
+            # a routed service whose update changes only its replica counts is scaled in place: no new
+            # deployment, no second copy (scale-down drains as the scaler's does)
+            fields.update(deployment_num=run.deployment_num)
+            update_and_record(
+                Run.objects.filter(pk=run.pk), fields, project.id, f"run {run.name}",
+                f"updated by {actor}: only the replica counts changed (replicas {counts}): scaled in place, "
+                f"deployment {run.deployment_num} serves on", status=run.status, actor=actor, run_id=run.pk)
+            messages.process_run(run.pk)
+            run.refresh_from_db()
+            run.rolled = True
+            return run
         if _routed(stored):
             how = _blue_green(run, deployment, fields)
         else:
@@ -145,6 +159,25 @@ def update(project: Project, user, conf: TaskConfiguration, stored: dict, text: 
     run.refresh_from_db()
     run.rolled = True
     return run
+
+
+# what an update may change and still be scaled in place: the counts, and what is derived from them
+_SCALING_KEYS = ("replicas", "scaling")
+
+
+def _scaled_only(old: dict, new: dict) -> bool:
+    """Whether `new` differs from `old` in replica counts only (the encrypted values compared as what
+    they hold: each submit encrypts them anew)."""
+    sealed = ("secret_env", "secret_registry_password")
+
+    def shape(conf: dict) -> dict:
+        groups = [{k: v for k, v in g.items() if k not in _SCALING_KEYS} for g in conf.get("groups") or []]
+        return {**{k: v for k, v in conf.items() if k not in ("nodes", "groups", *sealed)}, "groups": groups}
+
+    def opened(conf: dict) -> list:
+        return [crypto.decrypt(conf[k], loc=[k], what=k, fix="submit the run again") if conf.get(k) else None
+                for k in sealed]
+    return shape(old) == shape(new) and opened(old) == opened(new)
 
 
 def _routed(stored: dict) -> bool:

@@ -347,3 +347,15 @@ def test_the_switch_waits_for_the_new_smg_router_to_list_its_workers_as_ready(se
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_update_of_a_routed_service_that_only_changes_replica_counts_scales_it_in_place(serving_pd):
+    fleet, run = serving_pd
+    old = {j.pk for j in _live(run)}
+    run = _apply(fleet, ROUTED.replace("replicas: 2", "replicas: 1"), update=True)
+    assert (run.deployment_num, run.serving_deployment, run.desired_replicas) == (0, 0, {"router": 1, "worker": 1})
+    run = _derive(run)
+    assert len([j for j in _live(run) if j.drain_at is None]) == 2 and {j.pk for j in _live(run)} == old
+    assert any("only the replica counts changed" in m and "scaled in place" in m for m in _said(run)), _said(run)
+    run = _apply(fleet, ROUTED.replace("VERSION=v1", "VERSION=v2"), update=True)
+    assert (run.deployment_num, run.serving_deployment) == (1, 0), "anything else is a new deployment"
