@@ -87,8 +87,12 @@ ROUTER_DRAIN_WAIT = 30.0
 # -- queue-depth scaling (engine/replicas/queue_depth.py) --
 # seconds one replica has to answer its /metrics: a gauge page is tens of kB served from memory
 SCRAPE_TIMEOUT = 3.0
-# seconds for all of one tick's scrapes (the run's lease is renewed meanwhile): a group of many
-# replicas that all hang costs the tick this, and the rest are left out of that tick's average
+# seconds for all of one run's scrapes at a tick (done before the run is claimed: process_run never
+# waits on them): a group of many replicas that all hang costs the tick this, and the rest are left
+# out of that tick's average
 SCRAPE_TICK_BUDGET = 20.0
+# replicas of one run scraped at once: one that hangs costs its own SCRAPE_TIMEOUT, not the others'
+# share of the budget; a few threads, since a worker's process has other steps to run
+SCRAPE_PARALLEL = 8
 # seconds between two events of one replica's failing scrape: said, not repeated every tick
 SCRAPE_FAILURE_EVENT_EVERY = 300.0

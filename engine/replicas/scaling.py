@@ -1,8 +1,11 @@
 """scale_service: a service's replica groups follow, each on its own, the requests per second its
 endpoint counted (`metric: rps`) or the queue depth their replicas report (`metric: queue`).
 
-Beat sends `scale_services` every MUSTER_SCALING_INTERVAL seconds; it claims each live service run
-whose groups scale (`replicas: A..B` with `scaling`) in turn, and the claimed step, for rps groups:
+Beat sends `scale_services` every MUSTER_SCALING_INTERVAL seconds; it takes each live service run
+whose groups scale (`replicas: A..B` with `scaling`) in turn: first, holding nothing, it scrapes the
+replicas of its queue groups (the user's code, which may hang: seconds that process_run must not
+wait out, its nudges bouncing off a held run until the sweep), then it claims the run, briefly, for
+the step that decides, and for rps groups:
 
 - samples serving.stats.requests_total (the endpoint processes' count, summed) and keeps the
   samples of the last `scaling.window` seconds in Run.scaling (the step's memory: only the step
@@ -12,9 +15,10 @@ whose groups scale (`replicas: A..B` with `scaling`) in turn, and the claimed st
 - per scaled group, wants ceil(rps / target) within A..B, and takes it as dstack's autoscaler
   does: a rise only once scale_up_delay has passed since the group last scaled, a fall only once
   scale_down_delay has; from zero at once when a request came (the endpoint holds it for a replica);
-- for queue groups, scrapes each ready replica's gauge and wants ceil(queue depth / target), with
-  the same bounds and delays (engine/replicas/queue_depth.py: how the depth is averaged; a group
-  whose depth is not known, no replica having answered within the window, stays as it is);
+- for queue groups, takes what the scrapes found (each ready replica's gauge; none if the run's
+  deployment moved on since they read its jobs) and wants ceil(queue depth / target), with the same
+  bounds and delays (engine/replicas/queue_depth.py: how the depth is averaged; a group whose depth
+  is not known, no replica having answered within the window, stays as it is);
 - writes desired_replicas, the memory and an event with its give-back, and nudges process_run,
   which adds the replicas or drains the newest (engine/replicas/keep.py: out of the endpoint's pool
   and the routers' lists first, stopped a drain delay later).
@@ -25,6 +29,7 @@ sampled at the next one (the rps is over the samples' real times, so a late samp
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from functools import partial
@@ -36,6 +41,8 @@ from runs.configuration.stored import StoredGroup, StoredScaling, StoredService,
 from runs.models import Run
 from serving.stats import requests_total
 
+log = logging.getLogger(__name__)
+
 LIVE = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING)
 
 
@@ -43,11 +50,29 @@ def scale_services() -> int:
     """Beat's task body: every live service with a group that scales, sampled; returns how many were."""
     done = 0
     for run in Run.objects.filter(status__in=LIVE, stop_requested="").exclude(desired_replicas={}).only(
-            "id", "configuration"):
-        if scaled_groups(run) and claims.claimed(Run, run.pk, "scale_service", _scale, status__in=LIVE,
-                                                 stop_requested="") is not None:
+            "id", "configuration", "deployment_num"):
+        if not scaled_groups(run):
+            continue
+        try:
+            scraped = _scrape(run)
+        except Exception:  # as a claimed step's body would be: this run not scaled at this tick, the others are
+            log.exception("scale_service: scraping the replicas of run %s failed; it is looked at next tick", run.pk)
+            continue
+        if claims.claimed(Run, run.pk, "scale_service", partial(_scale, scraped), status__in=LIVE,
+                          stop_requested="") is not None:
             done += 1
     return done
+
+
+def _scrape(run: Run) -> queue_depth.Scraped:
+    """The queue groups' replicas scraped, the run not held (from the configuration read unclaimed:
+    the step takes the readings only if the run's deployment is still the one they were made for)."""
+    conf = run_configuration(run)
+    queue = [g for g in scaled_groups(run) if g.scaling and g.scaling.metric == "queue"]
+    if not queue:
+        return queue_depth.Scraped(run.deployment_num)
+    assert isinstance(conf, StoredService)
+    return queue_depth.scrape(run, queue, conf.port)
 
 
 def scaled_groups(run: Run) -> list[StoredGroup]:
@@ -73,9 +98,8 @@ def decide(measure: float, scaling: StoredScaling, low: int, high: int, current:
     return wanted
 
 
-def _scale(held: claims.Held) -> claims.Outcome:
+def _scale(scraped: queue_depth.Scraped, held: claims.Held) -> claims.Outcome:
     run = Run.objects.select_related("project").get(pk=held.pk)
-    conf = run_configuration(run)
     groups = scaled_groups(run)
     now = time.time()
     memory = dict(run.scaling or {})
@@ -87,9 +111,10 @@ def _scale(held: claims.Held) -> claims.Outcome:
         rps, new_requests, kept["samples"] = _rps(run, by_rps, memory, now)
         kept["rps"] = round(rps, 3)
         looked.update({g.name: (rps, new_requests, f"{rps:.1f} rps") for g in by_rps})
+    if by_queue and scraped.deployment_num != run.deployment_num:
+        return claims.Outcome()  # an update since the scrape: given back as it is, the next tick looks again
     if by_queue:
-        assert isinstance(conf, StoredService)
-        depths, queue_memory = queue_depth.look(run, by_queue, memory, now, conf.port)
+        depths, queue_memory = queue_depth.look(run, by_queue, memory, now, scraped)
         kept.update(queue_memory)
         looked.update({name: (depth, 0, f"a queue of {depth:.1f}") for name, depth in depths.items()
                        if depth is not None})  # not known: the group stays as it is
