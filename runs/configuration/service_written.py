@@ -190,6 +190,20 @@ class RouterInput(WrittenModel):
         return value
 
 
+class RolloutInput(WrittenModel):
+    """`rollout`: how an update of a service with a `router` group is rolled (docs/services.md)."""
+
+    max_surge: Any = None
+
+    @field_validator("max_surge")
+    @classmethod
+    def _max_surge(cls, value: object) -> int | None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError("max_surge must be a whole number of replicas, at least 1 (the new deployment's "
+                             "router needs a host beside the serving one), or left out for a full second copy")
+        return value  # type: ignore[return-value]
+
+
 class WorkerInput(WrittenModel):
     """A replica group's `worker`: how the router registers its replicas, over what they report."""
 
@@ -235,6 +249,7 @@ class ServiceKeys(WrittenModel):
     rate_limits: list[RateLimitInput] = []
     replicas: Any = None
     groups: list[Any] | None = None
+    rollout: RolloutInput | None = None
 
     @field_validator("port")
     @classmethod
