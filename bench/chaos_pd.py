@@ -86,6 +86,19 @@ class ListSampler(threading.Thread):
             connection.close()
 
 
+def spans(odd: list, t0: float) -> list[str]:
+    """The answers other than 200 as spans of one status (a gap over 2 s starts another)."""
+    out: list[list] = []  # [status, count, first, last, longest wait]
+    for a in sorted(odd, key=lambda a: a.at):
+        at = a.at - t0
+        if out and out[-1][0] == a.status and at - out[-1][3] <= 2:
+            out[-1][1:] = [out[-1][1] + 1, out[-1][2], at, max(out[-1][4], a.took)]
+        else:
+            out.append([a.status, 1, at, at, a.took])
+    return [f"{status} x{n} sent {first:.1f}s-{last:.1f}s (slowest answer {took:.2f}s)"
+            for status, n, first, last, took in out]
+
+
 def kill_one(run_id: int, group: str, piddir, rng: random.Random) -> str | None:
     """SIGKILL the server of a random running replica of `group`; what was done, or None."""
     from runs.models import Job
@@ -211,9 +224,8 @@ def main(argv=None) -> int:
         checks["router lists holding two revisions"] = len(sampler.mixed)
         for line in sampler.mixed[:10]:
             print("  two revisions: " + line)
-        odd = [a for a in load.answers if a.status != 200]
-        for a in odd[:15]:
-            print(f"  {a.at - t0:6.1f}s {a.status} after {a.took:.2f}s")
+        for line in spans([a for a in load.answers if a.status != 200], t0):
+            print("  " + line)
 
         request_stop(Run.objects.get(pk=run.pk), actor="bench")
         stopped = harness.wait_until(lambda: Run.objects.get(pk=run.pk).finished, 120, every=0.5)
