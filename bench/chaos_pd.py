@@ -100,7 +100,7 @@ def spans(odd: list, t0: float) -> list[str]:
 
 
 def kill_one(run_id: int, group: str, piddir, rng: random.Random) -> str | None:
-    """SIGKILL the server of a random running replica of `group`; what was done, or None."""
+    """SIGKILL the server of a random running replica of `group`; what was done, or why nothing was."""
     from runs.models import Job
 
     jobs = list(Job.objects.filter(run_id=run_id, node_group_name=group, status="running", superseded=False)
@@ -111,7 +111,9 @@ def kill_one(run_id: int, group: str, piddir, rng: random.Random) -> str | None:
         if pid and alive(pid):
             os.kill(pid, signal.SIGKILL)
             return f"SIGKILL {group} pid {pid} at {job.instance.internal_ip} (deployment {job.deployment_num})"
-    return None
+    rows = Job.objects.filter(run_id=run_id, node_group_name=group).order_by("id").values_list(
+        "job_num", "deployment_num", "status", "superseded")
+    return f"no live {group} to kill; its jobs (num, deployment, status, superseded): {list(rows)[-4:]}"
 
 
 def main(argv=None) -> int:
@@ -193,7 +195,7 @@ def main(argv=None) -> int:
                 events.append(f"{time.time() - t0:5.1f}s redis restarted (queued messages lost)")
             else:
                 done = kill_one(run.pk, fault, piddir, rng)
-                events.append(f"{time.time() - t0:5.1f}s {done or f'no live {fault} to kill (being replaced)'}")
+                events.append(f"{time.time() - t0:5.1f}s {done}")
         for line in events:
             print("  " + line, flush=True)
 
