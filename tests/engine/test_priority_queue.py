@@ -76,7 +76,7 @@ def test_a_freed_host_goes_to_the_higher_priority_run_before_an_older_lower_one_
     queue = muster("queue")
     assert queue.returncode == 0, queue.stderr
     lines = [line.split() for line in queue.stdout.splitlines()]
-    assert lines[0][:5] == ["#", "project", "run", "job", "priority"], queue.stdout
+    assert lines[0][:5] == ["#", "PROJECT", "RUN", "JOB", "PRIORITY"], queue.stdout
     assert [row[:5] for row in lines[1:]] == [["1", "main", "high", "0", "90"], ["2", "main", "low", "0", "10"]], \
         queue.stdout
     assert "fleet local is full" in queue.stdout
