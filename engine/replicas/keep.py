@@ -75,7 +75,7 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         if cause is not None:
             return cause
     for nodes in units.values():
-        cause = _ended_replica(run, conf, nodes, now, due, pending)
+        cause = _ended_replica(run, conf, nodes, jobs, now, due, pending)
         if cause is not None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
@@ -173,14 +173,21 @@ def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dic
     return None
 
 
-def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: list, pending: dict) -> Job | None:
-    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order)."""
+def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], jobs: list[Job], now, due: list,
+                   pending: dict) -> Job | None:
+    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order;
+    `jobs`: the run's)."""
     ended = [j for j in nodes if j.finished]
     head = nodes[0]
     # (a unit without its node 0: what is left of a removed replica, its node 0 let go already)
     if any(j.drain_at is not None for j in nodes) or head.deployment_num != run.deployment_num \
             or conf.replica_group(head.node_group_name) is None or not is_head(head):
         replica_nodes.let_go(nodes, ended)  # removed on purpose, or rolled out: nothing to replace
+        return None
+    if _surplus(run, head, jobs, pending):
+        # scaled down meanwhile: the replica to remove is this one, which serves nothing, and its kept
+        # hosts (a TPU replica's slice) are given back now rather than after a restart
+        replica_nodes.let_go(nodes, ended)
         return None
     cause = replica_nodes.cause_of(ended)
     pending.setdefault(head.node_group_name, []).append(head.replica_num)
@@ -199,6 +206,15 @@ def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: li
     if fresh:
         outcome.learn(run, submission_num=max(run.submission_num, fresh[0].submission_num))
     return None
+
+
+def _surplus(run: Run, head: Job, jobs: list[Job], pending: dict) -> bool:
+    """Whether the group has the replicas it wants without this one: its current deployment's
+    serving node 0s and the replicas restarting already."""
+    group = head.node_group_name
+    serving = [j for j in jobs if j.node_group_name == group and is_head(j) and j.pk != head.pk and not j.finished
+               and not j.superseded and j.deployment_num == run.deployment_num and j.drain_at is None]
+    return len(serving) + len(pending.get(group, [])) >= int((run.desired_replicas or {}).get(group, 0))
 
 
 def _retry_allows(run: Run, conf: StoredService, job: Job) -> bool:

@@ -138,3 +138,23 @@ def test_a_replica_not_restarted_gives_its_hosts_back(sent):
     assert Run.objects.get(pk=run.pk).status in ("terminated", "done", "failed"), Run.objects.get(pk=run.pk).status
     assert _hosts(failed) == ["idle", "idle"], "the stopped service keeps nothing"
     assert not Job.objects.filter(run=run, keep_host=True).exists()
+
+
+def test_a_failed_replica_scaled_down_in_its_back_off_is_let_go_with_its_hosts(sent):
+    fleet = local_project_fleet(size=4)
+    run = submit_run(fleet.project, None, {"configuration": TWO_BY_TWO})
+    for job in Job.objects.filter(run=run, node_group_rank=0).order_by("replica_num"):
+        assert provision.provision_job(job.pk)
+    now = timezone.now()
+    Job.objects.filter(run=run, replica_num=0).update(status="running", ready_at=now, first_ready_at=now)
+    Job.objects.filter(run=run, replica_num=1).update(status="terminating",
+                                                      termination_reason="container_exited_with_error")
+    failed = list(Job.objects.filter(run=run, replica_num=1).order_by("node_group_rank"))
+    for job in failed:
+        assert finishing.finish_job(job.pk)
+    assert _hosts(failed) == ["busy", "busy"]
+    Run.objects.filter(pk=run.pk).update(desired_replicas={"0": 1})
+    assert processing.process_run(run.pk)
+    assert all(j.superseded and not j.keep_host for j in Job.objects.filter(pk__in=[j.pk for j in failed]))
+    assert _hosts(failed) == ["idle", "idle"], "a replica that is not restarted keeps nothing"
+    assert [(r, s) for r, _, _, s in _live(run)] == [(0, "running"), (0, "running")], "the serving one stays"
