@@ -4,7 +4,9 @@ keep.py hands a replica here once one of its nodes has ended: the others are sto
 missing a node serves nothing right: LWS's RecreateGroupOnPodRestart), and once every node has
 ended they get a new submission together. After an error the replica comes back on the hosts it
 had: the nodes stopped here keep theirs busy when they end (`Job.keep_host`, engine/finishing.py),
-and the failed node's host, given back when it ended, is taken again if still idle. After an
+and so do the nodes that failed with an error when the service retries errors
+(failure_policy.keeps_host: a TPU replica's slice would be deleted once all its hosts were idle);
+a failed node's host given back when it ended is taken again if still idle. After an
 interruption (a host lost), or when a host was taken meanwhile, the kept hosts are given back and
 node 0 places the whole replica anew (engine/submitted/replica_placement.py).
 
