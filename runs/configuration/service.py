@@ -37,6 +37,7 @@ SERVICE_KEYS = tuple(ServiceKeys.model_fields)
 REFUSED = {
     "nodes": "a service's replica is one host (as in dstack): set `replicas` for more of them",
     "slices": "a replica is one host: TPU multislice replicas are not supported yet",
+    "on_slice_failure": "a replica is one host: TPU multislice replicas are not supported yet",
     "startup_order": "replicas start on their own, in no order",
     "stop_criteria": "a service runs until it is stopped",
     "ports": "a service serves on `port`, which the endpoint sends to (other ports: `muster attach`)",

@@ -230,6 +230,7 @@ GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "python", "nvcc"
 GROUP_REFUSED = {
     "nodes": "a replica is one host (as in dstack): set `replicas` for more of them",
     "slices": "a replica is one host: TPU multislice replicas are not supported yet",
+    "on_slice_failure": "a replica is one host: TPU multislice replicas are not supported yet",
     "depends_on": "replicas start on their own: a service's groups have no depends_on",
     "ports": "a replica serves on the service's `port`",
     "on_failure": "a failed replica is replaced with the run's `retry` policy, not a group's on_failure",
