@@ -8,6 +8,7 @@ TPU API says the slice is gone."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -125,3 +126,31 @@ def test_losing_slice_0_moves_the_coordinator_to_the_new_slice_even_when_the_cre
     moved = f"{in_creation_order[4]}:8081"  # the new slice 0's worker 0
     for job in jobs:
         assert megascale(logs.read(job).decode())["coordinator"] == moved, job.job_num
+
+
+def test_a_replacement_with_no_capacity_in_the_sets_zone_is_asked_again_then_ends_the_run_as_today(
+        gcp, in_creation_order, make_fleet, submit, celery_worker, beat, pod_watch):  # noqa: F811
+    from http import HTTPStatus
+
+    from instances.models import LIVE_INSTANCE_STATUSES as LIVE
+    from instances.models import Instance
+
+    make_fleet(spot=True)
+    conf = {**replace_slice_task("ms-stockout", 2), "retry": {"on_events": ["interruption"], "duration": "3s"}}
+    name = submit(conf)
+    pod = running_set(name, 4)
+    slices = [node(ZONES[0], f"{pod.name}-s-{i}") for i in range(2)]
+
+    gcp.node_create_errors["-s-1"] = (HTTPStatus.TOO_MANY_REQUESTS, "There is no more capacity in the zone")
+    gcp.set_state(slices[1], "PREEMPTED")
+
+    run = wait_for_run(name, timeout=120)
+    assert run.status == "failed", run.status
+    reasons = {j.termination_reason for j in run.current_jobs()}
+    assert "failed_to_start_due_to_no_capacity" in reasons, reasons
+    # the replacement's creates (a whole new set may follow, whose first create is a `-s-0`)
+    asked = list(itertools.takewhile(lambda c: not c.endswith("-s-0"), gcp.create_calls[2:]))
+    assert len(asked) >= 2, f"asked again while retry.duration lasts: {gcp.create_calls}"
+    assert all(c.startswith(node(ZONES[0], "")) for c in asked), f"only in the kept slice's zone: {asked}"
+    wait_until(lambda: gcp.nodes == {}, 30, "no slice left billed")
+    wait_until(lambda: not Instance.objects.filter(status__in=LIVE).exists(), 30, "no host left")
