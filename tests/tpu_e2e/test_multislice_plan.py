@@ -86,6 +86,10 @@ def test_on_slice_failure_is_stored_with_the_group_and_defaults_to_whole_set(api
 
     assert replace["configuration"]["groups"][0]["on_slice_failure"] == "replace-slice"
     assert default["configuration"]["groups"][0]["on_slice_failure"] == "whole-set"
+    example_plan = _plan(api, yaml.safe_load(example("tpu-multislice-replace.yml")))
+    assert example_plan.status_code == 200, example_plan.content
+    [group] = example_plan.json()["configuration"]["groups"]
+    assert (group["nodes"], group["slices"], group["on_slice_failure"]) == (6, 3, "replace-slice")
 
 
 def test_the_queued_spot_multislice_example_plans_two_v5p_16_slices_as_four_nodes(api):
