@@ -51,18 +51,18 @@ def replace_lost_slice(group: InstanceGroup, watch: GroupWatch, lease: Lease) ->
     conf = run_configuration(run)
     if conf.group(index).on_slice_failure != REPLACE:
         return ""
+    lost = watch.lost_parts[0]
+    retry = getattr(conf, "retry", None)
+    until = time.time() + (retry.duration if retry and "interruption" in retry.on_events else 0)
+    try:  # (no call to the provider: the plan for the next polls, or why there can be none)
+        data = compute_for_group(group).replace_part(group.name, group.backend_data, lost, until)
+    except BackendError as exc:
+        return f"replace-slice: {exc}"
     if len(watch.lost_parts) != 1:
         return f"slices {', '.join(map(str, watch.lost_parts))} lost together: replace-slice replaces one"
     done, budget = int(restart_record(run, index).get("count", 0)), max_restarts(run, index)
     if done >= budget:
         return f"replace-slice: max_restarts ({budget}) spent"
-    lost = watch.lost_parts[0]
-    retry = getattr(conf, "retry", None)
-    until = time.time() + (retry.duration if retry and "interruption" in retry.on_events else 0)
-    try:
-        data = compute_for_group(group).replace_part(group.name, group.backend_data, lost, until)
-    except BackendError as exc:
-        return f"replace-slice: {exc}"
     slices = int(group.backend_data.get("slices") or 1)
     hosts = list(group.instances.order_by("index"))
     per_slice = len(hosts) // slices

@@ -154,3 +154,25 @@ def test_a_replacement_with_no_capacity_in_the_sets_zone_is_asked_again_then_end
     assert all(c.startswith(node(ZONES[0], "")) for c in asked), f"only in the kept slice's zone: {asked}"
     wait_until(lambda: gcp.nodes == {}, 30, "no slice left billed")
     wait_until(lambda: not Instance.objects.filter(status__in=LIVE).exists(), 30, "no host left")
+
+
+def test_a_queued_set_cannot_replace_one_slice_and_goes_whole_saying_why(
+        gcp, api, submit, celery_worker, beat, pod_watch):  # noqa: F811
+    import yaml
+
+    from tests.conftest import example
+
+    gcp.queued_script[ZONES[0]] = ["CREATING", "ACTIVE"]
+    conf = yaml.safe_load(example("tpu-queued-spot-fleet.yml"))
+    assert api.post("/api/projects/main/fleets/", {"configuration": conf}, format="json").status_code == 201
+    name = submit({**replace_slice_task("ms-queued-replace", 2), "fleets": ["tpu-queued"]})
+    pod = running_set(name, 4)
+
+    gcp.preempt(node(ZONES[0], f"{pod.name}-s-1"))
+
+    wait_until(lambda: Job.objects.filter(run__name=name, submission_num=0,
+                                          termination_reason="interrupted_by_no_capacity").count() == 4, 60,
+               "every job of the set ended as an interruption")
+    [message] = set(Job.objects.filter(run__name=name, submission_num=0).values_list("termination_message", flat=True))
+    assert "the whole set goes" in message and "a queued multislice request is filled and deleted whole" in message
+    wait_until(lambda: InstanceGroup.objects.get(pk=pod.pk).status == "terminated", 30, "the whole set deleted")
