@@ -19,7 +19,8 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
   waiting     engine/submitted/waiting.py        wait, wake: a run on a full fleet waits for hosts given back
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
-  replicas    engine/submitted/replica_placement.py place_replica: a service's replica takes one host on its own
+  replicas    engine/submitted/replica_placement.py place_replica: a service's replica takes its host(s) on its own
+              engine/submitted/replica_groups.py place: a replica that is a group its backend creates (a TPU slice)
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
   pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
@@ -38,7 +39,11 @@ runs          engine/processing.py               process_run: a run's status der
 services      engine/replicas/keep.py            keep: a service's derive: failed replicas replaced, the count kept
                                                  at desired_replicas, a rolling update surged one at a time, drains
               engine/replicas/rows.py            replace, add, drain, leave_pool: the replica rows it writes
+              engine/replicas/nodes.py           a multi-host replica (nodes: N) stopped and restarted as one
               engine/replicas/scaling.py         scale_service: desired_replicas from the endpoint's rps (beat)
+              engine/router_sync.py              sync_routers: a PD service's smg routers list its ready workers
+                                                 (nudged on readiness changes; sweep_routers from beat)
+              engine/replicas/queue_depth.py     ... or from the queue gauge the group's replicas serve
 groups        engine/groups.py                   terminate_group: delete an instance group with its backend;
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again

@@ -129,6 +129,14 @@ def process_run_if(run_id: int, due: Callable[[], bool]) -> None:
     transaction.on_commit(send)
 
 
+def sync_routers(run_id: int, countdown: float = 0) -> None:
+    """A routed service's ready set changed: its routers' worker lists may be brought in line (sync_routers)."""
+    if countdown:
+        transaction.on_commit(lambda: registered.sync_routers.apply_async((run_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: registered.sync_routers.delay(run_id))
+
+
 def terminate_group(group_id: int) -> None:
     """An instance group marked terminating may be deleted with its backend (terminate_group)."""
     transaction.on_commit(lambda: registered.terminate_group.delay(group_id))

@@ -112,6 +112,14 @@ def routes_moved(job: Job) -> None:
     new replica to be ready; a replica that stopped serving may need replacing)."""
     notify_routes(job.run_id)
     messages.process_run(job.run_id)
+    if is_routed(job.run):
+        messages.sync_routers(job.run_id)  # its routers' worker lists follow the ready set
+
+
+def is_routed(run: Run) -> bool:
+    """A service whose worker list Muster keeps in a router of its own (serving/router_sync.py)."""
+    conf = run_configuration(run)
+    return isinstance(conf, StoredService) and any(g.router == "smg" for g in conf.groups)
 
 
 def run_routes_end(run: Run, to: str) -> bool:

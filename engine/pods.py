@@ -33,6 +33,7 @@ from backends.registry import (
 )
 from engine import claims, messages, outcome
 from engine.claims import unleased
+from engine.nudges import is_service
 from engine.submitted import gang
 from engine.tuning import POD_BATCH
 from events.services import record
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 # Job statuses that still wait for their host to come up.
 _WAITING = (JobStatus.SUBMITTED, JobStatus.PROVISIONING)
 NOT_TERMINATED_GROUP = [status for status in GroupStatus.values if status != GroupStatus.TERMINATED]
+# backend_data's mark of a pod made for one service replica: deleted once idle, whatever the fleet's
+# idle_duration (a replica's slice is billed for its replica alone: scale-down, update and stop end it)
+REPLICA_POD = "service_replica"
 
 
 def poll_interval() -> float:
@@ -68,24 +72,26 @@ def poll_interval() -> float:
     return float(muster["POD_POLL_INTERVAL"] or 5 * float(muster["JOB_POLL_INTERVAL"]))
 
 
-def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list) -> dict[int, int]:
+def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list, replica: bool = False) -> dict[int, int]:
     """Give job k of the group host k of one pod: an idle pod of the same shape, else a new one.
 
     Returns {job id: instance id}; {} when the fleet has no offer for the slice. A capacity or
-    API error is raised after the planned rows are marked terminated.
+    API error is raised after the planned rows are marked terminated. `replica`: the jobs are one
+    service replica (engine/submitted/replica_groups.py): its pod is its own (named by its replica
+    number too) and is deleted as soon as no job uses it (expire_idle_pods).
     """
     slices = slices_of(group_jobs[0])
     plan = compute.plan_group(group_jobs[0].spec["resources"], len(group_jobs) // slices)
     if plan is None or len(group_jobs) != plan.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)
-    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices)
+    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices, replica)
     if reused is not None:
         return {job.pk: inst.pk for job, inst in zip(jobs, reused, strict=True)}
     offers = compute.get_offers(jobs[0].spec["resources"])
     if not offers:
         return {}
-    group, instances = _plan_pod(fleet, compute, plan, slices, jobs)
+    group, instances = _plan_pod(fleet, compute, plan, slices, jobs, replica)
     try:
         progress = compute.create_group(offers[0], len(jobs), group.name)
     except NoCapacityError as exc:
@@ -116,7 +122,8 @@ def slices_of(job) -> int:
     return run_configuration(job.run).group(job.node_group_index).slices
 
 
-def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> list[Instance] | None:
+def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1,
+                    replica: bool = False) -> list[Instance] | None:
     for group in InstanceGroup.objects.filter(fleet=fleet, kind=GroupKind.TPU_POD, shape=shape,
                                               status=GroupStatus.ACTIVE).order_by("created"):
         if int(group.backend_data.get("slices") or 1) != slices:
@@ -129,16 +136,22 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1) -> li
                                    message=f"taken with instance group {group.name}: reused by a new run",
                                    idle_since=None)
             if len(taken) == hosts:
+                if replica:  # taken by a service replica: it goes with that replica
+                    InstanceGroup.objects.filter(pk=group.pk).update(backend_data={**group.backend_data,
+                                                                                   REPLICA_POD: True})
                 return list(group.instances.order_by("index"))
             transaction.set_rollback(True)  # a partly busy pod is not ours to take
     return None
 
 
 def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
-              jobs: list) -> tuple[InstanceGroup, list[Instance]]:
+              jobs: list, replica: bool = False) -> tuple[InstanceGroup, list[Instance]]:
     master = jobs[0]
-    name = compute.group_name(master.run.name, master.node_group_name,
-                              f"{master.run_id}/{master.node_group_index}/{master.submission_num}")
+    label, attempt = master.node_group_name, f"{master.run_id}/{master.node_group_index}/{master.submission_num}"
+    if replica:  # replicas of one group share its index and submission: each gets a pod of its own
+        # (node 0's job_num too: a replica number used again later is another replica, another pod)
+        label, attempt = f"{label}-{master.replica_num}", f"{attempt}/{master.replica_num}/{master.job_num}"
+    name = compute.group_name(master.run.name, label, attempt)
     with transaction.atomic():
         planned = (InstanceGroup.objects.select_for_update()
                    .filter(project=fleet.project, name=name, kind=GroupKind.TPU_POD,
@@ -153,7 +166,8 @@ def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
             project=fleet.project, fleet=fleet, name=name, kind=GroupKind.TPU_POD, shape=plan.shape,
             status=GroupStatus.PROVISIONING,
             backend_data={"backend": fleet.backend, "fleet": kept_for_group(fleet),
-                          **({"slices": slices} if slices > 1 else {})},
+                          **({"slices": slices} if slices > 1 else {}),
+                          **({REPLICA_POD: True} if replica else {})},
         )
         instances = [
             Instance.objects.create(
@@ -277,9 +291,11 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
         log.warning("deleting %s %s: %s", group_noun(group), group.name, why)
         _fail_pod(group, why, reason or JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, lease)
         return GroupStatus.TERMINATING
-    if queued and not _awaited(group):
+    if (queued or group.backend_data.get(REPLICA_POD)) and not _awaited(group):
         # A request may wait at Google for hours; once no job waits for it (the run was stopped)
-        # it is withdrawn rather than left to turn into a billed slice nobody asked for.
+        # it is withdrawn rather than left to turn into a billed slice nobody asked for. A service
+        # replica's slice is its replica's alone: one whose replica went (scaled down, stopped) is
+        # deleted while still being made, not kept once up.
         _fail_pod(group, "no job waits for it any more", JobReason.TERMINATED_BY_SERVER, lease)
         return GroupStatus.TERMINATING
     return GroupStatus.PROVISIONING
@@ -321,6 +337,8 @@ def _fail_pod(group: InstanceGroup, why: str, reason: str, lease: Lease) -> None
             terminate_job(job, reason, f"{group_noun(group)} {group.name}: {why}")
             gangs[(job.run_id, job.submission_num)] = job
         for job in gangs.values():  # their runs' static hosts go back in this same step
+            if is_service(job.run):
+                continue  # a service's replicas are placed each on its own: no gang to let go
             gang.release(job.run, job.submission_num, job.node_group_name, f"{group_noun(group)} {group.name}: {why}")
         move_group(group, GroupStatus.TERMINATING, frm=NOT_TERMINATED_GROUP, message=f"deleting: {why}", lease=lease)
         move_instances(list(group.instances.exclude(status=InstanceStatus.TERMINATED)), InstanceStatus.TERMINATING,
@@ -335,15 +353,18 @@ def pods_to_poll(now):
 
 
 def expire_idle_pods(now) -> int:
-    """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse)."""
+    """Delete pods idle longer than their fleet's idle_duration (None keeps them for reuse); a service
+    replica's pod as soon as it is idle (its replica is gone)."""
     expired = 0
-    for group in InstanceGroup.objects.filter(kind=GroupKind.TPU_POD, status=GroupStatus.ACTIVE,
-                                              fleet__idle_duration__isnull=False).select_related("fleet"):
+    policed = Q(fleet__idle_duration__isnull=False) | Q(**{f"backend_data__{REPLICA_POD}": True})
+    for group in InstanceGroup.objects.filter(policed, kind=GroupKind.TPU_POD,
+                                              status=GroupStatus.ACTIVE).select_related("fleet"):
         hosts = list(group.instances.all())
         if not hosts or any(h.status != InstanceStatus.IDLE for h in hosts):
             continue
         idle_since = max(h.idle_since or now for h in hosts)
-        if now - idle_since < timedelta(seconds=group.fleet.idle_duration) or group_in_use(group):
+        keep_for = 0 if group.backend_data.get(REPLICA_POD) else group.fleet.idle_duration
+        if now - idle_since < timedelta(seconds=keep_for) or group_in_use(group):
             continue  # (a job still pointing at idle hosts is about to take them back)
         with transaction.atomic():
             # Take every host from idle in one conditional update, so a run reusing the pod at

@@ -43,7 +43,7 @@ from runs.models import Job, Run
 from runs.transitions import terminate_job
 
 
-class _Lost(Exception):
+class Lost(Exception):
     """A host the restart meant to reuse is no longer free: this pass writes nothing."""
 
 
@@ -77,7 +77,7 @@ def restart(run: Run, jobs: list[Job], causes: dict[int, Job]) -> None:
     try:
         with transaction.atomic():
             _start(run, jobs, pending, records)
-    except _Lost as lost:
+    except Lost as lost:
         index = int(str(lost))
         records[str(index)]["new_hosts"] = True  # its addresses change: the groups that name them follow
         _cascade(run, records, index, current, now, datetime.fromisoformat(records[str(index)]["due"]))
@@ -142,7 +142,7 @@ def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -
     for index, rec in sorted(pending.items()):
         old = [j for j in jobs if j.node_group_index == index]
         if not rec.get("new_hosts"):
-            hosts = [_reused_host(j, index) for j in old]
+            hosts = [reused_host(j, index) for j in old]
         else:
             kept = [j.instance for j in old if j.keep_host and j.instance is not None]
             hand_back(kept, None, f"given back: group {old[0].node_group_name} of run {run.name} moves",
@@ -179,17 +179,17 @@ def _start(run: Run, jobs: list[Job], pending: dict[int, dict], records: dict) -
             messages.provision_job(row.pk)
 
 
-def _reused_host(job: Job, index: int) -> Instance:
+def reused_host(job: Job, index: int) -> Instance:
     """The job's own host for its successor: kept busy when it ended, or taken again if it went idle."""
     if job.instance is None:
-        raise _Lost(str(index))
+        raise Lost(str(index))
     if job.keep_host and job.instance.status in (InstanceStatus.BUSY, InstanceStatus.PROVISIONING):
         return job.instance  # (provisioning: a slice being made again, engine/slice_replace.py)
     free = Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.IDLE, unreachable=False).exists()
     if not free or not move_instances([job.instance], InstanceStatus.BUSY, frm=[InstanceStatus.IDLE],
                                       message=f"taken again by run {job.run.name} for the restart of group "
                                               f"{job.node_group_name}", run_id=job.run_id, job_id=job.pk):
-        raise _Lost(str(index))
+        raise Lost(str(index))
     return job.instance
 
 

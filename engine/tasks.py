@@ -14,6 +14,7 @@ from engine import (
     pods,
     processing,
     registration,
+    router_sync,
     ssh_registration,
     sweeps,
 )
@@ -72,6 +73,16 @@ def sweep() -> dict[str, int]:
 @shared_task(priority=NEXT)
 def scale_services() -> int:
     return scaling.scale_services()
+
+
+@step_task(priority=NEXT)
+def sync_routers(run_id: int) -> None:
+    router_sync.sync_routers(run_id)
+
+
+@shared_task(priority=NEXT)
+def sweep_routers() -> int:
+    return router_sync.sweep_routers()
 
 
 @shared_task

@@ -66,3 +66,33 @@ NO_CAPACITY_MESSAGE_LIMIT = 4000
 # MUSTER_DRAIN_DELAY says: a drain holds a host and a rolling update's next step, and a request still
 # running after ten minutes is a stream the stop's grace period ends anyway
 MAX_DRAIN_DELAY = 600.0
+
+# -- PD services' routers (engine/router_sync.py, engine/replicas/keep.py) --
+# seconds: one call to a router's worker API or a worker's /server_info (both answer at once when
+# healthy; a hung one must not hold the run's sync), and the caps on what each may answer: a worker
+# list of thousands of entries, an acknowledgement, an SGLang server's info (dstack's own caps)
+ROUTER_CALL_TIMEOUT = 10.0
+ROUTER_LIST_CAP = 2 * 1024 * 1024
+ROUTER_ACK_CAP = 64 * 1024
+WORKER_INFO_CAP = 256 * 1024
+# seconds: a router still draining a removed worker is looked at again this soon, so a drained
+# replica waiting for it (keep.py) stops soon after the router let it go
+ROUTER_RECHECK = 2.0
+# seconds a router may take to take a worker it accepted (smg checks it first: a healthy one is taken
+# in well under a second) before the sync says the router does not take it
+ROUTER_TAKE_WAIT = 30.0
+# seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
+# stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
+ROUTER_DRAIN_WAIT = 30.0
+# -- queue-depth scaling (engine/replicas/queue_depth.py) --
+# seconds one replica has to answer its /metrics: a gauge page is tens of kB served from memory
+SCRAPE_TIMEOUT = 3.0
+# seconds for all of one run's scrapes at a tick (done before the run is claimed: process_run never
+# waits on them): a group of many replicas that all hang costs the tick this, and the rest are left
+# out of that tick's average
+SCRAPE_TICK_BUDGET = 20.0
+# replicas of one run scraped at once: one that hangs costs its own SCRAPE_TIMEOUT, not the others'
+# share of the budget; a few threads, since a worker's process has other steps to run
+SCRAPE_PARALLEL = 8
+# seconds between two events of one replica's failing scrape: said, not repeated every tick
+SCRAPE_FAILURE_EVENT_EVERY = 300.0

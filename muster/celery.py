@@ -46,6 +46,7 @@ def _beat_schedule() -> dict:
     logs = float(settings.MUSTER["LOG_SWEEP_INTERVAL"])
     pods = float(settings.MUSTER["POD_POLL_INTERVAL"] or 5 * poll)
     scaling = float(settings.MUSTER["SCALING_INTERVAL"])
+    routers = float(settings.MUSTER["ROUTER_SYNC_INTERVAL"])
     # `expires`: a tick that could not run in its own period is dropped, never piled up.
     return {
         "sweep": {"task": "engine.tasks.sweep", "schedule": every, "options": {"expires": every}},
@@ -60,6 +61,9 @@ def _beat_schedule() -> dict:
         # each scaled service's requests sampled and its replicas set to follow them (engine/replicas/scaling.py);
         # a lost tick is made up by the next (it is its own sweep)
         "scaling": {"task": "engine.tasks.scale_services", "schedule": scaling, "options": {"expires": scaling}},
+        # every routed service's router worker lists looked at (engine/router_sync.py): readiness
+        # changes nudge the sync at once, this catches what a lost message or a router's restart missed
+        "routers": {"task": "engine.tasks.sweep_routers", "schedule": routers, "options": {"expires": routers}},
         # finished runs' logs past MUSTER_LOG_RETENTION_DAYS (runs/log_storage.py)
         "logs": {"task": "engine.tasks.sweep_logs", "schedule": logs, "options": {"expires": logs}},
     }

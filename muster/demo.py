@@ -1,8 +1,12 @@
 """`make demo`: start Muster on a scratch data directory, apply the local PD example, show it end,
-then keep serving so the run can be looked at, until Ctrl-C.
+then the local PD service: a request through the endpoint going router -> prefill -> decode; then
+keep serving so the runs can be looked at, until Ctrl-C.
 
-The router, prefill and decode groups run on the local backend; the router starts last and prints
-what it fetched from both workers. The demo's local fleet takes 127.0.0.6 upwards
+The router, prefill and decode groups run on the local backend; the task's router starts last and
+prints what it fetched from both workers. The service's router is the real `smg` in front of
+stand-in SGLang workers (examples/pd-disagg-local-service.yml), applied with both named by path
+(this virtualenv's `smg`, this checkout's serving/standin.py): a local job has the server's PATH,
+whose `python3` need not import this checkout. The demo's local fleet takes 127.0.0.6 upwards
 (MUSTER_LOCAL_FIRST_ADDRESS), so it runs beside `make run`'s (127.0.0.2-5) on one machine, and its
 server listens on MUSTER_DEMO_BIND (127.0.0.1:8765). Ctrl-C (or SIGTERM) stops the server and
 removes the data directory. Exits with the CLI's status for the run: 0 when it ended done.
@@ -10,6 +14,7 @@ removes the data directory. Exits with the CLI's status for the run: 0 when it e
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,6 +25,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from runs.choices import RUN_FINISHED
 
 ROOT = Path(__file__).resolve().parent.parent
 BIND = os.environ.get("MUSTER_DEMO_BIND", "127.0.0.1:8765")
@@ -87,6 +94,58 @@ def _wait_for_stop(server: subprocess.Popen) -> None:
         _say(f"the server exited with status {server.returncode}")
 
 
+def _show_pd_service(cli: list[str], client_env: dict, token: str, endpoint: str, data: str,
+                     timeout: float = 120) -> int:
+    """Apply the local PD service and send it one request through the endpoint once it answers."""
+    _say("applying examples/pd-disagg-local-service.yml (smg in front of stand-in prefill and decode workers)")
+    conf = Path(data) / "pd-disagg-local-service.yml"
+    conf.write_text((ROOT / "examples" / "pd-disagg-local-service.yml").read_text()
+                    .replace("python3 -m serving.standin", f"{sys.executable} {ROOT / 'serving' / 'standin.py'}")
+                    .replace("exec smg ", f"exec {Path(sys.executable).parent / 'smg'} "))
+    code = subprocess.run([*cli, "apply", "-f", str(conf), "-y"], env=client_env, cwd=ROOT).returncode
+    if code:
+        return code
+    url = f"http://{endpoint}/proxy/services/main/pd-local-service/generate"
+    request = urllib.request.Request(url, data=json.dumps({"text": "hello from the demo"}).encode(), headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                meta = json.loads(answer.read())["meta_info"]
+            if meta.get("prefill"):
+                _say(f"POST {url}\n  router (smg) -> prefill {meta['prefill'].get('prefill')} (room "
+                     f"{meta['prefill'].get('room')}) -> decode {meta.get('served_by')}: answered")
+                return 0
+            last = f"no prefill in the answer: {meta}"
+        except (OSError, ValueError, KeyError) as exc:  # not ready yet: 503 while no worker is listed
+            last = str(exc)
+        time.sleep(1)
+    _say(f"the PD service did not answer through router -> prefill -> decode within {timeout:.0f}s: {last}")
+    return 1
+
+
+def _stop_service(url: str, token: str, timeout: float = 60) -> None:
+    """Stop the PD service and wait for it to end: its local jobs outlive the server otherwise."""
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    run = f"{url}/api/projects/main/runs/pd-local-service/"
+    try:
+        urllib.request.urlopen(urllib.request.Request(run + "stop", data=b"{}", headers=headers), timeout=10).close()
+    except OSError as exc:
+        _say(f"the PD service was not stopped: {exc}")  # a 404: never applied
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(run, headers=headers), timeout=10) as answer:
+                if json.loads(answer.read()).get("status") in RUN_FINISHED:
+                    return
+        except (OSError, ValueError):
+            return
+        time.sleep(0.5)
+    _say(f"the PD service had not stopped after {timeout:.0f}s")
+
+
 def main() -> int:
     data = tempfile.mkdtemp(prefix="muster-demo-")
     env = {**os.environ, "MUSTER_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "muster.settings",
@@ -100,6 +159,7 @@ def main() -> int:
     manage = [sys.executable, str(ROOT / "manage.py")]
     url = f"http://{BIND}"
     server = None
+    token = ""
     code = 130
     try:
         password, token = _bootstrap(manage, env)
@@ -114,6 +174,8 @@ def main() -> int:
         cli = [sys.executable, "-m", "cli"]
         code = subprocess.run([*cli, "apply", "-f", str(ROOT / "examples" / "pd-disagg-local.yml"), "-y"],
                               env=client_env, cwd=ROOT).returncode
+        if code == 0:
+            code = _show_pd_service(cli, client_env, token, env["MUSTER_ENDPOINT_BIND"], data)
         subprocess.run([*cli, "ps", "-a"], env=client_env, cwd=ROOT, timeout=60)
         print(flush=True)
         _say("Muster keeps serving so you can look at the run:")
@@ -127,6 +189,8 @@ def main() -> int:
     finally:
         if server is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the directory behind
+            if token and server.poll() is None:
+                _stop_service(url, token)
             _stop(server)
         _remove(data)
         _say(f"stopped; removed {data}")

@@ -277,11 +277,11 @@ MUSTER = {
     # the services' endpoint (serving/proxy/) as clients reach it: a service's URL is
     # <this>/proxy/services/<project>/<run>/; an https:// URL means a TLS proxy is in front of it
     "ENDPOINT_URL": env_str("MUSTER_ENDPOINT_URL", "http://127.0.0.1:8001"),
-    # services (engine/replicas/): how often the scaler samples each scaled service's requests, and how
-    # long a replica taken out of the endpoint's pool (a rolling update, a scale-down) keeps running so
-    # the requests it is serving finish before it gets the stop signal (bounded: at most 10 minutes)
+    # services (engine/replicas/): the scaler's sampling interval; how long a replica out of the pool runs
+    # on so its requests finish (at most 10 min); beat's look at PD routers' worker lists (docs/services.md)
     "SCALING_INTERVAL": env_float("MUSTER_SCALING_INTERVAL", 10.0),
     "DRAIN_DELAY": env_float("MUSTER_DRAIN_DELAY", 5.0),
+    "ROUTER_SYNC_INTERVAL": env_float("MUSTER_ROUTER_SYNC_INTERVAL", 10.0),
     "LOCAL_FLEET_SIZE": env_int("MUSTER_LOCAL_FLEET_SIZE", 4),
     # the loopback address of the first local instance (the next take the addresses after it):
     # `make demo` starts at 127.0.0.6, so it runs beside `make run` (127.0.0.2-5) on one machine

@@ -56,7 +56,7 @@ def cluster_env(spec: dict[str, Any], hostfile_path: str) -> dict[str, str]:
     """The variables the runner sets for the job, before the user's env is applied."""
     info = cluster_info(spec)
     env = {
-        "DSTACK_NODE_RANK": _text(spec.get("job_num", 0)),
+        "DSTACK_NODE_RANK": _text(spec.get("node_rank", spec.get("job_num", 0))),
         "DSTACK_NODES_NUM": _text(spec.get("nodes_num", 1)),
         "DSTACK_NODES_IPS": "\n".join(_text(ip) for ip in info.get("job_ips") or []),
         "DSTACK_MASTER_NODE_IP": _text(info.get("master_job_ip")),

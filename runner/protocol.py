@@ -44,7 +44,8 @@ COMMANDS = {
 # The spec ``submit`` reads from stdin (all optional but ``commands``):
 SPEC_FIELDS = (
     "job_id",  # the job's id on its host (Job.uuid); also the job directory's name
-    "run_name", "job_num", "nodes_num",  # DSTACK_RUN_NAME, DSTACK_NODE_RANK/DSTACK_JOB_NUM, DSTACK_NODES_NUM
+    "run_name", "job_num", "nodes_num",  # DSTACK_RUN_NAME, DSTACK_JOB_NUM (and DSTACK_NODE_RANK), DSTACK_NODES_NUM
+    "node_rank",  # DSTACK_NODE_RANK when not job_num: the node within a service's multi-host replica
     "node_group_name", "node_group_index", "node_group_rank",  # DSTACK_NODE_GROUP_*
     "commands",  # shell lines, run under `set -e`
     "env",  # the user's env, applied last; values are dropped from disk once the job starts

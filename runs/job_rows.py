@@ -19,7 +19,8 @@ def create_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Jo
 def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
     """The job rows, not written yet. Job 0 is claimable at once; every other job waits for its
     master (docs/how-it-works.md, step 3). A service's replicas are placed each on its own: every
-    replica job is claimable at once, and is made for the run's current deployment."""
+    replica's node 0 is claimable at once and places its replica's other nodes with it (a
+    multi-host replica, `nodes: N`); each job is made for the run's current deployment."""
     service = run_configuration(run).type == "service"
     return [
         Job(
@@ -29,7 +30,7 @@ def new_jobs(run: Run, job_specs: list[dict], submission_num: int) -> list[Job]:
             node_group_name=spec["node_group_name"],
             node_group_index=spec["node_group_index"],
             node_group_rank=spec["node_group_rank"],
-            waiting_master_job=not service and spec["job_num"] != 0,
+            waiting_master_job=spec["node_group_rank"] != 0 if service else spec["job_num"] != 0,
             replica_num=spec.get("replica_num", 0),
             deployment_num=run.deployment_num,
             spec=spec,

@@ -20,9 +20,11 @@ def is_head(job) -> bool:
 
 
 def replica_counts(run, jobs) -> dict[str, int]:
-    """{ready, total}: total is what the run wants now (`desired_replicas`, summed over its groups),
-    so a rolling update's extra replica does not show as a larger service."""
-    return {"ready": sum(1 for job in jobs if is_ready(job)), "total": sum((run.desired_replicas or {}).values())}
+    """{ready, total} in replicas (a multi-host replica counts once, by its node 0): total is what
+    the run wants now (`desired_replicas`, summed over its groups), so a rolling update's extra
+    replica does not show as a larger service."""
+    return {"ready": sum(1 for job in jobs if is_ready(job) and is_head(job)),
+            "total": sum((run.desired_replicas or {}).values())}
 
 
 def service_view(run, jobs) -> dict | None:

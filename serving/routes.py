@@ -1,10 +1,15 @@
 """The routing table the endpoint reads: a service, its keys, and its ready replicas' addresses.
 
-A replica is in the table when it is ready (serving.replicas.is_ready: its job runs, is its
+A replica is in the table when its node 0 (serving.replicas.is_head: a multi-host replica's
+other nodes are never routed to) is ready (serving.replicas.is_ready: its job runs, is its
 replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
 is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends
 `serving.rows.notify_routes(run_id)` in the transaction that changes any of those; the endpoint
 re-reads on that and on a timer.
+
+A service with a `router` group (PD: a router in front of prefill and decode workers) has only
+that group's ready heads in the table: the workers are the router's to reach (serving/router_sync.py
+keeps its worker list); and a replica of `nodes: N` is in it by its node 0 only.
 
 The address is the one Muster reaches the job's instance on (its `hostname`: the SSH host's
 address, a local instance's loopback address) and the service's `port`.
@@ -20,7 +25,8 @@ from instances.models import FleetBackend, Instance
 from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
-from serving.replicas import is_ready
+from serving.replicas import is_head, is_ready
+from serving.router_sync import routed_group
 
 
 @dataclass(frozen=True)
@@ -59,18 +65,20 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "superseded", "ready_at", "instance__id", "instance__hostname",
-                      "instance__internal_ip", "instance__backend"))
+                .only("id", "status", "superseded", "ready_at", "node_group_name", "node_group_rank",
+                      "instance__id", "instance__hostname", "instance__internal_ip", "instance__backend"))
+    routed = routed_group(conf)  # a PD service: the endpoint sends to its routers only, they to the workers
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
                 ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in live
-        if is_ready(job) and job.instance is not None and job.instance.hostname)
+        if is_ready(job) and is_head(job) and job.instance is not None and job.instance.hostname
+        and (routed is None or job.node_group_name == routed))
     groups = [g for g in conf.groups if g.replicas is not None]
     return Service(run_id=run.id, project=run.project.name, name=run.name, auth=conf.auth,
                    strip_prefix=conf.strip_prefix, port=conf.port,
                    scales_to_zero=bool(groups) and all(g.replicas.min == 0 for g in groups),
                    replicas=tuple(sorted(ready, key=lambda r: r.job_id)),
-                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED]))
+                   total_replicas=len([j for j in live if j.status not in JOB_FINISHED and is_head(j)]))
 
 
 def service(project: str, name: str) -> Service | None:

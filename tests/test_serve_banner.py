@@ -116,6 +116,8 @@ def test_the_demo_stays_up_with_real_credentials_on_its_own_addresses_and_cleans
         # from make run's 127.0.0.2-5; the tests give each run a block of its own, tests/conftest.py)
         first = ipaddress.ip_address(os.environ["MUSTER_LOCAL_FIRST_ADDRESS"])
         assert sorted(j["instance_ip"] for j in run["jobs"]) == [str(first + i) for i in range(3)]
+        # then the PD service: a request through the endpoint went router (smg) -> prefill -> decode
+        assert re.search(r"router \(smg\) -> prefill prefill@\S+ \(room \d+\) -> decode decode@\S+: answered", out), out
 
         demo.send_signal(signal.SIGTERM)  # as a supervisor stops it; Ctrl-C is the same path (finally)
         assert demo.wait(patient(90)) == 0, log.read_text()

@@ -5,6 +5,8 @@ keep.py     what process_run does with a service instead of a task's derive: fai
             removed replicas drained (out of the pool, then stopped), the run's status
 rows.py     the replica rows it writes: a replacement (a new submission of the replica), a new
             replica (scale-up, update), a drain
+nodes.py    a multi-host replica (`nodes: N`) kept as one: a node ending stops the others, and all
+            restart together (on the same hosts after an error)
 scaling.py  scale_service: the claimed step that turns the endpoint's request count into
             desired_replicas (beat-driven, MUSTER_SCALING_INTERVAL)
 """

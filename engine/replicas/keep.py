@@ -13,9 +13,16 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    one at a time while old ones remain: the surge of one), and removed newest first, never taking
    the ready count below what the group wants while old replicas are rolled out (one old replica at
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
-   drain delay later (rows.drain, MUSTER_DRAIN_DELAY).
+   drain delay later (rows.drain, MUSTER_DRAIN_DELAY), and in a PD service not before its routers
+   dropped it (bounded: engine/tuning.py ROUTER_DRAIN_WAIT; serving/router_sync.py).
 3. the run's status: `running` from its first running replica (or at once when it wants none) to
    its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
+
+A multi-host replica (`nodes: N`) is kept as one: only its node 0 counts and is drained, its other
+nodes going with it; any node ending stops the others (the replica restarts as one, as LWS's
+RecreateGroupOnPodRestart), and once all have ended they get a new submission together after the
+back-off: on the same hosts after an error (kept busy meanwhile, `Job.keep_host`), on new ones after
+an interruption or when a host is gone (engine/replicas/nodes.py).
 
 When something is due later (a back-off, a drain), the run's next_retry_at says when: the sweep
 derives it again then (engine/sweeps.py).
@@ -28,15 +35,19 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from engine import outcome
+from engine.nudges import is_routed
+from engine.replicas import nodes as replica_nodes
 from engine.replicas import rows
 from engine.restarts import backoff
+from engine.tuning import ROUTER_DRAIN_WAIT
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
 from runs.configuration.stored import StoredService, run_configuration
 from runs.limits import retry_duration
 from runs.models import Job, Run
 from runs.transitions import move_run, terminate_job
-from serving.replicas import is_ready
+from serving.replicas import is_head, is_ready
+from serving.router_sync import still_listed
 
 STARTING_RUN = (RunStatus.SUBMITTED, RunStatus.PROVISIONING)
 
@@ -49,27 +60,52 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     now = timezone.now()
     due: list[datetime] = []
     pending: dict[str, list[int]] = {}  # group -> replica_nums of replicas just replaced or waiting to be
-    for job in [j for j in jobs if j.finished]:
+    units = replica_nodes.multi_node(jobs)
+    for job in [j for j in jobs if j.finished and replica_nodes.key(j) not in units]:
         cause = _ended(run, conf, job, now, due, pending)
         if cause is not None:
             return cause
+    for nodes in units.values():
+        cause = _ended_replica(run, conf, nodes, now, due, pending)
+        if cause is not None:
+            return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
+    others = replica_nodes.others_of(live)
     for group in conf.groups:
-        _follow_count(run, group.name, [j for j in live if j.node_group_name == group.name],
-                      pending.get(group.name, []), jobs)
+        # a multi-host replica restarting as one counts once, as `pending`, while its nodes stop
+        restarting = pending.get(group.name, [])
+        heads = [j for j in live if j.node_group_name == group.name and is_head(j) and j.replica_num not in restarting]
+        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others)
+    head_of = {replica_nodes.key(j): j.pk for j in live if is_head(j)}  # routers list a replica by its node 0
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
-            stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
-            if stop_at <= now:
-                terminate_job(job, JobReason.TERMINATED_BY_SERVER, "drained: stopped after the drain delay")
-            else:
-                due.append(stop_at)
+            _stop_drained(run, job, head_of.get(replica_nodes.key(job), job.pk), now, due)
     _status(run, live, lease)
     if due:
         outcome.learn(run, next_retry_at=min(due))  # written with process_run's give-back
     elif run.next_retry_at is not None:
         outcome.learn(run, next_retry_at=None)
     return None
+
+
+def _stop_drained(run: Run, job: Job, head: int, now, due: list) -> None:
+    """A drained replica is stopped a drain delay after it left the pool, and not before its
+    service's routers stopped listing it (serving/router_sync.py: they would send it requests as
+    it stops); ROUTER_DRAIN_WAIT later it is stopped anyway, and the event says which still did."""
+    stop_at = job.drain_at + timedelta(seconds=rows.drain_delay())
+    if stop_at > now:
+        due.append(stop_at)
+        return
+    listing = still_listed(run.pk, head) if is_routed(run) else []
+    bound = stop_at + timedelta(seconds=ROUTER_DRAIN_WAIT)
+    if listing and now < bound:
+        due.append(min(bound, now + timedelta(seconds=2)))  # the sync nudges process_run once they dropped it
+        return
+    why = "drained: stopped after the drain delay"
+    if listing:
+        why += (f"; router job(s) {', '.join(listing)} still listed it {ROUTER_DRAIN_WAIT:.0f}s after that: "
+                "stopped anyway")
+    terminate_job(job, JobReason.TERMINATED_BY_SERVER, why)
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
@@ -90,6 +126,33 @@ def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dic
     new = rows.replace(run, job, why)
     if new is not None:
         outcome.learn(run, submission_num=max(run.submission_num, new.submission_num))
+    return None
+
+
+def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: list, pending: dict) -> Job | None:
+    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order)."""
+    ended = [j for j in nodes if j.finished]
+    head = nodes[0]
+    if any(j.drain_at is not None for j in nodes) or head.deployment_num < run.deployment_num \
+            or conf.replica_group(head.node_group_name) is None:
+        replica_nodes.let_go(nodes, ended)  # removed on purpose, or rolled out: nothing to replace
+        return None
+    cause = replica_nodes.cause_of(ended)
+    pending.setdefault(head.node_group_name, []).append(head.replica_num)
+    if len(ended) < len(nodes):
+        replica_nodes.stop_the_rest(nodes, cause)
+        return None
+    if cause.termination_reason in FAILING_REASONS and not _retry_allows(run, conf, cause):
+        return cause
+    wait = backoff(_failures_in_a_row(head))
+    at = max(j.status_changed_at for j in nodes) + wait
+    if at > now:
+        due.append(at)
+        return None
+    fresh = replica_nodes.restart(run, nodes, cause, f"{replica_nodes.said(cause)}, after a back-off of "
+                                                     f"{wait.total_seconds():.0f}s")
+    if fresh:
+        outcome.learn(run, submission_num=max(run.submission_num, fresh[0].submission_num))
     return None
 
 
@@ -119,9 +182,11 @@ def _failures_in_a_row(job: Job) -> int:
     return count
 
 
-def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job]) -> None:
-    """Step 2 for one replica group; `replacing`: the replica numbers of its replicas step 1 replaced
-    or will replace after their back-off (they count as the current deployment's)."""
+def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job], nodes: int,
+                  others: dict) -> None:
+    """Step 2 for one replica group; `live`: its replicas' node 0s; `replacing`: the replica numbers of
+    its replicas step 1 replaced or will replace after their back-off (they count as the current
+    deployment's); `nodes`: the jobs of a new replica; `others`: a multi-host replica's other nodes."""
     pending = len(replacing)
     desired = int((run.desired_replicas or {}).get(group, 0))
     serving = [j for j in live if j.drain_at is None]
@@ -134,14 +199,15 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))
     for job in newest_first[:max(0, len(new) + pending - desired)]:
         was_ready = is_ready(job)
-        if rows.drain(job, f"scaled to {desired} replicas of {group}"):
+        if rows.drain(job, f"scaled to {desired} replicas of {group}", others.get(replica_nodes.key(job), [])):
             ready -= was_ready
             new.remove(job)
     if old and not old_draining and len(new) + pending + len(old) > desired:
         victim = sorted(old, key=lambda j: (is_ready(j), j.job_num))[0]
         # one old replica at a time, and only while the others ready cover what the group wants
         if ready - is_ready(victim) >= min(desired, ready) and rows.drain(
-                victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}"):
+                victim, f"rolled out: deployment {run.deployment_num} replaces deployment {victim.deployment_num}",
+                others.get(replica_nodes.key(victim), [])):
             old.remove(victim)
             old_draining, holding = True, holding + 1  # its host is busy until it has stopped
     # the surge of one: while a rollout is under way (old replicas serve or drain) one replica more
@@ -159,7 +225,7 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
         used.add(num)
         why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
         rows.add(run, group, num, next_job, why)
-        next_job += 1
+        next_job += nodes
         count += 1
 
 

@@ -19,8 +19,8 @@ from runs.models import Job
 
 def replica_of(job: Job, jobs: list[Job]) -> list[Job]:
     """The job's peers: the run's current jobs, or for a service's replica the jobs of that replica
-    only (one today; issue 41's multi-host replica has N), so a replica starts without waiting for
-    the others and is told nothing of them."""
+    only (N for a multi-host replica, `nodes: N`, in rank order), so a replica starts without
+    waiting for the others, is told nothing of them and has its own rank space."""
     if not is_service(job.run):
         return jobs
     return [j for j in jobs if j.node_group_index == job.node_group_index and j.replica_num == job.replica_num
@@ -69,6 +69,8 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "job_id": job.runner_job_id,
         "run_name": run.name,
         "job_num": job.job_num,
+        # the node's place among `jobs`: a task's job_num, a service replica's node_group_rank
+        "node_rank": next((i for i, j in enumerate(jobs) if j.pk == job.pk), 0),
         "nodes_num": len(jobs),
         "node_group_name": job.node_group_name,
         "node_group_index": job.node_group_index,

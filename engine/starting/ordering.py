@@ -21,6 +21,10 @@ def group_conf(job: Job) -> StoredGroup:
 
 
 def probes_of(job: Job) -> tuple[Probe, ...]:
+    """The group's probes; none on the other nodes of a service's multi-host replica, whose node 0
+    alone serves (it is ready when its probes pass; the others once they run)."""
+    if job.node_group_rank != 0 and run_configuration(job.run).type == "service":
+        return ()
     return group_conf(job).probes
 
 
@@ -42,9 +46,10 @@ def ready(job: Job) -> bool:
 def waits_for(job: Job, jobs: list[Job]) -> str:
     """What `job` waits for before it may start, in words ("" when nothing)."""
     order = run_configuration(job.run).startup_order
-    if order == "master-first" and job.job_num != 0 and not ready(jobs[0]):
-        return "the master (job 0) to be " + ("ready" if probes_of(jobs[0]) else "running")
-    if order == "workers-first" and job.job_num == 0:
+    # jobs[0]: job 0 of a task, node 0 of a service's replica (its jobs only: cluster.replica_of)
+    if order == "master-first" and job.pk != jobs[0].pk and not ready(jobs[0]):
+        return f"the master (job {jobs[0].job_num}) to be " + ("ready" if probes_of(jobs[0]) else "running")
+    if order == "workers-first" and job.pk == jobs[0].pk:
         behind = [j for j in jobs[1:] if not ready(j)]
         if behind:
             return f"the workers to be ready ({len(jobs) - 1 - len(behind)} of {len(jobs) - 1}; next: job {behind[0].job_num})"

@@ -62,8 +62,8 @@ def group_requirements(conf: TaskConfiguration) -> list[tuple[str, int, dict[str
 
 def stored_specs(conf: TaskConfiguration) -> list[dict[str, Any]]:
     """JobSpec.stored_dict of every job, without the JobSpecs and their copies of the commands and
-    env (a submit stores only these). A service's group has a job per replica it starts with (each
-    replica one node here), numbered by `replica_num` within the group."""
+    env (a submit stores only these). A service's group has `nodes` jobs per replica it starts with,
+    numbered by `replica_num` within the group (node_group_rank: the node within its replica)."""
     specs: list[dict[str, Any]] = []
     for group, (name, index, resources, nodes) in zip(conf.groups, group_requirements(conf), strict=True):
         replicas = getattr(group, "desired", None)
@@ -75,13 +75,15 @@ def stored_specs(conf: TaskConfiguration) -> list[dict[str, Any]]:
     return specs
 
 
-def replica_spec(conf: TaskConfiguration, group_name: str, replica_num: int, job_num: int) -> dict[str, Any]:
-    """The stored spec of one more replica of a service's group (a scale-up or a rolling update's
-    new replica): as stored_specs makes them at submit."""
+def replica_specs(conf: TaskConfiguration, group_name: str, replica_num: int, job_num: int) -> list[dict[str, Any]]:
+    """The stored specs of one more replica of a service's group (a scale-up or a rolling update's
+    new replica), as stored_specs makes them at submit: one per node of the replica (`nodes`), the
+    job numbers from `job_num` on."""
     for name, index, resources, nodes in group_requirements(conf):
         if name == group_name:
-            return {"job_num": job_num, "node_group_name": name, "node_group_index": index, "node_group_rank": 0,
-                    "nodes_in_group": nodes, "resources": _copy(resources), "replica_num": replica_num}
+            return [{"job_num": job_num + rank, "node_group_name": name, "node_group_index": index,
+                     "node_group_rank": rank, "nodes_in_group": nodes, "resources": _copy(resources),
+                     "replica_num": replica_num} for rank in range(nodes)]
     raise KeyError(group_name)
 
 

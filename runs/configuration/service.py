@@ -1,7 +1,8 @@
 """`type: service`: from the written configuration to a checked ServiceConfiguration.
 
-A service is a task whose groups are replica groups: each replica is one host running the group's
-commands, kept at `replicas` (a fixed count, or a range the scaler moves in). So the keys a service
+A service is a task whose groups are replica groups: each replica is `nodes` hosts (one unless the
+group sets `nodes: N`, a multi-host replica) running the group's commands, kept at `replicas` (a
+fixed count, or a range the scaler moves in). So the keys a service
 shares with a task (commands, image, env, resources, probes, retry, fleets, container and profile
 keys) are read by the task parser, from the document with the service's own keys taken out
 (`service_written` reads those), and both sets of problems are raised as one 400.
@@ -35,10 +36,8 @@ DEFAULT_GROUP_NAME = "0"
 SERVICE_KEYS = tuple(ServiceKeys.model_fields)
 # task keys that mean nothing for a service (dstack's services do not have them either)
 REFUSED = {
-    "nodes": "a service's replica is one host (as in dstack): set `replicas` for more of them",
-    "slices": "a replica is one host: TPU multislice replicas are not supported yet",
-    "on_slice_failure": "a replica is one host: TPU multislice replicas are not supported yet",
-    "startup_order": "replicas start on their own, in no order",
+    "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
+    "on_slice_failure": "TPU multislice replicas are not supported yet: it is a key of a multislice set",
     "stop_criteria": "a service runs until it is stopped",
     "ports": "a service serves on `port`, which the endpoint sends to (other ports: `muster attach`)",
     "on_failure": "a failed replica is replaced with the run's `retry` policy",
@@ -55,19 +54,31 @@ class ReplicaRange(CheckedModel):
 
 
 class Scaling(CheckedModel):
-    metric: Literal["rps"] = "rps"
+    metric: Literal["rps", "queue"] = "rps"
     target: float
     window: int
     scale_up_delay: int
     scale_down_delay: int
+    queue_metric: str | None = None  # metric: queue only, as the next two
+    metrics_port: int | None = None  # None: the service's port
+    metrics_path: str | None = None
+
+
+class Worker(CheckedModel):
+    """`worker`: the role (and a prefill's bootstrap port) the router registers the group's replicas
+    with, over what they report (docs/services.md, "PD services")."""
+
+    role: Literal["prefill", "decode", "regular"] | None = None
+    bootstrap_port: int | None = None
 
 
 class ServiceGroup(NodeGroup):
-    """A replica group: a task group of one node per replica, with its replica range."""
+    """A replica group: a task group of `nodes` nodes per replica, with its replica range."""
 
     replicas: ReplicaRange
     scaling: Scaling | None = None
     router: str | None = None
+    worker: Worker | None = None
 
     @property
     def desired(self) -> int:
@@ -151,13 +162,15 @@ def parse_service_configuration(document: dict, *, endpoint_tls: bool = False, *
     ranges = [g.range if g is not None else (1, 1) for g in group_inputs] or [service.replicas or (1, 1)]
     scalings = [g.scaling for g in group_inputs] if group_inputs else [service.scaling]
     routers = [g.router.type if g is not None and g.router else None for g in group_inputs] or [None]
+    workers = [Worker(**dict(g.worker)) if g is not None and g.worker else None for g in group_inputs] or [None]
     groups = [ServiceGroup(**{**dict(g), "name": g.name if group_inputs else DEFAULT_GROUP_NAME},
-                           replicas=ReplicaRange(min=r[0], max=r[1]), scaling=_scaling(s), router=router)
-              for g, r, s, router in zip(task.groups, ranges, scalings, routers, strict=True)]
+                           replicas=ReplicaRange(min=r[0], max=r[1]), scaling=_scaling(s), router=router,
+                           worker=worker)
+              for g, r, s, router, worker in zip(task.groups, ranges, scalings, routers, workers, strict=True)]
     task_fields = {k: v for k, v in dict(task).items()
                    if k not in ("type", "groups", "nodes", "warnings", "registry_password")}
     return ServiceConfiguration(
-        **task_fields, groups=groups, nodes=sum(g.desired for g in groups), port=service.port,
+        **task_fields, groups=groups, nodes=sum(g.desired * g.nodes for g in groups), port=service.port,
         auth=service.auth, strip_prefix=service.strip_prefix, model=model["name"] if model else None,
         https=service.https if isinstance(service.https, bool) else None, gateway=service.gateway,
         rate_limits=[limit.model_dump() for limit in service.rate_limits],
@@ -212,10 +225,19 @@ def _check_groups(groups: list[ReplicaGroupInput | None], document: dict, errors
             errors.add(["groups", i, key], problem)
     for i in routers[1:]:
         errors.add(["groups", i, "router"], "at most one replica group may have `router`")
+    for i in routers:
+        if groups[i].worker is not None:  # type: ignore[union-attr]
+            errors.add(["groups", i, "worker"], "the router group is no worker: set `worker` on the groups the "
+                       "router sends to, or remove it")
     for i in routers[:1]:
         if groups[i].range != (1, 1):  # type: ignore[union-attr]
             errors.add(["groups", i, "replicas"], "the replica group with `router` must have replicas: 1 "
                        "(as in dstack 0.22)")
+        written = document["groups"][i].get("nodes")
+        if written not in (None, 1):
+            # the router is a CPU process the endpoint sends to: nothing of it spans hosts
+            errors.add(["groups", i, "nodes"], "the replica group with `router` is one host per replica: remove "
+                       "`nodes` (set `nodes` on the worker groups)")
 
 
 def _relocated(items: list[dict], copied: dict[int, set[str]]) -> list[dict]:
@@ -270,8 +292,11 @@ def _model_probe(model: Mapping[str, str]) -> dict[str, Any] | None:
 def _scaling(scaling: ScalingInput | None) -> Scaling | None:
     if scaling is None:
         return None
-    return Scaling(target=scaling.target, window=scaling.window or 60, scale_up_delay=scaling.scale_up_delay,
-                   scale_down_delay=scaling.scale_down_delay)
+    queue = scaling.metric == "queue"
+    return Scaling(metric=scaling.metric, target=scaling.target, window=scaling.window or 60,
+                   scale_up_delay=scaling.scale_up_delay, scale_down_delay=scaling.scale_down_delay,
+                   queue_metric=scaling.queue_metric, metrics_port=scaling.metrics_port,
+                   metrics_path=(scaling.metrics_path or "/metrics") if queue else None)
 
 
 def _warn_service(service: ServiceKeys, endpoint_tls: bool, groups: list, warnings: list) -> None:
@@ -290,7 +315,7 @@ def _warn_service(service: ServiceKeys, endpoint_tls: bool, groups: list, warnin
         warn(["model"], "model: Muster serves no OpenAI-compatible /proxy/models/ endpoint (dstack deprecates it): "
              "use the service URL, e.g. <service URL>v1/chat/completions")
     for i, group in enumerate(groups):
-        if group is not None and group.router is not None:
-            warn(["groups", i, "router"], f"router: {group.router.type} — Muster does not register the workers "
-                 "with the router yet: the endpoint sends to this group's replicas, and the router must find "
-                 "its workers itself")
+        # smg's worker list is kept by the engine (serving/router_sync.py); another router's is not
+        if group is not None and group.router is not None and group.router.type != "smg":
+            warn(["groups", i, "router"], f"router: {group.router.type} — Muster keeps only smg's worker list: the "
+                 "endpoint sends to this group's replicas, and this router must find its workers itself")

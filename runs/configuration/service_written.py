@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from .durations import parse_duration
 from .fields import WrittenModel, check_group_name
@@ -19,13 +19,18 @@ from .ranges import parse_count_range
 
 # dstack's scaling windows (seconds) and delays' defaults
 SCALING_WINDOWS = (30, 60, 300)
+SCALING_METRICS = ("rps", "queue")
+MAX_QUEUE_WINDOW = 600  # metric: queue averages its own samples: any window up to this
 DEFAULT_WINDOW = 60
 DEFAULT_SCALE_UP_DELAY = 300
 DEFAULT_SCALE_DOWN_DELAY = 600
 MAX_REPLICAS = 1000
 _HEADER_KEY = re.compile(r"^[a-zA-Z0-9-_]{1,500}$")
 _PREFIX = re.compile(r"^/[^\s\\{}]*$")
+_PATH = re.compile(r"^/[^\s#]*$")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 ROUTER_TYPES = ("smg", "dynamo")
+WORKER_ROLES = ("prefill", "decode", "regular")
 
 
 def parse_replicas(value: object) -> tuple[int, int]:
@@ -40,33 +45,42 @@ def parse_replicas(value: object) -> tuple[int, int]:
 
 
 class ScalingInput(WrittenModel):
-    metric: Literal["rps"]
+    metric: Literal["rps", "queue"]
     target: float
     window: Any = None
     scale_up_delay: Any = DEFAULT_SCALE_UP_DELAY
     scale_down_delay: Any = DEFAULT_SCALE_DOWN_DELAY
+    # `metric: queue` only (Muster's own): the Prometheus gauge each replica serves, and where
+    queue_metric: str | None = None
+    metrics_port: Any = None  # None: the service's port
+    metrics_path: str | None = None  # None: /metrics
 
     @field_validator("metric", mode="before")
     @classmethod
     def _metric(cls, value: object) -> object:
-        if value != "rps":
-            raise ValueError("metric must be rps (requests per second), the one metric dstack and Muster scale on")
+        if value not in SCALING_METRICS:
+            raise ValueError("metric must be rps (requests per second, as dstack) or queue (the queue depth the "
+                             "replicas report on a Prometheus gauge, with `queue_metric`)")
         return value
 
     @field_validator("target", mode="before")
     @classmethod
     def _target(cls, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError("target must be a number above 0: the requests per second one replica takes")
+            raise ValueError("target must be a number above 0: the requests per second (metric: rps) or the "
+                             "queued requests (metric: queue) one replica takes")
         return float(value)
 
     @field_validator("window")
     @classmethod
-    def _window(cls, value: object) -> int:
+    def _window(cls, value: object, info: ValidationInfo) -> int:
+        queue = info.data.get("metric") == "queue"
         if value is None:
             return DEFAULT_WINDOW
         seconds = parse_duration(value)
-        if seconds not in SCALING_WINDOWS:
+        if queue and not 1 <= seconds <= MAX_QUEUE_WINDOW:
+            raise ValueError(f"window (metric: queue) is a duration from 1s to {MAX_QUEUE_WINDOW // 60}m")
+        if not queue and seconds not in SCALING_WINDOWS:
             raise ValueError(f"window must be one of {', '.join(f'{w}s' for w in SCALING_WINDOWS)}")
         return seconds
 
@@ -74,6 +88,40 @@ class ScalingInput(WrittenModel):
     @classmethod
     def _delay(cls, value: object) -> int:
         return parse_duration(value)
+
+    @field_validator("queue_metric")
+    @classmethod
+    def _queue_metric(cls, value: str | None) -> str | None:
+        if value is not None and not _METRIC_NAME.fullmatch(value):
+            raise ValueError("queue_metric is a Prometheus metric name (letters, digits, _ and :), e.g. "
+                             "sglang:num_queue_reqs or vllm:num_requests_waiting")
+        return value
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _metrics_port(cls, value: object) -> int | None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535):
+            raise ValueError("metrics_port is the port the replicas serve their metrics on: a number from 1 to 65535 "
+                             "(leave it out for the service's port)")
+        return value  # type: ignore[return-value]
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _metrics_path(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 1024 or not _PATH.fullmatch(value)):
+            raise ValueError("metrics_path is a path starting with `/`, without spaces or `#`, e.g. /metrics")
+        return value
+
+    @model_validator(mode="after")
+    def _keys_of_the_metric(self) -> ScalingInput:
+        queue_keys = [k for k in ("queue_metric", "metrics_port", "metrics_path") if getattr(self, k) is not None]
+        if self.metric == "queue" and self.queue_metric is None:
+            raise ValueError("metric: queue needs `queue_metric`: the gauge the replicas serve, e.g. "
+                             "sglang:num_queue_reqs (SGLang) or vllm:num_requests_waiting (vLLM)")
+        if self.metric == "rps" and queue_keys:
+            raise ValueError(f"{', '.join(queue_keys)} is for metric: queue (metric: rps counts the endpoint's "
+                             "requests)")
+        return self
 
 
 class _RateLimitKey(WrittenModel):
@@ -140,6 +188,38 @@ class RouterInput(WrittenModel):
         return value
 
 
+class WorkerInput(WrittenModel):
+    """A replica group's `worker`: how the router registers its replicas, over what they report."""
+
+    role: Any = None
+    bootstrap_port: Any = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: object) -> str | None:
+        if value is not None and value not in WORKER_ROLES:
+            raise ValueError(f"worker.role is one of {', '.join(WORKER_ROLES)} (got {value!r}): the role the "
+                             "router gives this group's replicas")
+        return value  # type: ignore[return-value]
+
+    @field_validator("bootstrap_port")
+    @classmethod
+    def _bootstrap_port(cls, value: object) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise ValueError("worker.bootstrap_port is the prefill's KV-transfer bootstrap port: a number from 1 "
+                             "to 65535")
+        return value
+
+    @model_validator(mode="after")
+    def _prefill_only(self) -> WorkerInput:
+        if self.bootstrap_port is not None and self.role not in (None, "prefill"):
+            raise ValueError(f"worker.bootstrap_port is a prefill worker's: remove it, or set worker.role: prefill "
+                             f"(not {self.role})")
+        return self
+
+
 class ServiceKeys(WrittenModel):
     """The service's own top-level keys; everything else of the document is the task parser's."""
 
@@ -203,6 +283,9 @@ def scaling_problem(replicas: tuple[int, int] | None, scaling: ScalingInput | No
         return "scaling", f"replicas {low}..{high} is a range: it needs `scaling` (metric: rps, target: N)"
     if low == high and scaling is not None:
         return "replicas", "`scaling` needs `replicas` to be a range, e.g. replicas: 1..4"
+    if scaling is not None and scaling.metric == "queue" and low == 0:
+        return "replicas", (f"metric: queue needs at least 1 replica: a group at zero reports no queue to scale up "
+                            f"on; write replicas: 1..{high}")
     return None
 
 
@@ -224,13 +307,13 @@ def service_port(value: object) -> int:
 
 
 # What a replica group may say besides the task group keys, read here; the rest goes to the task
-# parser's group reader. `nodes`, `slices` and `depends_on` do not apply to a replica (one host).
-GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "python", "nvcc", "docker", "privileged",
+# parser's group reader (`nodes` too: the hosts of one replica). `slices` and `depends_on` do not
+# apply to a replica.
+GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "worker", "python", "nvcc", "docker", "privileged",
                       "spot_policy", "reservation")
 GROUP_REFUSED = {
-    "nodes": "a replica is one host (as in dstack): set `replicas` for more of them",
-    "slices": "a replica is one host: TPU multislice replicas are not supported yet",
-    "on_slice_failure": "a replica is one host: TPU multislice replicas are not supported yet",
+    "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
+    "on_slice_failure": "TPU multislice replicas are not supported yet: it is a key of a multislice set",
     "depends_on": "replicas start on their own: a service's groups have no depends_on",
     "ports": "a replica serves on the service's `port`",
     "on_failure": "a failed replica is replaced with the run's `retry` policy, not a group's on_failure",
@@ -246,6 +329,7 @@ class ReplicaGroupInput(WrittenModel):
     count: Any = None
     scaling: ScalingInput | None = None
     router: RouterInput | None = None
+    worker: WorkerInput | None = None
     python: Any = None
     nvcc: bool | None = None
     docker: bool | None = None

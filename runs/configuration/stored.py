@@ -65,13 +65,22 @@ class StoredResources(_Stored):
 
 
 class StoredScaling(_Stored):
-    """A replica group's `scaling` (dstack's ScalingSpec): requests per second per replica."""
+    """A replica group's `scaling`: dstack's ScalingSpec (`rps`: requests per second per replica), or
+    Muster's `queue` (queued requests per replica, read from a Prometheus gauge the replicas serve)."""
 
     metric: str = "rps"
     target: float = 1.0
-    window: int = 60  # seconds the rps is averaged over (dstack: 30, 60 or 300)
+    window: int = 60  # seconds the rps (or the queue depth) is averaged over
     scale_up_delay: int = 300  # seconds
     scale_down_delay: int = 600  # seconds
+    queue_metric: str | None = None  # metric: queue: the gauge's name
+    metrics_port: int | None = None  # None: the service's port
+    metrics_path: str = "/metrics"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, value: Any) -> Any:
+        return _without_nulls(value)
 
 
 class StoredReplicas(_Stored):
@@ -79,6 +88,14 @@ class StoredReplicas(_Stored):
 
     min: int = 1
     max: int = 1
+
+
+class StoredWorker(_Stored):
+    """A replica group's `worker`: the role and bootstrap port its replicas are registered with
+    (None: what each replica reports, then the group's name; serving/router_sync.py)."""
+
+    role: str | None = None
+    bootstrap_port: int | None = None
 
 
 class StoredGroup(_Stored):
@@ -104,6 +121,7 @@ class StoredGroup(_Stored):
     replicas: StoredReplicas | None = None
     scaling: StoredScaling | None = None
     router: str | None = None
+    worker: StoredWorker | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -171,8 +171,9 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
     jobs = [{k: spec[k] for k in (*PLAN_JOB_KEYS, "replica_num") if k in spec} for spec in stored_specs(conf)]
     replicas = service_runs.plan_replicas(conf)
     if replicas is not None:
-        # the hosts a service needs now: one per replica it starts with (at least one, to show where it goes)
-        groups = [(name, index, req, max(replicas[name]["desired"], 1)) for name, index, req, _ in groups]
+        # the hosts a service needs now: `nodes` per replica it starts with (at least one replica, to
+        # show where it goes)
+        groups = [(name, index, req, max(replicas[name]["desired"], 1) * nodes) for name, index, req, nodes in groups]
     return {
         **({"replicas": replicas, "service_url": service_runs.planned_url(project, conf)} if replicas else {}),
         "run_name": conf.name or "(generated at submit)",
@@ -376,8 +377,9 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
             SubmissionKey.objects.create(project=project, user=run.user, key=idempotency[0], digest=idempotency[1],
                                          run=run)
         # job 0 is claimable at once; the others wait for their master (runs/job_rows.py); a
-        # service's replicas are each claimable at once (none at all when it starts at 0 replicas)
-        for job in jobs if run.configuration.get("type") == "service" else [j for j in jobs if j.job_num == 0]:
+        # service's replicas are each claimable at once by their node 0 (none at all when it starts at 0
+        # replicas)
+        for job in [j for j in jobs if not j.waiting_master_job]:
             messages.provision_job(job.pk)
         if not jobs:
             messages.process_run(run.pk)

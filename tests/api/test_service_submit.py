@@ -37,7 +37,7 @@ def test_the_plan_shows_each_group_s_replicas_and_the_service_url(api, settings)
 
 
 def test_every_problem_of_a_service_is_one_400_naming_its_field(api):
-    conf = {"type": "service", "commands": ["x"], "replicas": "1..4", "nodes": 2, "auth": "yes"}
+    conf = {"type": "service", "commands": ["x"], "replicas": "1..4", "nodes": 0, "auth": "yes"}
     resp = submit(api, conf)
     assert resp.status_code == 400
     locs = {tuple(e["loc"]) for e in resp.json()["errors"]}

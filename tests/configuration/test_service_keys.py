@@ -93,9 +93,10 @@ CASES = [
        {"image": "python:3.12", "env": {"A": "1"}, "retry.duration": 3600, "max_duration": 7200,
         "fleets": ["gpu"], "groups.0.resources.gpu.count.min": 1, "container.privileged": True}),
     bad("task-key-typo", svc(comands=["x"]), ["comands"], "unknown key"),
-    bad("nodes-refused", svc(nodes=2), ["nodes"], "`replicas`"),
+    ok("nodes-multi-host-replicas", svc(nodes=2, replicas=3), {"groups.0.nodes": 2, "nodes": 6}),
     bad("ports-refused", svc(ports=[8000]), ["ports"], "serves on `port`"),
-    bad("startup-order-refused", svc(startup_order="master-first"), ["startup_order"], "not a service key"),
+    ok("startup-order-within-a-replica", svc(nodes=2, startup_order="workers-first"),
+       {"startup_order": "workers-first"}),
     bad("on-failure-refused", svc(on_failure=[{"action": "fail-run"}]), ["on_failure"], "`retry`"),
     # ---- replica groups ------------------------------------------------------------------------
     ok("groups", grouped({"name": "router", "replicas": 1, "router": {"type": "sglang"}, "commands": ["r"]},
@@ -117,8 +118,16 @@ CASES = [
     bad("group-range-needs-scaling", grouped({"replicas": "1..3", "commands": ["a"]}), ["groups", 0, "scaling"],
         "needs `scaling`"),
     bad("group-needs-commands-or-image", grouped({"replicas": 1}), ["groups", 0, "commands"], "needs `commands`"),
-    bad("group-nodes-refused", grouped({"replicas": 1, "nodes": 2, "commands": ["a"]}), ["groups", 0, "nodes"],
-        "one host"),
+    ok("group-nodes", grouped({"replicas": 2, "nodes": 2, "commands": ["a"]}), {"groups.0.nodes": 2, "nodes": 4}),
+    bad("group-nodes-at-least-1", grouped({"replicas": 1, "nodes": 0, "commands": ["a"]}), ["groups", 0, "nodes"],
+        "at least 1"),
+    bad("group-nodes-whole-number", grouped({"replicas": 1, "nodes": "two", "commands": ["a"]}),
+        ["groups", 0, "nodes"], "whole number"),
+    bad("group-nodes-not-on-the-router", grouped(
+        {"name": "r", "replicas": 1, "router": {"type": "smg"}, "nodes": 2, "commands": ["r"]},
+        {"name": "w", "replicas": 1, "nodes": 2, "commands": ["w"]}), ["groups", 0, "nodes"], "worker groups"),
+    bad("nodes-at-the-top-with-groups", grouped({"replicas": 1, "commands": ["a"]}, nodes=2), ["nodes"],
+        "in each group"),
     bad("group-name-rule", grouped({"name": "Web", "replicas": 1, "commands": ["a"]}), ["groups", 0, "name"],
         "not a valid group name"),
     bad("group-names-unique", grouped({"name": "a", "replicas": 1, "commands": ["a"]},
@@ -140,6 +149,23 @@ CASES = [
         "replicas: 1"),
     bad("router-type", grouped({"replicas": 1, "router": {"type": "nginx"}, "commands": ["a"]}),
         ["groups", 0, "router", "type"], "smg, dynamo"),
+    # ---- worker (a PD worker group's role over what its replicas report) ---------------------
+    ok("worker-prefill", grouped({"name": "r", "replicas": 1, "router": {}, "commands": ["r"]},
+                                 {"name": "p", "replicas": 2, "worker": {"role": "prefill", "bootstrap_port": 8998},
+                                  "commands": ["p"]}),
+       {"groups.1.worker": {"role": "prefill", "bootstrap_port": 8998}, "groups.0.worker": None}),
+    ok("worker-role-only", grouped({"replicas": 1, "worker": {"role": "decode"}, "commands": ["d"]}),
+       {"groups.0.worker": {"role": "decode", "bootstrap_port": None}}),
+    bad("worker-role", grouped({"replicas": 1, "worker": {"role": "encode"}, "commands": ["a"]}),
+        ["groups", 0, "worker", "role"], "prefill, decode, regular"),
+    bad("worker-bootstrap-port", grouped({"replicas": 1, "worker": {"role": "prefill", "bootstrap_port": 0},
+                                          "commands": ["a"]}), ["groups", 0, "worker", "bootstrap_port"], "1 to 65535"),
+    bad("worker-bootstrap-port-of-decode", grouped({"replicas": 1, "worker": {"role": "decode", "bootstrap_port": 9},
+                                                    "commands": ["a"]}), ["groups", 0, "worker"], "role: prefill"),
+    bad("worker-unknown-key", grouped({"replicas": 1, "worker": {"rol": "decode"}, "commands": ["a"]}),
+        ["groups", 0, "worker", "rol"], ""),
+    bad("worker-on-the-router", grouped({"replicas": 1, "router": {}, "worker": {"role": "decode"},
+                                         "commands": ["a"]}), ["groups", 0, "worker"], "router group is no worker"),
     bad("group-unknown-key", grouped({"replicas": 1, "commands": ["a"], "gpus": 1}), ["groups", 0, "gpus"],
         "unknown key"),
 ]
@@ -162,28 +188,32 @@ def test_keys_that_cannot_take_effect_say_why():
     assert "/proxy/models/" in found["model"]
     assert "https" not in _warnings(svc(https=True), endpoint_tls=True)
     assert _warnings(svc(gateway=False, https="auto")) == {}
-    grouped_found = _warnings(grouped({"replicas": 1, "commands": ["a"], "router": {}, "python": "3.12",
-                                       "spot_policy": "spot"}))
+    grouped_found = _warnings(grouped({"replicas": 1, "commands": ["a"], "router": {"type": "dynamo"},
+                                       "python": "3.12", "spot_policy": "spot"}))
+    assert "only smg" in grouped_found["groups[0].router"]
+    assert not _warnings(grouped({"replicas": 1, "commands": ["a"], "router": {"type": "smg"}}))  # its list is kept
     assert {"groups[0].router", "groups[0].python", "groups[0].spot_policy"} <= set(grouped_found)
 
 
 def test_all_problems_of_a_service_come_at_once():
-    doc = {"type": "service", "port": 0, "replicas": "1..3", "commands": ["x"], "nodes": 2, "comands": [],
+    doc = {"type": "service", "port": 0, "replicas": "1..3", "commands": ["x"], "ports": [2], "comands": [],
            "probes": [{"url": "x"}], "groups": None}
     with pytest.raises(ConfigurationError) as raised:
         parse_any_configuration(doc)
     locs = {tuple(e["loc"]) for e in raised.value.errors}
-    assert {("port",), ("nodes",), ("comands",), ("probes", 0, "url")} <= locs
+    assert {("port",), ("ports",), ("comands",), ("probes", 0, "url")} <= locs
 
 
 def test_the_checked_service_is_what_the_engine_reads_stored():
     conf = parse_any_configuration(grouped(
-        {"name": "w", "replicas": "1..3", "scaling": {**SCALED, "scale_up_delay": "1m"}, "commands": ["w"]},
+        {"name": "w", "replicas": "1..3", "scaling": {**SCALED, "scale_up_delay": "1m"}, "commands": ["w"],
+         "worker": {"role": "prefill", "bootstrap_port": 9000}},
         {"name": "r", "replicas": 1, "router": {"type": "smg"}, "commands": ["r"]}, auth=False, model="m"))
     stored = stored_run(conf.model_dump(mode="json"))
     assert isinstance(stored, StoredService)
     assert (stored.port, stored.auth, stored.strip_prefix, stored.model) == (8000, False, True, "m")
     assert stored.replica_group("w").replicas.max == 3 and stored.replica_group("w").scaling.scale_up_delay == 60 \
         and stored.replica_group("w").scaling.window == 60
-    assert stored.replica_group("r").router == "smg"
+    assert stored.replica_group("r").router == "smg" and stored.replica_group("r").worker is None
+    assert (stored.replica_group("w").worker.role, stored.replica_group("w").worker.bootstrap_port) == ("prefill", 9000)
     assert conf.desired_replicas() == {"w": 1, "r": 1}

@@ -100,6 +100,22 @@ def test_the_scaling_rule(rps, current, since, new, wanted):
     assert scaling.decide(rps, RULE, 0, 4, current, since, new) == wanted
 
 
+QUEUE_RULE = StoredScaling(metric="queue", queue_metric="q", target=4, scale_up_delay=30, scale_down_delay=60)
+
+
+@pytest.mark.parametrize("depth, current, since, wanted", [
+    (17.0, 2, 40, 3),   # HPA's AverageValue: ceil(17 queued / 4 per replica) = 5, at most 3
+    (9.0, 1, 40, 3),    # ceil(9 / 4)
+    (8.0, 1, 40, 2),    # exactly 2 replicas' worth
+    (9.0, 1, 10, 1),    # too soon after the last scaling to go up
+    (0.0, 3, 70, 1),    # an empty queue: down to the minimum once scale_down_delay passed
+    (0.0, 3, 40, 3),    # too soon to go down
+    (0.5, 2, 70, 1),    # never below the minimum of 1
+])
+def test_the_queue_rule(depth, current, since, wanted):
+    assert scaling.decide(depth, QUEUE_RULE, 1, 3, current, since, 0) == wanted
+
+
 def test_metrics_show_a_services_replicas_and_its_scaling_decisions(sent, client, settings):
     from tests.console.test_metrics import scrape, value
 

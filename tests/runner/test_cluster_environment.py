@@ -78,6 +78,13 @@ class TestEnvironment:
         assert env["DSTACK_NODE_GROUP_RANK"] == "1"
         assert env["DSTACK_NODE_IP"] == "10.0.0.4"
 
+    def test_a_service_replicas_node_has_its_rank_within_the_replica(self):
+        # a multi-host replica's jobs have run-wide job numbers; its rank space is its own
+        spec = spec_for(["10.0.0.5", "10.0.0.6"], [], gpus=0, job_num=7, node_rank=1)
+        env = self.env(spec)
+        assert (env["DSTACK_NODE_RANK"], env["DSTACK_JOB_NUM"], env["DSTACK_NODES_NUM"]) == ("1", "7", "2")
+        assert env["DSTACK_MASTER_NODE_IP"] == "10.0.0.5"
+
     def test_gpus_num_is_the_sum_of_a_mixed_cpu_gpu_list(self):
         env = self.env(spec_for(["a", "b", "c"], [0, 2, 2], gpus=0))
         assert env["DSTACK_GPUS_NUM"] == "4"

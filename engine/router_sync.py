@@ -1,0 +1,229 @@
+"""sync_routers: a PD service's router replicas made to list exactly its ready workers (the rules:
+serving/router_sync.py; docs/services.md, "PD services").
+
+A claimed step per run on its own row (serving.models.RouterSync), so it never waits on process_run
+nor holds it up. Sent after commit by every move that changes a routed service's ready set
+(engine/nudges.py: a worker ready or no longer, drained, a router ready again after a restart), and
+by beat every MUSTER_ROUTER_SYNC_INTERVAL seconds for every live routed service (the safety net).
+
+For each router (the router group's ready heads): GET /workers; each wanted worker not listed as it
+should be is probed (its /server_info, once per sync) and added (POST /workers); each listed worker
+not wanted is removed (DELETE /workers/{id}: smg drains it). Every add and remove is a run event. A
+router that refuses the worker API, or a worker the router does not take (accepted, then dropped:
+it answers Muster's probe but not what smg asks), is one event when it starts and one when it ends
+(RouterSync.problems), and a refused worker is offered again with a back-off (RouterSync.attempts),
+never in a loop. What each router lists is kept in RouterSync.listed for keep.py, which stops a
+drained replica only once no router lists it.
+
+Every call is serving/replica_http.py's (a deadline and a size cap; an SSH host's replicas through
+its SSH connection when the server cannot reach them directly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+from django.utils import timezone
+
+from engine import claims, messages, outcome
+from engine.tuning import ROUTER_ACK_CAP as ACK_CAP
+from engine.tuning import ROUTER_CALL_TIMEOUT as TIMEOUT
+from engine.tuning import ROUTER_LIST_CAP as LIST_CAP
+from engine.tuning import ROUTER_RECHECK as RECHECK
+from engine.tuning import ROUTER_TAKE_WAIT as TAKE_WAIT
+from engine.tuning import WORKER_INFO_CAP as INFO_CAP
+from runs.choices import RUN_FINISHED, RunStatus
+from runs.configuration.stored import run_configuration
+from runs.models import Job, Run
+from serving import router_sync as rules
+from serving.models import RouterSync
+from serving.replica_http import ReplicaHTTPError, request
+
+log = logging.getLogger(__name__)
+
+BACKOFF = (5, 10, 30, 60, 120, 300)  # seconds before a worker the router refused is offered again
+LIVE = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING)
+
+
+def sync_routers(run_id: int) -> None:
+    """The task's body: the run's row made if it has none yet, then the claimed step."""
+    run = Run.objects.filter(pk=run_id).exclude(status__in=RUN_FINISHED).only("id", "configuration").first()
+    if run is None or rules.router_group(run_configuration(run)) is None:
+        return
+    RouterSync.objects.get_or_create(run_id=run_id)
+    claims.claimed(RouterSync, run_id, "sync_routers", _sync)
+
+
+def sweep_routers() -> int:
+    """Beat's safety net: every live routed service synced (one held elsewhere is skipped: its holder syncs)."""
+    done = 0
+    for run in Run.objects.filter(status__in=LIVE).only("id", "configuration"):
+        if rules.router_group(run_configuration(run)) is not None:
+            sync_routers(run.pk)
+            done += 1
+    return done
+
+
+def _sync(held: claims.Held) -> claims.Outcome:
+    row = RouterSync.objects.get(pk=held.pk)
+    run = Run.objects.select_related("project").get(pk=held.pk)
+    conf = run_configuration(run)
+    group = rules.router_group(conf)
+    if group is None or run.status in RUN_FINISHED:
+        return claims.Outcome(fields={"listed": {}, "problems": {}, "attempts": {}})
+    jobs = list(Job.objects.filter(run=run, superseded=False).select_related("instance"))
+    sync = _Sync(run, conf, row)
+    for router in rules.routers(group, jobs):
+        sync.router(router, rules.workers_for(group, jobs, router))
+    return sync.outcome(row)
+
+
+class _Sync:
+    def __init__(self, run: Run, conf, row: RouterSync):
+        self.run, self.conf, self.port = run, conf, conf.port
+        self.events: list[dict] = []
+        self.listed: dict[str, dict] = {}
+        self.problems: dict[str, str] = {}
+        self.attempts = {k: v for k, v in (row.attempts or {}).items()}
+        self.registrations: dict[int, rules.Registration] = {}
+        self.removed = False
+        self.draining = False
+
+    def say(self, message: str, job: Job | None = None) -> None:
+        self.events.append(outcome.event(self.run.project_id, f"run {self.run.name}", message,
+                                         status=self.run.status, run_id=self.run.pk,
+                                         job_id=job.pk if job is not None else None))
+
+    def router(self, router: Job, workers: list[Job]) -> None:
+        name = f"router {router.node_group_name}/{router.replica_num} (job {router.job_num})"
+        try:
+            answer = request(router, self.port, "GET", "/workers", timeout=TIMEOUT, max_bytes=LIST_CAP)
+            current = answer.json()["workers"] if answer.status == 200 else None
+            if not isinstance(current, list):
+                raise ValueError
+        except ReplicaHTTPError as exc:
+            self.problems[f"router {router.pk}"] = f"{name} cannot be reached for its worker list: {exc}"
+            return
+        except (ValueError, KeyError, TypeError):
+            self.problems[f"router {router.pk}"] = (
+                f"{name} refuses the worker API: GET /workers answered {answer.status} "
+                f"{answer.body[:200]!r}; is it smg (router: {{type: smg}}) without an admin key on its worker API?")
+            return
+        current = [e for e in current if isinstance(e, dict)]
+        wanted = [self.registration(job) for job in workers]
+        add, remove = rules.diff(current, wanted)
+        by_job = {j.pk: j for j in workers}
+        for entry in remove:
+            self.remove(router, name, entry, by_job)
+        added: dict[int, str] = {}
+        for reg in add:
+            worker_id = self.add(router, name, reg, by_job[reg.job_id])
+            if worker_id:
+                added[reg.job_id] = worker_id
+        missing = {f"{router.pk} {reg.job_id}" for reg in add}
+        for key in [k for k in self.attempts if k.split(" ")[0] == str(router.pk) and k not in missing]:
+            del self.attempts[key]  # listed, or no longer wanted: its tries are over
+        self.listed[str(router.pk)] = rules.listed_jobs(current, added)
+        self.draining |= any(rules.draining(e) for e in current) or bool(remove)
+
+    def registration(self, job: Job) -> rules.Registration:
+        """The worker as a router should list it; its /server_info asked once per sync."""
+        if job.pk not in self.registrations:
+            group = self.conf.replica_group(job.node_group_name)
+            override = group.worker if group is not None else None
+            reported = None
+            if override is None or not override.role or (override.role == "prefill" and not override.bootstrap_port):
+                reported = self.server_info(job)
+            role, port = rules.role_of(override, reported, job.node_group_name)
+            self.registrations[job.pk] = rules.Registration(job.pk, rules.worker_url(job, self.port), role, port,
+                                                            self.conf.model)
+        return self.registrations[job.pk]
+
+    def server_info(self, job: Job) -> dict | None:
+        try:
+            for path in ("/server_info", "/get_server_info"):  # SGLang before 0.5.6 serves only the second
+                answer = request(job, self.port, "GET", path, timeout=TIMEOUT, max_bytes=INFO_CAP)
+                if answer.status != 404:
+                    break
+            return answer.json() if answer.status == 200 else None
+        except (ReplicaHTTPError, ValueError):
+            return None  # not an SGLang server that says what it is: the group's name says
+
+    def add(self, router: Job, name: str, reg: rules.Registration, job: Job) -> str | None:
+        key = f"{router.pk} {job.pk}"
+        # [adds the router accepted, when to offer it again, when it was first offered]
+        accepted, next_at, first = ((self.attempts.get(key) or []) + [0, 0, time.time()])[:3]
+        problem = f"worker {router.pk} {job.pk}"
+        if next_at > time.time():
+            self.problems.setdefault(problem, "")  # still failing: kept, not said again
+            return None
+        self.attempts[key] = [accepted, time.time() + RECHECK, first]
+        where = f"job {self.run.name}/{job.job_num} ({job.node_group_name})"
+        try:
+            answer = request(router, self.port, "POST", "/workers", json=reg.body(), timeout=TIMEOUT, max_bytes=ACK_CAP)
+        except ReplicaHTTPError as exc:
+            self.problems[f"router {router.pk}"] = f"{name} cannot be reached to add {reg.url}: {exc}"
+            return None
+        try:
+            ack = answer.json()
+        except ValueError:
+            ack = {}
+        not_taken = (f"{name} did not take worker {reg.url} ({where}): it answers Muster's probe but not what smg "
+                     "asks of an SGLang worker (/health, /model_info, /v1/models); see the router's log")
+        if answer.status == 202:
+            self.attempts[key] = [accepted + 1, time.time() + BACKOFF[min(accepted, len(BACKOFF) - 1)], first]
+            if accepted:  # accepted before and not listed since: the router gave it up
+                self.problems[problem] = not_taken
+            else:
+                self.say(f"{name}: added worker {reg.describe()} for {where}", job)
+            return str(ack.get("worker_id", ""))
+        if answer.status == 409 and ack.get("code") in ("WORKER_CREATE_IN_PROGRESS", "WORKER_ALREADY_EXISTS"):
+            if time.time() - first > TAKE_WAIT:  # smg still trying it: its checks of the worker fail
+                self.problems[problem] = not_taken
+            else:
+                self.problems.setdefault(problem, "")
+            return None
+        self.attempts[key] = [accepted, time.time() + BACKOFF[-1], first]
+        self.problems[problem] = (
+            f"{name} refused worker {reg.url} ({where}): POST /workers answered {answer.status} {answer.body[:200]!r}")
+        return None
+
+    def remove(self, router: Job, name: str, entry: dict, by_job: dict) -> None:
+        worker_id, url = str(entry.get("id", "")), entry.get("url", "?")
+        job_id = rules.entry_job(entry)
+        why = ("a worker Muster did not register" if job_id is None else
+               "its job is no longer a ready worker of this router's deployment" if job_id not in by_job else
+               "registered with another role or bootstrap port")
+        try:
+            answer = request(router, self.port, "DELETE", f"/workers/{worker_id}", timeout=TIMEOUT, max_bytes=ACK_CAP)
+        except ReplicaHTTPError as exc:
+            self.problems[f"router {router.pk}"] = f"{name} cannot be reached to remove {url}: {exc}"
+            return
+        if answer.status not in (200, 202, 404):
+            self.problems[f"router {router.pk}"] = (
+                f"{name} refused to remove worker {url}: DELETE /workers/{worker_id} answered {answer.status} "
+                f"{answer.body[:200]!r}")
+            return
+        self.removed = True
+        self.say(f"{name}: removed worker {url} ({why})")
+
+    def outcome(self, row: RouterSync) -> claims.Outcome:
+        old = row.problems or {}
+        for key, message in self.problems.items():
+            if message and old.get(key) != message and not (key.startswith("worker") and old.get(key)):
+                self.say(message)
+        for key, message in old.items():
+            if key not in self.problems and message:
+                self.say(f"resolved: {message}")
+        problems = {k: (v or old.get(k, "")) for k, v in self.problems.items()}
+        then = []
+        if self.listed != (row.listed or {}) or self.removed:
+            then.append(partial(messages.process_run, self.run.pk))  # a drained replica may be stopped now
+        if self.draining:
+            then.append(partial(messages.sync_routers, self.run.pk, RECHECK))
+        return claims.Outcome(fields={"listed": self.listed, "problems": problems, "attempts": self.attempts,
+                                      "synced_at": timezone.now()},
+                              events=tuple(self.events), then=tuple(then))
+
