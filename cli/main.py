@@ -94,8 +94,13 @@ def submit_task(client: Client, args: argparse.Namespace, text: str, doc: dict[s
             print("Not updated.")
             return 0
         run = client.post("runs/", {**body, "update": True})
-        say(f"Updating service {run['name']} to deployment {run.get('deployment_num')}: its replicas are replaced "
-            "one at a time.")
+        serving = run.get("serving_deployment", run.get("deployment_num"))
+        if serving != run.get("deployment_num"):  # a service with a router: blue/green
+            say(f"Updating service {run['name']} to deployment {run.get('deployment_num')}: it comes up beside "
+                f"deployment {serving}, which serves until the new one is ready (rolled back if it fails).")
+        else:
+            say(f"Updating service {run['name']} to deployment {run.get('deployment_num')}: its replicas are "
+                "replaced one at a time.")
         return _service_submitted(run)
     if not confirm("Submit the run?", args.yes):
         print("Not submitted.")

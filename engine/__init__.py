@@ -39,6 +39,7 @@ runs          engine/processing.py               process_run: a run's status der
 services      engine/replicas/keep.py            keep: a service's derive: failed replicas replaced, the count kept
                                                  at desired_replicas, a rolling update surged one at a time, drains
               engine/replicas/rows.py            replace, add, drain, leave_pool: the replica rows it writes
+              engine/replicas/revisions.py       a routed service's blue/green update: switch, roll_back
               engine/replicas/nodes.py           a multi-host replica (nodes: N) stopped and restarted as one
               engine/replicas/scaling.py         scale_service: desired_replicas from the endpoint's rps (beat)
               engine/router_sync.py              sync_routers: a PD service's smg routers list its ready workers

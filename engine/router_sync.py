@@ -13,7 +13,14 @@ router that refuses the worker API, or a worker the router does not take (accept
 it answers Muster's probe but not what smg asks), is one event when it starts and one when it ends
 (RouterSync.problems), and a refused worker is offered again with a back-off (RouterSync.attempts),
 never in a loop. What each router lists is kept in RouterSync.listed for keep.py, which stops a
-drained replica only once no router lists it.
+drained replica only once no router lists it; a router that does not answer keeps what it listed
+before (one never heard from counts as listing every worker), so keep.py waits for it (bounded).
+
+A router is the user's code and may answer anything: its entries are read only as far as they are
+well-formed (serving/router_sync.py valid_entries), at most ROUTER_REMOVALS_PER_SYNC removals per
+router per sync (the workers Muster did not register said in one event), the strings it supplies
+clipped in events and its answers' bodies never echoed, each router synced on its own (one that
+answers nonsense does not stop the others), and all of a sync's calls within ROUTER_SYNC_BUDGET.
 
 Every call is serving/replica_http.py's (a deadline and a size cap; an SSH host's replicas through
 its SSH connection when the server cannot reach them directly).
@@ -32,6 +39,8 @@ from engine.tuning import ROUTER_ACK_CAP as ACK_CAP
 from engine.tuning import ROUTER_CALL_TIMEOUT as TIMEOUT
 from engine.tuning import ROUTER_LIST_CAP as LIST_CAP
 from engine.tuning import ROUTER_RECHECK as RECHECK
+from engine.tuning import ROUTER_REMOVALS_PER_SYNC as REMOVALS
+from engine.tuning import ROUTER_SYNC_BUDGET as BUDGET
 from engine.tuning import ROUTER_TAKE_WAIT as TAKE_WAIT
 from engine.tuning import WORKER_INFO_CAP as INFO_CAP
 from runs.choices import RUN_FINISHED, RunStatus
@@ -39,12 +48,14 @@ from runs.configuration.stored import run_configuration
 from runs.models import Job, Run
 from serving import router_sync as rules
 from serving.models import RouterSync
-from serving.replica_http import ReplicaHTTPError, request
+from serving.replica_http import ReplicaHTTPError, ReplicaUnreachable, request
 
 log = logging.getLogger(__name__)
 
 BACKOFF = (5, 10, 30, 60, 120, 300)  # seconds before a worker the router refused is offered again
 LIVE = (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING)
+# a router's malformed answer the validation did not foresee: that router's sync ends, not the others'
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
 
 
 def sync_routers(run_id: int) -> None:
@@ -57,11 +68,12 @@ def sync_routers(run_id: int) -> None:
 
 
 def sweep_routers() -> int:
-    """Beat's safety net: every live routed service synced (one held elsewhere is skipped: its holder syncs)."""
+    """Beat's safety net: a sync_routers message for every live routed service, each synced by the
+    worker that takes it (not here, one after another: one tenant's slow routers would hold all)."""
     done = 0
     for run in Run.objects.filter(status__in=LIVE).only("id", "configuration"):
         if rules.router_group(run_configuration(run)) is not None:
-            sync_routers(run.pk)
+            messages.sync_routers(run.pk)
             done += 1
     return done
 
@@ -76,13 +88,30 @@ def _sync(held: claims.Held) -> claims.Outcome:
     jobs = list(Job.objects.filter(run=run, superseded=False).select_related("instance"))
     sync = _Sync(run, conf, row)
     for router in rules.routers(group, jobs):
-        sync.router(router, rules.workers_for(group, jobs, router))
+        try:
+            sync.router(router, rules.workers_for(group, jobs, router))
+        except MALFORMED as exc:
+            log.warning("sync_routers: run %s router job %s: %r", run.pk, router.pk, exc)
+            sync.unanswered(router, f"{_name(router)} answered something its worker list cannot be read from "
+                                    f"({type(exc).__name__})")
     return sync.outcome(row)
+
+
+def _name(router: Job) -> str:
+    return f"router {router.node_group_name}/{router.replica_num} (job {router.job_num})"
+
+
+def _clip(value, limit: int = 100) -> str:
+    """A string a router supplied, fit for an event: printable, and short."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value)[:limit])
+    return text + ("…" if len(str(value)) > limit else "")
 
 
 class _Sync:
     def __init__(self, run: Run, conf, row: RouterSync):
         self.run, self.conf, self.port = run, conf, conf.port
+        self.previous: dict[str, dict] = dict(row.listed or {})
+        self.deadline = time.monotonic() + BUDGET
         self.events: list[dict] = []
         self.listed: dict[str, dict] = {}
         self.problems: dict[str, str] = {}
@@ -96,27 +125,48 @@ class _Sync:
                                          status=self.run.status, run_id=self.run.pk,
                                          job_id=job.pk if job is not None else None))
 
+    def call(self, job: Job, method: str, path: str, max_bytes: int, json=None):
+        """replica_http.request within this sync's budget."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ReplicaUnreachable(f"not asked: this sync's {BUDGET:g}s for its calls ran out")
+        return request(job, self.port, method, path, json=json, timeout=min(TIMEOUT, left), max_bytes=max_bytes)
+
+    def unanswered(self, router: Job, problem: str) -> None:
+        """The router's list unknown this sync: what it listed before is kept (keep.py waits on it)."""
+        self.problems[f"router {router.pk}"] = problem
+        self.listed[str(router.pk)] = self.previous.get(str(router.pk)) or {rules.UNANSWERED: ""}
+
     def router(self, router: Job, workers: list[Job]) -> None:
-        name = f"router {router.node_group_name}/{router.replica_num} (job {router.job_num})"
+        name = _name(router)
         try:
-            answer = request(router, self.port, "GET", "/workers", timeout=TIMEOUT, max_bytes=LIST_CAP)
-            current = answer.json()["workers"] if answer.status == 200 else None
-            if not isinstance(current, list):
-                raise ValueError
+            answer = self.call(router, "GET", "/workers", LIST_CAP)
         except ReplicaHTTPError as exc:
-            self.problems[f"router {router.pk}"] = f"{name} cannot be reached for its worker list: {exc}"
+            self.unanswered(router, f"{name} cannot be reached for its worker list: {exc}")
             return
+        try:
+            current = answer.json()["workers"] if answer.status == 200 else None
         except (ValueError, KeyError, TypeError):
-            self.problems[f"router {router.pk}"] = (
-                f"{name} refuses the worker API: GET /workers answered {answer.status} "
-                f"{answer.body[:200]!r}; is it smg (router: {{type: smg}}) without an admin key on its worker API?")
+            current = None
+        if not isinstance(current, list):  # its body is not echoed: whatever answers there is not shown
+            self.unanswered(router, f"{name} refuses the worker API: GET /workers answered {answer.status}; is it "
+                                    "smg (router: {type: smg}) without an admin key on its worker API?")
             return
-        current = [e for e in current if isinstance(e, dict)]
+        current = rules.valid_entries(current)
         wanted = [self.registration(job) for job in workers]
         add, remove = rules.diff(current, wanted)
         by_job = {j.pk: j for j in workers}
-        for entry in remove:
-            self.remove(router, name, entry, by_job)
+        # Muster's own first (a drained replica waits on them), then at most REMOVALS in all
+        remove.sort(key=lambda e: rules.entry_job(e) is None)
+        unknown: list[str] = []
+        for entry in remove[:REMOVALS]:
+            self.remove(router, name, entry, by_job, unknown)
+        more = f"{len(remove) - REMOVALS} more to remove, left for the next sync" if len(remove) > REMOVALS else ""
+        if unknown:
+            self.say(f"{name}: removed {len(unknown)} worker(s) Muster did not register (e.g. {unknown[0]})"
+                     + (f"; {more}" if more else ""))
+        elif more:
+            self.say(f"{name}: {more}")
         added: dict[int, str] = {}
         for reg in add:
             worker_id = self.add(router, name, reg, by_job[reg.job_id])
@@ -126,7 +176,10 @@ class _Sync:
         for key in [k for k in self.attempts if k.split(" ")[0] == str(router.pk) and k not in missing]:
             del self.attempts[key]  # listed, or no longer wanted: its tries are over
         self.listed[str(router.pk)] = rules.listed_jobs(current, added)
-        self.draining |= any(rules.draining(e) for e in current) or bool(remove)
+        # looked at again soon while it drains one of Muster's workers (keep.py waits on it), not while it
+        # keeps listing workers of its own however often they are removed
+        self.draining |= any(rules.draining(e) and rules.entry_job(e) is not None for e in current) \
+            or any(rules.entry_job(e) is not None for e in remove)
 
     def registration(self, job: Job) -> rules.Registration:
         """The worker as a router should list it; its /server_info asked once per sync."""
@@ -144,7 +197,7 @@ class _Sync:
     def server_info(self, job: Job) -> dict | None:
         try:
             for path in ("/server_info", "/get_server_info"):  # SGLang before 0.5.6 serves only the second
-                answer = request(job, self.port, "GET", path, timeout=TIMEOUT, max_bytes=INFO_CAP)
+                answer = self.call(job, "GET", path, INFO_CAP)
                 if answer.status != 404:
                     break
             return answer.json() if answer.status == 200 else None
@@ -162,7 +215,7 @@ class _Sync:
         self.attempts[key] = [accepted, time.time() + RECHECK, first]
         where = f"job {self.run.name}/{job.job_num} ({job.node_group_name})"
         try:
-            answer = request(router, self.port, "POST", "/workers", json=reg.body(), timeout=TIMEOUT, max_bytes=ACK_CAP)
+            answer = self.call(router, "POST", "/workers", ACK_CAP, json=reg.body())
         except ReplicaHTTPError as exc:
             self.problems[f"router {router.pk}"] = f"{name} cannot be reached to add {reg.url}: {exc}"
             return None
@@ -170,6 +223,7 @@ class _Sync:
             ack = answer.json()
         except ValueError:
             ack = {}
+        ack = ack if isinstance(ack, dict) else {}
         not_taken = (f"{name} did not take worker {reg.url} ({where}): it answers Muster's probe but not what smg "
                      "asks of an SGLang worker (/health, /model_info, /v1/models); see the router's log")
         if answer.status == 202:
@@ -178,7 +232,7 @@ class _Sync:
                 self.problems[problem] = not_taken
             else:
                 self.say(f"{name}: added worker {reg.describe()} for {where}", job)
-            return str(ack.get("worker_id", ""))
+            return rules.worker_id(ack.get("worker_id"))
         if answer.status == 409 and ack.get("code") in ("WORKER_CREATE_IN_PROGRESS", "WORKER_ALREADY_EXISTS"):
             if time.time() - first > TAKE_WAIT:  # smg still trying it: its checks of the worker fail
                 self.problems[problem] = not_taken
@@ -187,27 +241,32 @@ class _Sync:
             return None
         self.attempts[key] = [accepted, time.time() + BACKOFF[-1], first]
         self.problems[problem] = (
-            f"{name} refused worker {reg.url} ({where}): POST /workers answered {answer.status} {answer.body[:200]!r}")
+            f"{name} refused worker {reg.url} ({where}): POST /workers answered {answer.status}")
         return None
 
-    def remove(self, router: Job, name: str, entry: dict, by_job: dict) -> None:
-        worker_id, url = str(entry.get("id", "")), entry.get("url", "?")
+    def remove(self, router: Job, name: str, entry: dict, by_job: dict, unknown: list[str]) -> None:
+        """DELETE one entry; an event for one Muster registered, `unknown` gets the others' URLs (one event)."""
+        worker_id, url = entry["id"], _clip(entry["url"] or "?")
         job_id = rules.entry_job(entry)
-        why = ("a worker Muster did not register" if job_id is None else
-               "its job is no longer a ready worker of this router's deployment" if job_id not in by_job else
+        why = ("its job is no longer a ready worker of this router's deployment" if job_id not in by_job else
                "registered with another role or bootstrap port")
+        if not worker_id:
+            self.problems[f"router {router.pk}"] = f"{name} lists worker {url} with no usable id: it cannot be removed"
+            return
         try:
-            answer = request(router, self.port, "DELETE", f"/workers/{worker_id}", timeout=TIMEOUT, max_bytes=ACK_CAP)
+            answer = self.call(router, "DELETE", f"/workers/{worker_id}", ACK_CAP)
         except ReplicaHTTPError as exc:
             self.problems[f"router {router.pk}"] = f"{name} cannot be reached to remove {url}: {exc}"
             return
         if answer.status not in (200, 202, 404):
             self.problems[f"router {router.pk}"] = (
-                f"{name} refused to remove worker {url}: DELETE /workers/{worker_id} answered {answer.status} "
-                f"{answer.body[:200]!r}")
+                f"{name} refused to remove worker {url}: DELETE /workers/{_clip(worker_id)} answered {answer.status}")
             return
         self.removed = True
-        self.say(f"{name}: removed worker {url} ({why})")
+        if job_id is None:
+            unknown.append(url)
+        else:
+            self.say(f"{name}: removed worker {url} ({why})")
 
     def outcome(self, row: RouterSync) -> claims.Outcome:
         old = row.problems or {}

@@ -84,6 +84,11 @@ ROUTER_TAKE_WAIT = 30.0
 # seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
 # stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
 ROUTER_DRAIN_WAIT = 30.0
+# a router's answers are the user's code: at most this many removals (each a call, and an event for a
+# worker Muster registered) per router per sync, the rest left for the next; and all of one sync's
+# calls within ROUTER_SYNC_BUDGET seconds (a router left unasked keeps what it listed before)
+ROUTER_REMOVALS_PER_SYNC = 20
+ROUTER_SYNC_BUDGET = 60.0
 # -- queue-depth scaling (engine/replicas/queue_depth.py) --
 # seconds one replica has to answer its /metrics: a gauge page is tens of kB served from memory
 SCRAPE_TIMEOUT = 3.0

@@ -59,6 +59,7 @@ def _forward_arguments(parser: argparse.ArgumentParser) -> None:
 def _shell_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", default="", help="the authorized_keys file holding the grant's line")
     parser.add_argument("--grant", default="", help="the line's marker: gone means revoked")
+    parser.add_argument("--command-file", default="", help="the command's file under HOME/shell-commands")
 
 
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
@@ -79,7 +80,7 @@ HANDLERS: dict[str, Callable[[Paths, Any], int]] = {
     "cleanup": lambda paths, args: commands.cmd_cleanup(paths, args.job),
     "job": lambda paths, args: run_job(paths.home, args.job),
     "forward": lambda paths, args: cmd_forward(args.to, args.ports, args.keys, args.grant),
-    "shell": lambda paths, args: cmd_shell(paths, args.job, args.keys, args.grant),
+    "shell": lambda paths, args: cmd_shell(paths, args.job, args.keys, args.grant, args.command_file),
 }
 
 

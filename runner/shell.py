@@ -1,6 +1,8 @@
 """``shell``: the forced command of a shell key (`muster ssh`, runs/services/shell.py).
 
-It runs the command the client asked for (``$SSH_ORIGINAL_COMMAND``), or an interactive shell
+It runs the command the client asked for (``$SSH_ORIGINAL_COMMAND``; from the dstack gateway, a
+file it wrote under the runner home, `--command-file`, so the command is in no process's
+arguments on the host), or an interactive shell
 when there is none, in the job's environment: in the job's container when it has one (``docker
 exec``: the container already holds the job's env, so nothing is written or passed), else beside
 the job's process, with that process's own environment read from ``/proc/PID/environ`` (the
@@ -10,26 +12,28 @@ come with it, so the job's end (runner/cgroups.py kill_job_tree) ends the shell 
 
 The shell's exit status is the session's. A revoked key's line is gone: a session opened on an
 older connection is refused, and the revoke's ``pkill -f -- '--grant MARKER'`` (backends/ssh/
-attach_keys.py) reaches this process, which then ends its child.
+attach_keys.py) reaches this process, which then ends every process of the session
+(runner/shell_session.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import signal
-import subprocess
 import sys
-from typing import Any
+import time
 
+from . import shell_session as session
 from .cluster_env import base_env
-from .containers import CONTAINER_WORKDIR, container_name
+from .containers import container_name
 from .files import Paths, read_json
 from .forward import granted
 
-# an interactive login: bash when the host (or image) has it, else sh
-INTERACTIVE = "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
 ENV_CAP = 1 << 20
+# the gateway's command files (backends/ssh/runner_host.py open_shell): a name is one token
+COMMAND_NAME = re.compile(r"[0-9a-f]{32}")
+STALE_COMMANDS = 600  # seconds: a file whose session never started
 
 
 def _refuse(message: str) -> int:
@@ -52,36 +56,34 @@ def process_env(pid: int) -> dict[str, str] | None:
     return env
 
 
-def _argv(command: str, container: str | None) -> list[str]:
-    script = command or INTERACTIVE
-    if container is None:
-        return ["/bin/sh", "-c", script]
-    tty = ["-t"] if os.isatty(0) and os.isatty(1) else []
-    return ["docker", "exec", "-i", *tty, "-w", CONTAINER_WORKDIR, "--", container, "/bin/sh", "-c", script]
+def commands_dir(paths: Paths) -> str:
+    return os.path.join(paths.home, "shell-commands")
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str) -> int:
-    """The child, ended with this process when the revoke's pkill (SIGTERM) or sshd's hangup
-    reaches it; its exit status is ours."""
-    child = subprocess.Popen(argv, env=env, cwd=cwd, close_fds=True)
-
-    def end(signum: int, _frame: Any) -> None:
+def take_command(paths: Paths, name: str) -> str | None:
+    """The command the gateway left in file `name` (read once, then gone), or None. Older files of
+    sessions that never started go too."""
+    folder = commands_dir(paths)
+    if not COMMAND_NAME.fullmatch(name):
+        return None
+    path = os.path.join(folder, name)
+    try:
+        with open(path, "rb") as f:
+            command = f.read(ENV_CAP).decode("utf-8", "replace")
+        os.unlink(path)
+    except OSError:
+        return None
+    now = time.time()
+    for other in os.listdir(folder):
         try:
-            child.send_signal(signal.SIGHUP)
-            child.wait(2)
-        except subprocess.TimeoutExpired:
-            child.kill()
+            if now - os.stat(os.path.join(folder, other)).st_mtime > STALE_COMMANDS:
+                os.unlink(os.path.join(folder, other))
         except OSError:
             pass
-        os._exit(128 + signum)
-
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, end)
-    code = child.wait()
-    return code if code >= 0 else 128 - code
+    return command
 
 
-def cmd_shell(paths: Paths, job_id: str, keys: str = "", grant: str = "") -> int:
+def cmd_shell(paths: Paths, job_id: str, keys: str = "", grant: str = "", command_file: str = "") -> int:
     if keys and grant and not granted(keys, grant):
         return _refuse("this key was revoked")
     job = paths.job(job_id)
@@ -92,11 +94,16 @@ def cmd_shell(paths: Paths, job_id: str, keys: str = "", grant: str = "") -> int
         spec = read_json(job.spec)
     except (OSError, ValueError):
         spec = {}
-    command = os.environ.get("SSH_ORIGINAL_COMMAND", "")
+    if command_file:
+        command = take_command(paths, command_file)
+        if command is None:
+            return _refuse(f"no command {command_file!r} on this host")
+    else:
+        command = os.environ.get("SSH_ORIGINAL_COMMAND", "")
     if spec.get("container") is not None:
         if shutil.which("docker") is None:
             return _refuse("the job runs in a container and this host has no docker command")
-        return _run(_argv(command, container_name(job_id)), base_env(paths.home), job.dir)
+        return session.run(command, container_name(job_id), base_env(paths.home), job.dir)
     env = process_env(status.get("pid") or 0)
     if env is None:
         return _refuse(f"job {job_id}'s process has ended")
@@ -104,4 +111,4 @@ def cmd_shell(paths: Paths, job_id: str, keys: str = "", grant: str = "") -> int
     for key in ("TERM", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY"):
         if os.environ.get(key):
             env[key] = os.environ[key]
-    return _run(_argv(command, None), env, job.workdir if os.path.isdir(job.workdir) else job.dir)
+    return session.run(command, None, env, job.workdir if os.path.isdir(job.workdir) else job.dir)

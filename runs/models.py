@@ -46,6 +46,14 @@ class Run(Claimable):
     # the run's lease, so its nudge may bounce off a process_run that read the run before it; the sweep
     # derives a run updated after its last derivation. Null for tasks.
     updated_at = models.DateTimeField(null=True, blank=True)
+    # A service with a `router` group: the deployment whose routers the endpoint sends to. An update
+    # of such a service brings the new deployment up beside this one (blue/green) and switches the
+    # endpoint in one write once it is ready (engine/replicas/revisions.py); equal to deployment_num
+    # outside a rollout, and for a service without a router (rolled replica by replica).
+    serving_deployment = models.IntegerField(default=0)
+    # While a routed service's rollout is under way: what rolling it back restores (the serving
+    # deployment's configuration, submitted text and desired_replicas) and when it began. Empty otherwise.
+    rollout = models.JSONField(default=dict, blank=True)
     # What the scaler remembers between its looks (the last request count sample, when it last
     # scaled up or down); written only by the step that holds the run.
     scaling = models.JSONField(default=dict, blank=True)

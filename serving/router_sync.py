@@ -20,6 +20,7 @@ the right one added.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from runs.configuration.stored import StoredGroup, StoredService
@@ -29,6 +30,11 @@ from serving.replicas import is_head, is_ready
 
 JOB_LABEL = "muster.job"
 ROLES = ("prefill", "decode", "regular")
+# what RouterSync.listed holds for a router that has not answered since it became a router: it may
+# list anything, so keep.py counts it as listing every worker (until ROUTER_DRAIN_WAIT)
+UNANSWERED = "?"
+# a worker id the sync may put in a DELETE's path (smg's are UUIDs)
+_WORKER_ID = re.compile(r"[A-Za-z0-9._:~-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -110,10 +116,38 @@ def role_of(override, reported: dict | None, group_name: str) -> tuple[str, int 
     return role, port
 
 
+def valid_entries(current: list) -> list[dict]:
+    """A router's worker list as the rules read it: every entry a dict of strings (an `id` fit for a
+    DELETE's path or "", a `url`, a `worker_type`, a `status`), `labels` a dict, `bootstrap_port` an
+    int or None; anything else a router answers (it is the user's code) is not read as more."""
+    out = []
+    for entry in current:
+        if not isinstance(entry, dict):
+            continue
+        worker_id = entry.get("id")
+        worker_id = str(worker_id) if isinstance(worker_id, str | int) and not isinstance(worker_id, bool) else ""
+        kind = entry.get("worker_type", "regular")
+        port = entry.get("bootstrap_port")
+        labels = entry.get("labels")
+        out.append({"id": worker_id if _WORKER_ID.fullmatch(worker_id) else "",
+                    "url": entry["url"] if isinstance(entry.get("url"), str) else "",
+                    "worker_type": kind if isinstance(kind, str) else "",
+                    "status": entry["status"] if isinstance(entry.get("status"), str) else "",
+                    "bootstrap_port": port if isinstance(port, int) and not isinstance(port, bool) else None,
+                    "labels": labels if isinstance(labels, dict) else {}})
+    return out
+
+
+def worker_id(value) -> str:
+    """A worker id a router acknowledged, "" when it is not one the sync may use."""
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    return text if _WORKER_ID.fullmatch(text) else ""
+
+
 def entry_job(entry: dict) -> int | None:
     """The job a router's listed worker was registered for (our label), None for one we did not add."""
     value = (entry.get("labels") or {}).get(JOB_LABEL)
-    return int(value) if isinstance(value, str) and value.isdigit() else None
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19 else None
 
 
 def matches(entry: dict, reg: Registration) -> bool:
@@ -153,6 +187,9 @@ def listed_jobs(current: list[dict], added: dict[int, str]) -> dict[str, str]:
 
 
 def still_listed(run_id: int, job_id: int) -> list[str]:
-    """The router jobs that listed `job_id` at the last sync (keep.py stops a drained replica once none does)."""
+    """The router jobs that listed `job_id` at the last sync (keep.py stops a drained replica once none
+    does). A router that did not answer that sync keeps what it listed before (engine/router_sync.py);
+    one that never answered counts as listing it."""
     row = RouterSync.objects.filter(pk=run_id).values_list("listed", flat=True).first() or {}
-    return sorted(router for router, workers in row.items() if str(job_id) in (workers or {}))
+    return sorted(router for router, workers in row.items()
+                  if str(job_id) in (workers or {}) or UNANSWERED in (workers or {}))

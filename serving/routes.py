@@ -3,7 +3,8 @@
 A replica is in the table when its node 0 (serving.replicas.is_head: a multi-host replica's
 other nodes are never routed to) is ready (serving.replicas.is_ready: its job runs, is its
 replica's current submission, has `ready_at`: probes passed, or it runs and has none) and the run
-is neither finished nor asked to stop (a stop drains: out of the pool first). The engine sends
+is neither finished nor asked to stop (a stop drains: out of the pool first); for a service with a
+`router` group, it is of the run's `serving_deployment` too. The engine sends
 `serving.rows.notify_routes(run_id)` in the transaction that changes any of those; the endpoint
 re-reads on that and on a timer.
 
@@ -65,12 +66,16 @@ def _service(run: Run) -> Service | None:
     if not isinstance(conf, StoredService):
         return None
     live = list(Job.objects.filter(run=run, superseded=False).select_related("instance")
-                .only("id", "status", "superseded", "ready_at", "node_group_name", "node_group_rank",
-                      "instance__id", "instance__hostname", "instance__internal_ip", "instance__backend"))
+                .only("id", "status", "superseded", "ready_at", "deployment_num", "node_group_name",
+                      "node_group_rank", "instance__id", "instance__hostname", "instance__internal_ip",
+                      "instance__backend"))
     routed = routed_group(conf)  # a PD service: the endpoint sends to its routers only, they to the workers
+    # and to its serving deployment's only: an update's new routers join in the one write that switches
+    # (engine/replicas/revisions.py)
+    serving = [j for j in live if routed is None or j.deployment_num == run.serving_deployment]
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
-                ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in live
+                ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in serving
         if is_ready(job) and is_head(job) and job.instance is not None and job.instance.hostname
         and (routed is None or job.node_group_name == routed))
     groups = [g for g in conf.groups if g.replicas is not None]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from django.conf import settings
@@ -130,3 +130,18 @@ def host_policy() -> HostPolicy:
     muster = settings.MUSTER
     return HostPolicy(list(muster["SSH_HOSTS_ALLOW"]), list(muster["SSH_HOSTS_DENY"]),
                       bool(muster["SSH_DENY_OWN_ADDRESSES"]), list(muster["SSH_OWN_ADDRESSES_ALLOW"]))
+
+
+# link-local: the cloud's metadata service (169.254.169.254) and IPv6's equivalent
+FORWARD_DENY = ("169.254.0.0/16", "fe80::/10")
+
+
+def forward_policy() -> HostPolicy:
+    """The host policy, tightened for a TCP connection the control plane makes to a port a user's job
+    names (the dstack gateway's forwards, the router sync's and the queue scrape's HTTP to a replica):
+    in every environment it never reaches the server's own addresses (loopback included) or link-local
+    ones, unless the operator names them (MUSTER_SSH_OWN_ADDRESSES_ALLOW, MUSTER_SSH_HOSTS_ALLOW);
+    `muster serve` may bind wherever, so "only in production" would not do."""
+    policy = host_policy()
+    named = policy.allow + policy.own_allow
+    return replace(policy, deny_own=True, deny=policy.deny + [net for net in FORWARD_DENY if net not in named])

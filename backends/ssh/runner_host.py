@@ -11,6 +11,7 @@ import hashlib
 import json
 import shlex
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +127,25 @@ class SSHRunnerHost(RunnerHost):
     def open_shell(self, job_id: str, command: str | None, pty: tuple[str, int, int] | None):
         """A session on this host running the job's `shell` (the dstack gateway's `ssh <run>`):
         `command`, or a login shell when None; a terminal of `pty` (term, columns, rows) if given.
-        The command is the runner's SSH_ORIGINAL_COMMAND, as under a shell key's forced command."""
-        prefix = "" if command is None else f"SSH_ORIGINAL_COMMAND={shlex.quote(command)}; export SSH_ORIGINAL_COMMAND; "
+
+        The command (which often holds tokens) goes to a private file under the runner home first,
+        on stdin, and the shell verb reads and removes it: in the exec line it would sit in the
+        arguments of the host's `sh -c`, which anyone on the host can list."""
+        held = ""
+        if command is not None:
+            name = uuid.uuid4().hex
+            folder = '"$H/shell-commands"'
+            status, out, err = self._exec(
+                f'H={self._home_expr()}; umask 077; mkdir -p {folder} && cat > {folder}/{name}',
+                stdin=command.encode())
+            if status != 0:
+                raise RunnerError(self._failure("shell", status, out, err))
+            held = f" --command-file {name}"
         with self._lock:
             channel = self._connection().get_transport().open_session(timeout=self.timeout)
         if pty is not None:
             channel.get_pty(term=pty[0], width=pty[1], height=pty[2])
-        channel.exec_command(prefix + self.shell_command(job_id))
+        channel.exec_command(self._runner_command(f"shell --job {shlex.quote(job_id)}{held}"))
         return channel
 
     def _runner(self, args: str, stdin: bytes | None = None, prefix: str = "", max_output: int | None = None) -> bytes:

@@ -5,7 +5,8 @@ writers `muster ssh` takes too): its shell or command runs in the job's environm
 host through the runner's `shell` (runner/shell.py), over the server's own SSH connection to the
 host (the one the engine uses: the fleet's key never leaves the server, and the user's dstack key
 logs in only here). Every other session stays refused. The gateway's recheck closes the login
-when access ends, which ends the session here and, with its channel, the shell on the host.
+when access ends, which ends the session here and, with its channel, the shell on the host (and all
+it started: runner/shell_session.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import base64
 import ipaddress
 import logging
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from django.conf import settings
@@ -141,20 +141,10 @@ def address_refusal(instance) -> str:
     return address_policy().refusal(ip, forward_policy())
 
 
-# link-local: the cloud's metadata service (169.254.169.254) and IPv6's equivalent
-FORWARD_DENY = ("169.254.0.0/16", "fe80::/10")
-
-
 def forward_policy():
-    """The SSH host policy, tightened for forwards in every environment: a forward is a TCP connection
-    the control plane makes on a member's word, and `muster serve` binds the gateway wherever the web
-    listens (`make run BIND=0.0.0.0:8000` included), so outside production too it never reaches the
-    server's own addresses (loopback included) or link-local ones, unless the operator names them
-    (MUSTER_SSH_OWN_ADDRESSES_ALLOW, MUSTER_SSH_HOSTS_ALLOW)."""
-    policy = address_policy().host_policy()
-    named = policy.allow + policy.own_allow
-    return replace(policy, deny_own=True,
-                   deny=policy.deny + [net for net in FORWARD_DENY if net not in named])
+    """The SSH host policy tightened for forwards (backends/ssh/address_policy.py forward_policy): a
+    forward is a TCP connection the control plane makes on a member's word."""
+    return address_policy().forward_policy()
 
 
 def forward_target(grant: Grant, host: str, port: int) -> Target | None:

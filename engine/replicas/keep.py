@@ -15,6 +15,9 @@ to zero). Each pass, under process_run's hold on the run, and safe to repeat:
    a time, once a new one is ready); a removed replica leaves the pool at once and is stopped a
    drain delay later (rows.drain, MUSTER_DRAIN_DELAY), and in a PD service not before its routers
    dropped it (bounded: engine/tuning.py ROUTER_DRAIN_WAIT; serving/router_sync.py).
+   A service with a `router` group is updated blue/green per deployment instead
+   (engine/replicas/revisions.py): the newest deployment's groups are counted here, the serving one
+   is kept until the switch, any other is drained.
 3. the run's status: `running` from its first running replica (or at once when it wants none) to
    its stop, whatever number of replicas is ready meanwhile (the API's service.replicas says that).
 
@@ -37,9 +40,9 @@ from django.utils import timezone
 from engine import outcome
 from engine.nudges import is_routed
 from engine.replicas import nodes as replica_nodes
-from engine.replicas import rows
+from engine.replicas import revisions, rows
 from engine.restarts import backoff
-from engine.tuning import ROUTER_DRAIN_WAIT
+from engine.tuning import ROUTER_DRAIN_WAIT, ROUTER_RECHECK
 from muster.claimable import Lease
 from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason, JobStatus, RunStatus
 from runs.configuration.stored import StoredService, run_configuration
@@ -60,6 +63,12 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
     now = timezone.now()
     due: list[datetime] = []
     pending: dict[str, list[int]] = {}  # group -> replica_nums of replicas just replaced or waiting to be
+    failed_new = revisions.failed_new(run, jobs) if conf.routed else None
+    if failed_new is not None:  # a routed service's rollout failed: back to the deployment that serves
+        if not revisions.roll_back(run, revisions.failure(failed_new)):
+            return None  # an update came in between: the next pass works from it
+        conf = run_configuration(run)
+        assert isinstance(conf, StoredService)
     units = replica_nodes.multi_node(jobs)
     for job in [j for j in jobs if j.finished and replica_nodes.key(j) not in units]:
         cause = _ended(run, conf, job, now, due, pending)
@@ -70,12 +79,38 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         if cause is not None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
+    counted = live
+    if conf.routed and revisions.rolling_out(run):
+        give_up = revisions.deadline(run, conf)
+        if give_up is not None and give_up <= now:
+            if not revisions.roll_back(run, revisions.overdue(run, live)):
+                return None
+            conf = run_configuration(run)
+            assert isinstance(conf, StoredService)
+        elif give_up is not None:
+            due.append(give_up)
+    # blue/green: the groups of the newest deployment are counted, the others kept or drained
+    revisions.drain_others(run, live, conf.routed)
+    if conf.routed:
+        counted = [j for j in live if j.deployment_num == run.deployment_num]
     others = replica_nodes.others_of(live)
-    for group in conf.groups:
+    surge = revisions.max_surge(conf) if conf.routed and revisions.rolling_out(run) else None
+    stuck = surge is not None and revisions.grow_within_surge(run, conf, live, jobs, surge, others)
+    for group in conf.groups if surge is None else ():
         # a multi-host replica restarting as one counts once, as `pending`, while its nodes stop
         restarting = pending.get(group.name, [])
-        heads = [j for j in live if j.node_group_name == group.name and is_head(j) and j.replica_num not in restarting]
-        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others)
+        heads = [j for j in counted if j.node_group_name == group.name and is_head(j)
+                 and j.replica_num not in restarting]
+        # the replica numbers of the group's other deployments stay taken: a replica is (group, number)
+        # to the steps that start and restart it (engine/starting/cluster.py, nodes.py)
+        taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
+        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others, taken)
+    if conf.routed and revisions.rolling_out(run):
+        due_now = revisions.switch_due(run, conf, live, stuck)
+        if due_now and revisions.switch(run):
+            revisions.drain_others(run, live, True)
+        elif due_now is None:  # ready, but not all listed by the new routers yet: look again soon
+            due.append(now + timedelta(seconds=ROUTER_RECHECK))
     head_of = {replica_nodes.key(j): j.pk for j in live if is_head(j)}  # routers list a replica by its node 0
     for job in live:
         if job.drain_at is not None and job.status == JobStatus.RUNNING:
@@ -109,7 +144,11 @@ def _stop_drained(run: Run, job: Job, head: int, now, due: list) -> None:
 
 
 def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dict) -> Job | None:
-    if job.drain_at is not None or job.deployment_num < run.deployment_num \
+    # another deployment's: an older one rolled out, or a newer one rolled back. A routed service's
+    # serving replica ending during a rollout is not replaced either: a new replica starts with the
+    # run's configuration, the new deployment's (the switch, or the rollback's restored configuration,
+    # brings the count back)
+    if job.drain_at is not None or job.deployment_num != run.deployment_num \
             or conf.replica_group(job.node_group_name) is None:
         rows.supersede(job)  # removed on purpose, or rolled out: nothing to replace
         return None
@@ -133,7 +172,7 @@ def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: li
     """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order)."""
     ended = [j for j in nodes if j.finished]
     head = nodes[0]
-    if any(j.drain_at is not None for j in nodes) or head.deployment_num < run.deployment_num \
+    if any(j.drain_at is not None for j in nodes) or head.deployment_num != run.deployment_num \
             or conf.replica_group(head.node_group_name) is None:
         replica_nodes.let_go(nodes, ended)  # removed on purpose, or rolled out: nothing to replace
         return None
@@ -183,10 +222,11 @@ def _failures_in_a_row(job: Job) -> int:
 
 
 def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job], nodes: int,
-                  others: dict) -> None:
+                  others: dict, taken: set[int]) -> None:
     """Step 2 for one replica group; `live`: its replicas' node 0s; `replacing`: the replica numbers of
     its replicas step 1 replaced or will replace after their back-off (they count as the current
-    deployment's); `nodes`: the jobs of a new replica; `others`: a multi-host replica's other nodes."""
+    deployment's); `nodes`: the jobs of a new replica; `others`: a multi-host replica's other nodes;
+    `taken`: replica numbers the group's replicas of other deployments hold."""
     pending = len(replacing)
     desired = int((run.desired_replicas or {}).get(group, 0))
     serving = [j for j in live if j.drain_at is None]
@@ -215,23 +255,18 @@ def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], j
     rolling = bool(old) or old_draining
     surge = 1 if rolling else 0
     held = len(old) + (holding if rolling else 0)
-    used = {j.replica_num for j in live} | set(replacing)
+    used = {j.replica_num for j in live} | set(replacing) | taken
     next_job = None
     count = len(new) + pending
     while count < desired and count + held < desired + surge:
         if next_job is None:  # read only when a replica is added
-            next_job = max([j.job_num for j in jobs] + [_top_job_num(run)]) + 1
+            next_job = rows.next_job_num(run, jobs)
         num = next(n for n in range(len(used) + 1) if n not in used)
         used.add(num)
         why = f"rolling update to deployment {run.deployment_num}" if rolling else f"{group} wants {desired}"
         rows.add(run, group, num, next_job, why)
         next_job += nodes
         count += 1
-
-
-def _top_job_num(run: Run) -> int:
-    """The highest job number the run ever used (its superseded rows' too): a new replica's is above it."""
-    return Job.objects.filter(run_id=run.pk).order_by("-job_num").values_list("job_num", flat=True).first() or 0
 
 
 def _status(run: Run, live: list[Job], lease: Lease) -> None:

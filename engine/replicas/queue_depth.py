@@ -34,7 +34,7 @@ from engine import outcome, tuning
 from runs.configuration.stored import StoredGroup
 from runs.models import Run
 from serving.prometheus_text import gauge_value
-from serving.replica_http import ReplicaAnswerTooLarge, ReplicaUnreachable, request
+from serving.replica_http import ReplicaAnswerTooLarge, ReplicaHTTPError, ReplicaUnreachable, request
 from serving.replicas import is_head, is_ready
 
 SCRAPE_MAX_BYTES = 4 * 1024 * 1024  # a vLLM or SGLang /metrics is tens of kB
@@ -121,6 +121,8 @@ def _scrape(job, port: int, path: str, metric: str, deadline: float, found: list
         return f"its answer on :{port}{path} is over {SCRAPE_MAX_BYTES // (1024 * 1024)} MiB"
     except ReplicaUnreachable as exc:
         return f"no answer ({exc})"
+    except ReplicaHTTPError as exc:  # every kind: one replica's failure never fails the tick of every group
+        return str(exc)
     if answer.status != 200:
         return f":{port}{path} answered HTTP {answer.status}"
     value = gauge_value(answer.body.decode("utf-8", "replace"), metric)

@@ -56,6 +56,12 @@ def replace(run: Run, old: Job, why: str) -> Job | None:
     return new
 
 
+def next_job_num(run: Run, jobs: list[Job]) -> int:
+    """A new replica's job number: above the highest the run ever used (its superseded rows' too)."""
+    top = Job.objects.filter(run_id=run.pk).order_by("-job_num").values_list("job_num", flat=True).first() or 0
+    return max([j.job_num for j in jobs] + [top]) + 1
+
+
 def add(run: Run, group_name: str, replica_num: int, job_num: int, why: str) -> Job:
     """One more replica of the group, as the run's configuration makes it now (its deployment): its
     node 0, and for a multi-host replica its other nodes, which node 0 places (replica_placement).

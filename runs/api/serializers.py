@@ -129,7 +129,8 @@ class RunSerializer(ModelSerializer):
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "waiting_for", "gives_up_at", "restarts", "deployment_num", "service", "configuration", "jobs",
+            "waiting_for", "gives_up_at", "restarts", "deployment_num", "serving_deployment", "service",
+            "configuration", "jobs",
             "earlier_jobs",
         ]
 

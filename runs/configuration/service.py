@@ -64,6 +64,10 @@ class Scaling(CheckedModel):
     metrics_path: str | None = None
 
 
+class Rollout(CheckedModel):
+    max_surge: int | None = None  # None: blue/green with a full second copy of every group
+
+
 class Worker(CheckedModel):
     """`worker`: the role (and a prefill's bootstrap port) the router registers the group's replicas
     with, over what they report (docs/services.md, "PD services")."""
@@ -96,6 +100,7 @@ class ServiceConfiguration(TaskConfiguration):
     https: bool | None = None  # None: dstack's `auto` / not written
     gateway: bool | str | None = None
     rate_limits: list[dict[str, Any]] = []
+    rollout: Rollout | None = None
 
     def desired_replicas(self) -> dict[str, int]:
         return {g.name: g.desired for g in self.groups}
@@ -172,6 +177,7 @@ def parse_service_configuration(document: dict, *, endpoint_tls: bool = False, *
     return ServiceConfiguration(
         **task_fields, groups=groups, nodes=sum(g.desired * g.nodes for g in groups), port=service.port,
         auth=service.auth, strip_prefix=service.strip_prefix, model=model["name"] if model else None,
+        rollout=Rollout(max_surge=service.rollout.max_surge) if service.rollout else None,
         https=service.https if isinstance(service.https, bool) else None, gateway=service.gateway,
         rate_limits=[limit.model_dump() for limit in service.rate_limits],
         warnings=[*task.warnings, *({"field": format_loc(w["field"]), "message": w["message"]} for w in warnings)],
@@ -314,6 +320,9 @@ def _warn_service(service: ServiceKeys, endpoint_tls: bool, groups: list, warnin
     if service.model is not None:
         warn(["model"], "model: Muster serves no OpenAI-compatible /proxy/models/ endpoint (dstack deprecates it): "
              "use the service URL, e.g. <service URL>v1/chat/completions")
+    if service.rollout is not None and not any(g is not None and g.router is not None for g in groups):
+        warn(["rollout"], "rollout: applies to a service with a `router` group (blue/green updates); this one's "
+             "updates roll replica by replica with a surge of one")
     for i, group in enumerate(groups):
         # smg's worker list is kept by the engine (serving/router_sync.py); another router's is not
         if group is not None and group.router is not None and group.router.type != "smg":

@@ -27,7 +27,8 @@ DEFAULT_SCALE_DOWN_DELAY = 600
 MAX_REPLICAS = 1000
 _HEADER_KEY = re.compile(r"^[a-zA-Z0-9-_]{1,500}$")
 _PREFIX = re.compile(r"^/[^\s\\{}]*$")
-_PATH = re.compile(r"^/[^\s#]*$")
+# printable ASCII but `#`: the bytes of a request line (anything else %-escaped)
+_PATH = re.compile(r"/[\x21\x22\x24-\x7e]*")
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 ROUTER_TYPES = ("smg", "dynamo")
 WORKER_ROLES = ("prefill", "decode", "regular")
@@ -109,7 +110,8 @@ class ScalingInput(WrittenModel):
     @classmethod
     def _metrics_path(cls, value: str | None) -> str | None:
         if value is not None and (len(value) > 1024 or not _PATH.fullmatch(value)):
-            raise ValueError("metrics_path is a path starting with `/`, without spaces or `#`, e.g. /metrics")
+            raise ValueError("metrics_path is a path starting with `/`, of printable ASCII without spaces or `#` "
+                             "(%-escape anything else), e.g. /metrics")
         return value
 
     @model_validator(mode="after")
@@ -188,6 +190,20 @@ class RouterInput(WrittenModel):
         return value
 
 
+class RolloutInput(WrittenModel):
+    """`rollout`: how an update of a service with a `router` group is rolled (docs/services.md)."""
+
+    max_surge: Any = None
+
+    @field_validator("max_surge")
+    @classmethod
+    def _max_surge(cls, value: object) -> int | None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError("max_surge must be a whole number of replicas, at least 1 (the new deployment's "
+                             "router needs a host beside the serving one), or left out for a full second copy")
+        return value  # type: ignore[return-value]
+
+
 class WorkerInput(WrittenModel):
     """A replica group's `worker`: how the router registers its replicas, over what they report."""
 
@@ -233,6 +249,7 @@ class ServiceKeys(WrittenModel):
     rate_limits: list[RateLimitInput] = []
     replicas: Any = None
     groups: list[Any] | None = None
+    rollout: RolloutInput | None = None
 
     @field_validator("port")
     @classmethod

@@ -194,6 +194,13 @@ class StoredTask(_Stored):
         return self.groups[index] if 0 <= index < len(self.groups) else _NO_GROUP
 
 
+class StoredRollout(_Stored):
+    """A routed service's `rollout`: at most `max_surge` replicas beyond the serving deployment's
+    during an update (None: a full second copy of every group)."""
+
+    max_surge: int | None = None
+
+
 class StoredService(StoredTask):
     """`type: service` as stored: a task's fields (its `groups` are the replica groups, each with
     `replicas`; a service without `groups` is stored with one group), and the endpoint's keys."""
@@ -204,9 +211,15 @@ class StoredService(StoredTask):
     strip_prefix: bool = True
     model: str | None = None
     https: bool | None = None
+    rollout: StoredRollout | None = None
 
     def replica_group(self, name: str) -> StoredGroup | None:
         return next((g for g in self.groups if g.name == name), None)
+
+    @property
+    def routed(self) -> bool:
+        """A group is a router: an update is blue/green per deployment (engine/replicas/revisions.py)."""
+        return any(g.router for g in self.groups)
 
 
 def _without_nulls(value: Any) -> Any:

@@ -4,7 +4,9 @@ in-place update when a running service of the same name is applied again.
 An update (the submit with `"update": true`, which `muster apply` sends once the user agreed)
 stores the new configuration, raises the run's `deployment_num` and recomputes `desired_replicas`,
 with an event, then nudges the run: the engine rolls the replicas to the new deployment one at a
-time (new replica ready, then an old one drained and stopped). Nothing else of the run changes.
+time (new replica ready, then an old one drained and stopped); a service with a `router` group is
+updated blue/green instead (engine/replicas/revisions.py), with what a rollback restores recorded in
+the run's `rollout`. Nothing else of the run changes.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from django.utils import timezone
 
 from engine import messages
 from events.services import update_and_record
+from muster import crypto
 from muster.api_errors import Conflict
 from projects.models import Project
 from runs.choices import RunStatus
 from runs.configuration import TaskConfiguration
 from runs.configuration.stored import StoredService, stored_run
-from runs.models import Run
+from runs.models import Job, Run
 from serving.urls_for import url_for
 
 # a service in these is rolled in place; any other state (waiting to retry, stopping) is not
@@ -74,8 +77,15 @@ def updated_service(project: Project, conf: TaskConfiguration) -> dict | None:
         return {"name": conf.name, "refused": refused}
     return {"name": conf.name, "deployment_num": run.deployment_num + 1, "status": run.status,
             "message": f"service {conf.name} is {run.status}: applying updates it in place (deployment "
-                       f"{run.deployment_num + 1}): new replicas start and become ready before the old ones are "
-                       "drained and stopped, one at a time"}
+                       f"{run.deployment_num + 1}): " + _how(conf)}
+
+
+def _how(conf: TaskConfiguration) -> str:
+    if any(getattr(g, "router", None) for g in conf.groups):
+        return ("blue/green: every group of the new deployment comes up beside the serving one, the endpoint "
+                "switches to the new router once all are ready, then the old deployment drains and stops; "
+                "if the new one fails, it is rolled back")
+    return "new replicas start and become ready before the old ones are drained and stopped, one at a time"
 
 
 def _refusal(run: Run, conf: TaskConfiguration) -> str:
@@ -104,7 +114,11 @@ def _desired(old: dict[str, int], conf: TaskConfiguration) -> dict[str, int]:
 
 def update(project: Project, user, conf: TaskConfiguration, stored: dict, text: str) -> Run | None:
     """Roll the live run named `conf.name` to `stored`; None when no live run has that name (the
-    submit then makes a new run). A live run that cannot be updated: a 409 that says why."""
+    submit then makes a new run). A live run that cannot be updated: a 409 that says why.
+
+    Two applies race through the run's row lock: the second sees the first's deployment. For a
+    service with a router the second supersedes the first's rollout (its replicas never served and
+    are removed; a rollback still restores the deployment that serves)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().select_related("project").filter(project=project, name=conf.name).first()
         if run is None or run.finished:
@@ -112,17 +126,77 @@ def update(project: Project, user, conf: TaskConfiguration, stored: dict, text: 
         refused = _refusal(run, conf)
         if refused:
             raise Conflict(["update"], refused)
-        deployment = run.deployment_num + 1
+        # above any deployment a job was ever made for: a rolled-back one's number is not reused
+        deployment = max(run.deployment_num, _top_deployment(run)) + 1
         desired = _desired(run.desired_replicas or {}, conf)
         counts = ", ".join(f"{name}: {n}" for name, n in desired.items())
         actor = getattr(user, "username", "") or "api"
+        fields = {"configuration": stored, "submitted_text": text, "deployment_num": deployment,
+                  "desired_replicas": desired, "updated_at": timezone.now()}
+        if _routed(stored) and not (run.rollout and run.serving_deployment < run.deployment_num) \
+                and _scaled_only(run.configuration, stored):
+            # a routed service whose update changes only its replica counts is scaled in place: no new
+            # deployment, no second copy (scale-down drains as the scaler's does)
+            fields.update(deployment_num=run.deployment_num)
+            update_and_record(
+                Run.objects.filter(pk=run.pk), fields, project.id, f"run {run.name}",
+                f"updated by {actor}: only the replica counts changed (replicas {counts}): scaled in place, "
+                f"deployment {run.deployment_num} serves on", status=run.status, actor=actor, run_id=run.pk)
+            messages.process_run(run.pk)
+            run.refresh_from_db()
+            run.rolled = True
+            return run
+        if _routed(stored):
+            how = _blue_green(run, deployment, fields)
+        else:
+            fields.update(serving_deployment=deployment, rollout={})
+            how = "the replicas are rolled to it one at a time"
         update_and_record(
-            Run.objects.filter(pk=run.pk), {"configuration": stored, "submitted_text": text,
-                                            "deployment_num": deployment, "desired_replicas": desired,
-                                            "updated_at": timezone.now()},
-            project.id, f"run {run.name}", f"updated by {actor} to deployment {deployment} (replicas {counts}): "
-            "the replicas are rolled to it one at a time", status=run.status, actor=actor, run_id=run.pk)
+            Run.objects.filter(pk=run.pk), fields,
+            project.id, f"run {run.name}", f"updated by {actor} to deployment {deployment} (replicas {counts}): {how}",
+            status=run.status, actor=actor, run_id=run.pk)
         messages.process_run(run.pk)
     run.refresh_from_db()
     run.rolled = True
     return run
+
+
+# what an update may change and still be scaled in place: the counts, and what is derived from them
+_SCALING_KEYS = ("replicas", "scaling")
+
+
+def _scaled_only(old: dict, new: dict) -> bool:
+    """Whether `new` differs from `old` in replica counts only (the encrypted values compared as what
+    they hold: each submit encrypts them anew)."""
+    sealed = ("secret_env", "secret_registry_password")
+
+    def shape(conf: dict) -> dict:
+        groups = [{k: v for k, v in g.items() if k not in _SCALING_KEYS} for g in conf.get("groups") or []]
+        return {**{k: v for k, v in conf.items() if k not in ("nodes", "groups", *sealed)}, "groups": groups}
+
+    def opened(conf: dict) -> list:
+        return [crypto.decrypt(conf[k], loc=[k], what=k, fix="submit the run again") if conf.get(k) else None
+                for k in sealed]
+    return shape(old) == shape(new) and opened(old) == opened(new)
+
+
+def _routed(stored: dict) -> bool:
+    conf = stored_run(stored)
+    return isinstance(conf, StoredService) and conf.routed
+
+
+def _blue_green(run: Run, deployment: int, fields: dict) -> str:
+    """The rollout record of a routed service's update (what a rollback restores: the serving
+    deployment's), kept when a rollout is under way already; the event's words."""
+    how = (f"blue/green: every group of deployment {deployment} comes up beside deployment "
+           f"{run.serving_deployment}, which serves until the new one is ready")
+    if run.rollout and run.serving_deployment < run.deployment_num:
+        return how + f" (supersedes the rollout to deployment {run.deployment_num}, whose replicas are removed)"
+    fields["rollout"] = {"configuration": run.configuration, "submitted_text": run.submitted_text,
+                         "desired_replicas": run.desired_replicas, "started_at": timezone.now().isoformat()}
+    return how
+
+
+def _top_deployment(run: Run) -> int:
+    return Job.objects.filter(run_id=run.pk).order_by("-deployment_num").values_list(
+        "deployment_num", flat=True).first() or 0

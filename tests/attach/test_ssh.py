@@ -82,6 +82,25 @@ def shell_lines(pool) -> list[str]:
     return [line for line in pool.authorized_keys.read_text().splitlines() if "muster-attach-" in line]
 
 
+def sleeps() -> list[str]:
+    return subprocess.run(["pgrep", "-af", "^sleep 100[123]$"], capture_output=True, text=True).stdout.splitlines()
+
+
+def argv_holding(text: bytes, besides: int) -> list[int]:
+    """Processes (but `besides` and its children: the client, which was given the text) whose
+    arguments hold `text`."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if text in cmdline and besides not in (int(name), parent):
+            found.append(int(name))
+    return found
+
+
 def running(name: str) -> bool:
     return Run.objects.filter(name=name, jobs__status="running").exists()
 
@@ -107,15 +126,20 @@ def test_muster_ssh_runs_a_command_in_the_jobs_env_and_the_key_goes_with_the_mem
 
     # an interactive shell on a terminal: what is typed runs in the job's environment
     assert interactive(cli_env, b'echo "[$GREETING]"; exit 3\n') == (3, True)
-    # a shell open when the member goes is ended with the key
-    held = subprocess.Popen([*MUSTER, "ssh", "quiet", "--", "echo open; sleep 300"], env=cli_env,
+    # a shell open when the member goes is ended with the key, with all it started: a `setsid` and a
+    # `nohup` child too (no terminal here); the command's text is in no process's arguments
+    held = subprocess.Popen([*MUSTER, "ssh", "quiet", "--", "setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 & "
+                             ": not-in-argv; echo open; sleep 1003"], env=cli_env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     try:
         assert held.stdout.readline() == "open\n"
+        wait_until(lambda: len(sleeps()) == 3, timeout=10, what="the session's sleeps started")
+        assert argv_holding(b"not-in-argv", besides=held.pid) == []
         Membership.objects.filter(user__username="bob").delete()
         wait_until(lambda: shell_lines(pool) == [], timeout=60, what="the shell key removed from the host")
         assert held.wait(30) != 0
+        wait_until(lambda: sleeps() == [], timeout=15, what="the shell's processes ended")
     finally:
         held.kill()
         held.wait(10)

@@ -60,6 +60,15 @@ def test_apply_of_a_running_service_asks_before_updating_it(api, tmp_path, monke
     assert "deployment 1" in err and URL in err
 
 
+def test_apply_of_a_routed_service_says_the_update_is_blue_green(api, tmp_path, capsys):
+    updates = {"name": "web", "deployment_num": 1, "status": "running", "message": "blue/green: ..."}
+    api.on("POST", "runs/plan", (200, {**PLAN, "updates": updates}))
+    api.on("POST", "runs/", (200, {**RUN, "deployment_num": 1, "serving_deployment": 0}))
+    assert cli.main(["apply", "-f", service_file(tmp_path), "-y"]) == 0
+    err = capsys.readouterr().err
+    assert "to deployment 1: it comes up beside deployment 0, which serves until the new one is ready" in err
+
+
 def test_apply_says_why_a_running_run_of_the_name_cannot_be_updated(api, tmp_path, capsys):
     refused = {"name": "web", "refused": "run web is a task: only a service is updated in place"}
     api.on("POST", "runs/plan", (200, {**PLAN, "updates": refused}))

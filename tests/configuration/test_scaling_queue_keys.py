@@ -47,6 +47,11 @@ CASES = [
         ["scaling", "metrics_port"], "1 to 65535"),
     bad("queue-metrics-path", svc(replicas="1..4", scaling={**QUEUE, "metrics_path": "metrics"}),
         ["scaling", "metrics_path"], "starting with `/`"),
+    # sent as the request line's bytes: only printable ASCII can be (an HTTP path is ASCII; %-escape the rest)
+    bad("queue-metrics-path-not-ascii", svc(replicas="1..4", scaling={**QUEUE, "metrics_path": "/指标"}),
+        ["scaling", "metrics_path"], "printable ASCII"),
+    bad("queue-metrics-path-control", svc(replicas="1..4", scaling={**QUEUE, "metrics_path": "/m\x7f"}),
+        ["scaling", "metrics_path"], "printable ASCII"),
     bad("queue-window-too-long", svc(replicas="1..4", scaling={**QUEUE, "window": "1h"}), ["scaling", "window"],
         "from 1s to 10m"),
     bad("queue-from-zero", svc(replicas="0..4", scaling=QUEUE), ["replicas"], "metric: queue needs at least 1"),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from projects.models import Membership
 from runs.models import Run
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
@@ -65,3 +66,21 @@ def test_muster_ssh_runs_the_command_in_the_jobs_container(docker_cluster, setti
     assert done.stdout == "boxed-image\nhello-from-the-container in /workflow\n"
     # on the host itself (outside the container) the image's marker file does not exist
     assert not Path("/etc/test-image-marker").exists()
+
+    # a session's processes inside the container, `setsid` ones too, end when its member goes (without a
+    # terminal, the end of the `docker exec` client alone would leave them running)
+    held = subprocess.Popen([*MUSTER, "ssh", "boxed", "--", "setsid sleep 1011 & echo open; sleep 1012"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        assert held.stdout.readline() == "open\n"
+        wait_until(lambda: len(sleeps()) == 2, timeout=10, what="the session's sleeps started")
+        Membership.objects.filter(user__username="bob").delete()  # the revoke reaches the host's shell verb
+        wait_until(lambda: sleeps() == [], timeout=60, what="the shell's processes in the container ended")
+        assert held.wait(30) != 0
+    finally:
+        held.kill()
+        held.wait(10)
+
+
+def sleeps() -> list[str]:
+    return subprocess.run(["pgrep", "-af", "^sleep 101[12]$"], capture_output=True, text=True).stdout.splitlines()

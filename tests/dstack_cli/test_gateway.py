@@ -22,6 +22,7 @@ from dstack_api.gateway import server
 from dstack_api.services import keys
 from projects.models import Membership
 from runs.models import Run
+from tests.attach.test_ssh import argv_holding
 from tests.conftest import token_for
 from tests.dstack_cli.helpers import DSTACK, dstack_runner
 from tests.ssh_e2e.helpers import needs_netns, netns_pool, short_ssh_timeouts  # noqa: F401 - an autouse fixture
@@ -182,6 +183,16 @@ def test_dstack_attach_then_ssh_run_runs_a_command_in_the_job(dstack, pool, base
     try:
         done = wait_until(ran, timeout=60, what="ssh sleepy through the gateway")
         assert done.stdout == "hi-through-dstack here\n", done.stderr
+        # the command (which may hold a token) is in no process's arguments on the host while it runs
+        held = subprocess.Popen([*own_ssh_dir(base), "ssh", "-o", "BatchMode=yes", "sleepy",
+                                 ": gateway-needle-4711; echo open; sleep 60"], env=env, cwd=base,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert held.stdout.readline() == "open\n"
+            assert argv_holding(b"gateway-needle-4711", besides=held.pid) == []
+        finally:
+            held.kill()
+            held.communicate(timeout=30)
     finally:
         assert dstack("stop", "sleepy", "-y").returncode == 0
         attach.kill()

@@ -188,3 +188,16 @@ def test_a_hanging_replica_costs_its_own_timeout_not_the_others_scrapes(sent, mo
     assert list(run.scaling["unscraped"]) == [str(jobs[0].pk)]
     assert Event.objects.filter(run=run, message__startswith=f"cannot read the queue of replica decode/"
                                                              f"{jobs[0].replica_num}: no answer").exists()
+
+
+def test_a_stored_metrics_path_that_cannot_be_sent_is_a_failed_scrape_not_a_failed_tick(replica):
+    run, decode, server = replica
+    # stored before the rule refused it at submit (printable ASCII only): the tick must go on
+    conf = run.configuration
+    conf["groups"][0]["scaling"]["metrics_path"] = "/\u6307\u6807"
+    Run.objects.filter(pk=run.pk).update(configuration=conf)
+    assert scaling.scale_services() == 1
+    run.refresh_from_db()
+    assert run.scaling["queue_depth"] == {"decode": None} and str(decode.pk) in run.scaling["unscraped"]
+    said = Event.objects.get(run=run, message__startswith="cannot read the queue of replica decode/")
+    assert "request path" in said.message

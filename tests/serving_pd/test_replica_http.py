@@ -11,7 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.replica_http import ReplicaAnswerTooLarge, ReplicaUnreachable, request
+from serving.replica_http import (
+    ReplicaAnswerTooLarge,
+    ReplicaHTTPError,
+    ReplicaUnreachable,
+    Response,
+    request,
+)
 from tests.serving.replicas import free_port
 from tests.waiting import wait_until
 
@@ -171,3 +177,50 @@ def test_a_replica_only_its_host_reaches_is_asked_through_the_hosts_ssh_connecti
     finally:
         server.kill()
         server.wait(10)
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+    "HTTP/1.1 2\u00b2 OK\r\nContent-Length: 2\r\n\r\n".encode("latin-1"),  # "²".isdigit() is True
+    b"HTTP/1.1 99999999999999999999 OK\r\nContent-Length: 2\r\n\r\n",
+])
+def test_an_answer_that_does_not_parse_is_unreachable_not_a_crash(raw, head):
+    server = raw(lambda req: [head, b"{}"])
+    with pytest.raises(ReplicaUnreachable, match=f"port {server.port} GET /x"):
+        request(local_job(), server.port, "GET", "/x", timeout=2, max_bytes=100)
+
+
+@pytest.mark.parametrize("path", ["/\u6307\u6807", "/m\x7f", "/a\tb", "metrics"])
+def test_a_path_that_cannot_be_a_request_line_is_refused_before_any_connection(raw, path):
+    server = raw(lambda req: [b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"])
+    with pytest.raises(ReplicaHTTPError, match="request path"):
+        request(local_job(), server.port, "GET", path, timeout=2, max_bytes=100)
+    assert server.requests == []
+
+
+def test_json_nested_beyond_the_parsers_depth_is_a_value_error():
+    with pytest.raises(ValueError):
+        Response(200, {}, b"[" * 200000 + b"]" * 200000).json()
+
+
+@pytest.mark.parametrize(("backend", "host", "why"), [
+    # a cloud or SSH host's name is the user's word: a name that resolves to the server itself
+    ("aws", "localhost", "address of the Muster server itself"),
+    ("aws", "127.0.0.1", "address of the Muster server itself"),
+    ("aws", "169.254.169.254", "network the operator denies"),  # the cloud's metadata service
+    ("local", "10.1.2.3", "local instance's address must be loopback"),
+])
+def test_an_address_the_policy_refuses_is_never_connected_to(raw, backend, host, why):
+    server = raw(lambda req: [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"])
+    job = SimpleNamespace(id=5, instance=SimpleNamespace(id=5, backend=backend, hostname=host, internal_ip=host))
+    started = time.monotonic()
+    with pytest.raises(ReplicaUnreachable, match=why):
+        request(job, server.port, "GET", "/workers", timeout=5, max_bytes=100)
+    assert time.monotonic() - started < 1 and server.requests == []
+
+
+def test_a_negative_chunk_size_is_malformed_not_a_loop(raw):
+    server = raw(lambda req: [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n"])
+    with pytest.raises(ReplicaUnreachable, match="bad chunk size"):
+        request(local_job(), server.port, "GET", "/x", timeout=2, max_bytes=100)
