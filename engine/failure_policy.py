@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from runs.choices import FAILING_REASONS, RETRY_EVENT
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason
 from runs.configuration.stored import StoredGroup, run_configuration
 from runs.models import Job, Run
 
@@ -82,6 +82,13 @@ def _replica_keeps_host(job: Job, conf) -> bool:
     return conf.retry is not None and ERROR in conf.retry.on_events
 
 
+def is_replacement(job: Job) -> bool:
+    """A job ended because one slice of its set is being made again (engine/slice_replace.py): an
+    interruption that keeps its host, which no other interruption does. Its group restarts on the
+    same hosts, group 0 included (the kept slices and the new one are the set's hosts)."""
+    return bool(job.keep_host) and job.termination_reason == JobReason.INTERRUPTED_BY_NO_CAPACITY
+
+
 def referencing_groups(run: Run, index: int) -> set[int]:
     """Groups whose commands or env name group `index`'s addresses, or that `depends_on` it."""
     groups = run_configuration(run).groups
@@ -112,6 +119,12 @@ class Verdict:
 def judge(run: Run, jobs: list[Job], failed: list[Job]) -> Verdict:
     verdict = Verdict()
     for job in failed:
+        if is_replacement(job):
+            if _budget_spent(run, job):
+                verdict.spent = verdict.spent or job
+            else:
+                verdict.restart.setdefault(job.node_group_index, job)
+            continue
         action = matched_action(run, job)
         if action == RESTART_GROUP and (job.node_group_index == 0 or (
                 event_of(job) == INTERRUPTION and 0 in referencing_groups(run, job.node_group_index))):
