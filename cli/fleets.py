@@ -98,3 +98,15 @@ def wait_for_deletion(client: Client, name: str) -> None:
             raise CliError(f"fleet {name} is still being deleted after {timeout:g} s (the server goes on "
                            "trying); see `muster fleet list`")
         time.sleep(poll)
+
+
+def add_fleet_commands(subparsers: Any, command, add_yes) -> None:
+    fleet = subparsers.add_parser("fleet", help="apply, list and delete fleets")
+    actions = fleet.add_subparsers(dest="fleet_command", required=True, metavar="{apply,list,delete}")
+    apply = command(actions, "apply", cmd_fleet_apply, help="create a fleet from a YAML file")
+    apply.add_argument("-f", "--file", required=True)
+    command(actions, "list", cmd_fleet_list, help="list fleets")
+    delete = command(actions, "delete", cmd_fleet_delete, help="delete a fleet and its instances")
+    delete.add_argument("name")
+    delete.add_argument("--force", action="store_true", help="delete even if runs use it")
+    add_yes(delete)

@@ -34,14 +34,13 @@ from cli.files import (  # noqa: F401  (the tests and scripts use them from here
 )
 from cli.fleets import (  # noqa: F401  (POLL_SECONDS: the tests shorten it here)
     POLL_SECONDS,
-    cmd_fleet_apply,
-    cmd_fleet_delete,
-    cmd_fleet_list,
+    add_fleet_commands,
     submit_fleet,
 )
 from cli.follow import RUN_FINISHED, say, segment
 from cli.metrics import add_metrics_command
 from cli.prompts import Parser, client_for, confirm
+from cli.queue import add_queue_command
 
 # ---- commands ----------------------------------------------------------------------------------------
 
@@ -71,7 +70,7 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
     if capacity.get("fits") is False:  # said before asking: submitted now, the run would fail (or wait to retry)
         print(render.no_capacity(capacity.get("reasons") or []))
         if capacity.get("waits_for"):
-            print(render.would_wait(capacity["waits_for"]))
+            print(render.would_wait(capacity["waits_for"], capacity.get("queue_position")))
     elif capacity.get("fits"):
         print(render.plan_placement(capacity))
     if plan.get("warnings"):
@@ -264,23 +263,11 @@ def _command(subparsers: Any, name: str, handler: Callable[[argparse.Namespace],
     return parser
 
 
-def _add_fleet_commands(subparsers: Any) -> None:
-    fleet = subparsers.add_parser("fleet", help="apply, list and delete fleets")
-    actions = fleet.add_subparsers(dest="fleet_command", required=True, metavar="{apply,list,delete}")
-    apply = _command(actions, "apply", cmd_fleet_apply, help="create a fleet from a YAML file")
-    apply.add_argument("-f", "--file", required=True)
-    _command(actions, "list", cmd_fleet_list, help="list fleets")
-    delete = _command(actions, "delete", cmd_fleet_delete, help="delete a fleet and its instances")
-    delete.add_argument("name")
-    delete.add_argument("--force", action="store_true", help="delete even if runs use it")
-    _add_yes(delete)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="muster", description="Client of a Muster control plane.")
     parser.add_argument("--version", action="version", version=f"muster {version()}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{config,apply,plan,ps,logs,metrics,attach,ssh,events,stop,delete,fleet,instances,serve}")
+                                metavar="{config,apply,plan,ps,queue,logs,metrics,attach,ssh,events,stop,delete,fleet,instances,serve}")
 
     config = _command(sub, "config", cmd_config, help="save the server URL and token to ~/.muster/config")
     config.add_argument("--url", required=True)
@@ -317,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help=argparse.SUPPRESS)
 
     add_metrics_command(sub, _command)
+    add_queue_command(sub, _command)
 
     attach = _command(sub, "attach", cmd_attach,
                       help="forward a job's ports to localhost and follow the logs until Ctrl-C")
@@ -343,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--abort", action="store_true", help="kill the jobs without a graceful stop")
     _add_yes(stop)
 
-    _add_fleet_commands(sub)
+    add_fleet_commands(sub, _command, _add_yes)
 
     instances = _command(sub, "instances", cmd_instances, help="list hosts grouped by instance group")
     instances.add_argument("--fleet")
@@ -365,13 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # `muster ssh RUN -- COMMAND`: what follows `--` is the command, whatever it looks like
-    # (argparse's subcommands do not keep `--` for a positional list)
-    command = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    # (argparse's subcommands do not keep `--` for a positional list); apply's and plan's `-- ARGS`
+    # (${{ run.args }}) are argparse's own and are left to it
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    split = verb == "ssh" and "--" in argv
+    command = argv[argv.index("--") + 1:] if split else []
+    argv = argv[:argv.index("--")] if split else argv
     try:
         args = parser.parse_args(argv)
-        if command and getattr(args, "remote_command", None) is None:
-            parser.error("`-- COMMAND` is for `muster ssh` only")
         if command:
             args.remote_command = command
     except SystemExit as exc:  # --help (0) or a usage error (2): return it like any other outcome

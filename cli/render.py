@@ -178,8 +178,9 @@ def no_capacity(reasons: Sequence[str]) -> str:
     return "No fleet can hold this run now:\n" + "\n".join(f"  {line}" for line in reasons)
 
 
-def would_wait(waits_for: str) -> str:
-    return f"Submitted, the run waits for {waits_for} (its retry lists no-capacity), holding no host."
+def would_wait(waits_for: str, place: int | None = None) -> str:
+    queued = f", number {place} in the project's queue" if place else ""
+    return f"Submitted, the run waits for {waits_for} (its retry lists no-capacity){queued}, holding no host."
 
 
 def plan_warnings(warnings: Sequence[dict[str, Any]]) -> str:
@@ -204,7 +205,8 @@ def run_state(run: dict[str, Any]) -> tuple[str, str]:
     time it gives up in place of a reason."""
     if run.get("waiting_for"):
         until = f"gives up at {clock(run['gives_up_at'])}" if run.get("gives_up_at") else "waits as long as it takes"
-        return "waiting", f"{run['waiting_for']}; {until}"
+        place = f"#{run['queue_position']} (priority {run.get('priority')}) " if run.get("queue_position") else ""
+        return "waiting", f"{place}{run['waiting_for']}; {until}"
     return run.get("status"), run.get("termination_reason")
 
 

@@ -28,6 +28,9 @@ class Run(Claimable):
     # Per group index: {"count": restarts so far, "submission": the group's submission being
     # restarted, "due": ISO time}; written by process_run only (it holds the run), so never lost
     restarts = models.JSONField(default=dict, blank=True)
+    # dstack's `priority` (0..100): of the runs waiting for a host of a full fleet, a host given back goes
+    # to the highest, then the oldest (engine/submitted/waiting.py, runs/queue.py)
+    priority = models.SmallIntegerField(default=0)
     submitted_at = models.DateTimeField(auto_now_add=True)
     # when a job of the run first ran (a retry keeps the first): the end of its wait in the queue
     started_at = models.DateTimeField(null=True, blank=True)
@@ -60,7 +63,11 @@ class Run(Claimable):
 
     class Meta:
         unique_together = [("project", "name")]
-        indexes = [models.Index(fields=["status"])]
+        # the queue's order (runs/queue.py): a project's unfinished runs by priority, then age, read in
+        # that order so a wake stops at the first run that waits rather than sorting them all
+        indexes = [models.Index(fields=["status"]),
+                   models.Index(fields=["project", "-priority", "submitted_at", "id"], name="run_queue_order",
+                                condition=~models.Q(status__in=[s.value for s in RUN_FINISHED]))]
 
     def __str__(self) -> str:
         return self.name

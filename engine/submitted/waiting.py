@@ -13,7 +13,8 @@ backoff growing to ten minutes, so at a steady 1.5 runs/s a full fleet of 32 nev
 While it waits, job 0 stays `submitted` and holds no host: its `waiting_for` says which fleet is
 full (the API's status_message and the console show it), and its `next_check_at` is when the sweep
 looks again. A host given back by the engine (a job's end, a placement that did not happen) wakes
-the project's oldest waiting jobs at once, one per host freed; the sweep's recheck is the backstop
+the project's first waiting jobs at once, one per host freed, in queue order (runs/queue.py: the
+highest `priority`, then the oldest); the sweep's recheck is the backstop
 for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
 fails and the run ends `retry_limit_exceeded`.
 """
@@ -35,7 +36,8 @@ from instances import spanning
 from instances.transitions import hand_back as give_back
 from muster import compiled
 from runs import limits as run_limits
-from runs.choices import WAITING_FOR_HOST, JobStatus
+from runs import queue
+from runs.choices import WAITING_FOR_HOST
 from runs.models import Job, Run
 from runs.waits import gives_up_at
 
@@ -75,7 +77,7 @@ def placed(job: Job) -> dict:
 
 def hand_back(instances, job=None, message: str = "", project_id: int | None = None) -> set[int]:
     """instances.transitions.hand_back, and after commit the project's waiting runs woken, one per
-    host given back (oldest first)."""
+    host given back, in queue order (the highest priority, then the oldest)."""
     freed = give_back(instances, job, message)
     project = project_id if project_id is not None else (job.run.project_id if job is not None else None)
     if freed and project is not None:
@@ -84,12 +86,12 @@ def hand_back(instances, job=None, message: str = "", project_id: int | None = N
 
 
 def _waiting(now, project_id: int):
-    # unleased: a job whose attempt is under way now would bounce the message; the next one waiting gets it
-    return Job.objects.filter(unleased(now), run__project_id=project_id, status=JobStatus.SUBMITTED, superseded=False,
-                              waiting_master_job=False, waiting_for__startswith=PREFIX).order_by("created", "pk")
+    # in queue order (runs/queue.py: priority, then submission); unleased: a job whose attempt is under
+    # way now would bounce the message; the next one waiting gets it
+    return queue.waiting_jobs(project_id).filter(unleased(now))
 
 
-# a job's end gives one host back: the oldest waiting job, its read compiled once (muster/compiled.py)
+# a job's end gives one host back: the first waiting job, its read compiled once (muster/compiled.py)
 _FIRST_WAITING = compiled.Select(lambda now, project_id: _waiting(now, project_id).only("pk")[:1], datetime, int)
 
 

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from instances.queued import queued_message, queued_view
 from muster.serializers import EpochTimeField, ModelSerializer, iso_time
-from runs import restart_view
+from runs import queue, restart_view
 from runs.choices import JOB_FINISHED, JobStatus
 from runs.configuration.stored import SERVER_KEYS
 from runs.models import Job, Run
@@ -118,6 +118,9 @@ class RunSerializer(ModelSerializer):
                                                     "full and its retry lists no-capacity; \"\" otherwise")
     gives_up_at = serializers.SerializerMethodField(help_text="when such a waiting run stops waiting and fails "
                                                     "(its submission plus retry.duration); null otherwise")
+    queue_position = serializers.SerializerMethodField(help_text="while the run waits for a free host: its place "
+                                                       "among the project's waiting runs (1 is given the next "
+                                                       "host: highest priority, then oldest); null otherwise")
     restarts = serializers.SerializerMethodField(help_text="per group that restarted: restarts so far, the most "
                                                  "allowed, the cause, and whether one is pending")
     earlier_jobs = serializers.SerializerMethodField(help_text="the jobs a restart or retry replaced (detail only)")
@@ -129,7 +132,7 @@ class RunSerializer(ModelSerializer):
         fields = [
             "name", "project", "status", "termination_reason", "termination_message", "fleet",
             "submission_num", "retry_attempts", "next_retry_at", "submitted_at", "finished_at",
-            "waiting_for", "gives_up_at", "restarts", "deployment_num", "serving_deployment", "service",
+            "priority", "waiting_for", "queue_position", "gives_up_at", "restarts", "deployment_num", "serving_deployment", "service",
             "configuration", "jobs",
             "earlier_jobs",
         ]
@@ -153,6 +156,18 @@ class RunSerializer(ModelSerializer):
 
     def get_waiting_for(self, run: Run) -> str:
         return waiting_view(run, self._current(run)).get("waiting_for", "")
+
+    def get_queue_position(self, run: Run) -> int | None:
+        if not waiting_view(run, self._current(run)):
+            return None
+        # a list reads every waiting run's place of its page in one query, kept on the list serializer
+        holder = self.parent if self.parent is not None else self
+        found = getattr(holder, "_queue_positions", None)
+        if found is None:
+            runs = holder.instance if self.parent is not None else [run]
+            found = queue.positions(run.project_id, [r.pk for r in runs if r.project_id == run.project_id])
+            holder._queue_positions = found
+        return found.get(run.pk)
 
     def get_gives_up_at(self, run: Run) -> str | None:
         until = waiting_view(run, self._current(run)).get("gives_up_at")

@@ -8,6 +8,7 @@ _hidden = sensitive_post_parameters()
 
 urlpatterns = [
     path("runs/", _hidden(views.RunListView.as_view()), name="runs"),
+    path("queue/", views.QueueView.as_view(), name="queue"),
     path("runs/plan", _hidden(views.RunPlanView.as_view()), name="run-plan"),
     path("runs/<str:name>/", views.RunDetailView.as_view(), name="run-detail"),
     path("runs/<str:name>/stop", views.RunStopView.as_view(), name="run-stop"),

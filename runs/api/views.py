@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from muster.api_errors import InvalidInput
 from muster.pagination import LinkHeaderCursorPagination
 from projects.services.access import ProjectScopedMixin, named_or_404
-from runs import usage
+from runs import queue, usage
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
     LogQuerySerializer,
@@ -163,3 +163,13 @@ class RunMetricsView(ProjectScopedMixin, APIView):
     @extend_schema(responses={200: dict})
     def get(self, request, project, name):
         return Response(usage.run_metrics(named_or_404(Run.objects.all(), "run", self.project, name)))
+
+
+class QueueView(ProjectScopedMixin, APIView):
+    """`muster queue`: the project's runs waiting for a host, in the order hosts go to them (runs/queue.py)."""
+
+    @extend_schema(parameters=[OpenApiParameter("fleet", str, description="only the runs waiting for this fleet")],
+                   responses={200: dict})
+    def get(self, request, project):
+        return Response({"project": self.project.name,
+                         "runs": queue.queue(self.project, queue.fleet_asked(self.project, request.query_params))})

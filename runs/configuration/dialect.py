@@ -179,6 +179,11 @@ def _volume(item: object) -> dict[str, Any]:
     return {"instance_path": item["instance_path"], "path": item["path"], "optional": optional}
 
 
+# dstack's bounds and default for `priority` (dstack 0.22.5, RUN_PRIORITY_DEFAULT): a waiting run of a
+# higher priority gets a freed host first (docs/queueing.md)
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 0, 100, 0
+
+
 class ProfileKeys(WrittenModel):
     """dstack's profile keys (where to provision and for how long), as a run takes them."""
 
@@ -213,11 +218,16 @@ class ProfileKeys(WrittenModel):
     def _price(cls, value: float | None) -> float | None:
         return check_max_price(value)
 
-    @field_validator("priority")
+    @field_validator("priority", mode="before")
     @classmethod
-    def _priority(cls, value: int | None) -> int | None:
-        if value is not None and not 0 <= value <= 100:
-            raise ValueError("priority must be 0..100")
+    def _priority(cls, value: object) -> int | None:
+        # strict: `priority: true` or `50.5` is a mistake to name, not a number to round (dstack's bounds)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"priority must be a whole number from 0 to 100, not {value!r}")
+        if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+            raise ValueError(f"priority must be 0..100 (higher is placed first), not {value}")
         return value
 
     @field_validator("idle_duration", "stop_duration")
@@ -323,7 +333,6 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
         "stop_duration": "a stopped node gets Muster's fixed grace period",
         "utilization_policy": "GPU utilization is not measured",
         "schedule": "runs are not scheduled: submit them when they should start",
-        "priority": "runs are placed in the order they are submitted",
         "tags": "Muster creates no cloud resources from a run to tag",
         "termination_policy": "deprecated by dstack: idle hosts are kept by the fleet's `idle_duration`",
         "termination_idle_time": "deprecated by dstack: idle hosts are kept by the fleet's `idle_duration`",

@@ -23,6 +23,7 @@ from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
 from projects.models import Project
 from runs import limits as run_limits
+from runs import queue
 from runs import rows as run_rows
 from runs.choices import RunStatus
 from runs.configuration import (
@@ -227,6 +228,8 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
                                busy_too=True)
         if full:
             answer["waits_for"] = f"a free host: {spanning.full_fleets(full)}"
+            # where it would stand among the project's waiting runs (runs/queue.py)
+            answer["queue_position"] = queue.place_for_new(project.pk, queue.priority_of(configuration))
     return answer
 
 
@@ -353,7 +356,7 @@ def _create_run(project: Project, user, requested: str | None, configuration: di
     name = requested or _generated_name()
     run = Run(project=project, user=user if user and user.is_authenticated else None, name=name,
               configuration=configuration, submitted_text=text, status=RunStatus.SUBMITTED,
-              desired_replicas=service_runs.desired_at_submit(configuration))
+              priority=queue.priority_of(configuration), desired_replicas=service_runs.desired_at_submit(configuration))
     jobs = new_jobs(run, specs, submission_num=0)
     event = Event(project_id=project.id, subject=f"run {name}", message=service_runs.submitted_message(run, specs),
                   status=run.status, actor=getattr(user, "username", "") or "api")

@@ -150,12 +150,29 @@ def test_the_profile_keys_of_dstack_are_all_accepted(api):
     warned = fields(resp)
     for key in ("backends", "regions", "availability_zones", "instance_types", "reservation", "spot_policy",
                 "max_price", "creation_policy", "idle_duration", "stop_duration", "utilization_policy",
-                "tags", "priority", "setup", "registry_auth", "nvcc", "user", "working_dir", "volumes"):
+                "tags", "setup", "registry_auth", "nvcc", "user", "working_dir", "volumes"):
         assert key in warned, (key, warned)
+    assert "priority" not in warned, "priority orders the waiting runs (docs/queueing.md): no warning"
     body = resp.json()
     assert body["configuration"]["retry"] == {"on_events": ["no-capacity", "error"], "duration": 86400}
     assert body["configuration"]["groups"][0]["commands"] == ["echo setup", "x"]
     assert "secret-pass" not in str(body), "a registry password is never echoed or stored"
+
+
+@pytest.mark.parametrize("value", [101, -1, 50.5, "high", True, [50]])
+def test_a_priority_outside_0_to_100_or_not_a_whole_number_is_a_400_naming_the_field(api, value):
+    resp = plan(api, {"type": "task", "commands": ["x"], "priority": value})
+    assert resp.status_code == 400, resp.json()
+    (error,) = resp.json()["errors"]
+    assert error["loc"] == ["priority"] and "priority must be" in error["msg"], error
+
+
+def test_a_run_without_priority_gets_dstacks_default_and_its_priority_is_kept(api):
+    made = api.post("/api/projects/main/runs/", {"configuration": {"type": "task", "commands": ["x"],
+                                                                   "priority": 70}}, format="json")
+    assert made.status_code == 201 and made.json()["priority"] == 70, made.json()
+    made = api.post("/api/projects/main/runs/", {"configuration": {"type": "task", "commands": ["x"]}}, format="json")
+    assert made.status_code == 201 and made.json()["priority"] == 0, made.json()
 
 
 def test_retry_true_is_dstacks_default_policy(api):

@@ -1,0 +1,105 @@
+"""The queue: a project's runs waiting for a host of a full fleet, in the order a host given back
+goes to them (engine/submitted/waiting.py wakes them in this order): the highest `priority` first,
+then the oldest submission. `muster queue`, the API's `queue/`, `muster ps` and the plan read it here.
+
+A wait is a job's: job 0 of a task, or the first node of each service replica that waits. One query
+reads the queue in order (the runs' index `run_queue_order`: project, priority descending,
+submission, id, over unfinished runs), however many runs the project has finished.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from django.db.models import F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from instances.models import Fleet
+from muster.api_errors import InvalidInput
+from runs.choices import RUN_FINISHED, WAITING_FOR_HOST, JobStatus
+from runs.configuration.dialect import PRIORITY_DEFAULT
+from runs.models import Job
+
+PREFIX = WAITING_FOR_HOST
+# the queue's order on Job rows: the run's priority, its submission, then the job (replicas of one service)
+ORDER = ("-run__priority", "run__submitted_at", "run_id", "pk")
+
+
+def waiting_jobs(project_id: int) -> QuerySet:
+    """The project's jobs waiting for a host, in queue order. The run's status is repeated from the
+    index's condition so the planner may read the index in order and stop early."""
+    return (Job.objects.filter(run__project_id=project_id, status=JobStatus.SUBMITTED, superseded=False,
+                               waiting_master_job=False, waiting_for__startswith=PREFIX)
+            .filter(~Q(run__status__in=RUN_FINISHED)).order_by(*ORDER))
+
+
+def priority_of(configuration: dict) -> int:
+    """A run's priority as written (dstack's `priority`, kept in the configuration's profile), or dstack's default."""
+    value = (configuration.get("profile") or {}).get("priority")
+    return PRIORITY_DEFAULT if value is None else int(value)
+
+
+def positions(project_id: int, run_ids: list[int]) -> dict[int, int]:
+    """{run id: its place in the project's queue (1 first)} for those of `run_ids` that wait: one
+    query over the waiting jobs (at most MUSTER_MAX_WAITING_RUNS_PER_PROJECT of them) with a row
+    number in queue order. A service with several replicas waiting takes its first one's place."""
+    if not run_ids:
+        return {}
+    ranked = waiting_jobs(project_id).annotate(place=Window(
+        RowNumber(), order_by=[F("run__priority").desc(), F("run__submitted_at").asc(), F("run_id").asc(),
+                               F("pk").asc()])).values_list("run_id", "place")
+    wanted, found = set(run_ids), {}
+    for run_id, place in ranked:
+        if run_id in wanted and run_id not in found:
+            found[run_id] = place
+    return found
+
+
+def place_for_new(project_id: int, priority: int) -> int:
+    """The place a run of `priority` submitted now would take: after every waiting run of its
+    priority or higher (they are older), before the lower ones."""
+    return waiting_jobs(project_id).filter(run__priority__gte=priority).count() + 1
+
+
+FLEET_NAMES = re.compile(r"\bfleets? ([a-z0-9][a-z0-9-]*(?:, [a-z0-9][a-z0-9-]*)*)")
+
+
+def waits_on(waiting_for: str, fleet: str) -> bool:
+    """Whether a wait names `fleet`: the engine's words are "fleet F is full", "fleets A, B are full"
+    (instances/spanning.full_fleets) or, for a gang that fell short, "... hosts of fleet F ..."."""
+    return any(fleet in m.group(1).split(", ") for m in FLEET_NAMES.finditer(waiting_for))
+
+
+def fleet_asked(project, query) -> str | None:
+    """The `fleet` a queue is asked for, checked: a fleet of the project, or a 400 naming it."""
+    name = query.get("fleet")
+    if name is None:
+        return None
+    if not Fleet.objects.filter(project=project, name=name).exists():
+        known = ", ".join(Fleet.objects.filter(project=project).order_by("name").values_list("name", flat=True)[:20])
+        raise InvalidInput(["fleet"], f"project {project.name} has no fleet {name!r}"
+                                      + (f": its fleets are {known}" if known else ": it has no fleets"))
+    return name
+
+
+def queue(project, fleet: str | None = None, now: datetime | None = None) -> list[dict]:
+    """The project's waiting runs in queue order, each with its place, what it waits for and for how
+    long: only this project's runs (another project's queue is not shown, even on a fleet both use)."""
+    now = now or timezone.now()
+    rows = waiting_jobs(project.pk).values_list(
+        "run__name", "run__priority", "run__configuration__type", "node_group_name", "replica_num", "job_num",
+        "waiting_for", "created")
+    answer = []
+    for place, (name, priority, kind, group, replica, job_num, why, since) in enumerate(rows, start=1):
+        reason = why[len(PREFIX):].lstrip(": ")
+        if fleet is not None and not waits_on(reason, fleet):
+            continue
+        answer.append({
+            "position": place, "project": project.name, "run": name, "priority": priority,
+            "job": f"{group}/{replica}" if kind == "service" else job_num,
+            "waiting_for": why, "reason": reason, "waiting_since": since,
+            "wait_seconds": max(0, round((now - since).total_seconds())),
+        })
+    return answer
