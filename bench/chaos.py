@@ -38,6 +38,7 @@ import time
 
 from bench import harness
 from bench.chaos_tpu import TpuChaos
+from bench.pd_service import supervise
 
 SWEEP = 1.0
 RESTART_RUN = """type: task
@@ -128,6 +129,7 @@ def placement(args) -> int:
           f"(--save \"\"); lease 10 s, sweep every {SWEEP:.0f} s; {args.workers} workers x {args.concurrency}",
           flush=True)
     checks: dict[str, int] = {}
+    settled_event = threading.Event()  # set at teardown: no worker restarts after it
     events: list[str] = []
     code = 1
     try:
@@ -210,6 +212,10 @@ def placement(args) -> int:
                 if victim:
                     events.append(f"{time.time() - t0:5.1f}s preempted {victim.rsplit('/', 1)[1]} while a run used it")
 
+        # a worker that exits on its own (kombu's "Unrecoverable error" on the Redis restart) is
+        # started again, as `muster serve` does; the kills above restart what they kill
+        restarts: list[str] = []
+        supervise(session, names, restarts, settled_event, lambda n: session.start_worker(n, args.concurrency), lock)
         thread = threading.Thread(target=chaos, daemon=True)
         thread.start()
         preempter = threading.Thread(target=preemptions, daemon=True)
@@ -231,6 +237,8 @@ def placement(args) -> int:
         for line in events[len(events) - (len(tpu.preempted) - before):]:
             print("  " + line)
         print(f"{'settled' if ok else 'NOT settled'} at {time.time() - t0:.0f}s", flush=True)
+        for line in restarts:
+            print(f"  {line}")
         time.sleep(3 * SWEEP + 1)
         now = timezone.now()
         old = now - timezone.timedelta(seconds=3 * SWEEP)
@@ -260,6 +268,7 @@ def placement(args) -> int:
         checks.update(tpu.checks())
         print(f"TPU: {tpu.summary()}")
     finally:
+        settled_event.set()
         leftovers = session.teardown()
         redis.stop()
         tpu.stop()

@@ -162,20 +162,24 @@ def strays(session: harness.Session) -> list[int]:
 
 
 def supervise(session: harness.Session, names: list[str], restarts: list[str], stop: threading.Event,
-              start) -> threading.Thread:
+              start, lock: threading.Lock | None = None) -> threading.Thread:
     """Start again a session process that exited on its own, as `muster serve` or systemd does for
     the product's worker (a Celery worker may exit on a broker restart: kombu's "Unrecoverable
     error"); each restart is noted in `restarts`."""
 
+    guard = lock or threading.Lock()  # the caller's lock: its own kills restart what they kill
+
     def loop():
         while not stop.wait(0.5):
-            for name in names:
-                proc = session.procs.get(name)
-                if proc is not None and proc.poll() is not None:
-                    session.procs.pop(name)
-                    proc._bench_log.close()  # type: ignore[attr-defined]
-                    start(name)
-                    restarts.append(f"{time.strftime('%H:%M:%S')} {name} exited ({proc.returncode}); started again")
+            with guard:
+                for name in names:
+                    proc = session.procs.get(name)
+                    if proc is not None and proc.poll() is not None:
+                        session.procs.pop(name)
+                        proc._bench_log.close()  # type: ignore[attr-defined]
+                        start(name)
+                        restarts.append(f"{time.strftime('%H:%M:%S')} {name} exited ({proc.returncode}); "
+                                        "started again")
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
