@@ -29,6 +29,10 @@ class GroupWatch:
 
     lost: str = ""
     maintenance: str = ""
+    # A group made of parts (the slices of a multislice set): the parts lost, and why the first
+    # was, so a group that replaces one part (on_slice_failure: replace-slice) can keep the others.
+    lost_parts: tuple[int, ...] = ()
+    part_lost: str = ""
 
 
 class NoCapacityError(BackendError):
@@ -242,6 +246,12 @@ class Compute(ABC):
         """How each of these live groups ({name: backend_data}) stands at the provider, in as few
         calls as it takes (one list per zone); groups it cannot tell about are left out."""
         return {}
+
+    def replace_part(self, name: str, backend_data: dict[str, Any], index: int, until: float) -> dict[str, Any]:
+        """Make part `index` of a live group again (one slice of a multislice set), keeping the
+        others: the group's backend_data for the polls that do it (poll_group), asking for the part
+        until `until` (epoch seconds) while there is no capacity. BackendError: not possible."""
+        raise BackendError(f"{self.name} groups cannot replace one part")
 
     @abstractmethod
     def runner_host(self, instance: Any) -> RunnerHost:

@@ -162,6 +162,8 @@ def main(argv=None) -> int:
                     if proc is None:
                         continue
                     pids = harness.tree(proc.pid)
+                    if not pids:  # (a worker just restarted may not be in /proc's tree yet)
+                        continue
                     victim = rng.choice(pids)
                     if victim == proc.pid:
                         os.killpg(proc.pid, signal.SIGKILL)

@@ -1,8 +1,11 @@
 """TPU slices in `make chaos`: runs on hollow TPU fleets (bench/hollow_tpu.py) whose slices Google
 (the fake TPU API, tests/fake_tpu/, served from the chaos process) takes back while the runs use them.
 
-Four kinds of run, in turn: one v4-16 slice created directly, one as a queued spot resource, and a
-multislice set of two v4-16 slices each way; every run retries on `interruption`. From the
+Five kinds of run, in turn: one v4-16 slice created directly, one as a queued spot resource, a
+multislice set of two v4-16 slices each way, and a set of three created directly with
+`on_slice_failure: replace-slice` (its preempted slice is made again alone: the run must keep its
+one pod, counted as "replace-slice runs whose set was made again whole"); every run retries on
+`interruption`. From the
 start of the chaos until the runs have settled, a preemption every second or so picks a slice that
 a running job of a run's first submission is on and preempts it (the node PREEMPTED, its queued
 resource SUSPENDED), so every run is preempted at most once and its retry can finish. After settling nothing may be
@@ -20,7 +23,9 @@ from google.cloud import tpu_v2
 from tests.fake_tpu import FakeTpuServer
 
 ZONES = ["chaos-a", "chaos-b"]
-KINDS = [("tpu-direct", 1), ("tpu-queued", 1), ("tpu-direct", 2), ("tpu-queued", 2)]  # (fleet, slices)
+# (fleet, slices, on_slice_failure): the last makes only the preempted slice again (the set kept)
+KINDS = [("tpu-direct", 1, ""), ("tpu-queued", 1, ""), ("tpu-direct", 2, ""), ("tpu-queued", 2, ""),
+         ("tpu-direct", 3, "replace-slice")]
 
 
 class TpuChaos:
@@ -56,11 +61,13 @@ class TpuChaos:
         make_hollow_tpu_fleet(project, "tpu-direct", DIRECT)
         make_hollow_tpu_fleet(project, "tpu-queued", QUEUED)
         for i in range(self.runs):
-            fleet, slices = KINDS[i % len(KINDS)]
+            fleet, slices, on_loss = KINDS[i % len(KINDS)]
             lines = ["type: task", f"name: tpu-chaos-{i}", f"fleets: [{fleet}]", "resources: {gpu: tpu-v4-16}",
                      "commands: [echo]", "retry: {on_events: [interruption, no-capacity], duration: 10m}"]
             if slices > 1:
                 lines.append(f"slices: {slices}")
+            if on_loss:
+                lines.append(f"on_slice_failure: {on_loss}")
             submit_run(project, user, {"configuration": "\n".join(lines) + "\n"})
 
     def preempt_one(self) -> str | None:
@@ -91,14 +98,28 @@ class TpuChaos:
         from runs.choices import JOB_ACTIVE
         from runs.models import Job
 
-        live = set(InstanceGroup.objects.filter(instances__jobs__status__in=[*JOB_ACTIVE, "terminating"])
-                   .values_list("name", flat=True))
+        groups = InstanceGroup.objects.filter(instances__jobs__status__in=[*JOB_ACTIVE, "terminating"]).distinct()
+        live = {g.name for g in groups}
+        # a replaced slice's node has an id of its own, which only its pod's record names
+        nodes_of_live = {node_id for g in groups for node_id in _node_ids(g.name, g.backend_data)}
         with self.fake.lock:
-            nodes = [n for n in self.fake.nodes if _pod_of(n) not in live]
+            nodes = [n for n in self.fake.nodes if n.rsplit("/", 1)[1] not in nodes_of_live]
             queued = [n for n in self.fake.queued if n.rsplit("/", 1)[1] not in live]
         hit = Job.objects.filter(run__name__startswith="tpu-chaos-", termination_reason="interrupted_by_no_capacity")
         return {"slices billed with no run": len(nodes), "queued resources left": len(queued),
-                "runs never interrupted by a preemption": 0 if hit.exists() else 1}
+                "runs never interrupted by a preemption": 0 if hit.exists() else 1,
+                "replace-slice runs whose set was made again whole": self._remade_whole()}
+
+    def _remade_whole(self) -> int:
+        """Replace-slice runs preempted once whose jobs ran on more than one pod (a whole new set)."""
+        from runs.models import Job
+
+        pods: dict[str, set[int]] = {}
+        for run, group in Job.objects.filter(run__name__startswith="tpu-chaos-", instance__isnull=False,
+                                             run__configuration__groups__0__on_slice_failure="replace-slice"
+                                             ).values_list("run__name", "instance__group"):
+            pods.setdefault(run, set()).add(group)
+        return sum(1 for groups in pods.values() if len(groups) > 1)
 
     def summary(self) -> dict[str, Any]:
         from django.db.models import Count
@@ -109,6 +130,16 @@ class TpuChaos:
         return {"preemptions": len(self.preempted),
                 "TPU runs by status": dict(runs.values_list("status").annotate(n=Count("id"))),
                 "TPU resubmissions": sum(runs.values_list("submission_num", flat=True))}
+
+
+def _node_ids(pod: str, data: dict) -> set[str]:
+    """Every node id a live pod may hold: its own, its slices', and its replaced slices' new ones."""
+    from backends.gcp.tpu_client import member_node_id, slice_node_id
+
+    members = (data.get("create") or {}).get("members") or []
+    slices = int(data.get("slices") or 1)
+    return ({pod} | {slice_node_id(pod, i) for i in range(slices)}
+            | {member_node_id(pod, i, m) for i, m in enumerate(members)})
 
 
 def _pod_of(node_name: str) -> str:

@@ -353,13 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # `muster ssh RUN -- COMMAND`: what follows `--` is the command, whatever it looks like
-    # (argparse's subcommands do not keep `--` for a positional list)
-    command = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    # (argparse's subcommands do not keep `--` for a positional list); apply's and plan's `-- ARGS`
+    # (${{ run.args }}) are argparse's own and are left to it
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    split = verb == "ssh" and "--" in argv
+    command = argv[argv.index("--") + 1:] if split else []
+    argv = argv[:argv.index("--")] if split else argv
     try:
         args = parser.parse_args(argv)
-        if command and getattr(args, "remote_command", None) is None:
-            parser.error("`-- COMMAND` is for `muster ssh` only")
         if command:
             args.remote_command = command
     except SystemExit as exc:  # --help (0) or a usage error (2): return it like any other outcome

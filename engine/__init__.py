@@ -49,6 +49,7 @@ groups        engine/groups.py                   terminate_group: delete an inst
                                                  stop_agents: the one fan-out that stops runner agents
 pods          engine/pods.py                     poll_pod: a slice being created or deleted, polled again
   watch       engine/pod_watch.py                watch_pods: live groups at their provider; one taken back ends its jobs
+              engine/slice_replace.py            (called by it) one lost slice of a replace-slice set made again, the rest kept
 fleets        engine/registration.py             register_fleet: a pending SSH fleet's hosts contacted, activated or failed
               engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts;
                                                  stop_registered_agents: a gone fleet's agents, stopped after commit

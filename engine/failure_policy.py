@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from runs.choices import FAILING_REASONS, RETRY_EVENT
+from runs.choices import FAILING_REASONS, RETRY_EVENT, JobReason
 from runs.configuration.stored import StoredGroup, run_configuration
 from runs.models import Job, Run
 
@@ -59,12 +59,34 @@ def keeps_host(job: Job) -> bool:
     if job.keep_host:
         return True
     run = job.run
+    conf = run_configuration(run)
+    if conf.type == "service" and _replica_keeps_host(job, conf):
+        return True
     if job.node_group_index == 0 or event_of(job) != ERROR or matched_action(run, job) != RESTART_GROUP:
         return False  # group 0 holds rank 0: its restart is the run's, on whatever hosts fit
     record = restart_record(run, job.node_group_index)
     if record.get("submission") == job.submission_num:
         return not record.get("spent")
     return int(record.get("count", 0)) < max_restarts(run, job.node_group_index)
+
+
+def _replica_keeps_host(job: Job, conf) -> bool:
+    """A node of a service's multi-host replica that failed with an error keeps its host when the
+    service's `retry` lists errors: the replica restarts as one on the hosts it had after its back-off
+    (engine/replicas/nodes.py), and a host given back meanwhile may be taken, or deleted with its
+    slice (a replica's TPU slice goes once all its hosts are idle, engine/pods.py). The keeper hands
+    the hosts back when the replica does not restart after all (engine/replicas/nodes.py let_go,
+    restart; restarts.hand_back_kept when the run ends)."""
+    if int((job.spec or {}).get("nodes_in_group") or 1) < 2 or job.superseded or event_of(job) != ERROR:
+        return False
+    return conf.retry is not None and ERROR in conf.retry.on_events
+
+
+def is_replacement(job: Job) -> bool:
+    """A job ended because one slice of its set is being made again (engine/slice_replace.py): an
+    interruption that keeps its host, which no other interruption does. Its group restarts on the
+    same hosts, group 0 included (the kept slices and the new one are the set's hosts)."""
+    return bool(job.keep_host) and job.termination_reason == JobReason.INTERRUPTED_BY_NO_CAPACITY
 
 
 def referencing_groups(run: Run, index: int) -> set[int]:
@@ -97,6 +119,12 @@ class Verdict:
 def judge(run: Run, jobs: list[Job], failed: list[Job]) -> Verdict:
     verdict = Verdict()
     for job in failed:
+        if is_replacement(job):
+            if _budget_spent(run, job):
+                verdict.spent = verdict.spent or job
+            else:
+                verdict.restart.setdefault(job.node_group_index, job)
+            continue
         action = matched_action(run, job)
         if action == RESTART_GROUP and (job.node_group_index == 0 or (
                 event_of(job) == INTERRUPTION and 0 in referencing_groups(run, job.node_group_index))):

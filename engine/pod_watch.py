@@ -23,6 +23,7 @@ from django.db import transaction
 from backends.base import BackendError
 from backends.registry import compute_for_group, group_noun
 from engine import claims, messages, outcome
+from engine.slice_replace import replace_lost_slice
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
@@ -70,6 +71,12 @@ def _watch_fleet(groups: list[InstanceGroup], held: claims.Held) -> dict[int, cl
             continue
         with held.row(group.pk):
             why = watch.lost or _maintenance_over(group, watch.maintenance, grace)
+            if why and watch.lost_parts:
+                replaced = replace_lost_slice(group, watch, held.lease)
+                if not isinstance(replaced, str):
+                    outcomes[group.pk] = replaced
+                    continue
+                why = f"{why}; {replaced}" if replaced else why
             outcomes[group.pk] = interrupt_pod(group, why, held.lease) if why else outcome.with_learned(group)
     return outcomes
 

@@ -223,7 +223,7 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData], lease: Le
     with transaction.atomic():
         for rec in records:
             inst = group.instances.get(index=rec.worker_index)
-            assigned = Job.objects.filter(instance=inst, status__in=_WAITING).exists()
+            assigned = _assigned(inst)
             move_instances(
                 [inst], InstanceStatus.BUSY if assigned else InstanceStatus.IDLE, frm=[InstanceStatus.PROVISIONING],
                 message=f"ready at {rec.internal_ip} (worker {rec.worker_index} of {group.name})",
@@ -259,6 +259,9 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
     poll's hold on the group, which each of its moves takes."""
     limit = float(settings.MUSTER["WAITING_INSTANCE_LIMIT"])
     waited = (timezone.now() - group.created).total_seconds()
+    replaced = (group.backend_data.get("create") or {}).get("replaced_at")
+    if replaced:  # a slice of a live set being made again counts from its loss (engine/slice_replace.py)
+        waited = time.time() - float(replaced)
     records, failure, reason = None, "", ""
     queued = queued_view(group) is not None
     try:
@@ -299,7 +302,15 @@ def _poll_once(group: InstanceGroup, lease: Lease) -> str:
 
 
 def _awaited(group: InstanceGroup) -> bool:
-    return Job.objects.filter(instance__group=group, status__in=_WAITING).exists()
+    return Job.objects.filter(_WAITS, instance__group=group).exists()
+
+
+# a job waiting for its host, or one that ended keeping it for its restart (a slice made again)
+_WAITS = Q(status__in=_WAITING) | Q(keep_host=True, superseded=False)
+
+
+def _assigned(inst: Instance) -> bool:
+    return Job.objects.filter(_WAITS, instance=inst).exists()
 
 
 def _say_queued(group: InstanceGroup, before: dict | None) -> None:

@@ -26,7 +26,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine import messages, outcome
-from engine.failure_policy import INTERRUPTION, event_of, group_of, max_restarts, referencing_groups
+from engine.failure_policy import (
+    INTERRUPTION,
+    event_of,
+    group_of,
+    is_replacement,
+    max_restarts,
+    referencing_groups,
+)
 from engine.submitted.waiting import hand_back
 from events.services import record_many
 from instances.models import Instance, InstanceStatus
@@ -83,10 +90,11 @@ def _decide(run: Run, records: dict, index: int, cause: Job, current: dict, now)
     if rec.get("submission") == cause.submission_num:
         return  # decided by an earlier pass
     count = int(rec.get("count", 0)) + 1
-    wait = backoff(count)
+    replaced = is_replacement(cause)  # a slice of its set made again: no backoff, its creation is the wait
+    wait = timedelta(0) if replaced else backoff(count)
     due = now + wait
-    moves = event_of(cause) == INTERRUPTION
-    why = cause_text(cause)
+    moves = event_of(cause) == INTERRUPTION and not replaced
+    why = cause_text(cause) + (" (its slice is replaced)" if replaced else "")
     # `backoff` and `cause` are for readers (the API, `apply`, the console): why and when it restarts
     records[str(index)] = {"count": count, "submission": cause.submission_num, "due": due.isoformat(),
                            "new_hosts": moves, "backoff": wait.total_seconds(), "cause": why}
@@ -94,7 +102,7 @@ def _decide(run: Run, records: dict, index: int, cause: Job, current: dict, now)
     where = "on new hosts" if moves else "on the same hosts"
     _say(run, f"group {group} restarts ({count} of {max_restarts(run, index)}) in {wait.total_seconds():.0f}s "
          f"{where}: {why} ({cause.termination_reason})")
-    if moves:
+    if moves or replaced:  # a replaced slice's hosts have new addresses
         _cascade(run, records, index, current, now, due)
 
 
@@ -175,8 +183,8 @@ def reused_host(job: Job, index: int) -> Instance:
     """The job's own host for its successor: kept busy when it ended, or taken again if it went idle."""
     if job.instance is None:
         raise Lost(str(index))
-    if job.keep_host:
-        return job.instance
+    if job.keep_host and job.instance.status in (InstanceStatus.BUSY, InstanceStatus.PROVISIONING):
+        return job.instance  # (provisioning: a slice being made again, engine/slice_replace.py)
     free = Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.IDLE, unreachable=False).exists()
     if not free or not move_instances([job.instance], InstanceStatus.BUSY, frm=[InstanceStatus.IDLE],
                                       message=f"taken again by run {job.run.name} for the restart of group "

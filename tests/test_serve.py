@@ -107,7 +107,9 @@ def test_the_web_is_gunicorn_with_the_configured_workers_serving_api_console_and
     serve = ServeProcess(tmp_path / "data", concurrency=1, env={"MUSTER_WEB_WORKERS": "3"}).start()
     try:
         web = wait_until(lambda: serve.pid_of("web"), timeout=30, what="the web")
-        assert "gunicorn muster.wsgi" in cmdline(web) and "runserver" not in cmdline(web)
+        # with setproctitle installed (smg, of the dev extra, needs it) gunicorn renames its master
+        assert any(name in cmdline(web) for name in ("gunicorn muster.wsgi", "gunicorn: master [muster.wsgi]")) \
+            and "runserver" not in cmdline(web), cmdline(web)
         workers = wait_until(lambda: len(children_of(web)) == 3 and children_of(web), timeout=30,
                              what="3 gunicorn workers")
         assert all("gunicorn" in cmdline(pid) for pid in workers)

@@ -183,13 +183,14 @@ def test_the_sweep_and_watch_intervals_come_from_the_environment(tmp_path):
     code = ("import json; from muster.celery import app; "
             "print(json.dumps(app.conf.beat_schedule))")
     done = python(code, tmp_path / "data", MUSTER_SWEEP_INTERVAL="7", MUSTER_JOB_POLL_INTERVAL="1.5",
-                  MUSTER_SCALING_INTERVAL="4")
+                  MUSTER_SCALING_INTERVAL="4", MUSTER_ROUTER_SYNC_INTERVAL="6")
     assert done.returncode == 0, done.stderr
     schedule = json.loads(done.stdout.strip().splitlines()[-1])
     assert {name: (e["schedule"], e["options"]["expires"]) for name, e in schedule.items()} == {
         "sweep": (7.0, 7.0), "watch": (1.5, 15.0), "logs": (3600.0, 3600.0),
-        "pods": (7.5, 75.0), "scaling": (4.0, 4.0)}, \
-        "the batch watch of running jobs ticks at the poll interval, live TPU pods at 5 times it, services' scaler at its own"
+        "pods": (7.5, 75.0), "scaling": (4.0, 4.0), "routers": (6.0, 6.0)}, \
+        "the batch watch of running jobs ticks at the poll interval, live TPU pods at 5 times it, services' scaler " \
+        "and PD services' router sweep at their own"
 
 
 # ---- the beat schedule, in this process ---------------------------------------------------------

@@ -212,8 +212,22 @@ class GcpTpuCompute(Compute):
         for rec in records or []:
             rec.backend_data.update({k: data[k] for k in ("queued_resource",) if k in data})
         active = queued and created.state.get("qr_state") == "ACTIVE"
-        return GroupProgress(records or None, data, queued=queued and not active,
-                             started_at=created.state.get("since") if active else None)
+        # a slice being replaced counts from its loss, and waits for capacity until replace_until
+        replaced = created.state.get("replaced_at")
+        return GroupProgress(records or None, data, queued=(queued and not active) or bool(created.state.get("waiting")),
+                             started_at=created.state.get("since") if active else replaced)
+
+    def replace_part(self, name: str, backend_data: dict[str, Any], index: int, until: float) -> dict[str, Any]:
+        """Slice `index` of a separately created set is made again (on_slice_failure: replace-slice):
+        the backend_data to keep, the next polls doing the work (tpu_multislice.replace_member)."""
+        slices = int(backend_data.get("slices") or 1)
+        if slices < 2 or not 0 <= index < slices:
+            raise BackendError(f"{name} has no slice {index} to replace")
+        if backend_data.get("queued_resource") or (backend_data.get("create") or {}).get("queued"):
+            raise BackendError("a queued multislice request is filled and deleted whole by Google: its slices "
+                               "cannot be replaced one by one")
+        state = tpu_multislice.replace_member(name, slices, backend_data.get("create") or {}, index, until)
+        return {**backend_data, "create": state}
 
     def _set_records(self, statuses: list[SliceStatus | None]) -> list[ProvisioningData] | None:
         """Every host of a multislice set once every slice is READY: slice i's worker k is host
@@ -240,15 +254,16 @@ class GcpTpuCompute(Compute):
             zone = data.get("zone") or state.get("zone")
             return [tpu_client.node_name(self.tpu, zone, tpu_client.slice_node_id(name, i))
                     for i in range(slices)] if zone else []
-        return [tpu_client.node_name(self.tpu, m["zone"], tpu_client.slice_node_id(name, i))
+        return [tpu_client.node_name(self.tpu, m["zone"], tpu_client.member_node_id(name, i, m))
                 for i, m in enumerate(state.get("members") or []) if m and m.get("zone")]
 
     def terminate_group(self, group_name: str, backend_data: dict[str, Any]) -> None:
         backend_data = backend_data or {}
         slices = int(backend_data.get("slices") or 1)
         if slices > 1 and not backend_data.get("queued_resource") and not self.tpu.queued:
-            tpu_multislice.delete_set(self.client, self.tpu, group_name, slices,
-                                      (backend_data.get("create") or {}).get("members"))
+            state = backend_data.get("create") or {}
+            tpu_multislice.delete_set(self.client, self.tpu, group_name, slices, state.get("members"),
+                                      state.get("retired"))
             return
         if backend_data.get("queued_resource"):
             tpu_queued.delete_queued(self.client, self.tpu, backend_data["queued_resource"])
@@ -289,8 +304,11 @@ class GcpTpuCompute(Compute):
             looks = [_watch(nodes.get(n), n, data, requests) for n in wanted[name]]
             lost = next((w for w in looks if w.lost), None)
             if lost and len(looks) > 1:
-                # One slice of a multislice set lost: the set cannot run without it (xpk, JobSet).
-                lost = GroupWatch(lost=f"{lost.lost} (a slice of a {len(looks)}-slice set: the whole set goes)")
+                # One slice of a multislice set lost: the set cannot run without it (xpk, JobSet),
+                # unless its run replaces that slice alone (engine/slice_replace.py).
+                parts = tuple(i for i, w in enumerate(looks) if w.lost)
+                lost = GroupWatch(lost=f"{lost.lost} (a slice of a {len(looks)}-slice set: the whole set goes)",
+                                  lost_parts=parts, part_lost=lost.lost)
             out[name] = lost or next((w for w in looks if w.maintenance), GroupWatch())
         return out
 

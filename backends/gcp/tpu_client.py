@@ -8,6 +8,7 @@ client is bounded by `TpuConfig.timeout`: the generated client has no default ti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -89,6 +90,19 @@ def slice_node_id(pod: str, index: int) -> str:
     """Slice `index` of a multislice set: the name a queued resource's multislice_params gives
     (`<node_id_prefix>-<index>`), used for separately created sets too."""
     return f"{pod}-s-{index}"
+
+
+def replacement_node_id(pod: str, index: int, attempt: int) -> str:
+    """A new node for slice `index` (replace-slice): another id than the lost one's, whose delete may
+    still be under way (the same id would be ALREADY_EXISTS and adopt the dying node), and as
+    long as `slice_node_id`: the pod's 6 hex digits give way to 6 of this replacement's."""
+    digest = hashlib.sha256(f"{pod}/{index}/{attempt}".encode()).hexdigest()[:6]
+    return f"{pod[:-6]}{digest}-s-{index}"
+
+
+def member_node_id(pod: str, index: int, member: dict[str, Any] | None) -> str:
+    """Slice `index`'s node id: its replacement's when it was replaced, else `slice_node_id`."""
+    return (member or {}).get("node_id") or slice_node_id(pod, index)
 
 
 def queued_name(cfg: TpuConfig, zone: str, qr_id: str) -> str:

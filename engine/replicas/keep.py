@@ -75,7 +75,7 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         if cause is not None:
             return cause
     for nodes in units.values():
-        cause = _ended_replica(run, conf, nodes, now, due, pending)
+        cause = _ended_replica(run, conf, nodes, jobs, now, due, pending)
         if cause is not None:
             return cause
     live = [j for j in jobs if not j.finished and not j.superseded]
@@ -101,10 +101,15 @@ def keep(run: Run, jobs: list[Job], lease: Lease) -> Job | None:
         restarting = pending.get(group.name, [])
         heads = [j for j in counted if j.node_group_name == group.name and is_head(j)
                  and j.replica_num not in restarting]
-        # the replica numbers of the group's other deployments stay taken: a replica is (group, number)
-        # to the steps that start and restart it (engine/starting/cluster.py, nodes.py)
-        taken = {j.replica_num for j in live if j.node_group_name == group.name and j not in counted}
-        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others, taken)
+        # the replica numbers of the group's other deployments stay taken, and those of a removed
+        # multi-host replica whose node 0 has ended while another node still stops: a number is used
+        # again only once every node of its replica has ended
+        taken = {j.replica_num for j in live if j.node_group_name == group.name and (j not in counted or not is_head(j))}
+        # such a replica's hosts are not free yet either
+        stopping = {replica_nodes.key(j) for j in counted if j.node_group_name == group.name} \
+            - {replica_nodes.key(j) for j in jobs if is_head(j) and not j.superseded}
+        _follow_count(run, group.name, heads, pending.get(group.name, []), jobs, group.nodes, others, taken,
+                      len(stopping))
     if conf.routed and revisions.rolling_out(run):
         due_now = revisions.switch_due(run, conf, live, stuck)
         if due_now and revisions.switch(run):
@@ -168,13 +173,21 @@ def _ended(run: Run, conf: StoredService, job: Job, now, due: list, pending: dic
     return None
 
 
-def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: list, pending: dict) -> Job | None:
-    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order)."""
+def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], jobs: list[Job], now, due: list,
+                   pending: dict) -> Job | None:
+    """Step 1 for a multi-host replica with an ended node (`nodes`: its current jobs, in rank order;
+    `jobs`: the run's)."""
     ended = [j for j in nodes if j.finished]
     head = nodes[0]
+    # (a unit without its node 0: what is left of a removed replica, its node 0 let go already)
     if any(j.drain_at is not None for j in nodes) or head.deployment_num != run.deployment_num \
-            or conf.replica_group(head.node_group_name) is None:
+            or conf.replica_group(head.node_group_name) is None or not is_head(head):
         replica_nodes.let_go(nodes, ended)  # removed on purpose, or rolled out: nothing to replace
+        return None
+    if _surplus(run, head, jobs, pending):
+        # scaled down meanwhile: the replica to remove is this one, which serves nothing, and its kept
+        # hosts (a TPU replica's slice) are given back now rather than after a restart
+        replica_nodes.let_go(nodes, ended)
         return None
     cause = replica_nodes.cause_of(ended)
     pending.setdefault(head.node_group_name, []).append(head.replica_num)
@@ -193,6 +206,15 @@ def _ended_replica(run: Run, conf: StoredService, nodes: list[Job], now, due: li
     if fresh:
         outcome.learn(run, submission_num=max(run.submission_num, fresh[0].submission_num))
     return None
+
+
+def _surplus(run: Run, head: Job, jobs: list[Job], pending: dict) -> bool:
+    """Whether the group has the replicas it wants without this one: its current deployment's
+    serving node 0s and the replicas restarting already."""
+    group = head.node_group_name
+    serving = [j for j in jobs if j.node_group_name == group and is_head(j) and j.pk != head.pk and not j.finished
+               and not j.superseded and j.deployment_num == run.deployment_num and j.drain_at is None]
+    return len(serving) + len(pending.get(group, [])) >= int((run.desired_replicas or {}).get(group, 0))
 
 
 def _retry_allows(run: Run, conf: StoredService, job: Job) -> bool:
@@ -222,18 +244,19 @@ def _failures_in_a_row(job: Job) -> int:
 
 
 def _follow_count(run: Run, group: str, live: list[Job], replacing: list[int], jobs: list[Job], nodes: int,
-                  others: dict, taken: set[int]) -> None:
+                  others: dict, taken: set[int], stopping: int = 0) -> None:
     """Step 2 for one replica group; `live`: its replicas' node 0s; `replacing`: the replica numbers of
     its replicas step 1 replaced or will replace after their back-off (they count as the current
     deployment's); `nodes`: the jobs of a new replica; `others`: a multi-host replica's other nodes;
-    `taken`: replica numbers the group's replicas of other deployments hold."""
+    `taken`: replica numbers held by the group's replicas of other deployments and by removed replicas
+    with a node still stopping; `stopping`: how many such removed replicas hold hosts still."""
     pending = len(replacing)
     desired = int((run.desired_replicas or {}).get(group, 0))
     serving = [j for j in live if j.drain_at is None]
     new = [j for j in serving if j.deployment_num >= run.deployment_num]
     old = [j for j in serving if j.deployment_num < run.deployment_num]
     old_draining = any(j.drain_at is not None and j.deployment_num < run.deployment_num for j in live)
-    holding = sum(1 for j in live if j.drain_at is not None)  # draining: their hosts are not free yet
+    holding = sum(1 for j in live if j.drain_at is not None) + stopping  # draining: their hosts are not free yet
     ready = sum(1 for j in serving if is_ready(j))
     # newest first, those not serving yet before those that are
     newest_first = sorted(new, key=lambda j: (is_ready(j), -j.job_num))

@@ -4,7 +4,9 @@ keep.py hands a replica here once one of its nodes has ended: the others are sto
 missing a node serves nothing right: LWS's RecreateGroupOnPodRestart), and once every node has
 ended they get a new submission together. After an error the replica comes back on the hosts it
 had: the nodes stopped here keep theirs busy when they end (`Job.keep_host`, engine/finishing.py),
-and the failed node's host, given back when it ended, is taken again if still idle. After an
+and so do the nodes that failed with an error when the service retries errors
+(failure_policy.keeps_host: a TPU replica's slice would be deleted once all its hosts were idle);
+a failed node's host given back when it ended is taken again if still idle. After an
 interruption (a host lost), or when a host was taken meanwhile, the kept hosts are given back and
 node 0 places the whole replica anew (engine/submitted/replica_placement.py).
 
@@ -24,26 +26,30 @@ from runs.models import Job, Run
 from runs.transitions import terminate_job
 
 
-def key(job: Job) -> tuple[str, int]:
-    return job.node_group_name, job.replica_num
+def key(job: Job) -> tuple[str, int, int]:
+    """One replica's nodes, and no other's: its group, its number and its node 0's job number (a
+    replica's nodes take consecutive job numbers, kept by its restarts; a new replica takes numbers
+    above any the run used). A replica number is used again once its replica is gone, and a node of
+    the old one may still be stopping then: it must not join the new replica's unit."""
+    return job.node_group_name, job.replica_num, job.job_num - job.node_group_rank
 
 
 def nodes_of(job: Job) -> int:
     return int((job.spec or {}).get("nodes_in_group") or 1)
 
 
-def multi_node(jobs: list[Job]) -> dict[tuple[str, int], list[Job]]:
+def multi_node(jobs: list[Job]) -> dict[tuple[str, int, int], list[Job]]:
     """The multi-host replicas with a node that has ended, each as its current jobs in rank order."""
-    units: dict[tuple[str, int], list[Job]] = {}
+    units: dict[tuple[str, int, int], list[Job]] = {}
     for job in jobs:
         if nodes_of(job) > 1 and not job.superseded:
             units.setdefault(key(job), []).append(job)
     return {k: sorted(v, key=lambda j: j.node_group_rank) for k, v in units.items() if any(j.finished for j in v)}
 
 
-def others_of(live: list[Job]) -> dict[tuple[str, int], list[Job]]:
+def others_of(live: list[Job]) -> dict[tuple[str, int, int], list[Job]]:
     """Each multi-host replica's nodes other than node 0, which are drained with it."""
-    out: dict[tuple[str, int], list[Job]] = {}
+    out: dict[tuple[str, int, int], list[Job]] = {}
     for job in live:
         if job.node_group_rank != 0:
             out.setdefault(key(job), []).append(job)

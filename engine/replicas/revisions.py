@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from engine.replicas import nodes as replica_nodes
 from engine.replicas import rows
 from engine.tuning import ROUTER_CALL_TIMEOUT, ROUTER_LIST_CAP
 from events.services import record
@@ -234,8 +235,7 @@ def grow_within_surge(run: Run, conf: StoredService, live: list[Job], jobs: list
         return True
     victim = sorted(max(candidates, key=len), key=lambda j: (is_ready(j), -j.job_num))[0]
     rows.drain(victim, f"rollout to deployment {run.deployment_num} within max_surge {limit}: deployment "
-                       f"{run.serving_deployment} shrinks as it grows", others.get((victim.node_group_name,
-                                                                                   victim.replica_num), []))
+                       f"{run.serving_deployment} shrinks as it grows", others.get(replica_nodes.key(victim), []))
     return False
 
 

@@ -20,6 +20,7 @@ from backends.registry import compute_for_instance
 from engine import claims, log_copy, messages
 from engine.job_outcome import job_outcome, learn
 from engine.running import observe
+from engine.slice_replace import waits_for_replacement
 from engine.starting import cluster, ordering
 from engine.tuning import STARTING_RECHECK
 from instances.models import InstanceStatus
@@ -128,7 +129,7 @@ def _start_when_ready(job: Job, lease: Lease) -> None:
         waits = ordering.ADDRESSES if not cluster.all_ips_known(jobs) else ordering.waits_for(job, jobs)
         ordering.note_wait(job, waits)
         if waits:
-            if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"]:
+            if waited(job) > settings.MUSTER["WAITING_PEERS_LIMIT"] and not waits_for_replacement(jobs):
                 end_job(job, JobReason.WAITING_PEERS_LIMIT_EXCEEDED,
                         f"waited {settings.MUSTER['WAITING_PEERS_LIMIT']:.0f}s for {waits}", lease=lease)
             return

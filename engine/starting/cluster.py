@@ -20,11 +20,14 @@ from runs.models import Job
 def replica_of(job: Job, jobs: list[Job]) -> list[Job]:
     """The job's peers: the run's current jobs, or for a service's replica the jobs of that replica
     only (N for a multi-host replica, `nodes: N`, in rank order), so a replica starts without
-    waiting for the others, is told nothing of them and has its own rank space."""
+    waiting for the others, is told nothing of them and has its own rank space. A replica is told
+    apart by its node 0's job number too (engine/replicas/nodes.py key): a node of an earlier replica
+    of the same number, still stopping, is not its peer."""
     if not is_service(job.run):
         return jobs
+    base = job.job_num - job.node_group_rank
     return [j for j in jobs if j.node_group_index == job.node_group_index and j.replica_num == job.replica_num
-            and j.deployment_num == job.deployment_num]
+            and j.deployment_num == job.deployment_num and j.job_num - j.node_group_rank == base]
 
 
 def peer_ips(jobs: list[Job]) -> dict[tuple[int, int], str]:

@@ -61,10 +61,13 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
 def _members(head: Job) -> list[Job]:
     """The other nodes of a multi-host replica, still waiting for their node 0 to place them (one may
     point at a host already: an earlier try of this attempt planned the replica's slice, engine/pods.py)."""
-    if int(head.spec.get("nodes_in_group") or 1) == 1:
+    nodes = int(head.spec.get("nodes_in_group") or 1)
+    if nodes == 1:
         return []
+    # its own nodes by job number too: a node of an earlier replica of this number may still stop
     return list(Job.objects.filter(run_id=head.run_id, superseded=False, node_group_index=head.node_group_index,
                                    replica_num=head.replica_num, submission_num=head.submission_num,
+                                   job_num__gt=head.job_num, job_num__lt=head.job_num + nodes,
                                    status=JobStatus.SUBMITTED, node_group_rank__gt=0)
                 .select_related("run").order_by("node_group_rank"))
 

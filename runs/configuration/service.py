@@ -37,6 +37,7 @@ SERVICE_KEYS = tuple(ServiceKeys.model_fields)
 # task keys that mean nothing for a service (dstack's services do not have them either)
 REFUSED = {
     "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
+    "on_slice_failure": "TPU multislice replicas are not supported yet: it is a key of a multislice set",
     "stop_criteria": "a service runs until it is stopped",
     "ports": "a service serves on `port`, which the endpoint sends to (other ports: `muster attach`)",
     "on_failure": "a failed replica is replaced with the run's `retry` policy",

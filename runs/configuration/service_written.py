@@ -330,6 +330,7 @@ GROUP_SERVICE_KEYS = ("replicas", "count", "scaling", "router", "worker", "pytho
                       "spot_policy", "reservation")
 GROUP_REFUSED = {
     "slices": "TPU multislice replicas are not supported yet: set `nodes` for a replica over several hosts",
+    "on_slice_failure": "TPU multislice replicas are not supported yet: it is a key of a multislice set",
     "depends_on": "replicas start on their own: a service's groups have no depends_on",
     "ports": "a replica serves on the service's `port`",
     "on_failure": "a failed replica is replaced with the run's `retry` policy, not a group's on_failure",

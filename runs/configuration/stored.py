@@ -108,6 +108,7 @@ class StoredGroup(_Stored):
     ports: tuple[int | str, ...] = ()
     fleets: tuple[str, ...] = ()
     slices: int = 1
+    on_slice_failure: str = "whole-set"  # or "replace-slice" (engine/slice_replace.py)
     resources: StoredResources = StoredResources()
     probes: tuple[Probe, ...] = ()  # as the parser checked them; the runner is handed their dump
     ready_timeout: int = 0  # seconds; 0: no limit

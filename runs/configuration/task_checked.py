@@ -36,6 +36,8 @@ class NodeGroup(CheckedModel):
     fleets: list[str] = []  # the group's own `fleets:`; empty: any fleet the task may use
     # TPU slices of a multislice set (1: one slice, or no TPU); nodes = slices x hosts per slice.
     slices: int = 1
+    # what one lost slice of the set means: "whole-set" (the set goes) or "replace-slice"
+    on_slice_failure: str = "whole-set"
     probes: list[Probe] = Field(default_factory=list)  # none: ready once running
     ready_timeout: int = DEFAULT_READY_TIMEOUT  # seconds from running to ready
     depends_on: list[Dependency] = Field(default_factory=list)

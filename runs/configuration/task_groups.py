@@ -27,7 +27,7 @@ from .task_written import _GroupInput, _TaskInput
 
 IMPLICIT_GROUP_NAME = "default"
 # Keys a task may not have at the top level once it has groups: each group says its own.
-PER_GROUP_KEYS = ("commands", "ports", "resources", "slices", "probes", "ready_timeout", "on_failure",
+PER_GROUP_KEYS = ("commands", "ports", "resources", "slices", "on_slice_failure", "probes", "ready_timeout", "on_failure",
                   "max_restarts")
 
 
@@ -45,6 +45,7 @@ class Part:
     ports: list[int | str]
     fleets: list[str] | None = None
     slices: int | None = None
+    on_slice_failure: str | None = None
     readiness: Readiness | None = None  # None: its keys had problems (already reported)
     depends_on: list[Dependency] = field(default_factory=list)  # those that could be read
     on_failure: object = None
@@ -85,6 +86,7 @@ def read_parts(
                 image=task.image,
                 ports=task.ports,
                 slices=task.slices,
+                on_slice_failure=task.on_slice_failure,
                 readiness=read_readiness(document, [], task.ports, errors, depends_allowed=False)[0],
                 on_failure=task.on_failure,
                 max_restarts=task.max_restarts,
@@ -141,6 +143,7 @@ def _read_group(
         ports=group.ports,
         fleets=group.fleets,
         slices=group.slices,
+        on_slice_failure=group.on_slice_failure,
         readiness=readiness,
         depends_on=depends_on,
         on_failure=group.on_failure,
@@ -205,6 +208,7 @@ def check_part(
         )
     shape = gpu.tpu_shape() if gpu is not None else None
     slices = check_slices(part, shape, errors)
+    check_slice_failure(part, errors)
     if shape is not None:
         hosts = shape.hosts * slices
         if nodes is None:
@@ -237,6 +241,7 @@ def check_part(
         ports=part.ports,
         fleets=fleets,
         slices=slices,
+        on_slice_failure=part.on_slice_failure or "whole-set",
         probes=part.readiness.probes,
         ready_timeout=part.readiness.ready_timeout,
         depends_on=part.readiness.depends_on,
@@ -267,6 +272,13 @@ def check_slices(part: Part, shape: SliceShape | None, errors: ErrorList) -> int
     else:
         return part.slices
     return 1
+
+
+def check_slice_failure(part: Part, errors: ErrorList) -> None:
+    """`on_slice_failure: replace-slice` keeps the set's other slices, so there must be others."""
+    if part.on_slice_failure == "replace-slice" and (part.slices or 1) < 2:
+        errors.add([*part.loc, "on_slice_failure"], "replace-slice replaces one slice of a multislice set: "
+                   "set slices: 2 or more, or remove on_slice_failure")
 
 
 def _larger(shape: SliceShape) -> str:

@@ -19,6 +19,8 @@ from .images import check_image
 
 DEFAULT_RETRY_DURATION = 3600
 # Slices of one multislice set. Node ids are `<pod>-s-<i>` within Google's 63 characters.
+# "whole-set": a lost slice ends the set (xpk/JobSet); "replace-slice": only it is made again
+SliceFailure = Literal["whole-set", "replace-slice"]
 MAX_SLICES = 256  # seconds; `retry: true` and a retry without `duration`
 
 StartupOrder = Literal["any", "master-first", "workers-first"]
@@ -71,6 +73,8 @@ class _GroupInput(_GroupShape):
     name: str | None = None  # dstack's default: the group's index, "0", "1", ...
     nodes: int | None = None
     slices: int | None = None  # Muster's own: a multislice set of this many TPU slices
+    # Muster's own: what one lost slice of the set means (task_groups.check_slice_failure)
+    on_slice_failure: SliceFailure | None = None
     resources: Any = None
     commands: list[str] = []
     env: Any = None
@@ -100,6 +104,7 @@ class _TaskInput(_GroupShape, dialect.ContainerKeys, dialect.ProfileKeys):
     name: str | None = None
     nodes: int | None = None
     slices: int | None = None
+    on_slice_failure: SliceFailure | None = None  # a `nodes:` task's one group; per group with `groups`
     groups: list[dict[str, Any]] | None = None
     image: str | None = None
     env: Any = None

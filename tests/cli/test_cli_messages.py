@@ -110,7 +110,7 @@ def test_unknown_keys_and_commands_say_what_was_meant(muster, tmp_path):  # noqa
     typo = muster("aply", "-f", "x.yml")
     assert typo.returncode == 2
     assert typo.stderr.splitlines()[-1].endswith("invalid choice: 'aply' (choose from 'config', 'apply', 'plan', "
-                                                 "'ps', 'logs', 'metrics', 'attach', 'ssh', 'events', 'delete', 'stop', 'fleet', "
+                                                 "'ps', 'logs', 'metrics', 'queue', 'attach', 'ssh', 'events', 'delete', 'stop', 'fleet', "
                                                  "'instances', 'serve'); did you mean `apply`?"), typo.stderr
 
 

@@ -32,6 +32,8 @@ class FakeTpuServer(NodesMixin, QueuedMixin, OperationsMixin):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.creation_polls = 1
+        self.creation_seconds = 0.0  # a created node stays CREATING at least this long (Google: minutes)
+        self.created_at: dict[str, float] = {}  # node name -> epoch seconds its create was taken
         self.stuck_creating = False
         self.exhausted_zones: set[str] = set()
         self.unavailable_zones: set[str] = set()

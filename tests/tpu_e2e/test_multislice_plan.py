@@ -45,6 +45,9 @@ def test_two_v4_16_slices_plan_four_nodes_in_one_rank_space(api):
     ("H100", {}, "slices", "slices needs a TPU `gpu:` of v4 or newer"),
     ("tpu-v4-16", {"nodes": 2}, "nodes", "2 x v4-16 slices have 4 hosts: set nodes: 4"),
     ("tpu-v4-16", {"slices": 0}, "slices", "slices must be from 1 to 256"),
+    ("tpu-v4-16", {"slices": 1, "on_slice_failure": "replace-slice"}, "on_slice_failure",
+     "replace-slice replaces one slice of a multislice set: set slices: 2 or more"),
+    ("tpu-v4-16", {"on_slice_failure": "replace"}, "on_slice_failure", "'whole-set' or 'replace-slice'"),
 ])
 def test_a_slice_set_that_cannot_be_had_is_a_400_naming_the_field_and_the_fix(api, gpu, changes, field, says):
     response = _plan(api, _task(gpu, **{"slices": 2, **changes}))
@@ -75,6 +78,18 @@ def test_the_cli_plan_shows_slices_times_hosts(muster, tmp_path):  # noqa: F811
                                                   "commands: [echo]\n"))
 
     assert "8 (2 slices x 4 hosts)" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_on_slice_failure_is_stored_with_the_group_and_defaults_to_whole_set(api):
+    replace = _plan(api, _task("tpu-v4-16", slices=3, on_slice_failure="replace-slice")).json()
+    default = _plan(api, _task("tpu-v4-16", slices=3)).json()
+
+    assert replace["configuration"]["groups"][0]["on_slice_failure"] == "replace-slice"
+    assert default["configuration"]["groups"][0]["on_slice_failure"] == "whole-set"
+    example_plan = _plan(api, yaml.safe_load(example("tpu-multislice-replace.yml")))
+    assert example_plan.status_code == 200, example_plan.content
+    [group] = example_plan.json()["configuration"]["groups"]
+    assert (group["nodes"], group["slices"], group["on_slice_failure"]) == (6, 3, "replace-slice")
 
 
 def test_the_queued_spot_multislice_example_plans_two_v5p_16_slices_as_four_nodes(api):

@@ -3,7 +3,8 @@ process and the fake TPU API (the real google-cloud-tpu client; each slice's hos
 network namespaces): two replicas of a v4-16 (2 hosts each) are two queued spot slices, job k of a replica on
 host k of its slice told TPU_WORKER_ID k; only worker 0 is reached through the endpoint; a `nodes`
 that disagrees with the slice is a 400; one replica's slice preempted is replaced by a new slice
-while the other replica serves every request; stopping the service deletes every slice."""
+while the other replica serves every request; stopping the service deletes every slice; a replica
+whose every worker fails restarts on its own slice after its back-off (no slice deleted and made again)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,32 @@ def test_a_slice_still_being_made_for_a_stopped_replica_is_deleted_before_it_is_
     wait_until(lambda: not gcp.nodes and not InstanceGroup.objects.exclude(status="terminated").exists(), 30,
                "the slice nobody waits for deleted while CREATING")
     assert gcp.delete_calls, gcp.calls
+
+
+def test_a_replica_whose_every_worker_fails_restarts_on_its_slice_not_a_new_one(
+        gcp, make_fleet, superuser_api, celery_worker, beat, tmp_path):
+    make_fleet()  # its idle slices deleted at once: only the replica's kept hosts keep its slice
+    conf = _service(tmp_path, free_port())
+    conf["groups"][0]["replicas"] = 1
+    conf["groups"][0]["commands"] = [f"echo $TPU_WORKER_ID >> {tmp_path}/tries", "exit 3"]  # a crash loop
+    assert superuser_api.post("/api/projects/main/runs/", {"configuration": conf}, format="json").status_code == 201
+    first = wait_until(lambda: (u := _units().get(0)) and len(u) == 2 and all(j.instance for j in u) and u, 60,
+                       "the replica on its slice")
+    slice_id = first[0].instance.group_id
+
+    def again():
+        now = _units().get(0) or []
+        return len(now) == 2 and all(j.submission_num >= 1 and j.instance_id for j in now) and now
+
+    fresh = wait_until(again, 90, "every worker failed, and after the back-off the replica starts again")
+    assert {j.instance.group_id for j in fresh} == {slice_id}, ("on the same slice", describe("slices"))
+    assert [j.instance.index for j in fresh] == [0, 1]
+    assert len(gcp.create_calls) == 1, ("no slice made again for a crash loop", gcp.calls)
+    assert InstanceGroup.objects.get(pk=slice_id).status != "terminated" and not gcp.delete_calls, gcp.calls
+    failed = Job.objects.filter(run__name="slices", submission_num=0)
+    assert {j.termination_reason for j in failed} == {"process_exited_with_error"}, describe("slices")
+
+    assert superuser_api.post("/api/projects/main/runs/slices/stop", {}, format="json").status_code in (200, 202)
+    wait_until(lambda: Run.objects.get(name="slices").finished, 60, "the service stopped")
+    wait_until(lambda: not gcp.nodes and not InstanceGroup.objects.exclude(status="terminated").exists(), 60,
+               "its slice deleted once the service stopped: nothing kept billed")

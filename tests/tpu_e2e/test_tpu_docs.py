@@ -30,7 +30,8 @@ def test_the_rendered_table_gives_the_host_counts_of_the_design():
 
 def test_the_docs_quote_the_tpu_examples_as_they_are():
     text = DOC.read_text()
-    for example in ("tpu-fleet.yml", "tpu-v2-32.yml", "tpu-queued-spot-fleet.yml", "tpu-queued-spot-multislice.yml"):
+    for example in ("tpu-fleet.yml", "tpu-v2-32.yml", "tpu-queued-spot-fleet.yml", "tpu-queued-spot-multislice.yml",
+                    "tpu-multislice-replace.yml"):
         assert (EXAMPLES / example).read_text().rstrip() in text, example
 
 
