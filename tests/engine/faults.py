@@ -1,6 +1,6 @@
 """Fault injection for the claimed steps' messages, shared by the tests that drop or double them
 (tests/engine/test_task_faults.py, tests/engine/test_fleet_deletion_faults.py, the TPU, SSH
-registration and attach revoke fault tests)."""
+registration, attach revoke and router sync fault tests)."""
 
 from __future__ import annotations
 
