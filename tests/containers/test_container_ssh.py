@@ -13,6 +13,7 @@ import pytest
 
 from projects.models import Membership
 from runs.models import Run
+from runs.transitions import request_stop
 from tests.conftest import token_for
 from tests.containers.docker_env import needs_docker
 from tests.ssh_e2e.helpers import fleet_configuration, registered_fleet
@@ -80,6 +81,10 @@ def test_muster_ssh_runs_the_command_in_the_jobs_container(docker_cluster, setti
     finally:
         held.kill()
         held.wait(10)
+        # the job's container must not outlive the test: the next container test counts what it finds
+        request_stop(Run.objects.get(name="boxed"), abort=True, actor="test")
+        wait_until(lambda: docker_cluster.leftover_containers() == {}, timeout=60,
+                   what=f"no container left: {docker_cluster.leftover_containers()}")
 
 
 def sleeps() -> list[str]:
