@@ -83,3 +83,23 @@ def test_a_run_that_is_not_preemptible_is_never_touched(muster, tmp_path):  # no
     assert Run.objects.get(name="high").status == "submitted"
     assert muster("stop", "low", "-y").returncode == 0
     wait_for_run("high", statuses=("running", "done"), timeout=90)
+
+
+def test_a_preemptible_run_that_ignores_its_stop_signal_is_killed_after_its_grace(muster, tmp_path):  # noqa: F811
+    local_project_fleet(size=2)
+    deaf = ("type: task\nname: deaf\nnodes: 2\npriority: 10\npreemptible: true\nstop_duration: 4s\n"
+            f"commands:\n  - trap '' TERM\n  - touch {tmp_path}/deaf.$DSTACK_NODE_RANK\n"
+            "  - while true; do sleep 1; done\n")
+    muster.apply("deaf", deaf)
+    wait_until(lambda: all((tmp_path / f"deaf.{n}").exists() for n in (0, 1)), timeout=90, what="deaf to run")
+    muster.apply("high", HIGH)
+    high = wait_for_run("high", statuses=("running", "done"), timeout=120)
+    deaf_run = wait_for_run("deaf", timeout=60)
+    assert deaf_run.status == "failed", "no retry: a preempted run without one fails"
+    jobs = list(deaf_run.current_jobs())
+    assert [(j.status, j.termination_reason) for j in jobs] == [("failed", "preempted")] * 2
+    stopped = Event.objects.filter(run__name="deaf", message__startswith="preempted by run high").first()
+    for job in jobs:  # SIGTERM ignored: SIGKILL once its 4 s grace was over, not held for the default 5 minutes
+        took = job.end_time - stopped.created.timestamp()
+        assert 3.5 <= took <= 60, took
+    assert high.status in ("running", "done")
