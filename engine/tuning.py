@@ -51,6 +51,9 @@ STOP_THREADS = 16
 # seconds: a runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most
 # jobs (servers, shells) exit on SIGTERM at once, so the stop is checked again after this
 STOP_RECHECK = 0.25
+# seconds: a job still running this long after its stop ignores SIGTERM or takes its grace
+# (stop_duration, five minutes by default) to finish: looked at this often from then on
+STOP_RECHECK_SLOW = 2.0
 
 # -- starting (engine/starting/advance.py) --
 # seconds: a runner that accepted a job starts it within one agent poll (0.2 s) plus a process
