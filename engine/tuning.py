@@ -84,7 +84,7 @@ ROUTER_TAKE_WAIT = 30.0
 # seconds: a ready router not yet routable (serving/router_sync.py `serves`) whose workers are ready is
 # synced again this soon (smg takes an added worker within a second), for ROUTER_TAKE_WAIT after it
 # became ready or after an add; later, the beat's sweep and the ready set's moves look again
-ROUTER_ROUTABLE_RECHECK = 1.0
+ROUTER_ROUTABLE_RECHECK = 0.5
 # seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
 # stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
 ROUTER_DRAIN_WAIT = 30.0
