@@ -17,9 +17,9 @@ drained replica only once no router lists it; a router that does not answer keep
 before (one never heard from counts as listing every worker), so keep.py waits for it (bounded).
 A router seen serving (serving/router_sync.py `serves`) since it last became ready is written to
 RouterSync.routable, and the endpoints are notified (notify_routes): they route to it from then on.
-One ready but not yet serving while its workers are ready is synced again ROUTER_ROUTABLE_RECHECK
-later, for ROUTER_TAKE_WAIT after the newest of their readiness (smg takes an added worker in the
-background); later the beat's sweep looks again.
+One ready but not yet serving, to which this sync added a worker or which lists one it has not taken
+yet (within ROUTER_TAKE_WAIT of the newest readiness), is synced again ROUTER_ROUTABLE_RECHECK later
+(smg takes an added worker in the background); otherwise the beat's sweep looks again.
 
 A router is the user's code and may answer anything: its entries are read only as far as they are
 well-formed (serving/router_sync.py valid_entries), at most ROUTER_REMOVALS_PER_SYNC removals per
@@ -121,6 +121,7 @@ class _Sync:
         self.was_routable: dict[str, str] = dict(row.routable or {})
         self.routable: dict[str, str] = {}
         self.not_serving = False
+        self.accepted: set[int] = set()  # routers that accepted an add this sync
         self.deadline = time.monotonic() + BUDGET
         self.events: list[dict] = []
         self.listed: dict[str, dict] = {}
@@ -165,7 +166,7 @@ class _Sync:
                                     "smg (router: {type: smg}) without an admin key on its worker API?")
             return
         current = rules.valid_entries(current)
-        self.serving(router, workers, current)
+        serves = self.serving(router, workers, current)
         wanted = [self.registration(job) for job in workers]
         add, remove = rules.diff(current, wanted)
         by_job = {j.pk: j for j in workers}
@@ -189,21 +190,30 @@ class _Sync:
         for key in [k for k in self.attempts if k.split(" ")[0] == str(router.pk) and k not in missing]:
             del self.attempts[key]  # listed, or no longer wanted: its tries are over
         self.listed[str(router.pk)] = rules.listed_jobs(current, added)
+        if not serves and workers and (router.pk in self.accepted or self.taking(router, workers, current)):
+            self.not_serving = True  # smg takes what it accepted in the background: seen serving soon
         # looked at again soon while it drains one of Muster's workers (keep.py waits on it), not while it
         # keeps listing workers of its own however often they are removed
         self.draining |= any(rules.draining(e) and rules.entry_job(e) is not None for e in current) \
             or any(rules.entry_job(e) is not None for e in remove)
 
-    def serving(self, router: Job, workers: list[Job], current: list[dict] | None) -> None:
+    def serving(self, router: Job, workers: list[Job], current: list[dict] | None) -> bool:
         """RouterSync.routable for `router`: kept while it is ready as it was, set once it serves (as the
         router answered before this sync's adds: what it takes in the background shows next time)."""
         mark = rules.ready_mark(router)
         if self.was_routable.get(str(router.pk)) == mark or (
                 current is not None and rules.serves(self.conf, self.group, workers, current, self.port)):
             self.routable[str(router.pk)] = mark
-        elif workers:
-            newest = max(j.ready_at for j in [router, *workers] if j.ready_at is not None)
-            self.not_serving |= (timezone.now() - newest).total_seconds() < TAKE_WAIT
+            return True
+        return False
+
+    def taking(self, router: Job, workers: list[Job], current: list[dict]) -> bool:
+        """The router lists one of `workers` it has not taken yet (smg checks it first), and they became
+        ready within ROUTER_TAKE_WAIT: a worker it never takes is not looked at again and again."""
+        urls = {rules.worker_url(j, self.port) for j in workers}
+        newest = max(j.ready_at for j in [router, *workers] if j.ready_at is not None)
+        return (timezone.now() - newest).total_seconds() < TAKE_WAIT and any(
+            e["url"] in urls and not (e["healthy"] and e["status"] in ("ready", "")) for e in current)
 
     def registration(self, job: Job) -> rules.Registration:
         """The worker as a router should list it; its /server_info asked once per sync."""
@@ -251,6 +261,7 @@ class _Sync:
         not_taken = (f"{name} did not take worker {reg.url} ({where}): it answers Muster's probe but not what smg "
                      "asks of an SGLang worker (/health, /model_info, /v1/models); see the router's log")
         if answer.status == 202:
+            self.accepted.add(router.pk)
             self.attempts[key] = [accepted + 1, time.time() + BACKOFF[min(accepted, len(BACKOFF) - 1)], first]
             if accepted:  # accepted before and not listed since: the router gave it up
                 self.problems[problem] = not_taken
