@@ -24,9 +24,9 @@ from tests.serving_pd.test_pd_service import pd_yaml
 pytestmark = [pytest.mark.smg, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 NO_REPLICA = "service main/pd has no ready replica"
-# the endpoint's own 502s: the router it sent to was killed under the request (refused, or cut off)
+# the endpoint's own 502s: the router it sent to was killed under the request (refused, closed, cut off)
 ROUTER_GONE = ("every ready replica of the service refused", "the replica refused the connection",
-               "the replica's answer broke off")
+               "the replica closed the connection", "the replica's answer broke off")
 
 
 class Client(threading.Thread):
