@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.smg, pytest.mark.slow, pytest.mark.django_db(transacti
 NO_REPLICA = "service main/pd has no ready replica"
 # the endpoint's own 502s: the router it sent to was killed under the request (refused, closed, cut off)
 ROUTER_GONE = ("every ready replica of the service refused", "the replica refused the connection",
-               "the replica closed the connection", "the replica's answer broke off")
+               "the replica closed the connection", "the replica's answer broke off", "forwarding to the replica failed")
 
 
 class Client(threading.Thread):
