@@ -13,6 +13,10 @@ Beside them, TPU runs (bench/chaos_tpu.py: single slices and multislice sets, cr
 as queued spot resources, on the real gcp backend against the fake TPU API with hollow hosts) have
 their slices preempted while they run, and retry.
 
+Then the serving scenario (bench/chaos_pd.py, `--serving yes|no|only`): a PD service with the real
+smg router under request load through the endpoint, with worker kills, a router kill and a Redis
+restart during a rolling update; its own checks, and the exit status is 1 when either fails.
+
 After settling, the checks below must all be 0; the exit status is 1 otherwise:
   runs not in a terminal or `running` state, jobs stuck beyond three sweep intervals, instances
   assigned to two live jobs, busy instances with no live job, processes left after the stop,
@@ -34,6 +38,7 @@ import time
 
 from bench import harness
 from bench.chaos_tpu import TpuChaos
+from bench.pd_service import supervise
 
 SWEEP = 1.0
 RESTART_RUN = """type: task
@@ -99,7 +104,19 @@ def main(argv=None) -> int:
     p.add_argument("--preempt-every", type=float, default=1.0, help="seconds between preemptions")
     p.add_argument("--db", default="muster_chaos", help="the PostgreSQL database made and dropped for the run")
     p.add_argument("--restart-runs", type=int, default=20, help="runs whose second group fails once and restarts")
+    p.add_argument("--serving", choices=("yes", "no", "only"), default="yes",
+                   help="then the serving scenario (bench/chaos_pd.py, a process of its own); only: just that")
     args = p.parse_args(argv)
+    if args.serving == "only":
+        return subprocess.run([sys.executable, "-m", "bench.chaos_pd"], cwd=harness.ROOT).returncode
+    code = placement(args)
+    if args.serving == "yes":  # its own process: a Django setup and a bench session of its own
+        print("\n== the serving scenario: python -m bench.chaos_pd", flush=True)
+        code = max(code, subprocess.run([sys.executable, "-m", "bench.chaos_pd"], cwd=harness.ROOT).returncode)
+    return code
+
+
+def placement(args) -> int:
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "0")) or None)
 
     port = free_or(args.redis_port)
@@ -112,6 +129,7 @@ def main(argv=None) -> int:
           f"(--save \"\"); lease 10 s, sweep every {SWEEP:.0f} s; {args.workers} workers x {args.concurrency}",
           flush=True)
     checks: dict[str, int] = {}
+    settled_event = threading.Event()  # set at teardown: no worker restarts after it
     events: list[str] = []
     code = 1
     try:
@@ -194,6 +212,10 @@ def main(argv=None) -> int:
                 if victim:
                     events.append(f"{time.time() - t0:5.1f}s preempted {victim.rsplit('/', 1)[1]} while a run used it")
 
+        # a worker that exits on its own (kombu's "Unrecoverable error" on the Redis restart) is
+        # started again, as `muster serve` does; the kills above restart what they kill
+        restarts: list[str] = []
+        supervise(session, names, restarts, settled_event, lambda n: session.start_worker(n, args.concurrency), lock)
         thread = threading.Thread(target=chaos, daemon=True)
         thread.start()
         preempter = threading.Thread(target=preemptions, daemon=True)
@@ -215,6 +237,8 @@ def main(argv=None) -> int:
         for line in events[len(events) - (len(tpu.preempted) - before):]:
             print("  " + line)
         print(f"{'settled' if ok else 'NOT settled'} at {time.time() - t0:.0f}s", flush=True)
+        for line in restarts:
+            print(f"  {line}")
         time.sleep(3 * SWEEP + 1)
         now = timezone.now()
         old = now - timezone.timedelta(seconds=3 * SWEEP)
@@ -244,6 +268,7 @@ def main(argv=None) -> int:
         checks.update(tpu.checks())
         print(f"TPU: {tpu.summary()}")
     finally:
+        settled_event.set()
         leftovers = session.teardown()
         redis.stop()
         tpu.stop()
@@ -254,7 +279,7 @@ def main(argv=None) -> int:
     print("\n== chaos checks (all must be 0)")
     for key, value in checks.items():
         print(f"{key.ljust(width)}  {value}")
-    code = 0 if len(checks) == 9 and not any(checks.values()) else 1
+    code = 0 if len(checks) == 10 and not any(checks.values()) else 1
     print("PASS" if code == 0 else "FAIL", flush=True)
     return code
 
