@@ -84,6 +84,10 @@ ROUTER_RECHECK = 2.0
 # seconds a router may take to take a worker it accepted (smg checks it first: a healthy one is taken
 # in well under a second) before the sync says the router does not take it
 ROUTER_TAKE_WAIT = 30.0
+# seconds: a ready router not yet routable (serving/router_sync.py `serves`) that a sync just gave a
+# worker, or that lists one it has not taken yet, is synced again this soon (smg takes an added worker
+# within a second); otherwise the beat's sweep and the ready set's moves look again
+ROUTER_ROUTABLE_RECHECK = 0.5
 # seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
 # stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
 ROUTER_DRAIN_WAIT = 30.0
