@@ -66,7 +66,7 @@ TASKS = {
 }
 # Keys Muster acts on as dstack does; any other written key must come with a warning.
 IMPLEMENTED = {"type", "name", "nodes", "env", "commands", "resources", "startup_order", "stop_criteria",
-               "retry", "max_duration", "fleets"}
+               "retry", "max_duration", "fleets", "priority"}
 IMPLEMENTED_RESOURCES = {"cpu", "memory", "disk", "gpu"}
 # With `image` the jobs run in containers, where these take effect too.
 IMPLEMENTED_WITH_IMAGE = {"image", "privileged", "user", "entrypoint", "working_dir", "shell", "volumes",

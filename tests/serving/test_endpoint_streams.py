@@ -36,11 +36,17 @@ def test_a_websocket_passes_both_ways(endpoint, replicas, port):  # noqa: F811
 
     async def shout():  # past MUSTER_ENDPOINT_MAX_BODY (1 MiB here): closed as too big, not held and passed
         async with aiohttp.ClientSession() as session, session.ws_connect(url(endpoint, "chat", "ws")) as ws:
-            await ws.send_str("x" * (2 << 20))
+            try:
+                await ws.send_str("x" * (2 << 20))
+            except ConnectionError:
+                # the endpoint closed (1009) and dropped the socket while the client still wrote the
+                # message's tail: on a slow machine the close can come before the last write
+                return "closed while sending"
             return await ws.receive(timeout=10)
 
     got = asyncio.run(shout())
-    assert got.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) and got.data == 1009, got
+    assert got == "closed while sending" or (
+        got.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) and got.data == 1009), got
 
 
 def test_a_scale_to_zero_service_holds_the_first_request_until_a_replica_is_ready(endpoint, replicas, port):  # noqa: F811

@@ -93,7 +93,7 @@ def test_two_node_replicas_have_their_own_ranks_and_restart_as_one_while_the_oth
     where, auth = f"{endpoint.url}/proxy/services/main/mh/", {"Authorization": f"Bearer {key}"}
     heads = {u[0].instance.internal_ip for u in units.values()}
     # only node 0 of each replica is routed to: the answers name only heads
-    answered = {requests.get(where + "who", headers=auth, timeout=10).text.strip() for _ in range(12)}
+    answered = {requests.get(where + "who", headers=auth, timeout=10).content.decode().strip() for _ in range(12)}
     assert answered <= heads and answered, (answered, heads)
     service = superuser_api.get("/api/projects/main/runs/mh/").json().get("service") or {}
     assert service.get("replicas") == {"ready": 2, "total": 2}, service
@@ -105,7 +105,7 @@ def test_two_node_replicas_have_their_own_ranks_and_restart_as_one_while_the_oth
         def back():
             got = requests.get(where + "who", headers=auth, timeout=10)
             codes.append(got.status_code)
-            served.add(got.text.strip())
+            served.add(got.content.decode().strip())
             now = _units("mh")
             assert [j.pk for j in now[1]] == [j.pk for j in other], describe("mh")
             fresh = now[0]
@@ -164,5 +164,5 @@ def test_a_two_node_replica_on_ssh_hosts_is_told_its_hosts_and_only_node_0_is_re
         assert (told / "hostfile").read_text().split() == ips
     key = token_for(django_user_model.objects.get(username="root"))
     where = f"{endpoint.url}/proxy/services/main/mh/who"
-    assert {requests.get(where, headers={"Authorization": f"Bearer {key}"}, timeout=30).text.strip()
+    assert {requests.get(where, headers={"Authorization": f"Bearer {key}"}, timeout=30).content.decode().strip()
             for _ in range(8)} == {ips[0]}, "node 0 alone is routed to"
