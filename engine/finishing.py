@@ -12,7 +12,7 @@ from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import attach_revokes, claims, failure_policy, log_copy, messages, runner_status
 from engine.submitted.waiting import hand_back
-from engine.tuning import STOP_RECHECK
+from engine.tuning import STOP_RECHECK, STOP_RECHECK_SLOW
 from events.services import record
 from muster import compiled
 from muster.claimable import Lease
@@ -25,6 +25,7 @@ from runs.choices import (
     JobStatus,
 )
 from runs.models import Job, Run
+from runs.stop_grace import gives_up_after
 from runs.transitions import end_unstarted_jobs, move_job, terminate_job
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,12 @@ def _finish(held: claims.Held) -> claims.Outcome:
     grants = attach_revokes.end_job_grants(job)
     try:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants):
-            # still running on its host: look again soon, once the job is given back
+            # still running on its host: look again soon, once the job is given back; a job still in its
+            # grace (stop_duration, minutes) is looked at every few seconds, not four times a second
+            waited = (timezone.now() - job.status_changed_at).total_seconds()
+            again = STOP_RECHECK if waited < STOP_RECHECK_SLOW else STOP_RECHECK_SLOW
             return claims.Outcome(expect=(JobStatus.TERMINATING,),
-                                  then=(partial(messages.finish_job, job.pk, countdown=STOP_RECHECK),))
+                                  then=(partial(messages.finish_job, job.pk, countdown=again),))
     except BackendError as exc:
         log.info("job %s: runner unreachable while stopping (%s); handing its host back anyway", job, exc)
     return claims.Outcome(move=partial(_end, job, final))
@@ -84,7 +88,7 @@ def _runner_finished(job: Job, grants: int | None = None) -> bool:
         state = (runner_status.read(host)["jobs"].get(job.runner_job_id) or {}).get("state")
         if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
-            if waited > 60:
+            if waited > gives_up_after(job.run):
                 attach_revokes.revoke(job, host, grants)
                 return True  # the host does not stop it; the host is handed back regardless
             host.stop(job.runner_job_id)

@@ -15,6 +15,11 @@ it answers Muster's probe but not what smg asks), is one event when it starts an
 never in a loop. What each router lists is kept in RouterSync.listed for keep.py, which stops a
 drained replica only once no router lists it; a router that does not answer keeps what it listed
 before (one never heard from counts as listing every worker), so keep.py waits for it (bounded).
+A router seen serving (serving/router_sync.py `serves`) since it last became ready is written to
+RouterSync.routable, and the endpoints are notified (notify_routes): they route to it from then on.
+One ready but not yet serving, to which this sync added a worker or which lists one it has not taken
+yet (within ROUTER_TAKE_WAIT of the newest readiness), is synced again ROUTER_ROUTABLE_RECHECK later
+(smg takes an added worker in the background); otherwise the beat's sweep looks again.
 
 A router is the user's code and may answer anything: its entries are read only as far as they are
 well-formed (serving/router_sync.py valid_entries), at most ROUTER_REMOVALS_PER_SYNC removals per
@@ -40,6 +45,7 @@ from engine.tuning import ROUTER_CALL_TIMEOUT as TIMEOUT
 from engine.tuning import ROUTER_LIST_CAP as LIST_CAP
 from engine.tuning import ROUTER_RECHECK as RECHECK
 from engine.tuning import ROUTER_REMOVALS_PER_SYNC as REMOVALS
+from engine.tuning import ROUTER_ROUTABLE_RECHECK as ROUTABLE_RECHECK
 from engine.tuning import ROUTER_SYNC_BUDGET as BUDGET
 from engine.tuning import ROUTER_TAKE_WAIT as TAKE_WAIT
 from engine.tuning import WORKER_INFO_CAP as INFO_CAP
@@ -49,6 +55,7 @@ from runs.models import Job, Run
 from serving import router_sync as rules
 from serving.models import RouterSync
 from serving.replica_http import ReplicaHTTPError, ReplicaUnreachable, request
+from serving.rows import notify_routes
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +91,9 @@ def _sync(held: claims.Held) -> claims.Outcome:
     conf = run_configuration(run)
     group = rules.router_group(conf)
     if group is None or run.status in RUN_FINISHED:
-        return claims.Outcome(fields={"listed": {}, "problems": {}, "attempts": {}})
+        return claims.Outcome(fields={"listed": {}, "problems": {}, "attempts": {}, "routable": {}})
     jobs = list(Job.objects.filter(run=run, superseded=False).select_related("instance"))
-    sync = _Sync(run, conf, row)
+    sync = _Sync(run, conf, row, group)
     for router in rules.routers(group, jobs):
         try:
             sync.router(router, rules.workers_for(group, jobs, router))
@@ -108,9 +115,13 @@ def _clip(value, limit: int = 100) -> str:
 
 
 class _Sync:
-    def __init__(self, run: Run, conf, row: RouterSync):
-        self.run, self.conf, self.port = run, conf, conf.port
+    def __init__(self, run: Run, conf, row: RouterSync, group):
+        self.run, self.conf, self.port, self.group = run, conf, conf.port, group
         self.previous: dict[str, dict] = dict(row.listed or {})
+        self.was_routable: dict[str, str] = dict(row.routable or {})
+        self.routable: dict[str, str] = {}
+        self.not_serving = False
+        self.accepted: set[int] = set()  # routers that accepted an add this sync
         self.deadline = time.monotonic() + BUDGET
         self.events: list[dict] = []
         self.listed: dict[str, dict] = {}
@@ -133,8 +144,10 @@ class _Sync:
         return request(job, self.port, method, path, json=json, timeout=min(TIMEOUT, left), max_bytes=max_bytes)
 
     def unanswered(self, router: Job, problem: str) -> None:
-        """The router's list unknown this sync: what it listed before is kept (keep.py waits on it)."""
+        """The router's list unknown this sync: what it listed before is kept (keep.py waits on it), and
+        whether it serves too (one answer missed does not take it out of the endpoint's pool)."""
         self.problems[f"router {router.pk}"] = problem
+        self.serving(router, [], None)
         self.listed[str(router.pk)] = self.previous.get(str(router.pk)) or {rules.UNANSWERED: ""}
 
     def router(self, router: Job, workers: list[Job]) -> None:
@@ -153,6 +166,7 @@ class _Sync:
                                     "smg (router: {type: smg}) without an admin key on its worker API?")
             return
         current = rules.valid_entries(current)
+        serves = self.serving(router, workers, current)
         wanted = [self.registration(job) for job in workers]
         add, remove = rules.diff(current, wanted)
         by_job = {j.pk: j for j in workers}
@@ -176,10 +190,30 @@ class _Sync:
         for key in [k for k in self.attempts if k.split(" ")[0] == str(router.pk) and k not in missing]:
             del self.attempts[key]  # listed, or no longer wanted: its tries are over
         self.listed[str(router.pk)] = rules.listed_jobs(current, added)
+        if not serves and workers and (router.pk in self.accepted or self.taking(router, workers, current)):
+            self.not_serving = True  # smg takes what it accepted in the background: seen serving soon
         # looked at again soon while it drains one of Muster's workers (keep.py waits on it), not while it
         # keeps listing workers of its own however often they are removed
         self.draining |= any(rules.draining(e) and rules.entry_job(e) is not None for e in current) \
             or any(rules.entry_job(e) is not None for e in remove)
+
+    def serving(self, router: Job, workers: list[Job], current: list[dict] | None) -> bool:
+        """RouterSync.routable for `router`: kept while it is ready as it was, set once it serves (as the
+        router answered before this sync's adds: what it takes in the background shows next time)."""
+        mark = rules.ready_mark(router)
+        if self.was_routable.get(str(router.pk)) == mark or (
+                current is not None and rules.serves(self.conf, self.group, workers, current, self.port)):
+            self.routable[str(router.pk)] = mark
+            return True
+        return False
+
+    def taking(self, router: Job, workers: list[Job], current: list[dict]) -> bool:
+        """The router lists one of `workers` it has not taken yet (smg checks it first), and they became
+        ready within ROUTER_TAKE_WAIT: a worker it never takes is not looked at again and again."""
+        urls = {rules.worker_url(j, self.port) for j in workers}
+        newest = max(j.ready_at for j in [router, *workers] if j.ready_at is not None)
+        return (timezone.now() - newest).total_seconds() < TAKE_WAIT and any(
+            e["url"] in urls and not (e["healthy"] and e["status"] in ("ready", "")) for e in current)
 
     def registration(self, job: Job) -> rules.Registration:
         """The worker as a router should list it; its /server_info asked once per sync."""
@@ -227,6 +261,7 @@ class _Sync:
         not_taken = (f"{name} did not take worker {reg.url} ({where}): it answers Muster's probe but not what smg "
                      "asks of an SGLang worker (/health, /model_info, /v1/models); see the router's log")
         if answer.status == 202:
+            self.accepted.add(router.pk)
             self.attempts[key] = [accepted + 1, time.time() + BACKOFF[min(accepted, len(BACKOFF) - 1)], first]
             if accepted:  # accepted before and not listed since: the router gave it up
                 self.problems[problem] = not_taken
@@ -282,7 +317,11 @@ class _Sync:
             then.append(partial(messages.process_run, self.run.pk))  # a drained replica may be stopped now
         if self.draining:
             then.append(partial(messages.sync_routers, self.run.pk, RECHECK))
+        elif self.not_serving:
+            then.append(partial(messages.sync_routers, self.run.pk, ROUTABLE_RECHECK))
+        if any(self.was_routable.get(k) != mark for k, mark in self.routable.items()):
+            then.append(partial(notify_routes, self.run.pk))  # the endpoints route to it from now on
         return claims.Outcome(fields={"listed": self.listed, "problems": problems, "attempts": self.attempts,
-                                      "synced_at": timezone.now()},
+                                      "routable": self.routable, "synced_at": timezone.now()},
                               events=tuple(self.events), then=tuple(then))
 

@@ -51,6 +51,9 @@ STOP_THREADS = 16
 # seconds: a runner acts on a stop within its watch interval (0.1 s) and the job's stop grace; most
 # jobs (servers, shells) exit on SIGTERM at once, so the stop is checked again after this
 STOP_RECHECK = 0.25
+# seconds: a job still running this long after its stop ignores SIGTERM or takes its grace
+# (stop_duration, five minutes by default) to finish: looked at this often from then on
+STOP_RECHECK_SLOW = 2.0
 
 # -- starting (engine/starting/advance.py) --
 # seconds: a runner that accepted a job starts it within one agent poll (0.2 s) plus a process
@@ -81,6 +84,10 @@ ROUTER_RECHECK = 2.0
 # seconds a router may take to take a worker it accepted (smg checks it first: a healthy one is taken
 # in well under a second) before the sync says the router does not take it
 ROUTER_TAKE_WAIT = 30.0
+# seconds: a ready router not yet routable (serving/router_sync.py `serves`) that a sync just gave a
+# worker, or that lists one it has not taken yet, is synced again this soon (smg takes an added worker
+# within a second); otherwise the beat's sweep and the ready set's moves look again
+ROUTER_ROUTABLE_RECHECK = 0.5
 # seconds past its drain delay a drained worker waits for its routers to stop listing it before it is
 # stopped anyway (a router that never answers must not hold a host, nor a rolling update, for ever)
 ROUTER_DRAIN_WAIT = 30.0

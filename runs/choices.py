@@ -93,6 +93,9 @@ class JobReason(models.TextChoices):
     CREATING_CONTAINER_ERROR = "creating_container_error"
     EXECUTOR_ERROR = "executor_error"
     MAX_DURATION_EXCEEDED = "max_duration_exceeded"
+    # Muster's (dstack has no preemption): a preemptible run stopped, with its grace, to free hosts for
+    # a waiting run of a higher priority (engine/submitted/preemption.py); an interruption to `retry`
+    PREEMPTED = "preempted"
 
 
 class RunReason(models.TextChoices):
@@ -113,7 +116,7 @@ FAILING_REASONS = frozenset({
     JobReason.WAITING_READY_LIMIT_EXCEEDED,
     JobReason.CONTAINER_EXITED_WITH_ERROR, JobReason.PROCESS_EXITED_WITH_ERROR, JobReason.EXECUTOR_ERROR,
     JobReason.MAX_DURATION_EXCEEDED,
-    JobReason.CREATING_CONTAINER_ERROR,
+    JobReason.CREATING_CONTAINER_ERROR, JobReason.PREEMPTED,
 })
 
 # Which retry event (if any) a job termination reason counts as.
@@ -121,6 +124,7 @@ RETRY_EVENT = {
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY: "no-capacity",
     JobReason.INTERRUPTED_BY_NO_CAPACITY: "interruption",
     JobReason.INSTANCE_UNREACHABLE: "interruption",
+    JobReason.PREEMPTED: "interruption",
     JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: "no-capacity",
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: "error",
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: "error",
@@ -142,6 +146,7 @@ FINAL_STATUS = {
     JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY: JobStatus.FAILED,
     JobReason.INTERRUPTED_BY_NO_CAPACITY: JobStatus.FAILED,
     JobReason.INSTANCE_UNREACHABLE: JobStatus.FAILED,
+    JobReason.PREEMPTED: JobStatus.FAILED,
     JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_RUNNER_LIMIT_EXCEEDED: JobStatus.FAILED,
     JobReason.WAITING_PEERS_LIMIT_EXCEEDED: JobStatus.FAILED,

@@ -28,11 +28,16 @@ class RouterSync(Claimable):
     that refuses the worker API, a worker it does not take), so each is one event when it starts and
     one when it ends, not one per sync. `attempts`: {"<router job> <worker job>": [adds accepted, next
     offer, first offer (epochs)]}: a worker the router refused or dropped is offered again with a
-    back-off, not every sync.
+    back-off, not every sync. `routable`: {router job id: its `ready_at` (ISO)} for each router a sync
+    saw ready to serve since it last became ready (serving/router_sync.py `serves`): the endpoint
+    routes to a router of a routed service only once it is here with its current `ready_at`
+    (serving/routes.py), so a new or restarted smg, which answers 503 until it has workers, gets no
+    request before.
     """
 
     run = models.OneToOneField("runs.Run", on_delete=models.CASCADE, primary_key=True, related_name="router_sync")
     listed = models.JSONField(default=dict, blank=True)
     problems = models.JSONField(default=dict, blank=True)
     attempts = models.JSONField(default=dict, blank=True)
+    routable = models.JSONField(default=dict, blank=True)
     synced_at = models.DateTimeField(null=True, blank=True)

@@ -16,6 +16,13 @@ and, for a prefill, its bootstrap port: `worker.bootstrap_port` > the reported
 `disaggregation_bootstrap_port` > none (the router's default). A listed worker whose URL, role or
 bootstrap port differ, or that was registered for another job (label `muster.job`), is removed and
 the right one added.
+
+When a router serves (`serves`): smg answers 503 until it lists a ready worker of each role it needs,
+so the endpoint routes to a router only once a sync saw it, since it last became ready, list as
+healthy and ready every worker it should, with at least one replica of each worker group among them
+(RouterSync.routable; serving/routes.py). With no worker ready at all no router serves: the endpoint
+answers its own 503 "no ready replica" (or waits for a cold start), clearer than smg's. Once marked
+a router stays routable until it is no longer ready (a worker leaving later is the sync's to remove).
 """
 
 from __future__ import annotations
@@ -88,6 +95,27 @@ def workers_for(group: StoredGroup, jobs: list[Job], router: Job) -> list[Job]:
                   key=lambda j: j.pk)
 
 
+def serves(conf: StoredService, group: StoredGroup, workers: list[Job], current: list[dict], port: int) -> bool:
+    """Whether a router listing `current` (valid_entries) can serve: it lists, healthy and ready, each
+    of `workers` (what it should list) and they hold a replica of every worker group (smg in PD mode
+    answers 503 without a prefill and a decode). A router with no worker group serves once it answers."""
+    needed = {g.name for g in conf.groups if g.name != group.name}
+    if needed - {j.node_group_name for j in workers}:
+        return False
+    taken = {e["url"] for e in current if e["healthy"] and e["status"] in ("ready", "") and entry_job(e) is not None}
+    return all(worker_url(j, port) in taken for j in workers)
+
+
+def ready_mark(router: Job) -> str:
+    """What RouterSync.routable holds for a router: its readiness, so a restart (ready again) starts over."""
+    return router.ready_at.isoformat() if router.ready_at is not None else ""
+
+
+def routable(run_id: int) -> dict[str, str]:
+    """RouterSync.routable of the run: {router job id: ready_mark} of the routers a sync saw serve."""
+    return RouterSync.objects.filter(pk=run_id).values_list("routable", flat=True).first() or {}
+
+
 def worker_url(job: Job, port: int) -> str:
     host = job.instance.internal_ip or job.instance.hostname
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -130,6 +158,7 @@ def valid_entries(current: list) -> list[dict]:
         port = entry.get("bootstrap_port")
         labels = entry.get("labels")
         out.append({"id": worker_id if _WORKER_ID.fullmatch(worker_id) else "",
+                    "healthy": entry.get("is_healthy", True) is not False,
                     "url": entry["url"] if isinstance(entry.get("url"), str) else "",
                     "worker_type": kind if isinstance(kind, str) else "",
                     "status": entry["status"] if isinstance(entry.get("status"), str) else "",

@@ -10,7 +10,10 @@ re-reads on that and on a timer.
 
 A service with a `router` group (PD: a router in front of prefill and decode workers) has only
 that group's ready heads in the table: the workers are the router's to reach (serving/router_sync.py
-keeps its worker list); and a replica of `nodes: N` is in it by its node 0 only.
+keeps its worker list); and a replica of `nodes: N` is in it by its node 0 only. A router whose list
+Muster keeps (`router: {type: smg}`) is in it only once the router sync saw it serve since it last
+became ready (serving/router_sync.py `serves`, RouterSync.routable): smg answers 503 until it has its
+workers; the sync's outcome notifies the endpoints when a router becomes routable.
 
 The address is the one Muster reaches the job's instance on (its `hostname`: the SSH host's
 address, a local instance's loopback address) and the service's `port`.
@@ -27,7 +30,7 @@ from runs.choices import JOB_FINISHED, RUN_FINISHED
 from runs.configuration.stored import StoredService, run_configuration
 from runs.models import Job, Run
 from serving.replicas import is_head, is_ready
-from serving.router_sync import routed_group
+from serving.router_sync import ready_mark, routable, routed_group, router_group
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ def _service(run: Run) -> Service | None:
     # and to its serving deployment's only: an update's new routers join in the one write that switches
     # (engine/replicas/revisions.py)
     serving = [j for j in live if routed is None or j.deployment_num == run.serving_deployment]
+    if router_group(conf) is not None:  # an smg router: only once a sync saw it serve (it 503s before)
+        marks = routable(run.id)
+        serving = [j for j in serving if j.node_group_name != routed or marks.get(str(j.id)) == ready_mark(j)]
     ready = () if run.stop_requested else tuple(
         Replica(job.id, job.instance.hostname, conf.port, job.instance.id,
                 ssh=job.instance.backend == FleetBackend.SSH, inner=job.instance.internal_ip) for job in serving

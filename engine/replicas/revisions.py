@@ -40,7 +40,7 @@ from runs.configuration.stored import StoredService, run_configuration, stored_r
 from runs.models import Job, Run
 from serving.replica_http import ReplicaHTTPError, request
 from serving.replicas import is_head, is_ready
-from serving.router_sync import router_group, routers, worker_url, workers_for
+from serving.router_sync import ready_mark, routable, router_group, routers, worker_url, workers_for
 from serving.rows import notify_routes
 
 
@@ -136,12 +136,16 @@ def synced(run: Run, conf: StoredService, live: list[Job]) -> bool:
     """Each ready router of the new deployment lists every ready worker of its deployment, healthy
     and ready, as the router itself answers (GET /workers): smg takes a worker in the background
     after accepting it, and sends a request to none of a role until one is ready. A router whose
-    list Muster does not keep (not smg) is taken as it is."""
+    list Muster does not keep (not smg) is taken as it is. And the router sync has seen each serve
+    (RouterSync.routable): the endpoint routes to no router before (serving/routes.py)."""
     group = router_group(conf)
     if group is None:
         return True
     new = [j for j in live if j.deployment_num == run.deployment_num]
+    marks = routable(run.pk)
     for router in routers(group, new):
+        if marks.get(str(router.pk)) != ready_mark(router):
+            return False
         try:
             answer = request(router, conf.port, "GET", "/workers", timeout=ROUTER_CALL_TIMEOUT,
                              max_bytes=ROUTER_LIST_CAP)

@@ -15,6 +15,7 @@ from runs.configuration.container_policy import fleet_policy
 from runs.configuration.stored import run_configuration
 from runs.job_rows import secret_env
 from runs.models import Job
+from runs.stop_grace import stop_grace
 
 
 def replica_of(job: Job, jobs: list[Job]) -> list[Job]:
@@ -81,6 +82,7 @@ def runner_spec(job: Job, jobs: list[Job]) -> dict:
         "commands": [substitute_ips(c, ips) for c in commands],
         "env": env,
         "max_duration": run_configuration(run).max_duration,
+        "stop_grace": stop_grace(run),
         "node_ip": instance.internal_ip,
         "gpus": gpus_on_host(job, len(jobs) > 1),
         "cluster_info": {

@@ -13,7 +13,7 @@ from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.nudges import is_service
-from engine.submitted import fanout, gang, placement, replica_placement, waiting
+from engine.submitted import fanout, gang, placement, preemption, replica_placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, spanning
 from instances.models import Fleet
@@ -73,8 +73,8 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
         if fleets is None:
             full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
             crowded = waiting.over_cap(job) if full else ""
-            if full and not crowded:
-                return waiting.wait(job, spanning.full_fleets(full))
+            if full and not crowded:  # a higher priority may stop preemptible runs for their hosts
+                return waiting.wait(job, spanning.full_fleets(full) + preemption.preempt_for(job, full, siblings))
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
         _record_placement(run, job, fleets, siblings)

@@ -200,6 +200,9 @@ class ProfileKeys(WrittenModel):
     utilization_policy: _Utilization | None = None
     schedule: _Schedule | None = None
     priority: int | None = None
+    # Muster's (dstack has no preemption): a waiting run of a higher priority may stop this one, with its
+    # stop_duration's grace, to take its hosts; it ends as an interruption (docs/queueing.md)
+    preemptible: bool | None = None
     tags: dict[str, str] | None = None
     # deprecated by dstack
     termination_policy: TerminationPolicy | None = None
@@ -228,6 +231,13 @@ class ProfileKeys(WrittenModel):
             raise ValueError(f"priority must be a whole number from 0 to 100, not {value!r}")
         if not PRIORITY_MIN <= value <= PRIORITY_MAX:
             raise ValueError(f"priority must be 0..100 (higher is placed first), not {value}")
+        return value
+
+    @field_validator("preemptible", mode="before")
+    @classmethod
+    def _preemptible(cls, value: object) -> bool | None:
+        if value is not None and not isinstance(value, bool):  # strict: `preemptible: "yes"` or 1 is a mistake
+            raise ValueError(f"preemptible must be true or false, not {value!r}")
         return value
 
     @field_validator("idle_duration", "stop_duration")
@@ -330,7 +340,6 @@ def check_task_keys(task: Any, errors: ErrorList, warnings: list) -> None:
         "max_price": "Muster does not know instance prices",
         "creation_policy": "runs always reuse the project's fleets; gcp fleets create TPU slices as runs need them",
         "idle_duration": "idle hosts are kept by the fleet's `idle_duration`",
-        "stop_duration": "a stopped node gets Muster's fixed grace period",
         "utilization_policy": "GPU utilization is not measured",
         "schedule": "runs are not scheduled: submit them when they should start",
         "tags": "Muster creates no cloud resources from a run to tag",

@@ -164,6 +164,9 @@ def parse_service_configuration(document: dict, *, endpoint_tls: bool = False, *
     errors.raise_if_any()
     assert task is not None and service is not None
     _warn_service(service, endpoint_tls, group_inputs, warnings)
+    if task.profile.get("preemptible"):  # a replica's stop is the scaler's and the rollout's (engine/replicas/)
+        warnings.append({"field": ["preemptible"], "message": "preemptible: has no effect on a service: only tasks "
+                         "are preempted (docs/queueing.md)"})
     ranges = [g.range if g is not None else (1, 1) for g in group_inputs] or [service.replicas or (1, 1)]
     scalings = [g.scaling for g in group_inputs] if group_inputs else [service.scaling]
     routers = [g.router.type if g is not None and g.router else None for g in group_inputs] or [None]

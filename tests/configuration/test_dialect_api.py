@@ -149,10 +149,11 @@ def test_the_profile_keys_of_dstack_are_all_accepted(api):
     assert resp.status_code == 200, resp.json()
     warned = fields(resp)
     for key in ("backends", "regions", "availability_zones", "instance_types", "reservation", "spot_policy",
-                "max_price", "creation_policy", "idle_duration", "stop_duration", "utilization_policy",
+                "max_price", "creation_policy", "idle_duration", "utilization_policy",
                 "tags", "setup", "registry_auth", "nvcc", "user", "working_dir", "volumes"):
         assert key in warned, (key, warned)
     assert "priority" not in warned, "priority orders the waiting runs (docs/queueing.md): no warning"
+    assert "stop_duration" not in warned, "stop_duration is the grace of a job's stop: no warning"
     body = resp.json()
     assert body["configuration"]["retry"] == {"on_events": ["no-capacity", "error"], "duration": 86400}
     assert body["configuration"]["groups"][0]["commands"] == ["echo setup", "x"]
@@ -165,6 +166,21 @@ def test_a_priority_outside_0_to_100_or_not_a_whole_number_is_a_400_naming_the_f
     assert resp.status_code == 400, resp.json()
     (error,) = resp.json()["errors"]
     assert error["loc"] == ["priority"] and "priority must be" in error["msg"], error
+
+
+@pytest.mark.parametrize("value", ["yes", 1, [True], "true"])
+def test_preemptible_that_is_not_true_or_false_is_a_400_naming_the_field(api, value):
+    resp = plan(api, {"type": "task", "commands": ["x"], "preemptible": value})
+    assert resp.status_code == 400, resp.json()
+    (error,) = resp.json()["errors"]
+    assert error["loc"] == ["preemptible"] and "preemptible must be true or false" in error["msg"], error
+
+
+def test_preemptible_and_stop_duration_are_kept_without_a_warning(api):
+    resp = plan(api, {"type": "task", "commands": ["x"], "preemptible": True, "stop_duration": "30s"})
+    assert resp.status_code == 200, resp.json()
+    assert not {"preemptible", "stop_duration"} & set(fields(resp)), fields(resp)
+    assert resp.json()["configuration"]["profile"] == {"preemptible": True, "stop_duration": 30}
 
 
 def test_a_run_without_priority_gets_dstacks_default_and_its_priority_is_kept(api):

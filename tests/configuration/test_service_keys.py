@@ -186,6 +186,8 @@ def test_keys_that_cannot_take_effect_say_why():
     assert "plain HTTP" in found["https"] and "TLS proxy" in found["https"]
     assert "not enforced" in found["rate_limits"]
     assert "/proxy/models/" in found["model"]
+    assert "only tasks are preempted" in _warnings(svc(preemptible=True))["preemptible"]
+    assert "preemptible" not in _warnings(svc(preemptible=False))
     assert "https" not in _warnings(svc(https=True), endpoint_tls=True)
     assert _warnings(svc(gateway=False, https="auto")) == {}
     grouped_found = _warnings(grouped({"replicas": 1, "commands": ["a"], "router": {"type": "dynamo"},

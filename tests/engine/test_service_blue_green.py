@@ -300,19 +300,21 @@ def test_two_applies_at_once_are_applied_one_after_the_other_and_the_second_supe
 
 def test_the_switch_waits_for_the_new_smg_router_to_list_its_workers_as_ready(sent):
     """smg takes an added worker in the background: the endpoint switches only once the new router
-    itself lists every worker of its deployment as ready (a stand-in router answers GET /workers)."""
+    itself lists every worker of its deployment as ready, and the router sync saw it so (a stand-in
+    router per deployment answers GET /workers; a router is routable once a sync saw it serve)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from serving.router_sync import worker_url
+    from engine import router_sync
+    from serving.router_sync import JOB_LABEL, worker_url
     from tests.serving.replicas import free_port
 
-    listing: list[dict] = []
+    listings: dict[str, list[dict]] = {}
 
     class Router(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            body = json.dumps({"workers": listing}).encode()
+            body = json.dumps({"workers": listings[self.server.server_address[0]]}).encode()
             self.send_response(200 if self.path == "/workers" else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -324,29 +326,47 @@ def test_the_switch_waits_for_the_new_smg_router_to_list_its_workers_as_ready(se
     fleet = local_project_fleet(size=6)
     port = free_port()
     smg = ROUTED.replace("router: {type: dynamo}", "router: {type: smg}").replace("port: 8000", f"port: {port}")
+    servers = []
+
+    def router_of(jobs) -> tuple[list[Job], list[dict]]:
+        """A stand-in router for `jobs`' router, and its workers as it lists them (healthy, ready)."""
+        jobs = [Job.objects.select_related("instance").get(pk=j.pk) for j in jobs]
+        router = next(j for j in jobs if j.node_group_name == "router")
+        workers = [j for j in jobs if j.node_group_name == "worker"]
+        listings[router.instance.internal_ip] = [
+            {"url": worker_url(w, port), "is_healthy": True, "status": "ready", "labels": {JOB_LABEL: str(w.pk)}}
+            for w in workers]
+        servers.append(ThreadingHTTPServer((router.instance.internal_ip, port), Router))
+        threading.Thread(target=servers[-1].serve_forever, daemon=True).start()
+        return workers, listings[router.instance.internal_ip]
+
     run = _derive(_apply(fleet, smg))
     _serve(_live(run))
-    run = _derive(run)
-    old = {j.pk for j in _live(run)}
-    run = _derive(_apply(fleet, smg.replace("VERSION=v1", "VERSION=v2"), update=True))
-    new = _live(run, 1)
-    _serve(new)
-    router = Job.objects.select_related("instance").get(pk=next(j.pk for j in new if j.node_group_name == "router"))
-    server = ThreadingHTTPServer((router.instance.internal_ip, port), Router)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        workers = [Job.objects.select_related("instance").get(pk=j.pk) for j in new if j.node_group_name == "worker"]
-        listing[:] = [{"url": worker_url(workers[0], port), "is_healthy": True, "status": "ready"},
-                      {"url": worker_url(workers[1], port), "is_healthy": True, "status": "pending"}]
+        router_of(_live(run))
+        router_sync.sync_routers(run.pk)  # deployment 0's router serves: it gets the endpoint's traffic
+        run = _derive(run)
+        old = {j.pk for j in _live(run)}
+        assert _serves(run, old)
+        run = _derive(_apply(fleet, smg.replace("VERSION=v1", "VERSION=v2"), update=True))
+        new = _live(run, 1)
+        _serve(new)
+        workers, listing = router_of(new)
+        listing[1]["status"] = "pending"
+        router_sync.sync_routers(run.pk)
         run = _derive(run)
         assert run.serving_deployment == 0 and _serves(run, old), "one worker not ready in the router yet"
         assert run.next_retry_at is not None, "looked at again soon"
         listing[1]["status"] = "ready"
         run = _derive(run)
+        assert run.serving_deployment == 0, "the router lists both now, but no sync saw it serve yet"
+        router_sync.sync_routers(run.pk)
+        run = _derive(run)
         assert run.serving_deployment == 1 and _serves(run, {j.pk for j in new})
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def test_an_update_of_a_routed_service_that_only_changes_replica_counts_scales_it_in_place(serving_pd):

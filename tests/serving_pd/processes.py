@@ -102,3 +102,12 @@ def post(url: str, body: dict, timeout: float = 30) -> tuple[int, dict]:
             return answer.status, json.loads(answer.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def routed(name: str, project: str = "main") -> set[int]:
+    """The jobs the endpoint routes service `name` to (serving/routes.py): a router only once the
+    router sync saw it serve, a little after smg lists its workers."""
+    from serving.routes import service
+
+    found = service(project, name)
+    return {r.job_id for r in found.replicas} if found is not None else set()

@@ -22,7 +22,7 @@ from tests.engine.helpers import Beat, local_project_fleet
 from tests.engine.service_helpers import ready, replicas, wait_until
 from tests.serving.replicas import free_port
 from tests.serving.test_endpoint import endpoint  # noqa: F401 (the fixture)
-from tests.serving_pd.processes import STANDIN, listed, smg_binary
+from tests.serving_pd.processes import STANDIN, listed, routed, smg_binary
 
 pytestmark = [pytest.mark.smg, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -80,6 +80,7 @@ def test_a_pd_service_routes_through_smg_and_its_worker_list_follows_the_ready_w
     router = _jobs("pd")["router"].instance.internal_ip
     wait_until(lambda: listed(router, port) == _expected("pd", port) and len(_expected("pd", port)) == 2, 30,
                "smg lists the prefill and the decode worker")
+    wait_until(lambda: routed("pd") == {_jobs("pd")["router"].pk}, 10, "the endpoint routes to the router")
     key = token_for(django_user_model.objects.get(username="root"))
     where, auth = f"{endpoint.url}/proxy/services/main/pd/", {"Authorization": f"Bearer {key}"}
     got = requests.post(where + "generate", json={"text": "hello there"}, headers=auth, timeout=30)
@@ -117,6 +118,7 @@ def test_a_pd_service_routes_through_smg_and_its_worker_list_follows_the_ready_w
         router = _jobs("pd")["router"].instance.internal_ip
         wait_until(lambda: listed(router, port) == _expected("pd", port) and len(_expected("pd", port)) == 2, 30,
                    "the new router lists both workers")
+        wait_until(lambda: routed("pd") == {_jobs("pd")["router"].pk}, 10, "the endpoint routes to the new router")
     got = requests.post(where + "generate", json={"text": "after the router"}, headers=auth, timeout=30)
     assert got.status_code == 200 and got.json()["meta_info"]["prefill"], got.text
 
@@ -141,6 +143,7 @@ def test_the_local_pd_service_example_answers_through_router_prefill_and_decode(
     wait_until(lambda: set(_jobs("pd-local-service")) == {"router", "prefill", "decode"}, 90, "all three ready")
     router = _jobs("pd-local-service")["router"].instance.internal_ip
     wait_until(lambda: len(listed(router, 8000)) == 2, 30, "smg lists both workers")
+    wait_until(lambda: routed("pd-local-service"), 10, "the endpoint routes to the router")
     key = token_for(django_user_model.objects.get(username="root"))
     where, auth = f"{endpoint.url}/proxy/services/main/pd-local-service/", {"Authorization": f"Bearer {key}"}
     for _ in range(5):  # every request the endpoint takes goes to the router: none straight to a worker

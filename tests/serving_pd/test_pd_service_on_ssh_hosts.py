@@ -17,7 +17,7 @@ from tests.engine.helpers import Beat
 from tests.engine.service_helpers import wait_until
 from tests.serving.replicas import free_port
 from tests.serving.test_endpoint import endpoint  # noqa: F401 (the fixture)
-from tests.serving_pd.processes import listed
+from tests.serving_pd.processes import listed, routed
 from tests.serving_pd.test_pd_service import _expected, _jobs, pd_yaml
 from tests.ssh_e2e.helpers import fleet_configuration, needs_netns, registered_fleet
 
@@ -46,6 +46,7 @@ def test_a_pd_service_on_ssh_hosts_keeps_smgs_list_and_routes_through_it(
         assert {j.instance.internal_ip for j in _jobs("pd").values()} == {h.address for h in pool}
         wait_until(lambda: listed(router, port) == _expected("pd", port) and len(_expected("pd", port)) == 2, 60,
                    "smg lists both workers")
+        wait_until(lambda: routed("pd"), 10, "the endpoint routes to the router")
         key = token_for(django_user_model.objects.get(username="root"))
         where, auth = f"{endpoint.url}/proxy/services/main/pd/", {"Authorization": f"Bearer {key}"}
         got = requests.post(where + "generate", json={"text": "over ssh"}, headers=auth, timeout=30)
