@@ -23,18 +23,10 @@ from runs.models import Job, Run
 from runs.services.submission import submit_run
 from runs.transitions import request_stop
 from tests.engine.helpers import local_project_fleet
+from tests.engine.test_multi_host_keep import TWO_BY_TWO
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NO_RETRY = """type: service
-name: mh
-port: 8000
-nodes: 2
-replicas: 2
-commands:
-  - python3 -m http.server 8000
-"""
-TWO_BY_TWO = NO_RETRY + "retry:\n  on_events: [error, interruption]\n  duration: 1h\n"
 ONE = TWO_BY_TWO.replace("replicas: 2", "replicas: 1")
 
 

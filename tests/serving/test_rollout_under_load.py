@@ -40,6 +40,14 @@ class Client(threading.Thread):
                 except requests.RequestException as e:
                     self.answers.append((type(e).__name__, str(e)))
 
+    def finish(self) -> list[tuple[int | str, str]]:
+        """Stops sending and returns every answer's body, after checking that none failed."""
+        self.stop.set()
+        self.join(20)
+        failed = [a for a in self.answers if a[0] != 200]
+        assert not failed, f"{len(failed)} of {len(self.answers)} requests failed: {failed[:10]}"
+        return [text for _, text in self.answers]
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -83,11 +91,7 @@ def test_a_rolling_update_under_steady_load_fails_no_request_and_leaves_only_the
             wait_until(lambda: len(client.answers) >= seen + 20, 30, "answers after the rollout")
     finally:
         client.stop.set()
-        client.join(20)
-    answers = client.answers
-    failed = [a for a in answers if a[0] != 200]
-    assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:10]}"
-    versions = [text for _, text in answers]
+    versions = client.finish()
     assert versions[0] == "v1" and set(versions) == {"v1", "v2"}, sorted(set(versions))
     assert versions[seen:] == ["v2"] * (len(versions) - seen), "only v2 answers once the rollout ended"
     assert not any(_alive(pid) for pid in old_pids), "the old deployment's processes are gone"
