@@ -120,6 +120,10 @@ class Job(Claimable):
     ready_at = models.DateTimeField(null=True, blank=True)
     probes = models.JSONField(default=list, blank=True)
     waiting_for = models.CharField(max_length=200, blank=True, default="")
+    # the fleet a waiting job 0 waits for (engine/submitted/waiting.py): a host given back on a
+    # shared fleet wakes the waiting jobs of every project sharing it, read by this column
+    waiting_fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
     # the last samples of what the job uses on its host, checked and bounded (runs/usage.py)
     usage = models.JSONField(default=list, blank=True)
     # A service's replica this job belongs to, numbered within its replica group (a new submission
@@ -136,7 +140,10 @@ class Job(Claimable):
 
     class Meta:
         unique_together = [("run", "submission_num", "job_num")]
-        indexes = [models.Index(fields=["status", "waiting_master_job"])]
+        indexes = [models.Index(fields=["status", "waiting_master_job"]),
+                   # the wake of a shared fleet: the jobs waiting for it (few, beside every job)
+                   models.Index(fields=["waiting_fleet"], condition=models.Q(waiting_fleet__isnull=False),
+                                name="job_waiting_fleet")]
         ordering = ["run_id", "submission_num", "job_num"]
 
     def __str__(self) -> str:
