@@ -25,14 +25,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Window
+from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from engine import messages
 from engine.claims import unleased
 from engine.job_outcome import learn
-from instances import spanning
+from instances import shares, spanning
+from instances.models import Instance
 from instances.transitions import hand_back as give_back
 from muster import compiled
 from runs import limits as run_limits
@@ -84,8 +85,42 @@ def hand_back(instances, job=None, message: str = "", project_id: int | None = N
     freed = give_back(instances, job, message)
     project = project_id if project_id is not None else (job.run.project_id if job is not None else None)
     if freed and project is not None:
-        transaction.on_commit(lambda: wake(project, len(freed)))
+        transaction.on_commit(lambda: wake_freed(project, freed))
     return freed
+
+
+def wake_freed(project_id: int, freed: set[int]) -> int:
+    """Wake waiting jobs for hosts given back: those of a shared fleet across the projects sharing it
+    (wake_fleet), the others the giving project's (wake). One query tells which hosts are shared."""
+    shared = dict(Instance.objects.filter(pk__in=freed, fleet__shares__isnull=False).values("fleet_id")
+                  .annotate(n=Count("pk", distinct=True)).values_list("fleet_id", "n"))
+    woken = sum(wake_fleet(fleet_id, n) for fleet_id, n in shared.items())
+    rest = len(freed) - sum(shared.values())
+    return woken + (wake(project_id, rest) if rest > 0 else 0)
+
+
+def wake_fleet(fleet_id: int, count: int) -> int:
+    """`count` hosts of a shared fleet given back: the waiting jobs of the projects sharing it, the
+    project furthest below its share first (instances/shares.fair_order), one per host."""
+    now = timezone.now()
+    found = shares.shares_of([fleet_id]).get(fleet_id) or {}
+    heads: dict[int, list[shares.Head]] = {}
+    for project_id in found:
+        rows = (_waiting(now, project_id).filter(waiting_fleet_id=fleet_id)
+                .values_list("pk", "spec", "run__priority", "run__submitted_at")[:count])
+        heads[project_id] = [(pk, _takes(spec), priority, since.timestamp()) for pk, spec, priority, since in rows]
+    if not any(heads.values()):
+        return 0
+    picked = shares.fair_order(shares.usage_of(fleet_id), {p: s.quota for p, s in found.items()}, heads, count)
+    for pk in picked:
+        messages.provision_job(pk)
+    return len(picked)
+
+
+def _takes(spec: dict) -> dict:
+    # one freed host, one wake: a woken job is counted as taking one host (with its GPUs)
+    gpu = (spec.get("resources") or {}).get("gpu") or {}
+    return {"hosts": 1, "gpus": 0 if gpu.get("tpu") else ((gpu.get("count") or {}).get("min") or 0)}
 
 
 def _waiting(now, project_id: int):
