@@ -138,4 +138,4 @@ class SharedFleetSerializer(serializers.Serializer):
                 "shares": share_rows(fleet, project_id),
                 "instances": [{"name": i.name, "status": i.status, "internal_ip": i.internal_ip,
                                "resources": i.resources} for i in hosts],
-                "created": iso_time(fleet.created)}
+                "created": serializers.DateTimeField().to_representation(fleet.created)}
