@@ -1,10 +1,12 @@
 """What a group's queued request (a TPU pod's queued resource) says while it waits: the view the API,
-CLI and console show, as the group's backend reads it (backends/base.py: Compute.queued_view)."""
+CLI and console show, as the group's backend reads it (backends/base.py: Compute.queued_view); and
+what a flex-start fleet's requests are given for, which the plan says before a run goes there."""
 
 from __future__ import annotations
 
 from backends.registry import compute_class, group_backend
-from instances.models import Instance, InstanceGroup, InstanceStatus
+from instances.models import Fleet, Instance, InstanceGroup, InstanceStatus
+from runs.configuration.fleet_written import FLEX_START
 
 
 def queued_view(group: InstanceGroup) -> dict | None:
@@ -25,3 +27,20 @@ def waits_in_queue(instance: Instance | None) -> bool:
     if instance is None or instance.group_id is None or instance.status != InstanceStatus.PROVISIONING:
         return False
     return queued_view(instance.group) is not None
+
+
+def flex_start_duration(fleet: Fleet) -> int | None:
+    """A flex-start fleet's `max_run_duration` (seconds): Google reclaims each slice it is given at
+    most that long after giving it (docs/tpu.md, "Flex-start"); None for any other fleet."""
+    queued = (fleet.configuration or {}).get("queued_resource")
+    if not isinstance(queued, dict) or queued.get("provisioning_model") != FLEX_START:
+        return None
+    return queued.get("max_run_duration")
+
+
+def flex_start_deadlines(groups: list[str], fleets: list[Fleet]) -> dict[str, dict]:
+    """The plan's `capacity.deadlines`: each group placed on a flex-start fleet, with that fleet and
+    its `max_run_duration` (seconds): the bound on the group's slice, said before it is asked for."""
+    return {group: {"fleet": fleet.name, "max_run_duration": seconds}
+            for group, fleet in zip(groups, fleets, strict=True)
+            if (seconds := flex_start_duration(fleet)) is not None}
