@@ -1,6 +1,7 @@
 """What a group's queued request (a TPU pod's queued resource) says while it waits: the view the API,
 CLI and console show, as the group's backend reads it (backends/base.py: Compute.queued_view); and
-what a flex-start fleet's requests are given for, which the plan says before a run goes there."""
+what a plan says before a run goes to a fleet that asks Google for queued resources: how long a
+flex-start slice is given for, and that a queued set is not replaced slice by slice."""
 
 from __future__ import annotations
 
@@ -44,3 +45,21 @@ def flex_start_deadlines(groups: list[str], fleets: list[Fleet]) -> dict[str, di
     return {group: {"fleet": fleet.name, "max_run_duration": seconds}
             for group, fleet in zip(groups, fleets, strict=True)
             if (seconds := flex_start_duration(fleet)) is not None}
+
+
+def whole_set_warnings(project_id: int, groups: list[dict], fleets: dict[str, str]) -> list[dict]:
+    """The plan's warning for each `on_slice_failure: replace-slice` group that would go to a fleet
+    with `queued_resource`: Google fills and deletes a queued multislice request whole, so a lost
+    slice takes the set there as `whole-set` does (engine/slice_replace.py, docs/tpu.md)."""
+    asked = {i: g for i, g in enumerate(groups) if g.get("on_slice_failure") == "replace-slice"
+             and int(g.get("slices") or 1) > 1 and g.get("name") in fleets}
+    if not asked:
+        return []
+    queued = {f.name for f in Fleet.objects.filter(project_id=project_id, name__in={fleets[g["name"]] for g in
+                                                                                    asked.values()})
+              if (f.configuration or {}).get("queued_resource")}
+    return [{"field": ["groups", i, "on_slice_failure"] if len(groups) > 1 else ["on_slice_failure"],
+             "message": f"on_slice_failure: replace-slice applies to fleets that create slices directly: fleet "
+                        f"{fleets[g['name']]} asks Google for one queued resource per set, which Google fills and "
+                        "deletes whole, so a lost slice ends the whole set there (as whole-set)"}
+            for i, g in asked.items() if fleets[g["name"]] in queued]

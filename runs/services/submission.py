@@ -175,15 +175,16 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
         # the hosts a service needs now: `nodes` per replica it starts with (at least one replica, to
         # show where it goes)
         groups = [(name, index, req, max(replicas[name]["desired"], 1) * nodes) for name, index, req, nodes in groups]
+    capacity = plan_capacity(project, conf.fleets or [], [(name, req, n) for name, _, req, n in groups], dumped, user)
     return {
         **({"replicas": replicas, "service_url": service_runs.planned_url(project, conf)} if replicas else {}),
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(dumped, hidden),
         "jobs": jobs,
-        "capacity": plan_capacity(project, conf.fleets or [], [(name, req, n) for name, _, req, n in groups],
-                                  dumped, user),
-        # what the configuration asks for that does not take effect here: shown before submitting
-        "warnings": conf.warnings,
+        "capacity": capacity,
+        # what the configuration asks for that does not take effect here (or on the fleet it would go to)
+        "warnings": [*conf.warnings,
+                     *queued.whole_set_warnings(project.pk, dumped.get("groups") or [], capacity.get("fleets") or {})],
         "replaces": replaced_run(project, conf.name),
         **({"updates": service_runs.updated_service(project, conf)} if replicas is not None else {}),
     }
