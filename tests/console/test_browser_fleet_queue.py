@@ -29,8 +29,8 @@ def _waits(api, project: str, name: str) -> None:
                .startswith("a free host"), 60, f"{project}'s {name} to wait for a host")
 
 
-def _rows(browser, kind: str) -> list[list[str]]:
-    section = browser.find_element("css selector", 'section[aria-label="fleet local4"]')
+def _rows(driver, kind: str) -> list[list[str]]:
+    section = driver.find_element("css selector", 'section[aria-label="fleet local4"]')
     return [[cell.text for cell in row.find_elements("tag name", "td")]
             for row in section.find_elements("css selector", f"table.{kind} tbody tr")]
 
