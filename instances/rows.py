@@ -91,9 +91,9 @@ def active_fleets(project_id: int, not_backend: str | None, backends: list[str] 
 
 
 @functools.cache
-def _held_sql(statuses: int, one_fleet: bool) -> str:
+def _held_sql(statuses: int, fleets: int | None) -> str:
     j, r, i = (functools.partial(_column, model, alias=a) for model, a in ((Job, "j"), (Run, "r"), (Instance, "i")))
-    fleet = f" AND {i('fleet')} = %s" if one_fleet else ""
+    fleet = f" AND {i('fleet')} IN ({', '.join(['%s'] * fleets)})" if fleets else ""
     # DISTINCT: a host counts once for its project however many unfinished jobs are on it
     return (f"SELECT h.fleet_id, h.project_id, COUNT(*), COALESCE(SUM(h.gpu_count), 0) FROM ("
             f"SELECT DISTINCT {i('id')}, {i('fleet')} AS fleet_id, {i('gpu_count')} AS gpu_count, "
@@ -104,15 +104,16 @@ def _held_sql(statuses: int, one_fleet: bool) -> str:
             "GROUP BY h.fleet_id, h.project_id")
 
 
-def held(fleet_id: int | None = None) -> dict[tuple[int, int], tuple[int, int]]:
+def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
     """{(fleet id, project id): (hosts, GPUs)} that the project's unfinished jobs hold on each fleet
-    (of `fleet_id` only, when given): one aggregate query over the unfinished jobs (the jobs' status
+    (of `fleet_ids` only, when given): one aggregate query over the unfinished jobs (the jobs' status
     index), whatever the number of finished ones. A host is held from its placement to its job's end
     (terminating included: it is not free until the job has ended)."""
+    if fleet_ids is not None and not fleet_ids:
+        return {}
     statuses = [s.value for s in JOB_UNFINISHED]
-    params = [*statuses, fleet_id] if fleet_id is not None else statuses
     with connection.cursor() as cursor:
-        cursor.execute(_held_sql(len(statuses), fleet_id is not None), params)
+        cursor.execute(_held_sql(len(statuses), len(fleet_ids) if fleet_ids else None), [*statuses, *(fleet_ids or [])])
         return {(fleet, project): (hosts, int(gpus)) for fleet, project, hosts, gpus in cursor.fetchall()
                 if fleet is not None}
 
@@ -120,4 +121,4 @@ def held(fleet_id: int | None = None) -> dict[tuple[int, int], tuple[int, int]]:
 def usage_by_project(fleet: Fleet) -> dict[int, tuple[int, int]]:
     """{project id: (hosts, GPUs)} each project's unfinished jobs hold on `fleet`: what the console's
     fleet page shows per project (a fleet's quotas per project go beside it)."""
-    return {project: used for (_, project), used in held(fleet.pk).items()}
+    return {project: used for (_, project), used in held([fleet.pk]).items()}
