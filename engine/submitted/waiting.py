@@ -68,8 +68,13 @@ def wait(job: Job, why: str) -> dict:
 
 
 def placed(job: Job) -> dict:
-    """The fields that end a wait, for the move to provisioning."""
-    return {"waiting_for": "", "next_check_at": None} if job.waiting_for.startswith(PREFIX) else {}
+    """The fields that end a wait, for the move to provisioning, with how long it waited (since its job
+    was made, as `muster queue` counts it). Written by the UPDATE that places the job, so a wait is
+    recorded once, only for a placement that happened, whichever worker placed it: /metrics reads
+    them from the table (console/queue_metrics.py)."""
+    if not job.waiting_for.startswith(PREFIX):
+        return {}
+    return {"waiting_for": "", "next_check_at": None, "host_wait": max(timezone.now() - job.created, timedelta(0))}
 
 
 def hand_back(instances, job=None, message: str = "", project_id: int | None = None) -> set[int]:
