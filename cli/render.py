@@ -243,29 +243,7 @@ def deadline_text(run: dict[str, Any]) -> str:
     return f"flex-start ends {clock(deadlines[0])}" if deadlines else "-"
 
 
-def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
-    rows = [
-        (f.get("name"), f.get("backend"), f.get("placement"), f.get("status"), _instances_summary(f))
-        for f in fleets
-    ]
-    if not any(f.get("shares") for f in fleets):
-        return table(["name", "backend", "placement", "status", "instances"], rows)
-    # shared fleets (docs/queueing.md): each project's quota and what it holds
-    return table(["name", "backend", "placement", "status", "instances", "shares"],
-                 [(*row, _shares_summary(f)) for row, f in zip(rows, fleets, strict=True)])
-
-
-def _shares_summary(fleet: dict[str, Any]) -> str:
-    said = []
-    for share in fleet.get("shares") or []:
-        quota, usage = share.get("quota") or {}, share.get("usage") or {}
-        parts = [f"{usage.get(k, 0)}/{quota[k]} {k}" for k in ("hosts", "gpus") if quota.get(k) is not None]
-        said.append(f"{share.get('project')} {' '.join(parts) or 'no quota'}")
-    owner = f"from {fleet['shared_from']}: " if fleet.get("shared_from") else ""
-    return owner + ", ".join(said) if said else "-"
-
-
-def _instances_summary(fleet: dict[str, Any]) -> str:
+def instances_summary(fleet: dict[str, Any]) -> str:
     instances = fleet.get("instances") or []
     if not instances:
         return "0"

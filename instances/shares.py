@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Sum
 
+from instances import rows
 from instances.models import Fleet, FleetShare, Instance, InstanceStatus
-from runs.choices import JOB_UNFINISHED
-from runs.models import Job
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
@@ -49,11 +48,9 @@ def shares_of(fleet_ids: Iterable[int]) -> dict[int, dict[int, Share]]:
 
 
 def usage_of(fleet_id: int) -> dict[int, Amounts]:
-    """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs."""
-    rows = (Job.objects.filter(instance__fleet_id=fleet_id, status__in=JOB_UNFINISHED)
-            .values("run__project_id").annotate(hosts=Count("instance_id", distinct=True),
-                                                gpus=Sum("instance__gpu_count")))
-    return {r["run__project_id"]: {"hosts": r["hosts"], "gpus": r["gpus"] or 0} for r in rows}
+    """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
+    aggregate query: instances/rows.held, as the console's usage table reads it)."""
+    return {project: {"hosts": hosts, "gpus": gpus} for (_, project), (hosts, gpus) in rows.held([fleet_id]).items()}
 
 
 def totals_of(fleet_id: int) -> Amounts:

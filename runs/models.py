@@ -124,6 +124,9 @@ class Job(Claimable):
     # shared fleet wakes the waiting jobs of every project sharing it, read by this column
     waiting_fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="+")
+    # how long it waited for a free host (from its making to its placement), written by the UPDATE that
+    # placed it (engine/submitted/waiting.placed); null: it did not wait. /metrics' histogram of waits.
+    host_wait = models.DurationField(null=True, blank=True)
     # the last samples of what the job uses on its host, checked and bounded (runs/usage.py)
     usage = models.JSONField(default=list, blank=True)
     # A service's replica this job belongs to, numbered within its replica group (a new submission
@@ -143,7 +146,10 @@ class Job(Claimable):
         indexes = [models.Index(fields=["status", "waiting_master_job"]),
                    # the wake of a shared fleet: the jobs waiting for it (few, beside every job)
                    models.Index(fields=["waiting_fleet"], condition=models.Q(waiting_fleet__isnull=False),
-                                name="job_waiting_fleet")]
+                                name="job_waiting_fleet"),
+                   # /metrics reads the waits per project: only the jobs that waited, not every job
+                   models.Index(fields=["run", "host_wait"], condition=models.Q(host_wait__isnull=False),
+                                name="job_host_waits")]
         ordering = ["run_id", "submission_num", "job_num"]
 
     def __str__(self) -> str:

@@ -13,13 +13,10 @@ from django.db.models import Sum
 
 from engine import messages
 from events.services import record
-from instances.models import Fleet, FleetShare, Instance, InstanceStatus
+from instances.models import Fleet, FleetShare, InstanceStatus
 from muster.api_errors import InvalidInput
 from projects.models import Project
-from runs import queue
-from runs.choices import JobStatus
 from runs.configuration.fleet_shares import SHARE_KEYS
-from runs.models import Job
 
 
 def rows_for(owner: Project, conf: dict, gpus: int | None = None) -> list[FleetShare]:
@@ -87,20 +84,9 @@ def update_in_place(fleet: Fleet, conf: dict, actor: str) -> Fleet:
         changed = [k for k in SHARE_KEYS if before[k] != after[k]]
         said = ", ".join(f"{k}: {_said(after[k])}" for k in changed) or "nothing changed"
         record(fleet.project_id, f"fleet {fleet.name}", f"shares updated: {said}", actor=actor)
-        transaction.on_commit(lambda: look_again(fleet.pk))
+        # the runs waiting for it may fit now: the fleet's admission look (engine/admission.py)
+        messages.admit_fleet(fleet.pk)  # sent after the commit
     return fleet
-
-
-def look_again(fleet_id: int) -> int:
-    """After the shares changed: the runs waiting for the fleet look again now, as many as it has
-    idle hosts, in queue order (a raised quota or borrowing limit may let them in; the sweep's
-    recheck would be minutes away)."""
-    idle = Instance.objects.filter(fleet_id=fleet_id, status=InstanceStatus.IDLE).count()
-    waiting = list(Job.objects.filter(waiting_fleet_id=fleet_id, status=JobStatus.SUBMITTED)
-                   .order_by(*queue.ORDER).values_list("pk", flat=True)[:idle]) if idle else []
-    for pk in waiting:
-        messages.provision_job(pk)
-    return len(waiting)
 
 
 def _said(value) -> str:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('instances', '0005_fleet_lease'),
+        ('instances', '0006_fleet_queue'),
         ('projects', '0004_project_log_quota'),
     ]
 

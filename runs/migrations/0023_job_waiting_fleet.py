@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('instances', '0006_fleet_share'),
-        ('runs', '0021_run_priority'),
+        ('instances', '0007_fleet_share'),
+        ('runs', '0022_job_host_wait'),
     ]
 
     operations = [
