@@ -120,8 +120,7 @@ class Job(Claimable):
     ready_at = models.DateTimeField(null=True, blank=True)
     probes = models.JSONField(default=list, blank=True)
     waiting_for = models.CharField(max_length=200, blank=True, default="")
-    # the fleet a waiting job 0 waits for (engine/submitted/waiting.py): a host given back on a
-    # shared fleet wakes the waiting jobs of every project sharing it, read by this column
+    # the fleet a waiting job 0 waits for (engine/submitted/waiting.py `wait`; cleared by `placed`)
     waiting_fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL,
                                       related_name="+")
     # how long it waited for a free host (from its making to its placement), written by the UPDATE that
@@ -144,7 +143,7 @@ class Job(Claimable):
     class Meta:
         unique_together = [("run", "submission_num", "job_num")]
         indexes = [models.Index(fields=["status", "waiting_master_job"]),
-                   # the wake of a shared fleet: the jobs waiting for it (few, beside every job)
+                   # the jobs waiting for a fleet (few, beside every job)
                    models.Index(fields=["waiting_fleet"], condition=models.Q(waiting_fleet__isnull=False),
                                 name="job_waiting_fleet"),
                    # /metrics reads the waits per project: only the jobs that waited, not every job

@@ -58,8 +58,7 @@ def fleets_to_wait_for(run: Run, jobs: list[Job] | None, usable: list | None = N
 
 def wait(job: Job, why: str, fleet=None) -> dict:
     """The fields job 0's give-back writes while it waits (claims.Outcome fields); `fleet`: the one
-    it waits for (`Job.waiting_fleet`: a shared fleet's admission look reads its waiting runs across
-    the projects sharing it by this column, runs/admission_order.py)."""
+    it waits for, kept in `Job.waiting_fleet` while it waits (which fleet's quota or hosts hold it)."""
     text = f"{PREFIX}: {why}"
     text = text[:Job._meta.get_field("waiting_for").max_length]
     if text != job.waiting_for:  # said once, not on every look: with the give-back
