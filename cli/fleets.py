@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def cmd_fleet_apply(args: argparse.Namespace) -> int:
 
 def cmd_fleet_list(args: argparse.Namespace) -> int:
     fleets = client_for(args).get("fleets/")
-    print(render.fleets_table(fleets) if fleets else "No fleets.")
+    print(fleets_table(fleets) if fleets else "No fleets.")
     return 0
 
 
@@ -112,3 +113,25 @@ def add_fleet_commands(subparsers: Any, command, add_yes) -> None:
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="delete even if runs use it")
     add_yes(delete)
+
+
+def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        (f.get("name"), f.get("backend"), f.get("placement"), f.get("status"), render.instances_summary(f))
+        for f in fleets
+    ]
+    if not any(f.get("shares") for f in fleets):
+        return render.table(["name", "backend", "placement", "status", "instances"], rows)
+    # shared fleets (docs/queueing.md): each project's quota and what it holds
+    return render.table(["name", "backend", "placement", "status", "instances", "shares"],
+                 [(*row, _shares_summary(f)) for row, f in zip(rows, fleets, strict=True)])
+
+
+def _shares_summary(fleet: dict[str, Any]) -> str:
+    said = []
+    for share in fleet.get("shares") or []:
+        quota, usage = share.get("quota") or {}, share.get("usage") or {}
+        parts = [f"{usage.get(k, 0)}/{quota[k]} {k}" for k in ("hosts", "gpus") if quota.get(k) is not None]
+        said.append(f"{share.get('project')} {' '.join(parts) or 'no quota'}")
+    owner = f"from {fleet['shared_from']}: " if fleet.get("shared_from") else ""
+    return owner + ", ".join(said) if said else "-"

@@ -243,15 +243,7 @@ def deadline_text(run: dict[str, Any]) -> str:
     return f"flex-start ends {clock(deadlines[0])}" if deadlines else "-"
 
 
-def fleets_table(fleets: Sequence[dict[str, Any]]) -> str:
-    rows = [
-        (f.get("name"), f.get("backend"), f.get("placement"), f.get("status"), _instances_summary(f))
-        for f in fleets
-    ]
-    return table(["name", "backend", "placement", "status", "instances"], rows)
-
-
-def _instances_summary(fleet: dict[str, Any]) -> str:
+def instances_summary(fleet: dict[str, Any]) -> str:
     instances = fleet.get("instances") or []
     if not instances:
         return "0"

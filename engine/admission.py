@@ -32,7 +32,7 @@ from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from instances import fleet_queue
 from instances.models import FleetQueue, FleetStatus
-from runs import admission
+from runs import admission, admission_order
 
 
 def admit_fleet(fleet_id: int) -> None:
@@ -63,7 +63,8 @@ def _admit(held: claims.Held) -> claims.Outcome:
         live = {pk: demand for pk, (at, demand) in promised.items() if now - at < PROMISE_SECONDS}
         idle = fleet_queue.idle_hosts(fleet)
         if idle > sum(live.values()):
-            heads = admission.waiting_heads(fleet.project_id, {fleet.name}, idle + len(promised) + MARGIN)
+            # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
+            heads = admission_order.heads_for(fleet, idle + len(promised) + MARGIN)
             picks = admission.choose(heads, idle, live, set(promised) - set(live),
                                      partial(fleet_queue.fitting, fleet))
             demand = {h.pk: h.demand for h in heads}

@@ -157,11 +157,23 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
         kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})
         if not kinds:
             return []
+    # the project's own fleets, then those other projects share with it (instances/shares.py)
     fleets = rows.active_fleets(project_id, None if local else LOCAL_HOSTS, kinds, wanted)
     if wanted:
         order = {name: i for i, name in enumerate(wanted)}
-        return sorted(fleets, key=lambda f: order[f.name])
+        return sorted(fleets, key=lambda f: order[written_name(f)])
     return fleets
+
+
+def shared_fleets(project_id: int, names: list[str]) -> list[Fleet]:
+    """The active fleets other projects share with this one called `owner/name` in `names`."""
+    return [f for f in rows.active_fleets(project_id, None, None, names) if f.project_id != project_id]
+
+
+def written_name(fleet: Fleet) -> str:
+    """How a run names the fleet: `name`, or `owner/name` for another project's fleet shared with it."""
+    owner = getattr(fleet, "shared_from", None)
+    return f"{owner}/{fleet.name}" if owner else fleet.name
 
 
 def first_fitting_fleet(fleets: list[Fleet], demands: list[tuple[dict, int]], pools: list | None = None,

@@ -54,6 +54,25 @@ class Fleet(Claimable):
         self.private_key_encrypted = crypto.encrypt(plaintext)
 
 
+class FleetShare(models.Model):
+    """A project's share of a shared fleet (its `shared_with`, and the owner's own once it shares):
+    the nominal quota and the most it may borrow of what the others leave unused. None: no quota
+    (or, for borrowing, nothing) on that resource. Written with the fleet, in its transaction."""
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="shares")
+    project = models.ForeignKey("projects.Project", on_delete=models.CASCADE, related_name="fleet_shares")
+    hosts = models.IntegerField(null=True, blank=True)
+    gpus = models.IntegerField(null=True, blank=True)
+    borrow_hosts = models.IntegerField(null=True, blank=True)
+    borrow_gpus = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["fleet", "project"], name="fleet_share_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.fleet_id}:{self.project_id}"
+
+
 class FleetQueue(Claimable):
     """The row the fleet's admission step claims (engine/admission.py): which waiting runs get the
     hosts a fleet got back is decided by one step per fleet, not by each host's release.

@@ -17,8 +17,17 @@ import functools
 from django.db import connection
 from django.db.models import Q
 
-from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceGroup, InstanceStatus
+from instances.models import (
+    Fleet,
+    FleetShare,
+    FleetStatus,
+    GroupKind,
+    Instance,
+    InstanceGroup,
+    InstanceStatus,
+)
 from muster import rows
+from projects.models import Project
 from runs.choices import JOB_UNFINISHED
 from runs.models import Job, Run
 
@@ -75,19 +84,43 @@ def candidate_page(fleet_id: int, busy_too: bool, cpus: float, memory_gb: float,
 def active_fleets(project_id: int, not_backend: str | None, backends: list[str] | None,
                   names: list[str] | None) -> list[Fleet]:
     """`Fleet.objects.filter(project_id=..., status=active)`, but of backend `not_backend`, of
-    `backends` and called `names` when given, oldest first."""
+    `backends` and called `names` when given, oldest first; then, in the same statement, the active
+    fleets other projects share with this one (`Fleet.objects.filter(shares__project_id=...)`,
+    called `owner/name` in `names`), by owner and name. Each fleet carries `shared` (whether it has
+    shares at all: instances/shares.py asks no more of a fleet that has none) and, another
+    project's, `shared_from` (its owner's name)."""
     f = functools.partial(_column, Fleet, alias="f")
-    where, params = [f"{f('project')} = %s", f"{f('status')} = %s"], [project_id, FleetStatus.ACTIVE.value]
+    s = functools.partial(_column, FleetShare, alias="s")
+    shares = f'"{FleetShare._meta.db_table}"'
+    mine = f"{f('project')} = %s"
+    shared_here = f"EXISTS (SELECT 1 FROM {shares} s WHERE {s('fleet')} = {f('id')} AND {s('project')} = %s)"
+    where = [f"({mine} OR {shared_here})", f"{f('status')} = %s"]
+    params: list = [project_id, project_id, FleetStatus.ACTIVE.value]
     if not_backend is not None:
         where.append(f"{f('backend')} <> %s")
         params.append(not_backend)
-    for name, values in (("backend", backends), ("name", names)):
+    bare = [name.split("/", 1)[-1] for name in names or []]
+    for name, values in (("backend", backends), ("name", bare)):
         if values:
             where.append(f"{f(name)} IN ({', '.join(['%s'] * len(values))})")
             params.extend(values)
-    sql = (f'SELECT {rows.column_list(Fleet, "f")} FROM "{Fleet._meta.db_table}" f WHERE {" AND ".join(where)} '
-           f"ORDER BY {f('created')}, {f('name')}")
-    return rows.fetch_objects(Fleet, sql, params)
+    owner = _column(Project, "name", "p")
+    any_share = f"EXISTS (SELECT 1 FROM {shares} s WHERE {s('fleet')} = {f('id')})"
+    sql = (f'SELECT {rows.column_list(Fleet, "f")}, {owner}, {any_share} FROM "{Fleet._meta.db_table}" f '
+           f'JOIN "{Project._meta.db_table}" p ON {_column(Project, "id", "p")} = {f("project")} '
+           f"WHERE {' AND '.join(where)} ORDER BY {f('project')} <> %s, "
+           f"CASE WHEN {f('project')} = %s THEN {f('created')} END, {owner}, {f('name')}")
+    found = []
+    width = len(rows.columns(Fleet))
+    for row in rows.fetch(sql, [*params, project_id, project_id]):
+        fleet = rows.from_row(Fleet, row[:width])
+        fleet.shared = bool(row[width + 1])
+        if fleet.project_id != project_id:
+            fleet.shared_from = row[width]
+        written = f"{fleet.shared_from}/{fleet.name}" if fleet.project_id != project_id else fleet.name
+        if not names or written in names:
+            found.append(fleet)
+    return found
 
 
 @functools.cache

@@ -10,7 +10,7 @@ fleet answers; a cloud fleet makes each group's hosts, so it only needs an offer
 
 from __future__ import annotations
 
-from instances import fitting
+from instances import fitting, shares
 from instances.models import Fleet, Placement
 from runs.models import Job, Run
 
@@ -23,7 +23,7 @@ def group_fleet_names(configuration: dict) -> list[list[str]]:
 
 
 def candidates_per_group(fleets: list[Fleet], own: list[list[str]], groups: int) -> list[list[Fleet]]:
-    by_name = {f.name: f for f in fleets}
+    by_name = {fitting.written_name(f): f for f in fleets}
     out = []
     for g in range(groups):
         names = own[g] if g < len(own) else []
@@ -32,12 +32,17 @@ def candidates_per_group(fleets: list[Fleet], own: list[list[str]], groups: int)
 
 
 def assign(fleets: list[Fleet], own: list[list[str]], demands: list[Demand], pools: list | None = None,
-           at_least=None, busy_too: bool = False) -> list[Fleet] | None:
+           at_least=None, busy_too: bool = False, project_id: int | None = None) -> list[Fleet] | None:
     """A fleet per group (in group order), or None when some group has nowhere to go.
 
     `pools`, `at_least`: as fitting.static_fleet_fits, filled only when one fleet holds the whole
     run (the plan then shows the hosts the fit test read instead of reading them again). `busy_too`:
-    the fleets it would get once their busy hosts are free again (a run that waits for a host)."""
+    the fleets it would get once their busy hosts are free again (a run that waits for a host).
+    `project_id`: the run's project, whose quota on a shared fleet (instances/shares.py) must let
+    it take the run now (with `busy_too`: ever, with its whole borrowing limit), else it is skipped."""
+    if project_id is not None:
+        refused = shares.quota_refusals(fleets, project_id, demands, at_all=busy_too)
+        fleets = [f for f in fleets if f.pk not in refused]
     per_group = candidates_per_group(fleets, own, len(demands))
     allowed_by_all = [f for f in fleets if all(f in c for c in per_group)]
     whole = fitting.first_fitting_fleet(allowed_by_all, demands, pools, at_least, busy_too)
@@ -74,7 +79,14 @@ def choose(run: Run, jobs: list[Job] | None = None, busy_too: bool = False,
     `busy_too`: counting the hosts that are busy now as well; `usable`: fitting.usable_fleets(run)
     as the caller already read it."""
     return assign(fitting.candidate_fleets(run, usable), group_fleet_names(run.configuration),
-                  fitting.group_demands(run, jobs), busy_too=busy_too)
+                  fitting.group_demands(run, jobs), busy_too=busy_too, project_id=run.project_id)
+
+
+def wait_words(project_id: int, full: list[Fleet], run: Run, jobs: list[Job] | None) -> str:
+    """What a run waits for: the quota of a shared fleet that refuses it now ("quota: ..."), else
+    the fleets that are full (full_fleets)."""
+    refused = shares.quota_refusals(full, project_id, fitting.group_demands(run, jobs))
+    return next((refused[f.pk] for f in full if f.pk in refused), None) or full_fleets(full)
 
 
 def full_fleets(fleets: list[Fleet]) -> str:

@@ -92,6 +92,9 @@ def taken_events(instances: list[Instance], job, message: str) -> list[dict]:
 
 def hand_back(instances: list[Instance], job=None, message: str = "") -> set[int]:
     """Busy hosts go back to idle (a job ended, or a placement that did not happen)."""
+    if job is not None and any(inst.project_id != job.run.project_id for inst in instances):
+        # a shared fleet's host (instances/shares.py): its owner's events never name another project's run
+        job, message = None, "given back by another project's job"
     who = f"job {job.run.name}/{job.job_num}" if job is not None else "the server"
     return move_instances(instances, InstanceStatus.IDLE, frm=[InstanceStatus.BUSY],
                           message=message or f"given back by {who}", run_id=job.run_id if job else None,

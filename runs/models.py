@@ -120,6 +120,9 @@ class Job(Claimable):
     ready_at = models.DateTimeField(null=True, blank=True)
     probes = models.JSONField(default=list, blank=True)
     waiting_for = models.CharField(max_length=200, blank=True, default="")
+    # the fleet a waiting job 0 waits for (engine/submitted/waiting.py `wait`; cleared by `placed`)
+    waiting_fleet = models.ForeignKey("instances.Fleet", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
     # how long it waited for a free host (from its making to its placement), written by the UPDATE that
     # placed it (engine/submitted/waiting.placed); null: it did not wait. /metrics' histogram of waits.
     host_wait = models.DurationField(null=True, blank=True)
@@ -140,6 +143,9 @@ class Job(Claimable):
     class Meta:
         unique_together = [("run", "submission_num", "job_num")]
         indexes = [models.Index(fields=["status", "waiting_master_job"]),
+                   # the jobs waiting for a fleet (few, beside every job)
+                   models.Index(fields=["waiting_fleet"], condition=models.Q(waiting_fleet__isnull=False),
+                                name="job_waiting_fleet"),
                    # /metrics reads the waits per project: only the jobs that waited, not every job
                    models.Index(fields=["run", "host_wait"], condition=models.Q(host_wait__isnull=False),
                                 name="job_host_waits")]

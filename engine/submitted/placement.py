@@ -6,9 +6,11 @@ from __future__ import annotations
 from itertools import islice
 
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 
+from instances import shares
 from instances.fitting import candidates, page_for
-from instances.models import Fleet, Instance, InstanceStatus
+from instances.models import Fleet, FleetShare, Instance, InstanceStatus
 from instances.transitions import take_idle
 
 
@@ -44,7 +46,8 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
 GangGroup = tuple[int, str, dict, int]  # (group index, name, requirements, node count)
 
 
-def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, list[Instance]], list[str]]:
+def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | None = None,
+                     ) -> tuple[dict[int, list[Instance]], list[str]]:
     """Take hosts for every static group of a run in one transaction, or none at all; the groups
     may be on different fleets (a run that spans fleets).
 
@@ -56,13 +59,19 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, l
     transaction placing a run on the fleet holds a KEY SHARE on its row (the run's foreign key),
     which this lock need not wait for. Groups that ask for GPUs go first, so a CPU group never
     takes the GPU host a later group needed.
+
+    A shared fleet (instances/shares.py) also asks, under the same lock, whether `project_id` may
+    hold what the run took of it: over its quota plus what it may borrow, nothing is taken and the
+    one line says so (it starts `quota:`), so two projects racing for its last host go one by one.
     """
     order = sorted(groups, key=lambda fg: (not (fg[1][2].get("gpu") or {}), fg[1][0]))
     taken: dict[int, list[Instance]] = {}
     short: list[str] = []
     with transaction.atomic():
-        list(Fleet.objects.select_for_update(no_key=True).filter(pk__in={f.pk for f, _ in groups})
-             .order_by("pk").values_list("pk", flat=True))
+        # the lock's statement also says which fleets are shared (instances/shares.py asks only of those)
+        shared = {pk for pk, has in Fleet.objects.select_for_update(no_key=True).filter(
+            pk__in={f.pk for f, _ in groups}).order_by("pk").annotate(
+            has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("pk", "has") if has}
         for fleet, (index, name, req, count) in order:
             got = take_instances(fleet, req, count)
             if got:
@@ -72,6 +81,12 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]]) -> tuple[dict[int, l
             before = [g[1] for f, g in order if g[0] in taken and f.pk == fleet.pk]
             after = f" once {', '.join(before)} took theirs" if before else ""
             short.append(f"{name}: needs {count} idle hosts of fleet {fleet.name}, {left} left{after}")
+        if not short and project_id is not None and shared:
+            by_fleet: dict[int, tuple[Fleet, list[Instance]]] = {}
+            for fleet, (index, _, _, _) in order:
+                if fleet.pk in shared:
+                    by_fleet.setdefault(fleet.pk, (fleet, []))[1].extend(taken[index])
+            short = [why for fleet, got in by_fleet.values() if (why := shares.within(fleet, project_id, got))][:1]
         if short:
             transaction.set_rollback(True)  # nothing of the run stays taken
             return {}, short

@@ -15,7 +15,7 @@ from engine.job_outcome import job_outcome
 from engine.nudges import is_service
 from engine.submitted import fanout, gang, placement, preemption, replica_placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
-from instances import fit_reasons, fitting, spanning
+from instances import fit_reasons, fitting, shares, spanning
 from instances.models import Fleet
 from muster import compiled
 from muster.claimable import Lease
@@ -74,7 +74,8 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
             full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
             crowded = waiting.over_cap(job) if full else ""
             if full and not crowded:  # a higher priority may stop preemptible runs for their hosts
-                return waiting.wait(job, spanning.full_fleets(full) + preemption.preempt_for(job, full, siblings))
+                return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings)
+                                    + preemption.preempt_for(job, full, siblings), full[0])
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
         _record_placement(run, job, fleets, siblings)
@@ -125,6 +126,9 @@ def _no_capacity(run: Run, siblings: list[Job] | None, usable: list[Fleet]) -> s
                                lambda j: j.spec["resources"])
     lines = fit_reasons.explain(run.project_id, list(run_configuration(run).fleets), groups, run.configuration,
                             local=fitting.local_allowed(run.user), fleets=usable)
+    # a shared fleet whose quota (with all it may borrow) could never hold the run says so
+    lines = [*shares.quota_refusals(usable, run.project_id, [(req, n) for _, req, n in groups], at_all=True).values(),
+             *lines]
     text = "no fleet can hold every group of this run: " + " | ".join(lines)
     return text if len(text) <= NO_CAPACITY_MESSAGE_LIMIT else text[:NO_CAPACITY_MESSAGE_LIMIT - 3] + "..."
 
@@ -150,10 +154,10 @@ def _take_gang(master: Job, fleet, siblings: list[Job], lease: Lease) -> bool | 
         groups.setdefault(j.node_group_index, []).append(j)
     taken, short = placement.take_gang_across([
         (fleets[js[0].fleet_id or fleet.pk], (g, js[0].node_group_name, js[0].spec["resources"], len(js)))
-        for g, js in sorted(groups.items())])
+        for g, js in sorted(groups.items())], project_id=master.run.project_id)
     if short:
-        if waiting.retry_lets_it_wait(master.run):  # the fleet filled up since it was chosen
-            return waiting.wait(master, " | ".join(short))
+        if waiting.retry_lets_it_wait(master.run):  # the fleet filled up (or its quota) since it was chosen
+            return waiting.wait(master, " | ".join(short), fleet)
         end_job(master, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY,
                       f"gang not placed, no host taken: {' | '.join(short)}", lease=lease)
         return False

@@ -23,7 +23,7 @@ from django.db import transaction
 
 from engine import claims
 from engine.submitted import fanout, placement, replica_groups, waiting
-from instances import fitting, spanning
+from instances import fitting, shares, spanning
 from instances.models import Fleet
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus, RunStatus
@@ -39,7 +39,10 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
     members = _members(job)
     need = 1 + len(members)
     fleets = _fleets_for(run, job, req, need)
+    refused = shares.quota_refusals(fleets, run.project_id, [(req, need)])  # shared fleets over its quota
     for fleet in fleets:
+        if fleet.pk in refused:
+            continue
         if not fitting.is_static(fleet):
             return replica_groups.place(job, members, fleet, lease)
         taken = placement.take_instances(fleet, req, need)
@@ -50,7 +53,8 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
     # a replica of a service that already serves (a scale-up, an update's new replica, a replacement)
     # waits for a host rather than failing the whole service for want of one
     if full and (run.status == RunStatus.RUNNING or waiting.retry_lets_it_wait(run)):
-        return waiting.wait(job, spanning.full_fleets(full))
+        return waiting.wait(job, next((refused[f.pk] for f in full if f.pk in refused), spanning.full_fleets(full)),
+                            full[0])
     names = ", ".join(f.name for f in fleets) or "none the service may use"
     hosts = "no idle host fits it" if need == 1 else f"no {need} idle hosts fit it (nodes: {need}) in one fleet"
     why = (f"replica {job.node_group_name}/{job.replica_num}: {hosts} on fleets {names}"

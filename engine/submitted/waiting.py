@@ -56,15 +56,17 @@ def fleets_to_wait_for(run: Run, jobs: list[Job] | None, usable: list | None = N
     return spanning.choose(run, jobs, busy_too=True, usable=usable)
 
 
-def wait(job: Job, why: str) -> dict:
-    """The fields job 0's give-back writes while it waits (claims.Outcome fields)."""
+def wait(job: Job, why: str, fleet=None) -> dict:
+    """The fields job 0's give-back writes while it waits (claims.Outcome fields); `fleet`: the one
+    it waits for, kept in `Job.waiting_fleet` while it waits (which fleet's quota or hosts hold it)."""
     text = f"{PREFIX}: {why}"
     text = text[:Job._meta.get_field("waiting_for").max_length]
     if text != job.waiting_for:  # said once, not on every look: with the give-back
         learn(job, event=f"waiting for {text}")
     job.waiting_for = text
     recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
-    return {"waiting_for": text, "next_check_at": timezone.now() + timedelta(seconds=recheck)}
+    return {"waiting_for": text, "next_check_at": timezone.now() + timedelta(seconds=recheck),
+            "waiting_fleet_id": fleet.pk if fleet is not None else None}
 
 
 def placed(job: Job) -> dict:
@@ -74,7 +76,8 @@ def placed(job: Job) -> dict:
     them from the table (console/queue_metrics.py)."""
     if not job.waiting_for.startswith(PREFIX):
         return {}
-    return {"waiting_for": "", "next_check_at": None, "host_wait": max(timezone.now() - job.created, timedelta(0))}
+    return {"waiting_for": "", "next_check_at": None, "waiting_fleet_id": None,
+            "host_wait": max(timezone.now() - job.created, timedelta(0))}
 
 
 def hand_back(instances, job=None, message: str = "", project_id: int | None = None) -> set[int]:

@@ -4,6 +4,7 @@ from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from backends.registry import GIVEN_HOSTS
+from instances import shares
 from instances.models import Fleet, FleetStatus, Instance, InstanceGroup, InstanceStatus
 from instances.queued import queued_view
 from muster.serializers import ModelSerializer, iso_time
@@ -27,6 +28,9 @@ class FleetRequestSerializer(serializers.Serializer):
     configuration = serializers.JSONField(help_text="The fleet configuration: YAML text or a JSON object.")
 
 
+OTHER_PROJECTS_JOB = "another project's job"
+
+
 class InstanceSerializer(ModelSerializer):
     fleet = serializers.CharField(source="fleet.name", default=None, read_only=True)
     group = serializers.CharField(source="group.name", default=None, read_only=True)
@@ -44,6 +48,8 @@ class InstanceSerializer(ModelSerializer):
         busy = getattr(inst, "busy_jobs", None)
         if busy is None:
             return None
+        if busy and busy[0].run.project_id != self.context.get("project_id", inst.project_id):
+            return OTHER_PROJECTS_JOB  # a shared fleet's host: never which run of another project holds it
         return f"{busy[0].run.name}/{busy[0].job_num}" if busy else None
 
 
@@ -73,11 +79,17 @@ class InstanceGroupSerializer(ModelSerializer):
 class FleetSerializer(ModelSerializer):
     instances = serializers.SerializerMethodField()
     configuration = serializers.SerializerMethodField()
+    shares = serializers.SerializerMethodField()
 
     class Meta:
         model = Fleet
         fields = ["name", "backend", "placement", "status", "errors", "network", "configuration", "instances",
-                  "created"]
+                  "shares", "created"]
+
+    def get_shares(self, fleet: Fleet) -> list[dict]:
+        """Each project's quota, borrowing limit and what it holds (the owner's view; a project the
+        fleet is shared with sees its own share only, SharedFleetSerializer)."""
+        return share_rows(fleet, None)
 
     def get_configuration(self, fleet: Fleet) -> dict:
         conf = dict(fleet.configuration)
@@ -101,3 +113,29 @@ class FleetSerializer(ModelSerializer):
                 row.update(hostname=i.hostname, port=i.port, registration=i.backend_data.get("registration"))
             out.append(row)
         return out
+
+
+def share_rows(fleet: Fleet, only_project: int | None) -> list[dict]:
+    found = shares.shares_of([fleet.pk]).get(fleet.pk) or {}
+    if not found:
+        return []
+    usage = shares.usage_of(fleet.pk)
+    return [{"project": s.project, "quota": s.quota, "borrowing_limit": s.borrow,
+             "usage": usage.get(p, {"hosts": 0, "gpus": 0})}
+            for p, s in sorted(found.items(), key=lambda ps: ps[1].project)
+            if only_project is None or p == only_project]
+
+
+class SharedFleetSerializer(serializers.Serializer):
+    """Another project's fleet shared with this one, as this project sees it: its owner, this
+    project's share and usage, and its hosts' state (never the runs on them, nor its configuration)."""
+
+    def to_representation(self, fleet: Fleet) -> dict:
+        project_id = self.context["project_id"]
+        hosts = fleet.instances.exclude(status=InstanceStatus.TERMINATED).order_by("index", "name")
+        return {"name": f"{fleet.project.name}/{fleet.name}", "shared_from": fleet.project.name,
+                "backend": fleet.backend, "placement": fleet.placement, "status": fleet.status,
+                "shares": share_rows(fleet, project_id),
+                "instances": [{"name": i.name, "status": i.status, "internal_ip": i.internal_ip,
+                               "resources": i.resources} for i in hosts],
+                "created": serializers.DateTimeField().to_representation(fleet.created)}

@@ -15,6 +15,7 @@ from instances.api.serializers import (
     FleetSerializer,
     InstanceGroupSerializer,
     InstanceSerializer,
+    SharedFleetSerializer,
 )
 from instances.lookup import find_group
 from instances.models import Fleet, FleetStatus, GroupStatus, Instance, InstanceGroup
@@ -28,7 +29,11 @@ from runs.models import Job
 class FleetListView(ProjectScopedMixin, APIView):
     @extend_schema(responses={200: FleetSerializer(many=True)})
     def get(self, request, project):
-        return Response(FleetSerializer(Fleet.objects.filter(project=self.project).order_by("name"), many=True).data)
+        own = FleetSerializer(Fleet.objects.filter(project=self.project).order_by("name"), many=True).data
+        # fleets other projects share with this one (instances/shares.py), after its own
+        shared = Fleet.objects.filter(shares__project=self.project).exclude(project=self.project).exclude(
+            status=FleetStatus.FAILED).select_related("project").order_by("project__name", "name")
+        return Response([*own, *SharedFleetSerializer(shared, many=True, context={"project_id": self.project.pk}).data])
 
     @extend_schema(request=FleetRequestSerializer, responses={201: FleetSerializer, 202: FleetSerializer})
     def post(self, request, project):
@@ -67,7 +72,7 @@ class InstanceListView(ProjectScopedMixin, GenericAPIView):
     @extend_schema(responses={200: InstanceSerializer(many=True)})
     def get(self, request, project):
         rows = self.filter_queryset(self.get_queryset()).order_by("group__name", "index", "name")
-        return Response(InstanceSerializer(rows, many=True).data)
+        return Response(InstanceSerializer(rows, many=True, context={"project_id": self.project.pk}).data)
 
 
 class InstanceGroupListView(ProjectScopedMixin, APIView):

@@ -15,7 +15,7 @@ from engine import messages
 from events.services import record
 from instances.lookup import fleet_in_use
 from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus, Placement
-from instances.services import ssh_fleets
+from instances.services import fleet_shares, ssh_fleets
 from instances.transitions import move_fleet, move_instances
 from muster.api_errors import InvalidInput
 from projects.models import Project
@@ -55,7 +55,11 @@ def _apply(project: Project, conf: dict, actor: str, user) -> Fleet:
     name = conf["name"]
     # A failed registration stays visible until it is applied again (or deleted).
     Fleet.objects.filter(project=project, name=name, status=FleetStatus.FAILED).delete()
-    if Fleet.objects.filter(project=project, name=name).exists():
+    existing = Fleet.objects.filter(project=project, name=name).first()
+    if existing is not None and existing.status == FleetStatus.ACTIVE and conf.get("ssh_config") and \
+            fleet_shares.only_shares_differ(existing.configuration, ssh_fleets.stored_configuration(conf)):
+        return fleet_shares.update_in_place(existing, conf, actor)  # its quotas or shares changed: nothing else
+    if existing is not None:
         raise InvalidInput(["name"], f"fleet {name} already exists: delete it first or pick another name")
     if conf.get("ssh_config"):
         fleet = ssh_fleets.start_ssh_fleet(project, conf, actor=actor)

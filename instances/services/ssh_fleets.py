@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from backends.registry import GIVEN_HOSTS
 from events.services import record
 from instances.models import Fleet, FleetStatus, Instance, InstanceStatus, Placement
+from instances.services import fleet_shares
 from instances.ssh_hosts import refuse_registered_elsewhere
 from muster import crypto
 from muster.api_errors import InvalidInput
@@ -28,15 +29,17 @@ def start_ssh_fleet(project: Project, conf: dict, actor: str = "api") -> Fleet:
     hosts: list[dict] = conf["ssh_config"]["hosts"]
     _refuse_server_paths(hosts)
     refuse_registered_elsewhere(project, hosts, own_only=True)
+    shares = fleet_shares.rows_for(project, conf)  # its 400s before anything is written
     name = conf["name"]
     fleet_key = Counter(h["private_key"] for h in hosts).most_common(1)[0][0]
     try:
         with transaction.atomic():
             refuse_registered_elsewhere(project, hosts, own_only=True)  # again: a concurrent apply may have won
             fleet = Fleet(project=project, name=name, backend=GIVEN_HOSTS, status=FleetStatus.PENDING,
-                          placement=conf.get("placement") or Placement.ANY, configuration=_stored_configuration(conf))
+                          placement=conf.get("placement") or Placement.ANY, configuration=stored_configuration(conf))
             fleet.private_key = fleet_key
             fleet.save()
+            fleet_shares.write(fleet, shares)
             for i, host in enumerate(hosts):
                 Instance.objects.create(
                     project=project, fleet=fleet, index=i, name=f"{name}-{i}", status=InstanceStatus.PENDING,
@@ -69,7 +72,7 @@ def _refuse_server_paths(hosts: list[dict]) -> None:
             )
 
 
-def _stored_configuration(conf: dict) -> dict:
+def stored_configuration(conf: dict) -> dict:
     ssh = conf["ssh_config"]
     hosts = [{k: v for k, v in h.items() if k != "private_key"} for h in ssh["hosts"]]
     return {**conf, "ssh_config": {**{k: v for k, v in ssh.items() if k != "private_key"}, "hosts": hosts}}

@@ -20,6 +20,7 @@ from .envs import parse_env
 from .errors import ConfigurationError, ErrorList, format_loc
 from .fields import CheckedModel, read_model_partially
 from .fleet_hosts import SSHConfig, check_ssh_hosts
+from .fleet_shares import Amount, SharedWith, parse_shares
 from .fleet_written import Placement, _FleetInput
 from .requirements import IntRange, Resources
 from .resources import Warnings, parse_resources
@@ -53,6 +54,10 @@ class FleetConfiguration(CheckedModel):
     # gcp: {valid_until: seconds or None[, provisioning_model: flex-start, max_run_duration: seconds]}
     queued_resource: dict[str, Any] | None = None
     reservation: str | None = None  # gcp with queued_resource: the QueuedResource's reservation_name
+    # sharing (fleet_shares): the owner's quota and borrowing limit, and each other project's share
+    quota: Amount | None = None
+    borrowing_limit: Amount | None = None
+    shared_with: list[SharedWith] = []
     # what the written configuration asks for that does not take effect here (not stored)
     warnings: list[dict[str, str]] = Field(default_factory=list, exclude=True)
 
@@ -156,6 +161,8 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
             continue  # it takes effect: the queued resource asks for it
         if key in fleet.model_fields_set and getattr(fleet, key) not in (None, []):
             warnings.append({"field": [key], "message": f"{key}: has no effect here: {note}"})
+    hosts = len(fleet.ssh_config.hosts) if fleet.ssh_config is not None else None
+    shares = parse_shares({k: getattr(fleet, k) for k in ("quota", "borrowing_limit", "shared_with")}, hosts, errors)
     errors.raise_if_any()
     assert fleet.name is not None
     return FleetConfiguration(
@@ -175,6 +182,7 @@ def parse_fleet_configuration(data: str | dict) -> FleetConfiguration:
         volumes=VolumePolicy(allowed_prefixes=list(dict.fromkeys(fleet.volumes.allowed_prefixes)) if fleet.volumes else []),
         queued_resource=fleet.queued_resource if queued else None,
         reservation=fleet.reservation if queued else None,
+        **shares,
         warnings=[{"field": format_loc(w["field"]), "message": w["message"]} for w in warnings],
     )
 

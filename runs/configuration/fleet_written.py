@@ -94,6 +94,10 @@ class _FleetInput(WrittenModel):
     allow_privileged: bool | None = None
     volumes: _VolumePolicyInput | None = None
     queued_resource: Any = None  # Muster's own (gcp): `true` or {valid_until: DURATION}
+    # Muster's own: sharing the fleet with other projects (checked in fleet_shares)
+    quota: Any = None
+    borrowing_limit: Any = None
+    shared_with: Any = None
     # dstack's other fleet keys: read with its types; each written one takes effect or warns
     env: Any = None
     spot_policy: SpotPolicy | None = None

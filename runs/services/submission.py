@@ -17,7 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from engine import messages
 from events.models import Event
-from instances import fit_reasons, fitting, queued, spanning
+from instances import fit_reasons, fitting, queued, shares, spanning
 from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
@@ -215,22 +215,26 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
     fleets = fitting.allowing_fleets(usable, configuration) if configuration is not None else usable
     pools: list[list] = []
     chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
-                             [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts)
+                             [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts,
+                             project_id=project.pk)
     if chosen is not None:
         # groups on a flex-start fleet: how long after it is given their slice is reclaimed
         deadlines = queued.flex_start_deadlines([name for name, _, _ in groups], chosen)
         # `fleet`: group 0's (the whole run's unless it spans fleets); `fleets`: each group's
-        return {"fits": True, "fleet": chosen[0].name, "reasons": [],
-                "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
+        return {"fits": True, "fleet": fitting.written_name(chosen[0]), "reasons": [],
+                "fleets": {name: fitting.written_name(f) for (name, _, _), f in zip(groups, chosen, strict=True)},
                 "hosts": fitting_hosts(chosen, groups, pools), **({"deadlines": deadlines} if deadlines else {})}
     answer = {"fits": False, "fleet": None,
               "reasons": fit_reasons.explain(project.pk, wanted, groups, configuration, local=local, fleets=usable)}
     if configuration is not None and spanning.waits_on_full_fleet(configuration):
         # submitted now, the run would wait for hosts of these fleets instead of failing (engine/submitted/waiting.py)
-        full = spanning.assign(fleets, spanning.group_fleet_names(configuration), [(req, n) for _, req, n in groups],
-                               busy_too=True)
+        demands = [(req, n) for _, req, n in groups]
+        full = spanning.assign(fleets, spanning.group_fleet_names(configuration), demands, busy_too=True,
+                               project_id=project.pk)
         if full:
-            answer["waits_for"] = f"a free host: {spanning.full_fleets(full)}"
+            refused = shares.quota_refusals(full, project.pk, demands)  # the words the engine's wait says
+            answer["waits_for"] = "a free host: " + next((refused[f.pk] for f in full if f.pk in refused),
+                                                         spanning.full_fleets(full))
             # where it would stand among the project's waiting runs (runs/queue.py)
             answer["queue_position"] = queue.place_for_new(project.pk, queue.priority_of(configuration))
     return answer

@@ -285,6 +285,44 @@ def test_two_projects_on_ssh_hosts_with_the_same_names_stay_apart(fast_limits, c
     assert wait_for_run("r", ("terminated",), project="p1", timeout=60).status == "terminated"
 
 
+@with_marks(needs_netns)
+def test_two_projects_sharing_a_fleet_with_the_same_names_stay_apart(fast_limits, celery_worker, members, ssh_hosts):
+    """The same run and secret names in two projects on one fleet of p1 shared with p2 (docs/queueing.md):
+    each sees its own output and secret only, the owner's view of its hosts never names p2's run,
+    and p2 can neither delete p1's fleet nor stop p1's run by stopping its own."""
+    pool = ssh_hosts(2, mode="netns")
+    conf = {**fleet_configuration(pool, name="lf"), "shared_with": [{"project": "p2", "quota": {"hosts": 1}}]}
+    resp = members["p1"].post(url("p1", "fleets/"), {"configuration": conf}, format="json")
+    assert resp.status_code == 202, resp.content
+    fleet = wait_until(lambda: (f := members["p1"].get(url("p1", "fleets/lf/")).json())["status"] != "pending" and f,
+                       timeout=90, what="fleet lf registered")
+    assert fleet["status"] == "active", fleet
+    for project, client in members.items():
+        resp = client.post(url(project, "secrets/"), {"name": "TOKEN", "value": f"secret-of-{project}"}, format="json")
+        assert resp.status_code == 201, resp.content
+    submit(members["p1"], "p1", SSH_CHATTY.format(project="p1"))
+    submit(members["p2"], "p2", SSH_CHATTY.format(project="p2").replace("name: r\n", "name: r\nfleets: [p1/lf]\n"))
+    for project, client in members.items():
+        wait_log(client, project, "r", f"{project} starts")
+    for project, client in members.items():
+        assert log_text(client, project, "r") == f"{project} starts with secret-of-{project}\n"
+    jobs = {j.run.project.name: j for j in Job.objects.select_related("run__project", "instance")}
+    assert jobs["p1"].instance.fleet_id == jobs["p2"].instance.fleet_id and jobs["p1"].instance_id != jobs["p2"].instance_id
+    hosts = {i["name"]: i["job"] for i in members["p1"].get(url("p1", "instances/")).json()}
+    assert sorted(hosts.values()) == ["another project's job", "r/0"], hosts
+    assert members["p2"].delete(url("p2", "fleets/lf/") + "?force=1").status_code == 404
+
+    assert members["p2"].post(url("p2", "runs/r/stop"), {}, format="json").status_code == 200
+    assert wait_for_run("r", ("terminated",), project="p2", timeout=60).status == "terminated"
+    assert run_status(members["p1"], "p1", "r") == "running"
+    events = str(members["p1"].get(url("p1", "events/")).json())
+    assert "given back by another project's job" in events and "secret-of-p2" not in events
+    assert log_text(members["p1"], "p1", "r") == "p1 starts with secret-of-p1\n"
+    assert members["p1"].post(url("p1", "runs/r/stop"), {}, format="json").status_code == 200
+    assert wait_for_run("r", ("terminated",), project="p1", timeout=60).status == "terminated"
+
+
+
 def test_a_job_whose_log_cannot_be_kept_still_has_its_files_removed_from_the_host(
         fast_limits, celery_worker, root, members, settings):
     client = members["p1"]

@@ -1,0 +1,173 @@
+"""Shared fleets: each project's quota on a fleet it shares, what it holds there, whether a
+placement stays within its quota plus what it may borrow, and who gets the next freed hosts.
+
+The rules are plain functions over (quotas, usage, demand), so placement (under the fleet's lock,
+engine/submitted/placement.py), the fleet choice and the plan (instances/spanning.py) and the wake
+of waiting runs (engine/submitted/waiting.py, `fair_order`) all answer the same way. A fleet with
+no FleetShare rows is not shared: nothing here applies to it.
+
+- A project's room on a resource (hosts, GPUs) it has a quota on = its quota + min(its borrowing
+  limit, what the others leave unused of theirs + what no quota gives). A resource it has no quota
+  on (None) is not limited.
+- Usage = the hosts (and their GPUs) held by the project's unfinished jobs on the fleet: one
+  aggregate query grouped by project, whatever the number of jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models import Count, Sum
+
+from instances import rows
+from instances.models import Fleet, FleetShare, Instance, InstanceStatus
+
+RESOURCES = ("hosts", "gpus")
+NOUN = {"hosts": "hosts", "gpus": "GPUs"}
+Amounts = dict[str, int]  # {"hosts": n, "gpus": n}
+
+
+@dataclass(frozen=True)
+class Share:
+    project_id: int
+    project: str
+    quota: dict[str, int | None]  # per resource; None: no quota on it
+    borrow: dict[str, int | None]  # per resource; None: borrows nothing
+
+
+def shares_of(fleet_ids: Iterable[int]) -> dict[int, dict[int, Share]]:
+    """{fleet id: {project id: Share}} of the shared fleets among `fleet_ids` (one query)."""
+    out: dict[int, dict[int, Share]] = {}
+    rows = FleetShare.objects.filter(fleet_id__in=list(fleet_ids)).values_list(
+        "fleet_id", "project_id", "project__name", "hosts", "gpus", "borrow_hosts", "borrow_gpus")
+    for fleet_id, project_id, name, hosts, gpus, borrow_hosts, borrow_gpus in rows:
+        out.setdefault(fleet_id, {})[project_id] = Share(project_id, name, {"hosts": hosts, "gpus": gpus},
+                                                         {"hosts": borrow_hosts, "gpus": borrow_gpus})
+    return out
+
+
+def usage_of(fleet_id: int) -> dict[int, Amounts]:
+    """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
+    aggregate query: instances/rows.held, as the console's usage table reads it)."""
+    return {project: {"hosts": hosts, "gpus": gpus} for (_, project), (hosts, gpus) in rows.held([fleet_id]).items()}
+
+
+def totals_of(fleet_id: int) -> Amounts:
+    """The fleet's live hosts and their GPUs."""
+    agg = Instance.objects.filter(fleet_id=fleet_id).exclude(status=InstanceStatus.TERMINATED).aggregate(
+        hosts=Count("id"), gpus=Sum("gpu_count"))
+    return {"hosts": agg["hosts"] or 0, "gpus": agg["gpus"] or 0}
+
+
+def borrowable(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts], totals: Amounts,
+               resource: str) -> int:
+    """What the others leave unused of their quotas on `resource`, plus what no quota gives."""
+    given = sum(s.quota[resource] or 0 for s in shares.values())
+    unused = sum(max(0, (s.quota[resource] or 0) - usage.get(p, {}).get(resource, 0))
+                 for p, s in shares.items() if p != project_id and s.quota[resource] is not None)
+    return unused + max(0, totals[resource] - given)
+
+
+def refusal(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts], totals: Amounts,
+            demand: Amounts, fleet: str, at_all: bool = False) -> str:
+    """Why `demand` more of the fleet would pass the project's quota plus what it may borrow ("" when
+    it would not). `at_all`: whether it could ever fit (its quota plus its whole borrowing limit,
+    nothing held): a run that never could fails at once instead of waiting."""
+    share = shares.get(project_id)
+    if share is None:
+        return f"quota: fleet {fleet} is not shared with this project"
+    for resource in RESOURCES:
+        quota = share.quota[resource]
+        if quota is None or not demand.get(resource):
+            continue
+        limit = share.borrow[resource] or 0
+        held = 0 if at_all else usage.get(project_id, {}).get(resource, 0)
+        free = limit if at_all else min(limit, borrowable(project_id, shares, usage, totals, resource))
+        if held + demand[resource] <= quota + free:
+            continue
+        noun = NOUN[resource]
+        lending = "none" if not limit else f"up to {limit}, {free} {'at most' if at_all else 'free now'}"
+        return (f"quota: project {share.project} holds {held} of its {quota} {noun} of fleet {fleet} "
+                f"(borrowing: {lending}) and needs {demand[resource]}")
+    return ""
+
+
+def demand_of(demands: list[tuple[dict, int]]) -> Amounts:
+    """The hosts and GPUs a run's groups ask for ((requirements, node count) each)."""
+    gpus = 0
+    for req, count in demands:
+        gpu = req.get("gpu") or {}
+        if not gpu.get("tpu"):
+            gpus += ((gpu.get("count") or {}).get("min") or 0) * count
+    return {"hosts": sum(count for _, count in demands), "gpus": gpus}
+
+
+def quota_refusals(fleets: list[Fleet], project_id: int, demands: list[tuple[dict, int]],
+                   at_all: bool = False) -> dict[int, str]:
+    """{fleet id: why} for the shared fleets among `fleets` whose quota refuses the run now (or,
+    `at_all`, ever). No query when the fleets were read knowing none is shared (rows.active_fleets
+    sets `shared`), else one; a fleet shared: its usage and totals besides."""
+    if all(hasattr(f, "shared") for f in fleets) and not any(f.shared for f in fleets):
+        return {}
+    shared = shares_of(f.pk for f in fleets)
+    if not shared:
+        return {}
+    demand = demand_of(demands)
+    out = {}
+    for fleet in fleets:
+        if fleet.pk in shared:
+            why = refusal(project_id, shared[fleet.pk], usage_of(fleet.pk), totals_of(fleet.pk), demand,
+                          fleet.name, at_all=at_all)
+            if why:
+                out[fleet.pk] = why
+    return out
+
+
+def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
+    """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts just
+    taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may."""
+    shared = shares_of([fleet.pk]).get(fleet.pk)
+    if not shared:
+        return ""
+    demand = {"hosts": len(taken), "gpus": sum(i.gpu_count for i in taken)}
+    return refusal(project_id, shared, usage_of(fleet.pk), totals_of(fleet.pk), demand, fleet.name)
+
+
+def dominant_share(used: Amounts, quota: dict[str, int | None]) -> float:
+    """DRF's dominant share: the largest of usage / quota over the resources the project has a quota on."""
+    share = 0.0
+    for resource in RESOURCES:
+        q = quota.get(resource)
+        if q is None:
+            continue
+        have = used.get(resource, 0)
+        share = max(share, have / q if q else (float("inf") if have else 0.0))
+    return share
+
+
+Head = tuple[int, Amounts, int, float]  # (job pk, what it takes, priority, submitted at as a number)
+
+
+def fair_order(usage: dict[int, Amounts], quotas: dict[int, dict[str, int | None]],
+               heads: dict[int, list[Head]], count: int) -> list[int]:
+    """The waiting jobs `count` freed hosts wake, in order: each time the project furthest below its
+    share (lowest dominant share, Kueue's and DRF's rule; its waiting jobs already in queue order),
+    its share then counted as if its job were placed; ties by the heads' priority, then age, then
+    the project. Pure: a claimed per-fleet step may call it as it is."""
+    used = {p: dict(u) for p, u in usage.items()}
+    left = {p: list(h) for p, h in heads.items() if h}
+    picked: list[int] = []
+    while left and len(picked) < count:
+        def key(p: int):
+            _, _, priority, since = left[p][0]
+            return (dominant_share(used.get(p, {}), quotas.get(p, {})), -priority, since, p)
+        project = min(left, key=key)
+        pk, takes, _, _ = left[project].pop(0)
+        picked.append(pk)
+        mine = used.setdefault(project, {"hosts": 0, "gpus": 0})
+        for resource in RESOURCES:
+            mine[resource] = mine.get(resource, 0) + takes.get(resource, 0)
+        if not left[project]:
+            del left[project]
+    return picked
