@@ -17,9 +17,11 @@ not needed after all (the highest priority first) is let off. Hosts idle or alre
 back (jobs stopping on the fleet) count towards what the run needs, so a run that looks again during
 its victims' grace does not stop more runs.
 
-Not built: shared fleets and quotas (issue 43 items 2-3): a fleet is one project's, so preemption
-never crosses projects; a run waiting on several fleets at once (a run whose groups span fleets)
-and a service do not preempt, and services are never preempted.
+Priority never crosses projects: the candidates are the waiting run's own project's runs, on a
+shared fleet too. Across projects the only preemption is a reclaim of hosts a project borrowed
+beyond its quota (engine/submitted/reclaim.py, asked first), which reuses `choose` (with a budget
+per project, `room`) and `stop_run`. A run waiting on several fleets at once (a run whose groups
+span fleets) and a service do not preempt, and services are never preempted.
 """
 
 from __future__ import annotations
