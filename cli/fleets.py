@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli import render
+from cli import deadlines, render
 from cli.client import Client, CliError, format_error
 from cli.files import inline_identity_files, read_document
 from cli.follow import say, segment
@@ -25,6 +25,8 @@ def submit_fleet(client: Client, path: str, text: str, doc: dict[str, Any]) -> i
     if fleet.get("status") == "pending":
         fleet = wait_for_fleet(client, fleet)
     print(render.fleet_summary(fleet))
+    if deadlines.fleet_deadline(fleet):
+        print(deadlines.fleet_deadline(fleet))
     if fleet.get("status") == "failed":
         for error in fleet.get("errors") or []:
             say(f"error: {format_error(error)}")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cli import follow, render, service_render
+from cli import deadlines, follow, render, service_render
 from cli.client import (  # noqa: F401  (load_settings and Settings are part of the CLI's API)
     Client,
     CliError,
@@ -73,6 +73,8 @@ def show_plan(client: Client, body: dict[str, Any]) -> dict[str, Any]:
             print(render.would_wait(capacity["waits_for"], capacity.get("queue_position")))
     elif capacity.get("fits"):
         print(render.plan_placement(capacity))
+        if capacity.get("deadlines"):
+            print(deadlines.plan_deadlines(capacity))
     if plan.get("warnings"):
         print(render.plan_warnings(plan["warnings"]))
     if (plan.get("replaces") or {}).get("message"):

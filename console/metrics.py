@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from console.queue_metrics import queue_families
 from console.service_metrics import service_families
 from console.usage_metrics import usage_families
 
@@ -84,6 +85,7 @@ class _DatabaseCollector:
         yield instances
         yield unreachable
         yield from usage_families(label_of)
+        yield from queue_families(label_of)
         yield from service_families(label_of)
 
         tasks = CounterMetricFamily("muster_tasks", "Celery tasks run, by task and outcome",

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from console import logview, picture, runlist, usage_words, words
+from console import fleet_queue, logview, picture, runlist, usage_words, words
 from events.models import Event
 from instances.models import Fleet, GroupKind, Instance, InstanceStatus
 from instances.queued import queued_view
@@ -210,6 +210,9 @@ def fleets_page(request, project):
                                                      "queued": queued_view(inst.group)})["hosts"].append(inst)
         else:
             entry["hosts"].append(inst)
+    shown = fleet_queue.fleet_views(project, [e["fleet"] for e in fleets.values() if e["fleet"] is not None])
     for entry in fleets.values():
         entry["pods"] = list(entry["pods"].values())
+        if entry["fleet"] is not None:
+            entry.update(shown[entry["fleet"].pk], live=len(entry["hosts"]) + sum(len(p["hosts"]) for p in entry["pods"]))
     return render(request, "console/fleets.html", {"project": project, "fleets": list(fleets.values())})

@@ -46,7 +46,8 @@ def docker(instance) -> str:
     return str(value)
 
 
-def _seconds(total: float) -> str:
+def seconds(total: float) -> str:
+    """A duration as people read it: 42s, 3m 05s, 2h 07m."""
     total = int(total)
     if total < 60:
         return f"{total}s"
@@ -60,7 +61,7 @@ def job_duration(job, now) -> str:
     if job.start_time is None:
         return "-"
     end = job.end_time if job.end_time is not None else now.timestamp()
-    return _seconds(max(0.0, end - job.start_time))
+    return seconds(max(0.0, end - job.start_time))
 
 
 def job_exit(job) -> str:
@@ -77,4 +78,4 @@ def job_times(job, now) -> str:
 
 def run_duration(run, now) -> str:
     """From submit to its end, or until now while it is not over."""
-    return _seconds(max(0.0, ((run.finished_at or now) - run.submitted_at).total_seconds()))
+    return seconds(max(0.0, ((run.finished_at or now) - run.submitted_at).total_seconds()))

@@ -17,7 +17,9 @@ submit        runs/services/submission.py        submit_run, then messages.provi
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
   placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
   gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
-  waiting     engine/submitted/waiting.py        wait, wake: a run on a full fleet waits for hosts given back
+  waiting     engine/submitted/waiting.py        wait, hand_back: a run on a full fleet waits for hosts given back
+  admission   engine/admission.py                admit_fleet: one look per fleet wakes the waiting runs its idle
+                                                 hosts go to (runs/admission.py chooses)
   preemption  engine/submitted/preemption.py     preempt_for, choose: a waiting higher priority stops preemptible runs
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   replicas    engine/submitted/replica_placement.py place_replica: a service's replica takes its host(s) on its own

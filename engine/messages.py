@@ -137,6 +137,14 @@ def sync_routers(run_id: int, countdown: float = 0) -> None:
         transaction.on_commit(lambda: registered.sync_routers.delay(run_id))
 
 
+def admit_fleet(fleet_id: int, countdown: float = 0) -> None:
+    """A fleet got hosts back: its admission look chooses the waiting runs they go to (admit_fleet)."""
+    if countdown:
+        transaction.on_commit(lambda: registered.admit_fleet.apply_async((fleet_id,), countdown=countdown))
+    else:
+        transaction.on_commit(lambda: registered.admit_fleet.delay(fleet_id))
+
+
 def terminate_group(group_id: int) -> None:
     """An instance group marked terminating may be deleted with its backend (terminate_group)."""
     transaction.on_commit(lambda: registered.terminate_group.delay(group_id))

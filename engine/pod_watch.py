@@ -23,7 +23,7 @@ from django.db import transaction
 from backends.base import BackendError
 from backends.registry import compute_for_group, group_noun
 from engine import claims, messages, outcome
-from engine.slice_replace import replace_lost_slice
+from engine.slice_replace import not_moved, replace_lost_slice
 from engine.tuning import POD_WATCH_BATCH as BATCH
 from events.services import record
 from instances.models import GroupKind, GroupStatus, InstanceGroup
@@ -102,10 +102,13 @@ def interrupt_pod(group: InstanceGroup, why: str, lease: Lease) -> claims.Outcom
     """Google took the slice back: every job on it ends as an interruption, and the pod is deleted
     (its terminate_group is sent once the watch gives the pod back)."""
     log.warning("%s %s lost: %s", group_noun(group), group.name, why)
+    status = group.status
+    # the group's guarded move first: a lost lease writes nothing (no job ended for a pod kept)
     with transaction.atomic():
-        record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=group.status)
+        if not end_group(group, actor="server", lease=lease):
+            return not_moved(group)
+        record(group.project_id, f"instance group {group.name}", f"lost: {why}", status=status)
         for job in Job.objects.filter(instance__group=group, status__in=JOB_ACTIVE).select_related("run"):
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"{group_noun(group)} {group.name}: {why}")
-        end_group(group, actor="server", lease=lease)
     return outcome.with_learned(group, expect=(GroupStatus.TERMINATING,),
                                 then=(partial(messages.terminate_group, group.pk),))

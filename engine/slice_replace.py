@@ -2,8 +2,9 @@
 (`on_slice_failure: replace-slice`); the default, `whole-set`, is pod_watch.interrupt_pod.
 
 Called by the pod watch (which holds the pod) when its backend says which slice of a live set is
-lost. In one step: every job of the set ends as an interruption that keeps its host
-(`Job.keep_host`), the lost slice's hosts go back to `provisioning`, and the pod goes back to
+lost. In one step, one transaction whose first write is the pod's lease-guarded move (a lease
+lost while the plan was worked out writes nothing at all): every job of the set ends as an
+interruption that keeps its host (`Job.keep_host`), the lost slice's hosts go back to `provisioning`, and the pod goes back to
 `provisioning` with the backend's plan for the new slice (`Compute.replace_part`: the lost node
 retired and deleted on the next poll, a new node id, pinned to the kept slices' zone). From
 there the pod's ordinary polls (engine/pods.py) create the slice with the usual zone, lost-answer
@@ -69,20 +70,32 @@ def replace_lost_slice(group: InstanceGroup, watch: GroupWatch, lease: Lease) ->
     gone = hosts[lost * per_slice:(lost + 1) * per_slice]
     why = f"slice {lost} of {slices} lost: {watch.part_lost}"
     log.warning("pod %s: %s; replacing that slice, keeping the others", group.name, why)
+    # The group's move is the guarded write and goes first: when the lease was lost (or the pod moved
+    # under the step) nothing else is written, and a failure past it rolls all of it back.
+    status = group.status
     with transaction.atomic():
+        if not move_group(group, GroupStatus.PROVISIONING, frm=[GroupStatus.ACTIVE],
+                          message=f"replacing slice {lost}", lease=lease, backend_data=data):
+            return not_moved(group)
         record(group.project_id, f"instance group {group.name}",
                f"{why}; replacing it (on_slice_failure: replace-slice), keeping slices "
-               f"{', '.join(str(i) for i in range(slices) if i != lost)} and their hosts", status=group.status,
+               f"{', '.join(str(i) for i in range(slices) if i != lost)} and their hosts", status=status,
                run_id=run.pk)
         for job in jobs:
             terminate_job(job, JobReason.INTERRUPTED_BY_NO_CAPACITY, f"{why}: the set restarts once it is "
                           f"replaced", keep_host=True)
         move_instances(gone, InstanceStatus.PROVISIONING, frm=[InstanceStatus.BUSY, InstanceStatus.IDLE],
                        message=f"slice {lost} lost: made again", run_id=run.pk)
-        move_group(group, GroupStatus.PROVISIONING, frm=[GroupStatus.ACTIVE], message=f"replacing slice {lost}",
-                   lease=lease, backend_data=data)
     return outcome.with_learned(group, expect=(GroupStatus.PROVISIONING,),
                                 then=(partial(messages.poll_pod, group.pk, 0),))
+
+
+def not_moved(group: InstanceGroup) -> claims.Outcome:
+    """The outcome of a watch whose move of the pod found it no longer held as it was: nothing was
+    written; a pod deleted under the step gets its delete again (the delete's message bounced off
+    the lease), and a lost lease drops the outcome (the new holder looks for itself)."""
+    return outcome.with_learned(group, expect=(GroupStatus.ACTIVE,),
+                                hand_over={GroupStatus.TERMINATING: messages.terminate_group})
 
 
 def waits_for_replacement(jobs: list[Job]) -> bool:

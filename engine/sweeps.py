@@ -22,7 +22,7 @@ from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
-from instances.models import Fleet, FleetStatus, GroupStatus, InstanceGroup
+from instances.models import Fleet, FleetQueue, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
 
@@ -59,6 +59,10 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # the rechecks take turns across projects: one project's thousands of waiting runs do not fill the
     # batch while another project's waiting run is never looked at (engine/submitted/waiting.py)
     found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, BATCH))
+    # a fleet whose hosts came back and whose admission look was lost (engine/admission.py)
+    looks = FleetQueue.objects.filter(unleased(now), wanted__gt=F("admitted")).filter(
+        Q(admitted_at__isnull=True) | Q(admitted_at__lt=old)).values_list("pk", flat=True)[:BATCH]
+    found["admissions"] = _enqueue(messages.admit_fleet, looks)
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are
     # the batch watcher's (engine/running/watch.py): it claims whatever is due, and one watch
     # message (below), not one per job, is what the sweep sends for them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from engine import (
+    admission,
     attach_installs,
     attach_revokes,
     finishing,
@@ -73,6 +74,11 @@ def sweep() -> dict[str, int]:
 @shared_task(priority=NEXT)
 def scale_services() -> int:
     return scaling.scale_services()
+
+
+@step_task(priority=FIRST)
+def admit_fleet(fleet_id: int) -> None:
+    admission.admit_fleet(fleet_id)
 
 
 @step_task(priority=NEXT)

@@ -108,3 +108,10 @@ SCRAPE_TICK_BUDGET = 20.0
 SCRAPE_PARALLEL = 8
 # seconds between two events of one replica's failing scrape: said, not repeated every tick
 SCRAPE_FAILURE_EVENT_EVERY = 300.0
+
+# admit_fleet (engine/admission.py): how long the jobs a look woke are counted as taking their hosts
+# (their provisioning steps normally place them within a second); a woken job still waiting after
+# this did not fit, and is passed over by the looks until its own recheck (MUSTER_WAITING_HOST_RECHECK)
+ADMISSION_PROMISE_SECONDS = 5.0
+# how many waiting jobs a look reads at most, beyond one per idle host and per promise
+ADMISSION_READ_MARGIN = 64

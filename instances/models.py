@@ -54,6 +54,23 @@ class Fleet(Claimable):
         self.private_key_encrypted = crypto.encrypt(plaintext)
 
 
+class FleetQueue(Claimable):
+    """The row the fleet's admission step claims (engine/admission.py): which waiting runs get the
+    hosts a fleet got back is decided by one step per fleet, not by each host's release.
+
+    `wanted` counts the releases that asked for a look (each adds one after its commit); `admitted`
+    is the count the last look started from; `promised` the jobs recent looks woke. A release that comes while a look holds the row is not
+    lost: the look, once given back, sees `wanted` past what it started from and is sent again.
+    """
+
+    fleet = models.OneToOneField(Fleet, on_delete=models.CASCADE, primary_key=True, related_name="queue")
+    wanted = models.BigIntegerField(default=0)
+    admitted = models.BigIntegerField(default=0)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    # {job id: when a look woke it (epoch)}: engine/admission.py's promise
+    promised = models.JSONField(default=dict, blank=True)
+
+
 class GroupKind(models.TextChoices):
     TPU_POD = "tpu_pod"
     CLUSTER = "cluster"

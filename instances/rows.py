@@ -5,16 +5,22 @@ spent more building and compiling each than the database spent answering it.
 Each read's meaning is its ORM form beside it (free_instances; the fleets: Fleet.objects.filter),
 which tests/engine/test_candidate_reads.py holds the SQL to. Columns come from the models' `_meta`;
 rows become objects through muster.rows.from_row.
+
+And what each project holds of each fleet (`held`, `usage_by_project`): the hosts and GPUs of its
+unfinished jobs, one aggregate query, read by the console's fleets page and /metrics.
 """
 
 from __future__ import annotations
 
 import functools
 
+from django.db import connection
 from django.db.models import Q
 
 from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceGroup, InstanceStatus
 from muster import rows
+from runs.choices import JOB_UNFINISHED
+from runs.models import Job, Run
 
 
 def free_instances(fleet: Fleet, busy_too: bool = False):
@@ -82,3 +88,37 @@ def active_fleets(project_id: int, not_backend: str | None, backends: list[str] 
     sql = (f'SELECT {rows.column_list(Fleet, "f")} FROM "{Fleet._meta.db_table}" f WHERE {" AND ".join(where)} '
            f"ORDER BY {f('created')}, {f('name')}")
     return rows.fetch_objects(Fleet, sql, params)
+
+
+@functools.cache
+def _held_sql(statuses: int, fleets: int | None) -> str:
+    j, r, i = (functools.partial(_column, model, alias=a) for model, a in ((Job, "j"), (Run, "r"), (Instance, "i")))
+    fleet = f" AND {i('fleet')} IN ({', '.join(['%s'] * fleets)})" if fleets else ""
+    # DISTINCT: a host counts once for its project however many unfinished jobs are on it
+    return (f"SELECT h.fleet_id, h.project_id, COUNT(*), COALESCE(SUM(h.gpu_count), 0) FROM ("
+            f"SELECT DISTINCT {i('id')}, {i('fleet')} AS fleet_id, {i('gpu_count')} AS gpu_count, "
+            f"{r('project')} AS project_id FROM \"{Job._meta.db_table}\" j "
+            f"JOIN \"{Run._meta.db_table}\" r ON {r('id')} = {j('run')} "
+            f"JOIN \"{Instance._meta.db_table}\" i ON {i('id')} = {j('instance')} "
+            f"WHERE {j('status')} IN ({', '.join(['%s'] * statuses)}){fleet}) h "
+            "GROUP BY h.fleet_id, h.project_id")
+
+
+def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
+    """{(fleet id, project id): (hosts, GPUs)} that the project's unfinished jobs hold on each fleet
+    (of `fleet_ids` only, when given): one aggregate query over the unfinished jobs (the jobs' status
+    index), whatever the number of finished ones. A host is held from its placement to its job's end
+    (terminating included: it is not free until the job has ended)."""
+    if fleet_ids is not None and not fleet_ids:
+        return {}
+    statuses = [s.value for s in JOB_UNFINISHED]
+    with connection.cursor() as cursor:
+        cursor.execute(_held_sql(len(statuses), len(fleet_ids) if fleet_ids else None), [*statuses, *(fleet_ids or [])])
+        return {(fleet, project): (hosts, int(gpus)) for fleet, project, hosts, gpus in cursor.fetchall()
+                if fleet is not None}
+
+
+def usage_by_project(fleet: Fleet) -> dict[int, tuple[int, int]]:
+    """{project id: (hosts, GPUs)} each project's unfinished jobs hold on `fleet`: what the console's
+    fleet page shows per project (a fleet's quotas per project go beside it)."""
+    return {project: used for (_, project), used in held([fleet.pk]).items()}

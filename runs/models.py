@@ -120,6 +120,9 @@ class Job(Claimable):
     ready_at = models.DateTimeField(null=True, blank=True)
     probes = models.JSONField(default=list, blank=True)
     waiting_for = models.CharField(max_length=200, blank=True, default="")
+    # how long it waited for a free host (from its making to its placement), written by the UPDATE that
+    # placed it (engine/submitted/waiting.placed); null: it did not wait. /metrics' histogram of waits.
+    host_wait = models.DurationField(null=True, blank=True)
     # the last samples of what the job uses on its host, checked and bounded (runs/usage.py)
     usage = models.JSONField(default=list, blank=True)
     # A service's replica this job belongs to, numbered within its replica group (a new submission
@@ -136,7 +139,10 @@ class Job(Claimable):
 
     class Meta:
         unique_together = [("run", "submission_num", "job_num")]
-        indexes = [models.Index(fields=["status", "waiting_master_job"])]
+        indexes = [models.Index(fields=["status", "waiting_master_job"]),
+                   # /metrics reads the waits per project: only the jobs that waited, not every job
+                   models.Index(fields=["run", "host_wait"], condition=models.Q(host_wait__isnull=False),
+                                name="job_host_waits")]
         ordering = ["run_id", "submission_num", "job_num"]
 
     def __str__(self) -> str:

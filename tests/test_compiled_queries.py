@@ -176,25 +176,3 @@ def test_a_row_move_written_once_is_the_orms_update_and_its_event(where, moves):
             {k: v for k, v in events[1].items() if k != "subject"}
 
 
-def test_the_first_waiting_job_is_the_oldest_unleased_waiter_of_that_project_only():
-    from engine.submitted import waiting
-
-    run, jobs = _placed_run("waits", nodes=3, grouped=False)
-    other, others = _placed_run("waits-b", nodes=2, grouped=False)
-    from projects.models import Project
-    elsewhere = Project.objects.create(name="elsewhere")
-    type(other).objects.filter(pk=other.pk).update(project=elsewhere)
-    now = timezone.now()
-    for j in [*jobs, *others]:
-        Job.objects.filter(pk=j.pk).update(status="submitted", instance=None, waiting_master_job=False,
-                                           waiting_for=f"{waiting.PREFIX} in fleet x")
-    Job.objects.filter(pk=jobs[0].pk).update(lease_until=now + timedelta(seconds=30), lease_token="held")
-    Job.objects.filter(pk=jobs[1].pk).update(waiting_for="")  # not waiting for a host
-
-    def first(project_id, at):
-        return [j.pk for j in waiting._FIRST_WAITING.all(at, project_id)]
-
-    expected = list(waiting._waiting(now, run.project_id).values_list("pk", flat=True)[:1])
-    assert first(run.project_id, now) == expected == [jobs[2].pk]
-    assert first(elsewhere.pk, now) == [others[0].pk]
-    assert first(run.project_id, now + timedelta(minutes=1)) == [jobs[0].pk], "a lease that ran out is no lease"

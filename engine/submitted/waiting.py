@@ -12,16 +12,16 @@ backoff growing to ten minutes, so at a steady 1.5 runs/s a full fleet of 32 nev
 
 While it waits, job 0 stays `submitted` and holds no host: its `waiting_for` says which fleet is
 full (the API's status_message and the console show it), and its `next_check_at` is when the sweep
-looks again. A host given back by the engine (a job's end, a placement that did not happen) wakes
-the project's first waiting jobs at once, one per host freed, in queue order (runs/queue.py: the
-highest `priority`, then the oldest); the sweep's recheck is the backstop
-for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
+looks again. Hosts given back by the engine (a job's end, a placement that did not happen) send
+their fleet's admission look (engine/admission.py), which wakes the waiting jobs the idle hosts can
+hold, in queue order (runs/queue.py: the highest `priority`, then the oldest); the sweep's recheck
+is the backstop for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
 fails and the run ends `retry_limit_exceeded`.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -29,14 +29,11 @@ from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from engine import messages
-from engine.claims import unleased
+from engine import admission
 from engine.job_outcome import learn
-from instances import spanning
+from instances import fleet_queue, spanning
 from instances.transitions import hand_back as give_back
-from muster import compiled
 from runs import limits as run_limits
-from runs import queue
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job, Run
 from runs.waits import gives_up_at
@@ -71,37 +68,22 @@ def wait(job: Job, why: str) -> dict:
 
 
 def placed(job: Job) -> dict:
-    """The fields that end a wait, for the move to provisioning."""
-    return {"waiting_for": "", "next_check_at": None} if job.waiting_for.startswith(PREFIX) else {}
+    """The fields that end a wait, for the move to provisioning, with how long it waited (since its job
+    was made, as `muster queue` counts it). Written by the UPDATE that places the job, so a wait is
+    recorded once, only for a placement that happened, whichever worker placed it: /metrics reads
+    them from the table (console/queue_metrics.py)."""
+    if not job.waiting_for.startswith(PREFIX):
+        return {}
+    return {"waiting_for": "", "next_check_at": None, "host_wait": max(timezone.now() - job.created, timedelta(0))}
 
 
 def hand_back(instances, job=None, message: str = "", project_id: int | None = None) -> set[int]:
-    """instances.transitions.hand_back, and after commit the project's waiting runs woken, one per
-    host given back, in queue order (the highest priority, then the oldest)."""
+    """instances.transitions.hand_back, and after commit each fleet that got hosts back has its
+    admission look (engine/admission.py), which wakes the waiting runs they go to."""
     freed = give_back(instances, job, message)
-    project = project_id if project_id is not None else (job.run.project_id if job is not None else None)
-    if freed and project is not None:
-        transaction.on_commit(lambda: wake(project, len(freed)))
+    if freed:
+        transaction.on_commit(lambda: admission.released(fleet_queue.fleets_of(freed)))
     return freed
-
-
-def _waiting(now, project_id: int):
-    # in queue order (runs/queue.py: priority, then submission); unleased: a job whose attempt is under
-    # way now would bounce the message; the next one waiting gets it
-    return queue.waiting_jobs(project_id).filter(unleased(now))
-
-
-# a job's end gives one host back: the first waiting job, its read compiled once (muster/compiled.py)
-_FIRST_WAITING = compiled.Select(lambda now, project_id: _waiting(now, project_id).only("pk")[:1], datetime, int)
-
-
-def wake(project_id: int, count: int) -> int:
-    now = timezone.now()
-    waiting = [j.pk for j in _FIRST_WAITING.all(now, project_id)] if count == 1 else \
-        list(_waiting(now, project_id).values_list("pk", flat=True)[:count])
-    for pk in waiting:
-        messages.provision_job(pk)
-    return len(waiting)
 
 
 def due_rechecks(due, limit: int) -> list[int]:

@@ -17,7 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from engine import messages
 from events.models import Event
-from instances import fit_reasons, fitting, spanning
+from instances import fit_reasons, fitting, queued, spanning
 from instances.models import Instance
 from muster import crypto
 from muster.api_errors import InvalidInput, NotAllowed
@@ -175,15 +175,16 @@ def plan_run(project: Project, payload: Any, user=None) -> dict:
         # the hosts a service needs now: `nodes` per replica it starts with (at least one replica, to
         # show where it goes)
         groups = [(name, index, req, max(replicas[name]["desired"], 1) * nodes) for name, index, req, nodes in groups]
+    capacity = plan_capacity(project, conf.fleets or [], [(name, req, n) for name, _, req, n in groups], dumped, user)
     return {
         **({"replicas": replicas, "service_url": service_runs.planned_url(project, conf)} if replicas else {}),
         "run_name": conf.name or "(generated at submit)",
         "configuration": _masked_configuration(dumped, hidden),
         "jobs": jobs,
-        "capacity": plan_capacity(project, conf.fleets or [], [(name, req, n) for name, _, req, n in groups],
-                                  dumped, user),
-        # what the configuration asks for that does not take effect here: shown before submitting
-        "warnings": conf.warnings,
+        "capacity": capacity,
+        # what the configuration asks for that does not take effect here (or on the fleet it would go to)
+        "warnings": [*conf.warnings,
+                     *queued.whole_set_warnings(project.pk, dumped.get("groups") or [], capacity.get("fleets") or {})],
         "replaces": replaced_run(project, conf.name),
         **({"updates": service_runs.updated_service(project, conf)} if replicas is not None else {}),
     }
@@ -216,10 +217,12 @@ def plan_capacity(project: Project, wanted: list[str], groups: list[tuple[str, d
     chosen = spanning.assign(fleets, spanning.group_fleet_names(configuration or {}),
                              [(req, n) for _, req, n in groups], pools=pools, at_least=shown_hosts)
     if chosen is not None:
+        # groups on a flex-start fleet: how long after it is given their slice is reclaimed
+        deadlines = queued.flex_start_deadlines([name for name, _, _ in groups], chosen)
         # `fleet`: group 0's (the whole run's unless it spans fleets); `fleets`: each group's
         return {"fits": True, "fleet": chosen[0].name, "reasons": [],
                 "fleets": {name: f.name for (name, _, _), f in zip(groups, chosen, strict=True)},
-                "hosts": fitting_hosts(chosen, groups, pools)}
+                "hosts": fitting_hosts(chosen, groups, pools), **({"deadlines": deadlines} if deadlines else {})}
     answer = {"fits": False, "fleet": None,
               "reasons": fit_reasons.explain(project.pk, wanted, groups, configuration, local=local, fleets=usable)}
     if configuration is not None and spanning.waits_on_full_fleet(configuration):

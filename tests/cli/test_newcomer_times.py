@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from console.words import _seconds
+from console.words import seconds
 from runs.models import Run
 from tests.cli import test_cli_live as live
 from tests.conftest import client_for
@@ -54,7 +54,7 @@ def test_a_stopped_job_has_an_end_time_the_api_writes_as_iso_and_its_run_time_st
 
     # the console shows the run time to the job's end, not to now
     body = _browser(alice).get("/projects/main/runs/sleeper/").content.decode()
-    assert _ran_cells(body) == [_seconds(job.end_time - job.start_time)]
+    assert _ran_cells(body) == [seconds(job.end_time - job.start_time)]
 
 
 TOO_BIG = "type: task\nname: toobig\nnodes: 8\ncommands: [echo hi]\n"

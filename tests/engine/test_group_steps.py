@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from backends.base import GroupProgress, GroupWatch
-from engine import claims, groups, pod_watch, pods, processing
+from engine import claims, groups, pod_watch, pods, processing, slice_replace
 from instances.models import GroupKind, Instance, InstanceGroup
 from runs.models import Job, Run
 from runs.services.submission import submit_run
@@ -38,13 +38,23 @@ class FakeCloud:
         return GroupProgress(None, {"polled": True})
 
     def watch_groups(self, groups):
-        return {name: GroupWatch(lost="preempted" if name in self.lost else "") for name in groups}
+        self.looking()
+        return {name: GroupWatch(lost="preempted" if name in self.lost else "",
+                                 lost_parts=(1,) if name in self.lost and groups[name].get("slices") else (),
+                                 part_lost="PREEMPTED") for name in groups}
+
+    def replace_part(self, name, backend_data, index, until):
+        self.looking()
+        return {**backend_data, "create": {"replaced_at": until, "index": index}}
+
+    def looking(self):
+        """Called while the watch holds its pods (a test takes the lease away here)."""
 
 
 @pytest.fixture
 def cloud(monkeypatch):
     fake = FakeCloud()
-    for module in (groups, pods, pod_watch):
+    for module in (groups, pods, pod_watch, slice_replace):
         monkeypatch.setattr(module, "compute_for_group", lambda *args, **kwargs: fake)
     return fake
 
@@ -181,6 +191,60 @@ def test_watch_pods_skips_pods_another_worker_holds(sent, cloud):
     assert pod_watch.watch_pods() == 0
     assert _state(lost) == ("active", token)
     claims.forget_all()
+
+
+def _set(sent, name: str, on_slice_failure: str) -> tuple[InstanceGroup, list[Job]]:
+    """A live 2-slice set of 2 hosts each, every job of its run running on it."""
+    pod = _pod(name, "active", hosts=4)
+    InstanceGroup.objects.filter(pk=pod.pk).update(backend_data={"backend": "gcp", "slices": 2})
+    run = submit_run(pod.project, None, {"configuration": f"type: task\nname: {name}\nnodes: 4\ncommands: [echo]\n"})
+    conf = run.configuration
+    conf["groups"][0]["on_slice_failure"] = on_slice_failure
+    Run.objects.filter(pk=run.pk).update(status="running", configuration=conf)
+    for job, host in zip(run.current_jobs().order_by("job_num"), pod.instances.order_by("index"), strict=True):
+        Job.objects.filter(pk=job.pk).update(status="running", instance=host)
+        Instance.objects.filter(pk=host.pk).update(status="busy")
+    sent.clear()
+    return InstanceGroup.objects.get(pk=pod.pk), list(run.current_jobs())
+
+
+@pytest.mark.parametrize("policy", ["replace-slice", "whole-set"])
+def test_watch_pods_that_loses_its_lease_before_its_move_writes_nothing_of_a_lost_slice(sent, cloud, policy):
+    """The lease taken over while the watch works out a lost slice (replace_lost_slice's plan, or
+    the look itself): no job ended, no host moved, the pod left as the new holder found it."""
+    pod, jobs = _set(sent, f"set-{policy}", policy)
+    cloud.lost = {pod.name}
+    cloud.looking = lambda: InstanceGroup.objects.filter(pk=pod.pk).update(lease_token="someone-else")
+    assert pod_watch.watch_pods() == 1
+    assert _state(pod) == ("active", "someone-else")
+    assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)) == {"running"}
+    assert set(pod.instances.values_list("status", flat=True)) == {"busy"}, "nothing half-written"
+    assert sent.messages == []
+
+
+@pytest.mark.parametrize("policy", ["replace-slice", "whole-set"])
+def test_watch_pods_hands_a_set_deleted_under_it_to_terminate_group_without_ending_its_jobs(sent, cloud, policy):
+    """A user's delete while the watch holds the pod: the delete ends the jobs itself; the watch
+    writes nothing of its own and sends the delete's bounced message again, once the pod is free."""
+    pod, jobs = _set(sent, f"deleted-{policy}", policy)
+    cloud.lost = {pod.name}
+    cloud.looking = lambda: InstanceGroup.objects.filter(pk=pod.pk).update(status="terminating")
+    assert pod_watch.watch_pods() == 1
+    assert _state(pod) == ("terminating", "")
+    assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)) == {"running"}
+    assert sent.messages == [("terminate_group", pod.pk, 0, False)]
+
+
+def test_watch_pods_replaces_a_lost_slice_of_a_replace_slice_set_keeping_the_other(sent, cloud):
+    pod, jobs = _set(sent, "set", "replace-slice")
+    cloud.lost = {pod.name}
+    assert pod_watch.watch_pods() == 1
+    assert _state(pod) == ("provisioning", "") and pod.backend_data["create"]["index"] == 1
+    assert list(pod.instances.order_by("index").values_list("status", flat=True)) == [
+        "busy", "busy", "provisioning", "provisioning"], "slice 0's hosts kept, slice 1's made again"
+    ended = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert set(ended.values_list("termination_reason", flat=True)) == {"interrupted_by_no_capacity"}
+    assert ("poll_pod", pod.pk, 0, False) in sent.messages
 
 
 # ---- process_run --------------------------------------------------------------------------------

@@ -255,8 +255,10 @@ def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_ba
     assert not finishing.finish_job(running.pk), "a running job is not finish_job's"
     assert finishing.finish_job(job.pk)
     assert _state(job) == ("done", "")
-    assert Instance.objects.get(pk=job.instance_id).status == "idle"
-    assert sent.messages == [("process_run", job.run_id, 0, False)], "the ended job's run is derived"
+    host = Instance.objects.get(pk=job.instance_id)
+    assert host.status == "idle"
+    assert sent.messages == [("admit_fleet", host.fleet_id, 0, False), ("process_run", job.run_id, 0, False)], \
+        "the host's fleet looks at who gets it; the ended job's run is derived"
 
 
 @pytest.mark.step_case("finish_job", "success")

@@ -105,10 +105,10 @@ def test_a_run_that_could_never_fit_fails_at_once_even_with_retry(fast_limits, c
 
 
 def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_worker, superuser_api, monkeypatch):
-    from engine.submitted import waiting
+    from engine import admission
 
-    woken = []
-    monkeypatch.setattr(waiting, "wake", lambda project_id, count: woken.append(count) or 0)
+    woken = []  # the release's admission look is never asked for: neither counted nor sent
+    monkeypatch.setattr(admission, "released", lambda fleet_ids: woken.append(list(fleet_ids)))
     local_project_fleet(size=2)
     with Beat():
         _holder_running(superuser_api)

@@ -1,0 +1,76 @@
+"""admit_fleet: who gets the hosts a fleet got back, decided by one claimed step per fleet.
+
+A job's end (or a placement that did not happen) gives hosts back (engine/submitted/waiting.py
+`hand_back`); after its commit the fleet's FleetQueue row counts one more release (`wanted`) and
+this step is sent. The step claims the fleet's row, reads how many of its hosts are idle and the
+runs waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
+across projects on a shared fleet, runs/admission_order.py), and wakes the first ones that the idle
+hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for what is idle now is passed
+over for one that fits, and keeps its place for the next look). Each woken job's own provisioning
+step takes its hosts, under the fleet's lock, as any placement does: this step only chooses.
+
+So the choice costs one look per burst of releases, not a scan of the queue per host: releases
+that come while a look holds the row only raise `wanted`, and the look, once given back, is sent
+again when `wanted` passed what it started from. The jobs a look woke are its `promised`: the next
+look within PROMISE_SECONDS neither wakes them again nor counts their hosts as free, so a burst's
+second look wakes the next runs, not the same ones twice. A look that woke runs looks again once
+the promise is over (a woken run that did not fit after all waits again, and its hosts are then
+offered to the next one). The sweep's recheck of each waiting job stays the backstop for a lost
+message or a host added (engine/sweeps.py).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from django.conf import settings
+from django.utils import timezone
+
+from engine import claims, messages
+from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
+from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
+from instances import fleet_queue
+from instances.models import FleetQueue, FleetStatus
+from runs import admission
+
+
+def admit_fleet(fleet_id: int) -> None:
+    """The task's body: the fleet's row made if it has none yet, then the claimed step."""
+    if not fleet_queue.ensure(fleet_id):
+        return  # no such fleet, or not active: nothing is placed on it
+    claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit)
+
+
+def released(fleet_ids) -> None:
+    """After a release's commit: each fleet's row counts one more release, and its look is sent."""
+    for fleet_id in fleet_queue.want(fleet_ids):
+        messages.admit_fleet(fleet_id)
+
+
+def _admit(held: claims.Held) -> claims.Outcome:
+    row = FleetQueue.objects.select_related("fleet").get(pk=held.pk)
+    start, fleet = row.wanted, row.fleet
+    now = time.time()
+    # kept while they count (engine.tuning: a promise, then passed over until the job's own recheck)
+    keep = max(PROMISE_SECONDS, float(settings.MUSTER["WAITING_HOST_RECHECK"]))
+    promised = {int(pk): at for pk, at in (row.promised or {}).items() if now - at < keep}
+    promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
+    picks: list[int] = []
+    if fleet.status == FleetStatus.ACTIVE:
+        live = {pk for pk, at in promised.items() if now - at < PROMISE_SECONDS}
+        picks = admission.choose(fleet, fleet_queue.idle_hosts(fleet), live, set(promised) - live, MARGIN)
+    promised.update((pk, now) for pk in picks)
+    then = [partial(messages.provision_job, pk) for pk in picks]
+    then.append(partial(_look_again, fleet.pk, start, bool(picks)))
+    return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
+                                  "promised": {str(pk): at for pk, at in promised.items()}}, then=tuple(then))
+
+
+def _look_again(fleet_id: int, start: int, woke: bool) -> None:
+    """Sent once the look's row is free: again at once when releases came during the look (their own
+    messages bounced off its lease), and once its promise is over when it woke runs."""
+    if FleetQueue.objects.filter(pk=fleet_id, wanted__gt=start).exists():
+        messages.admit_fleet(fleet_id)
+    elif woke:
+        messages.admit_fleet(fleet_id, countdown=PROMISE_SECONDS)
