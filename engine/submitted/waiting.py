@@ -12,8 +12,8 @@ backoff growing to ten minutes, so at a steady 1.5 runs/s a full fleet of 32 nev
 
 While it waits, job 0 stays `submitted` and holds no host: its `waiting_for` says which fleet is
 full (the API's status_message and the console show it), and its `next_check_at` is when the sweep
-looks again. Hosts given back by the engine (a job's end, a placement that did not happen) send
-their fleet's admission look (engine/admission.py), which wakes the waiting jobs the idle hosts can
+looks again. Hosts given back by the engine (a job's end, a placement that did not happen) while
+any job waits send their fleet's admission look (engine/admission.py), which wakes the waiting jobs the idle hosts can
 hold, in queue order (runs/queue.py: the highest `priority`, then the oldest); the sweep's recheck
 is the backstop for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
 fails and the run ends `retry_limit_exceeded`.
