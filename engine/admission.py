@@ -4,14 +4,14 @@ A job's end (or a placement that did not happen) gives hosts back (engine/submit
 `hand_back`); after its commit, when any job waits for a host, the fleet's FleetQueue row counts
 one more release (`wanted`) and this step is sent (with nobody waiting a look would wake nobody). The step claims the fleet's row, reads how many of its hosts are idle and the
 runs waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
-across projects on a shared fleet, runs/admission_order.py), and wakes the first ones that the idle
+runs/admission.py), and wakes the first ones that the idle
 hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for what is idle now is passed
 over for one that fits, and keeps its place for the next look). Each woken job's own provisioning
 step takes its hosts, under the fleet's lock, as any placement does: this step only chooses.
 
 So the choice costs one look per burst of releases, not a scan of the queue per host: releases
-that come while a look holds the row only raise `wanted`, and the look, once given back, is sent
-again when `wanted` passed what it started from. The jobs a look woke are its `promised`: the next
+that come while a look holds the row only raise `wanted` (no message: it would bounce), and the
+look, once given back, is sent again when `wanted` passed what it started from. The jobs a look woke are its `promised`: the next
 look within PROMISE_SECONDS neither wakes them again nor counts their hosts as free, so a burst's
 second look wakes the next runs, not the same ones twice. A look that woke runs looks again once
 the promise is over (a woken run that did not fit after all waits again, and its hosts are then
@@ -43,7 +43,8 @@ def admit_fleet(fleet_id: int) -> None:
 
 
 def released(fleet_ids) -> None:
-    """After a release's commit: each fleet's row counts one more release, and its look is sent."""
+    """After a release's commit: each fleet's row counts one more release, and its look is sent
+    unless one holds the row now (that look sends itself again once it sees the count moved)."""
     for fleet_id in fleet_queue.want(fleet_ids):
         messages.admit_fleet(fleet_id)
 
@@ -54,23 +55,35 @@ def _admit(held: claims.Held) -> claims.Outcome:
     now = time.time()
     # kept while they count (engine.tuning: a promise, then passed over until the job's own recheck)
     keep = max(PROMISE_SECONDS, float(settings.MUSTER["WAITING_HOST_RECHECK"]))
-    promised = {int(pk): at for pk, at in (row.promised or {}).items() if now - at < keep}
+    promised = {int(pk): _entry(value) for pk, value in (row.promised or {}).items()}
+    promised = {pk: entry for pk, entry in promised.items() if now - entry[0] < keep}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
     picks: list[int] = []
     if fleet.status == FleetStatus.ACTIVE:
-        live = {pk for pk, at in promised.items() if now - at < PROMISE_SECONDS}
-        picks = admission.choose(fleet, fleet_queue.idle_hosts(fleet), live, set(promised) - live, MARGIN)
-    promised.update((pk, now) for pk in picks)
+        live = {pk: demand for pk, (at, demand) in promised.items() if now - at < PROMISE_SECONDS}
+        idle = fleet_queue.idle_hosts(fleet)
+        if idle > sum(live.values()):
+            heads = admission.waiting_heads(fleet.project_id, {fleet.name}, idle + len(promised) + MARGIN)
+            picks = admission.choose(heads, idle, live, set(promised) - set(live),
+                                     partial(fleet_queue.fitting, fleet))
+            demand = {h.pk: h.demand for h in heads}
+            promised.update((pk, [now, demand[pk]]) for pk in picks)
     then = [partial(messages.provision_job, pk) for pk in picks]
     then.append(partial(_look_again, fleet.pk, start, bool(picks)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
-                                  "promised": {str(pk): at for pk, at in promised.items()}}, then=tuple(then))
+                                  "promised": {str(pk): entry for pk, entry in promised.items()}}, then=tuple(then))
+
+
+def _entry(value) -> list:
+    """A promise as [when, demand] (an early row kept only when)."""
+    return list(value) if isinstance(value, list) else [float(value), 1]
 
 
 def _look_again(fleet_id: int, start: int, woke: bool) -> None:
-    """Sent once the look's row is free: again at once when releases came during the look (their own
-    messages bounced off its lease), and once its promise is over when it woke runs."""
+    """Sent once the look's row is free: at once when releases came during the look (their own
+    messages were not sent: the row was held), and once its promise is over when it woke runs (a
+    woken run that did not take its hosts leaves them to the next)."""
     if FleetQueue.objects.filter(pk=fleet_id, wanted__gt=start).exists():
         messages.admit_fleet(fleet_id)
-    elif woke:
+    if woke:
         messages.admit_fleet(fleet_id, countdown=PROMISE_SECONDS)

@@ -60,7 +60,7 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # batch while another project's waiting run is never looked at (engine/submitted/waiting.py)
     found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, BATCH))
     # a fleet whose hosts came back and whose admission look was lost (engine/admission.py)
-    looks = FleetQueue.objects.filter(unleased(now), wanted__gt=F("admitted")).filter(
+    looks = FleetQueue.objects.filter(unleased(now), wanted__gt=F("admitted"), fleet__status=FleetStatus.ACTIVE).filter(
         Q(admitted_at__isnull=True) | Q(admitted_at__lt=old)).values_list("pk", flat=True)[:BATCH]
     found["admissions"] = _enqueue(messages.admit_fleet, looks)
     # A job never looked at yet is stale by the age of its status, not at once. Running jobs are

@@ -3,10 +3,14 @@ the fleet: made when first needed, counted up by each release, and the fleet's i
 
 from __future__ import annotations
 
+from itertools import islice
+
 from django.db.models import F
 
+from instances.fitting import candidates, page_for
 from instances.models import Fleet, FleetQueue, FleetStatus, Instance, InstanceStatus
 from instances.rows import free_instances
+from muster.claimable import unleased
 
 
 def ensure(fleet_id: int) -> bool:
@@ -20,7 +24,9 @@ def ensure(fleet_id: int) -> bool:
 
 
 def want(fleet_ids) -> list[int]:
-    """One more release on each fleet (its row made if missing): the ids whose rows now count it."""
+    """One more release on each fleet (its row made if missing): the ids whose look should be sent,
+    those nobody holds now (a look that holds one sees the count moved once it is done, and is sent
+    again then: a message now would only bounce off its lease)."""
     ids = sorted(set(fleet_ids))
     if not ids:
         return []
@@ -28,13 +34,18 @@ def want(fleet_ids) -> list[int]:
         have = set(FleetQueue.objects.filter(pk__in=ids).values_list("pk", flat=True))
         live = Fleet.objects.filter(pk__in=set(ids) - have).values_list("pk", flat=True)
         FleetQueue.objects.bulk_create([FleetQueue(fleet_id=pk, wanted=1) for pk in live], ignore_conflicts=True)
-    return ids
+    return list(FleetQueue.objects.filter(unleased(), pk__in=ids).values_list("pk", flat=True))
 
 
 def fleets_of(instance_ids) -> list[int]:
     """The fleets the given hosts belong to (a release's hosts are usually of one)."""
     return list(Instance.objects.filter(pk__in=instance_ids, fleet__isnull=False)
                 .values_list("fleet_id", flat=True).distinct())
+
+
+def fitting(fleet: Fleet, resources: dict, at_most: int) -> int:
+    """How many of the fleet's idle hosts fit `resources`, counted up to `at_most` (placement's own read)."""
+    return sum(1 for _ in islice(candidates(fleet, resources, page_for(at_most)), at_most))
 
 
 def idle_hosts(fleet: Fleet) -> int:

@@ -1,37 +1,87 @@
 """Which waiting runs the idle hosts of a fleet go to: the choice of engine/admission.py's look.
 
-Read in the queue's order (runs/queue.py), as far as the idle hosts and the look's promises need:
-each waiting job's demand is the hosts its run (its replica, for a service) still needs; the first
-ones whose demand fits what is left are woken (BestEffortFIFO, Kueue's default queueing strategy:
-one too big for what is idle now is passed over and keeps its place). A job a recent look woke is
-not woken again: while its promise lasts its hosts count as taken; after, it is passed over until
-its own recheck (it was woken and did not fit).
+The runs that may use the fleet (its project's runs whose `fleets:` is empty or names it) are read
+in the queue's order (runs/queue.py), a page at a time, as far as the idle hosts and the look's
+promises need. Each one's demand is what it still needs of this fleet: a service replica its nodes,
+a task the jobs of its groups that go to hosts Muster is given (a TPU group's slice is made, not
+taken), each group with its resources. The first ones whose demand the idle hosts can hold (the
+hosts that fit each group's resources, `fits`) are woken: BestEffortFIFO, Kueue's default queueing
+strategy, so one too big for what is idle now is passed over and keeps its place.
+
+A job a recent look woke is not woken again: while its promise lasts its demand counts as taken
+(whether or not its placement is under way), and after that it is passed over until its own recheck
+(it was woken for hosts that fit and did not take them: a race, or its quota).
 """
 
 from __future__ import annotations
 
-from django.db.models import Count, IntegerField, OuterRef, Subquery
-from django.utils import timezone
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from muster.claimable import unleased
 from runs import queue
 from runs.choices import JobStatus
 from runs.models import Job
 
-
-def _demand():
-    """The hosts a waiting job's run (its replica) still needs: its jobs of the same submission without one."""
-    needing = (Job.objects.filter(run_id=OuterRef("run_id"), replica_num=OuterRef("replica_num"), superseded=False,
-                                  status=JobStatus.SUBMITTED, instance__isnull=True)
-               .order_by().values("run_id").annotate(n=Count("pk")).values("n"))
-    return Subquery(needing, output_field=IntegerField())
+PAGE = 200  # waiting jobs read at a time
+SCAN = 2000  # at most this many read per project and look (the rest: their rechecks)
 
 
-def waiting_heads(fleet, limit: int):
-    """(job id, demand) of the jobs waiting for `fleet`, in queue order, at most `limit`."""
-    rows = (queue.waiting_jobs(fleet.project_id).filter(unleased(timezone.now()))
-            .annotate(demand=_demand()).values_list("pk", "demand", "waiting_for")[:limit])
-    return [(pk, max(1, demand or 1)) for pk, demand, why in rows if queue.waits_on(why, fleet.name)]
+@dataclass
+class Head:
+    """A waiting job and what it needs of the fleet: [(resources, count)] per group."""
+
+    pk: int
+    groups: list[tuple[dict, int]] = field(default_factory=list)
+
+    @property
+    def demand(self) -> int:
+        return sum(n for _, n in self.groups)
+
+
+def may_use(written: list | None, names: set[str]) -> bool:
+    """Whether a run whose `fleets:` is `written` may use a fleet it calls by one of `names`."""
+    return not written or any(name in names for name in written)
+
+
+def _tpu(resources: dict | None) -> bool:
+    return bool(((resources or {}).get("gpu") or {}).get("tpu"))
+
+
+def _task_groups(run_ids: list[int]) -> dict[int, list[tuple[dict, int]]]:
+    """Per task run: the groups its jobs without a host still need of a static fleet (one query)."""
+    found: dict[int, dict[int, list]] = {}
+    rows = (Job.objects.filter(run_id__in=run_ids, superseded=False, status=JobStatus.SUBMITTED,
+                               instance__isnull=True).values_list("run_id", "node_group_index", "spec__resources"))
+    for run_id, group, resources in rows:
+        if _tpu(resources):
+            continue  # its backend makes the group's hosts
+        entry = found.setdefault(run_id, {}).setdefault(group, [resources or {}, 0])
+        entry[1] += 1
+    return {run_id: [(req, n) for _, (req, n) in sorted(groups.items())] for run_id, groups in found.items()}
+
+
+def waiting_heads(project_id: int, names: set[str], limit: int) -> list[Head]:
+    """The project's jobs waiting for a host that may use the fleet (`names`: what its runs call it),
+    in queue order, at most `limit` of them, each with its demand."""
+    heads: list[Head] = []
+    ordered = queue.waiting_jobs(project_id).values_list(
+        "pk", "run_id", "run__configuration__type", "run__configuration__fleets", "spec__resources",
+        "spec__nodes_in_group")
+    for start in range(0, SCAN, PAGE):
+        page = list(ordered[start:start + PAGE])
+        usable = [row for row in page if may_use(row[3], names)]
+        tasks = _task_groups([row[1] for row in usable if row[2] != "service"])
+        for pk, run_id, kind, _, resources, nodes in usable:
+            if kind == "service":
+                groups = [] if _tpu(resources) else [(resources or {}, int(nodes or 1))]
+            else:
+                groups = tasks.get(run_id, [])
+            if groups:
+                heads.append(Head(pk, groups))
+        if len(heads) >= limit or len(page) < PAGE:
+            break
+    return heads[:limit]
 
 
 def still_waiting(job_ids) -> list[int]:
@@ -42,18 +92,27 @@ def still_waiting(job_ids) -> list[int]:
                                    waiting_for__startswith=queue.PREFIX).values_list("pk", flat=True))
 
 
-def choose(fleet, idle: int, live: set[int], passed: set[int], margin: int) -> list[int]:
-    """The jobs to wake for `idle` hosts of `fleet`. `live`: jobs a look woke whose promise lasts
-    (their hosts count as taken); `passed`: jobs woken before that still wait (they did not fit);
-    `margin`: how many more waiting jobs to read than one per idle host and per promise."""
-    heads = waiting_heads(fleet, idle + len(live) + len(passed) + margin)
-    free = idle - sum(d for pk, d in heads if pk in live)
+def choose(heads: list[Head], idle: int, live: dict[int, int], passed: set[int],
+           fits: Callable[[dict, int], int]) -> list[int]:
+    """The jobs to wake among `heads` for `idle` hosts. `live`: {job id: demand} of the jobs a look
+    woke whose promise lasts (counted as taken); `passed`: jobs woken before that still wait;
+    `fits(resources, at_most)`: how many idle hosts fit those resources (read once per kind)."""
+    free = idle - sum(live.values())
+    fitting: dict[str, int] = {}
     picks = []
-    for pk, demand in heads:
+    for head in heads:
         if free <= 0:
             break
-        if pk in live or pk in passed or demand > free:
+        if head.pk in live or head.pk in passed or head.demand > free:
             continue
-        picks.append(pk)
-        free -= demand
+        keys = [json.dumps(req, sort_keys=True) for req, _ in head.groups]
+        for key, (req, _) in zip(keys, head.groups, strict=True):
+            if key not in fitting:
+                fitting[key] = fits(req, idle)
+        if any(fitting[key] < n for key, (_, n) in zip(keys, head.groups, strict=True)):
+            continue  # the idle hosts do not fit its resources
+        picks.append(head.pk)
+        free -= head.demand
+        for key in fitting:  # which hosts it takes is placement's: count them gone from every kind
+            fitting[key] -= head.demand
     return picks

@@ -19,7 +19,7 @@ from tests.engine.outcome_helpers import around_body, steal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WAITER = "type: task\nname: {name}\nnodes: {nodes}\npriority: {priority}\ncommands: [echo]\n" \
+WAITER = "type: task\nname: {name}\nnodes: {nodes}\npriority: {priority}\ncommands: [echo]\n{extra}" \
          "retry: {{on_events: [no-capacity], duration: 1h}}\n"
 
 
@@ -31,9 +31,10 @@ def sent(monkeypatch):
     return got
 
 
-def _waiting(fleet, name: str, priority: int, nodes: int = 1) -> int:
-    run = submit_run(fleet.project, None, {"configuration": WAITER.format(name=name, nodes=nodes, priority=priority)})
-    Job.objects.filter(run=run).update(waiting_for=f"a free host: fleet {fleet.name} is full")
+def _waiting(fleet, name: str, priority: int, nodes: int = 1, extra: str = "", says: str | None = None) -> int:
+    conf = WAITER.format(name=name, nodes=nodes, priority=priority, extra=extra)
+    run = submit_run(fleet.project, None, {"configuration": conf})
+    Job.objects.filter(run=run).update(waiting_for=f"a free host: fleet {says or fleet.name} is full")
     return run.current_jobs().get(job_num=0).pk
 
 
@@ -91,7 +92,7 @@ def test_a_release_while_a_look_holds_the_row_is_looked_at_afterwards(sent, monk
     monkeypatch.setattr(admission, "_admit", look_with_a_release_meanwhile)
     token_holder = claims.claimed(FleetQueue, fleet.pk, "admit_fleet", admission._admit)
     assert token_holder is not None
-    assert sent["admit"] == [(fleet.pk, 0), (fleet.pk, 0)], "the release's own message, then the look's again"
+    assert sent["admit"] == [(fleet.pk, 0)], "the release sends nothing while the row is held; the look sends itself again"
     row = FleetQueue.objects.get(pk=fleet.pk)
     assert row.wanted == row.admitted + 1, "the look started before the release: it is still to be looked at"
 
@@ -131,3 +132,57 @@ def test_a_look_does_nothing_while_another_worker_holds_the_fleet_s_row(sent):
     admission.admit_fleet(fleet.pk)
     assert sent["provision"] == [] and FleetQueue.objects.get(pk=fleet.pk).lease_token == token
     claims.forget_all()
+
+
+def test_a_run_that_may_use_several_fleets_is_woken_by_any_of_them(sent):
+    a = local_project_fleet(size=1, name="a")
+    b = local_project_fleet(size=1, name="b")
+    anywhere = _waiting(a, "anywhere", 10, says="a")  # no `fleets:`: its wait names the first that would hold it
+    only_a = [_waiting(a, f"only-a-{i}", 90, extra="fleets: [a]\n") for i in range(3)]
+    sent["provision"].clear()
+    _idle(a, 0)
+    _idle(b, 1)
+    admission.admit_fleet(b.pk)
+    assert sent["provision"] == [anywhere], f"b's host goes to the run that may use b, past {only_a} (only a)"
+
+
+def test_a_woken_job_s_promise_counts_while_its_placement_holds_it(sent):
+    fleet = local_project_fleet(size=2)
+    high = _waiting(fleet, "high", 90, nodes=2)
+    low = _waiting(fleet, "low", 10, nodes=2)
+    sent["provision"].clear()
+    _idle(fleet, 2)
+    admission.admit_fleet(fleet.pk)
+    assert sent["provision"] == [high]
+    token = claims.claim(Job, high)  # its provisioning step holds it now
+    admission.admit_fleet(fleet.pk)
+    assert sent["provision"] == [high], f"low ({low}) is not woken for the hosts high is taking"
+    assert token
+    claims.forget_all()
+
+
+def test_idle_hosts_that_do_not_fit_a_run_s_resources_do_not_wake_it(sent):
+    fleet = local_project_fleet(size=2)
+    gpu = _waiting(fleet, "gpu", 90, extra="resources: {gpu: 8}\n")
+    cpu = _waiting(fleet, "cpu", 10)
+    sent["provision"].clear()
+    _idle(fleet, 1)
+    admission.admit_fleet(fleet.pk)
+    assert sent["provision"] == [cpu], f"the GPU run ({gpu}) is not woken for a host without GPUs"
+
+
+def test_a_look_that_woke_runs_looks_again_once_its_promise_is_over_even_after_a_release(sent, monkeypatch):
+    fleet = local_project_fleet(size=2)
+    _waiting(fleet, "first", 50)
+    sent["provision"].clear()
+    _idle(fleet, 1)
+    original = admission._admit
+
+    def look_with_a_release_meanwhile(held):
+        looked = original(held)
+        admission.released([fleet.pk])
+        return looked
+
+    monkeypatch.setattr(admission, "_admit", look_with_a_release_meanwhile)
+    admission.admit_fleet(fleet.pk)
+    assert sorted(sent["admit"]) == [(fleet.pk, 0), (fleet.pk, admission.PROMISE_SECONDS)], sent["admit"]
