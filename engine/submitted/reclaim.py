@@ -41,7 +41,7 @@ def reclaim_for(job: Job, fleets: list[Fleet], siblings: list[Job] | None) -> st
     """Stop preemptible runs of borrowing projects for the hosts job 0's run is owed, if any; returns
     what its wait adds ("" when nothing was stopped)."""
     fleet = preemption.sole_static(job, fleets)
-    if fleet is None:
+    if fleet is None or getattr(fleet, "shared", True) is False:  # read knowing it is not shared: no query
         return ""
     found = shares.shares_of([fleet.pk]).get(fleet.pk)  # one query; a fleet not shared ends here
     run = job.run
