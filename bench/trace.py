@@ -92,13 +92,13 @@ def _steps(queue: collections.deque) -> dict:
 
     Caught where a message leaves (`messages.registered`), so what decides whether one is sent at
     all (once per transaction, the look after commit of `process_run_if`) runs as in a worker."""
-    from engine import finishing, messages
+    from engine import admission, finishing, messages
     from engine.processing import process_run
     from engine.starting.advance import advance_job
     from engine.submitted.provision import provision_job
 
     steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
-             "process_run": process_run}
+             "process_run": process_run, "admit_fleet": admission.admit_fleet}
 
     class Caught:
         def __init__(self, name: str) -> None:

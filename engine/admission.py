@@ -1,8 +1,9 @@
 """admit_fleet: who gets the hosts a fleet got back, decided by one claimed step per fleet.
 
 A job's end (or a placement that did not happen) gives hosts back (engine/submitted/waiting.py
-`hand_back`); after its commit the fleet's FleetQueue row counts one more release (`wanted`) and
-this step is sent. The step claims the fleet's row, reads how many of its hosts are idle and the
+`hand_back`); after its commit, when any job waits for a host, the fleet's FleetQueue row counts
+one more release (`wanted`) and this step is sent (with nobody waiting a look would wake nobody).
+The step claims the fleet's row, reads how many of its hosts are idle and the
 runs waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
 runs/admission.py), and wakes the first ones that the idle
 hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for what is idle now is passed

@@ -36,6 +36,13 @@ def waiting_jobs(project_id: int) -> QuerySet:
             .filter(~Q(run__status__in=RUN_FINISHED)).order_by(*ORDER))
 
 
+def anyone_waiting() -> bool:
+    """Whether any job of any project waits for a host: one indexed look (the jobs' status index),
+    so a host given back while nobody waits costs no admission look (engine/submitted/waiting.py)."""
+    return Job.objects.filter(status=JobStatus.SUBMITTED, superseded=False, waiting_master_job=False,
+                              waiting_for__startswith=PREFIX).exists()
+
+
 def waiting_per_project() -> dict[int, int]:
     """{project id: its runs waiting for a host} (a service with several replicas waiting counts once):
     one grouped query over the waiting jobs (the jobs' status index), for /metrics."""

@@ -1,5 +1,6 @@
 """The runs app's hand-written statements: a submit's run, jobs and event written together; the
-ends of a run's unstarted jobs with their events; whether a run is due a derive.
+ends of a run's unstarted jobs with their events; a group's members placed on their hosts with
+their events; whether a run is due a derive.
 
 A new run, its jobs and the event that says it was submitted, written together (submit's apply).
 
@@ -184,6 +185,41 @@ def end_unstarted(run: Run, job_ids: list[int], to: str, reason: str, actor: str
         cursor.execute(_end_unstarted_statement(),
                        [to, now, reason, now.timestamp(), job_ids, JobStatus.SUBMITTED,
                         run.project_id, f"job {run.name}/", f"{to} ({reason})", to, actor, run.pk, now])
+        return {row[0] for row in cursor.fetchall()}
+
+
+@functools.cache
+def _place_statement() -> str:
+    quote = default_connection.ops.quote_name
+    col = {name: quote(Job._meta.get_field(name).column)
+           for name in ("id", "status", "status_changed_at", "instance", "waiting_master_job")}
+    table = quote(Job._meta.db_table)
+    # each member given its host, if it still waits for one (a stop may have moved it on)
+    moved = (f"UPDATE {table} SET {col['instance']} = v.inst, {col['status']} = %s, {col['waiting_master_job']} = false, "
+             f"{col['status_changed_at']} = %s FROM v WHERE {table}.{col['id']} = v.job AND {table}.{col['status']} = %s "
+             f"AND {table}.{col['instance']} IS NULL RETURNING {table}.{col['id']}")
+    # an event whose `cond` names a member is written only if that member moved (its own, its host's)
+    events = event_rows.insert_select(
+        {"project_id": "%s", "subject": "e.subject", "message": "e.message", "status": "e.status", "actor": "%s",
+         "run_id": "e.run_id", "job_id": "e.job_id", "instance_id": "e.instance_id", "created": "%s"},
+        f"e WHERE e.cond IS NULL OR e.cond IN (SELECT {col['id']} FROM moved)")
+    return (f"WITH v AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS v(job, inst)), moved AS ({moved}), "
+            "e AS (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], "
+            f"%s::bigint[]) WITH ORDINALITY AS e(cond, subject, message, status, run_id, job_id, instance_id, n)), "
+            f"written AS ({events} ORDER BY e.n) SELECT {col['id']} FROM moved")
+
+
+def place(project_id: int, pairs: dict[int, int], to: str, frm: str, now: datetime.datetime,
+          events: list[tuple[int | None, dict]]) -> set[int]:
+    """PostgreSQL (with_returning): each job of `pairs` (job pk -> instance pk) still `frm` with no
+    host moved to `to` on its instance, and `events` ((member pk or None, event entry), in order:
+    with a member pk, written only if that member moved), in one statement however large the
+    group. Returns the pks moved."""
+    columns = list(zip(*[(cond, e["subject"], e["message"], e.get("status", ""), e.get("run_id"), e.get("job_id"),
+                          e.get("instance_id")) for cond, e in events], strict=True)) if events else [()] * 7
+    with default_connection.cursor() as cursor:
+        cursor.execute(_place_statement(), [list(pairs), list(pairs.values()), to, now, frm,
+                                            *[list(c) for c in columns], project_id, "server", now])
         return {row[0] for row in cursor.fetchall()}
 
 

@@ -169,10 +169,21 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
 
 def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dict], taken: str = "") -> set[int]:
     """Waiting members of `master`'s group, each given its host (`pairs`: member pk -> instance)
-    and moved to provisioning: one UPDATE and one INSERT of events, however large the group.
+    and moved to provisioning: one statement on PostgreSQL (runs/rows.place: the UPDATE and the
+    events' INSERT in one WITH, its text written once, where the ORM built a CASE per member and a
+    bulk INSERT on every placement), elsewhere one UPDATE and one INSERT; however large the group.
     `hosts`: events already due (the master's own taken host); with `taken`, the placed members'
     hosts' events join them in that same INSERT. Returns the pks placed (a member stopped
     meanwhile is not); the caller's copies move too."""
+    run = master.run
+    if rows.with_returning(connection):  # the UPDATE and every event in one statement, written once
+        return _placed(members, pairs, rows.place(
+            run.project_id, {pk: inst.pk for pk, inst in pairs.items()}, JobStatus.PROVISIONING,
+            JobStatus.SUBMITTED, timezone.now(), [*((m.pk, e) for m, e in _member_events(run, master, members, pairs)),
+                                                 *((None, e) for e in hosts),
+                                                 *((m.pk, e) for m in members
+                                                   for e in (taken_events([pairs[m.pk]], master, taken) if taken
+                                                             else ()))]))
     touched = Job.objects.filter(pk__in=pairs, status=JobStatus.SUBMITTED, instance__isnull=True).update(
         instance_id=Case(*[When(pk=pk, then=Value(instance.pk)) for pk, instance in pairs.items()]),
         status=JobStatus.PROVISIONING, waiting_master_job=False, status_changed_at=timezone.now())
@@ -180,17 +191,25 @@ def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dic
     if touched != len(pairs):  # some member was stopped meanwhile: see which ones got their host
         placed = {pk for pk, instance_id in Job.objects.filter(pk__in=pairs).values_list("pk", "instance_id")
                   if instance_id == pairs[pk].pk}
-    for member in members:
-        if member.pk in placed:  # the caller's copies too: the fan-out that follows must not release them
-            member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
+    _placed(members, pairs, placed)
     if taken:
         hosts = hosts + taken_events([pairs[m.pk] for m in members if m.pk in placed], master, taken)
     if placed or hosts:
-        run = master.run
-        record_many(run.project_id, [
-            {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
-             "job_id": member.pk, "instance_id": pairs[member.pk].pk,
-             "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
-                        f"placed by job {master.job_num} with its group"}
-            for member in members if member.pk in placed] + hosts)
+        record_many(run.project_id, [e for m, e in _member_events(run, master, members, pairs) if m.pk in placed]
+                    + hosts)
     return placed
+
+
+def _placed(members: list[Job], pairs: dict, placed: set[int]) -> set[int]:
+    """The caller's copies of the placed members move too: the fan-out that follows must not release them."""
+    for member in members:
+        if member.pk in placed:
+            member.status, member.instance_id, member.waiting_master_job = JobStatus.PROVISIONING, pairs[member.pk].pk, False
+    return placed
+
+
+def _member_events(run: Run, master: Job, members: list[Job], pairs: dict) -> list[tuple[Job, dict]]:
+    return [(member, {"subject": f"job {run.name}/{member.job_num}", "status": JobStatus.PROVISIONING, "run_id": run.pk,
+                      "job_id": member.pk, "instance_id": pairs[member.pk].pk,
+                      "message": f"provisioning on {pairs[member.pk].name} ({pairs[member.pk].internal_ip}), "
+                                 f"placed by job {master.job_num} with its group"}) for member in members]

@@ -1,7 +1,7 @@
 """`make bench-peer` / `python -m bench.peer.run`: Muster and dstack 0.22.5 side by side, one run.
 
     python -m bench.peer.run [--submit-runs 100] [--clients 4] [--nocap-runs 100] [--sizes 100,1000]
-                             [--rounds 1] [--skip-placement]
+                             [--rounds 1] [--skip-placement] [--place-jobs 100]
 
 Muster: the bench harness's (PostgreSQL database muster_bench_peer, Redis db 13, gunicorn 2 x 4,
 one worker x 4 children (at normal priority unless --worker-nice), beat; hollow instances). dstack: its
@@ -53,20 +53,42 @@ def no_capacity(system, args) -> dict:
             "error_count": got["error_count"], "load_after": loadavg()}
 
 
+def placement_runs(hosts: int, least_jobs: int) -> int:
+    """4-node runs for H hosts: a quarter of the hosts (as bench/scenarios/place.py), but at least
+    `least_jobs` jobs and at most every host. Fewer (H/16 runs: 24 jobs at 100 hosts) measured how
+    soon dstack's interval-driven pipeline wakes rather than how fast it places."""
+    return max(1, min(hosts // 4, max(hosts // 16, -(-least_jobs // 4))))
+
+
 def placement(system, args, hosts: int) -> dict:
     target = system.placement_target(hosts)
-    runs = max(1, hosts // 16)  # a quarter of the hosts, in 4-node runs, as bench/scenarios/place.py
+    runs = placement_runs(hosts, args.place_jobs)
     got = clients(target, runs, min(args.clients, runs), plan=False)
     jobs = len(got["names"]) * 4  # the runs an apply was answered for
+    first: dict = {}
+
+    def all_placed() -> bool:
+        n = system.placed(got["names"])
+        if n and not first:
+            first.update(at=time.perf_counter(), count=n)
+        return n >= jobs
+
     # every 20 ms: at 100 hosts Muster places in a few tenths of a second, which 0.1 s polls would round up
-    placed = harness.wait_until(lambda: system.placed(got["names"]) >= jobs, args.timeout, every=0.02)
-    seconds = time.perf_counter() - got["started_at"]
+    placed = harness.wait_until(all_placed, args.timeout, every=0.02)
+    ended = time.perf_counter()
+    seconds = ended - got["started_at"]
     result_placed = system.placed(got["names"])
     check = system.placement_check(got["names"])
     system.let_go(got["names"])  # dstack's never end on hosts that do not exist; the next step must not share them
+    done = jobs if placed else result_placed
+    # after the first job was seen on a host: the pace of placing itself, without the wait for the
+    # pipeline to pick the first run up (dstack's is interval-driven; Muster's starts at the apply)
+    after = ended - first["at"] if first else None
     return {"hosts": hosts, "runs": runs, "jobs": jobs, "complete": bool(placed), "seconds": seconds,
             # cut short: the rate of what was placed by the cap, marked as such in the table
-            "jobs_per_s": (jobs if placed else result_placed) / seconds, "placed": result_placed,
+            "jobs_per_s": done / seconds, "placed": result_placed,
+            "first_placed_s": first["at"] - got["started_at"] if first else None,
+            "jobs_per_s_after_first": (done - first["count"]) / after if after else None,
             "errors": got["errors"], "error_count": got["error_count"], "load_after": loadavg(), **check}
 
 
@@ -85,8 +107,15 @@ def print_table(results: dict) -> str:
         d, m = results["dstack"].get(f"place_{hosts}"), results["muster"].get(f"place_{hosts}")
         cut = [f"{n}: {results[n][f'place_{hosts}_cut']}" for n in ("dstack", "muster")
                if results[n].get(f"place_{hosts}_cut")]
-        label = f"placement, jobs/s, {hosts} idle hosts" + (f" (cut short: {'; '.join(cut)})" if cut else "")
+        jobs = results.get("placement_jobs", {}).get(hosts)
+        label = (f"placement, jobs/s from the first apply, {jobs} jobs on {hosts} idle hosts"
+                 + (f" (cut short: {'; '.join(cut)})" if cut else ""))
         rows.append((label, d, m, ratio(d, m, True)))
+        d, m = results["dstack"].get(f"place_{hosts}_after"), results["muster"].get(f"place_{hosts}_after")
+        rows.append((f"placement, jobs/s after the first job placed, {hosts} idle hosts", d, m, ratio(d, m, True)))
+        d, m = results["dstack"].get(f"place_{hosts}_first"), results["muster"].get(f"place_{hosts}_first")
+        rows.append((f"placement, seconds from the first apply to the first job placed, {hosts} idle hosts",
+                     d, m, ratio(d, m, False)))
     fmt = lambda v: "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")  # noqa: E731
     lines = ["| figure | dstack 0.22.5 | Muster | ratio (Muster ahead) |", "|---|---|---|---|"]
     lines += [f"| {label} | {fmt(d)} | {fmt(m)} | {r} |" for label, d, m, r in rows]
@@ -104,6 +133,9 @@ def parse(argv=None):
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1000])
     p.add_argument("--rounds", type=int, default=1, help="each workload this many times on each system")
     p.add_argument("--skip-placement", action="store_true")
+    p.add_argument("--place-jobs", type=int, default=100,
+                   help="placement: at least this many jobs (4-node runs) per size, H/16 runs when more, "
+                        "at most every host (100: 25 runs at 100 hosts, 62 at 1,000)")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--settle", type=float, default=120,
                    help="before each step, wait up to this long for the system's earlier runs to end")
@@ -169,6 +201,8 @@ def main(argv=None) -> int:
                     best.setdefault("nocap_runs_per_s", []).append(entry["runs_per_s"])
                 elif step.startswith("place-"):
                     best.setdefault(f"place_{entry['hosts']}", []).append(entry["jobs_per_s"])
+                    best.setdefault(f"place_{entry['hosts']}_after", []).append(entry.get("jobs_per_s_after_first"))
+                    best.setdefault(f"place_{entry['hosts']}_first", []).append(entry.get("first_placed_s"))
                     if not entry["complete"]:
                         best[f"place_{entry['hosts']}_cut"] = f"{entry['placed']} of {entry['jobs']} placed by the cap"
 
@@ -177,6 +211,7 @@ def main(argv=None) -> int:
                     vals = sorted(x for x in v if x is not None)
                     best[k] = vals[len(vals) // 2] if vals else None  # median over the rounds
         per["sizes"] = sizes
+        per["placement_jobs"] = {h: 4 * placement_runs(h, args.place_jobs) for h in sizes}
         per["table"] = print_table(per)
         per["load_average_end"] = loadavg()
         print(f"load average at the end: {per['load_average_end']} on {info['nproc']} CPUs", flush=True)

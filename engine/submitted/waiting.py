@@ -12,8 +12,8 @@ backoff growing to ten minutes, so at a steady 1.5 runs/s a full fleet of 32 nev
 
 While it waits, job 0 stays `submitted` and holds no host: its `waiting_for` says which fleet is
 full (the API's status_message and the console show it), and its `next_check_at` is when the sweep
-looks again. Hosts given back by the engine (a job's end, a placement that did not happen) send
-their fleet's admission look (engine/admission.py), which wakes the waiting jobs the idle hosts can
+looks again. Hosts given back by the engine (a job's end, a placement that did not happen) while
+any job waits send their fleet's admission look (engine/admission.py), which wakes the waiting jobs the idle hosts can
 hold, in queue order (runs/queue.py: the highest `priority`, then the oldest); the sweep's recheck
 is the backstop for a lost wake, a host added or one back from unreachable. Past `retry.duration` the attempt
 fails and the run ends `retry_limit_exceeded`.
@@ -34,6 +34,7 @@ from engine.job_outcome import learn
 from instances import fleet_queue, spanning
 from instances.transitions import hand_back as give_back
 from runs import limits as run_limits
+from runs import queue
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job, Run
 from runs.waits import gives_up_at
@@ -85,8 +86,23 @@ def hand_back(instances, job=None, message: str = "", project_id: int | None = N
     admission look (engine/admission.py), which wakes the waiting runs they go to."""
     freed = give_back(instances, job, message)
     if freed:
-        transaction.on_commit(lambda: admission.released(fleet_queue.fleets_of(freed)))
+        transaction.on_commit(lambda: _released(instances, freed))
     return freed
+
+
+def _released(instances, freed: set[int]) -> None:
+    """After a release's commit: the look of each fleet that got hosts back, when any run waits.
+    With nobody waiting a look would wake nobody: one read instead of the release's count, the
+    look's message and its step (a third of the engine's CPU per job when nothing waits). A run
+    that starts waiting at the same moment is the same race as a look that read the queue just
+    before its wait was written: its own recheck (the sweep's backstop) places it."""
+    if not queue.anyone_waiting():
+        return
+    # the hosts' fleets as the caller loaded them (a deferred fleet_id is read instead, once)
+    known = {inst.pk: inst.__dict__["fleet_id"] for inst in instances if "fleet_id" in inst.__dict__}
+    fleets = ({known[pk] for pk in freed if known[pk] is not None} if freed <= set(known)
+              else fleet_queue.fleets_of(freed))
+    admission.released(fleets)
 
 
 def due_rechecks(due, limit: int) -> list[int]:

@@ -19,6 +19,7 @@ from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
 from instances.models import Instance
+from runs.choices import WAITING_FOR_HOST
 from runs.models import Job
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -257,6 +258,16 @@ def test_finish_takes_a_terminating_job_only_and_ends_it_with_its_host_handed_ba
     assert _state(job) == ("done", "")
     host = Instance.objects.get(pk=job.instance_id)
     assert host.status == "idle"
+    assert sent.messages == [("process_run", job.run_id, 0, False)], \
+        "nobody waits for a host: no admission look; the ended job's run is derived"
+
+
+def test_finish_of_a_job_while_a_run_waits_sends_its_fleets_admission_look_first(sent):
+    (waiting,) = _jobs(sent, name="waits")
+    Job.objects.filter(pk=waiting.pk).update(waiting_for=f"{WAITING_FOR_HOST}: fleet fleet-steps is full")
+    (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
+    assert finishing.finish_job(job.pk)
+    host = Instance.objects.get(pk=job.instance_id)
     assert sent.messages == [("admit_fleet", host.fleet_id, 0, False), ("process_run", job.run_id, 0, False)], \
         "the host's fleet looks at who gets it; the ended job's run is derived"
 

@@ -98,6 +98,11 @@ def test_each_claim_and_each_state_change_of_a_run_is_one_round_trip(monkeypatch
         assert not [sql for sql in call if sql.startswith('SELECT "projects_project"')], call
     # placement reads the run's user with the job, not on its own
     assert not [sql for call in calls["provision_job"] for sql in call if 'FROM "auth_user"' in sql]
+    # the members' hosts, moves and events (theirs and their hosts') are one statement (runs/rows.place)
+    for call in calls["provision_job"]:
+        assert not [sql for sql in call if sql.startswith(('INSERT INTO "events_event"', 'UPDATE "runs_job" SET "instance_id"'))], call
+    # a host given back while no run waits for one sends no admission look: no release is counted
+    assert not [sql for call in calls["finish_job"] for sql in call if '"instances_fleetqueue"' in sql]
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement forms are PostgreSQL's")
