@@ -1,10 +1,12 @@
 """The queue as Prometheus families: how long jobs waited for a host before they were placed, the
-runs waiting now, and the hosts and GPUs each project holds of each fleet.
+runs waiting now, the hosts and GPUs each project holds of each active fleet and, on a shared
+fleet, its quota there.
 
 Each is one aggregate query, whatever the number of jobs: the waits from the jobs that waited (a
 partial index holds only them; the wait is written by the UPDATE that placed the job,
 engine/submitted/waiting.placed, so any worker's placement is read here without a counter to
-flush), the waiting runs and the holdings from the unfinished jobs (the jobs' status index).
+flush), the waiting runs and the holdings from the unfinished jobs (the jobs' status index), the
+quotas from the shares (FleetShare, one row per project sharing a fleet).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def fleet_label(label_of, owner_id: int, name: str) -> str:
 
 
 def queue_families(label_of):
-    from instances.models import Fleet
+    from instances.models import Fleet, FleetShare, FleetStatus
     from instances.rows import held
     from runs.queue import waiting_per_project
 
@@ -63,11 +65,27 @@ def queue_families(label_of):
                               "hold", labels=["project", "fleet"])
     gpus = GaugeMetricFamily("muster_fleet_gpus_held", "GPUs of the hosts of a fleet that a project's "
                              "unfinished jobs hold", labels=["project", "fleet"])
-    fleets = {pk: (owner, name) for pk, owner, name in Fleet.objects.values_list("pk", "project_id", "name")}
-    # every fleet has a sample for its project, 0 when it holds nothing: a graph drops to 0 rather than ending
+    quota = GaugeMetricFamily("muster_fleet_quota_hosts", "Hosts of a shared fleet a project's quota gives it "
+                              "(docs/queueing.md, shared fleets)", labels=["project", "fleet"])
+    quota_gpus = GaugeMetricFamily("muster_fleet_quota_gpus", "GPUs of a shared fleet a project's quota gives it",
+                                   labels=["project", "fleet"])
+    # active fleets only: a failed or terminating fleet holds nothing worth a series
+    fleets = {pk: (owner, name) for pk, owner, name in Fleet.objects.filter(status=FleetStatus.ACTIVE)
+              .values_list("pk", "project_id", "name")}
+    # every fleet has a sample for its project and each project it is shared with, 0 when it holds
+    # nothing: a graph drops to 0 rather than ending
     used: dict[tuple[str, str], list[int]] = {}
     for owner, name in fleets.values():
         used.setdefault((label_of(owner), fleet_label(label_of, owner, name)), [0, 0])
+    quotas: dict[tuple[str, str], list[int]] = {}
+    for fleet_id, project_id, n_hosts, n_gpus in FleetShare.objects.filter(fleet_id__in=list(fleets)).values_list(
+            "fleet_id", "project_id", "hosts", "gpus"):
+        key = (label_of(project_id), fleet_label(label_of, *fleets[fleet_id]))
+        used.setdefault(key, [0, 0])
+        sums = quotas.setdefault(key, [None, None])
+        for i, n in enumerate((n_hosts, n_gpus)):  # None: no quota on it (no sample), as the share says
+            if n is not None:
+                sums[i] = (sums[i] or 0) + n
     for (fleet_id, project_id), (n_hosts, n_gpus) in held().items():
         if fleet_id not in fleets:
             continue  # deleted since the read of the fleets
@@ -77,6 +95,11 @@ def queue_families(label_of):
     for key, (n_hosts, n_gpus) in sorted(used.items()):
         hosts.add_metric(list(key), n_hosts)
         gpus.add_metric(list(key), n_gpus)
+    for key, (n_hosts, n_gpus) in sorted(quotas.items()):
+        if n_hosts is not None:
+            quota.add_metric(list(key), n_hosts)
+        if n_gpus is not None:
+            quota_gpus.add_metric(list(key), n_gpus)
     counts = {label_of(owner): 0 for owner, _ in fleets.values()}
     for project_id, n in waiting_per_project().items():
         counts[label_of(project_id)] = counts.get(label_of(project_id), 0) + n
@@ -85,3 +108,5 @@ def queue_families(label_of):
     yield waiting
     yield hosts
     yield gpus
+    yield quota
+    yield quota_gpus

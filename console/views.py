@@ -7,7 +7,7 @@ import re
 import yaml
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
 from django.http import Http404, HttpResponseBadRequest, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console import fleet_queue, logview, picture, runlist, usage_words, words
 from events.models import Event
-from instances.models import Fleet, GroupKind, Instance, InstanceStatus
+from instances.models import Fleet, FleetStatus, GroupKind, Instance, InstanceStatus
 from instances.queued import queued_view
 from muster.api_errors import InvalidInput
 from muster.text import NUL
@@ -210,9 +210,18 @@ def fleets_page(request, project):
                                                      "queued": queued_view(inst.group)})["hosts"].append(inst)
         else:
             entry["hosts"].append(inst)
-    shown = fleet_queue.fleet_views(project, [e["fleet"] for e in fleets.values() if e["fleet"] is not None])
+    # fleets other projects share with this one, after its own (as the API's list): its share, its
+    # waiting runs, how many live hosts; never the hosts' jobs, which are the owner's and others'
+    shared = list(Fleet.objects.filter(shares__project=project).exclude(project=project)
+                  .exclude(status=FleetStatus.FAILED).select_related("project").order_by("project__name", "name")
+                  .annotate(live=Count("instances", filter=~Q(instances__status=InstanceStatus.TERMINATED))))
+    for fleet in shared:
+        fleet.shared_from = fleet.project.name
+    shown = fleet_queue.fleet_views(project, [e["fleet"] for e in fleets.values() if e["fleet"] is not None] + shared)
     for entry in fleets.values():
         entry["pods"] = list(entry["pods"].values())
         if entry["fleet"] is not None:
             entry.update(shown[entry["fleet"].pk], live=len(entry["hosts"]) + sum(len(p["hosts"]) for p in entry["pods"]))
-    return render(request, "console/fleets.html", {"project": project, "fleets": list(fleets.values())})
+    borrowed = [{"fleet": f, "pods": [], "hosts": [], "shared_from": f.shared_from, "live": f.live, **shown[f.pk]}
+                for f in shared]
+    return render(request, "console/fleets.html", {"project": project, "fleets": [*fleets.values(), *borrowed]})

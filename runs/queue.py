@@ -10,13 +10,14 @@ submission, id, over unfinished runs), however many runs the project has finishe
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from instances.models import Fleet
+from instances.models import Fleet, FleetShare
 from muster.api_errors import InvalidInput
 from runs.choices import RUN_FINISHED, WAITING_FOR_HOST, JobStatus
 from runs.configuration.dialect import PRIORITY_DEFAULT
@@ -88,34 +89,65 @@ def waits_on(waiting_for: str, fleet: str) -> bool:
     return any(fleet in m.group(1).split(", ") for m in FLEET_NAMES.finditer(waiting_for))
 
 
-def fleet_asked(project, query) -> str | None:
-    """The `fleet` a queue is asked for, checked: a fleet of the project, or a 400 naming it."""
+@dataclass(frozen=True)
+class Asked:
+    """A fleet a queue is filtered by: the project's own (`name`) or one shared with it (`owner/name`)."""
+    pk: int
+    name: str  # its own name: the one the engine's words give it
+    written: str  # as the caller named it
+    shared: bool  # another project's, shared with the caller's
+    ambiguous: bool = False  # shared, and the project has a fleet of that name too: the words alone do not tell
+
+
+def waits_for(row: dict, fleet: Asked) -> bool:
+    """Whether a queue row waits for `fleet`: the fleet its job 0 records (Job.waiting_fleet, the first
+    it waits for), else the fleets its words name. The words name a fleet by its own name, so a shared
+    fleet called like one of the project's is known by the record only."""
+    if row["_fleet_id"] == fleet.pk:
+        return True
+    if row["_fleet_name"] == fleet.name:
+        return False  # the name in the words is that other fleet's
+    return not fleet.ambiguous and waits_on(row["reason"], fleet.name)
+
+
+def fleet_asked(project, query) -> Asked | None:
+    """The `fleet` a queue is asked for, checked: a fleet of the project, or one another project shares
+    with it written `owner/name` (instances/rows.active_fleets' rule); else a 400 naming it."""
     name = query.get("fleet")
     if name is None:
         return None
-    if not Fleet.objects.filter(project=project, name=name).exists():
-        known = ", ".join(Fleet.objects.filter(project=project).order_by("name").values_list("name", flat=True)[:20])
-        raise InvalidInput(["fleet"], f"project {project.name} has no fleet {name!r}"
-                                      + (f": its fleets are {known}" if known else ": it has no fleets"))
-    return name
+    own = dict(Fleet.objects.filter(project=project).values_list("name", "pk"))
+    shared = {f"{owner}/{bare}": (pk, bare) for pk, owner, bare in FleetShare.objects.filter(project=project)
+              .exclude(fleet__project=project).values_list("fleet_id", "fleet__project__name", "fleet__name")}
+    if name in own:
+        return Asked(own[name], name, name, False)
+    if name in shared:
+        pk, bare = shared[name]
+        return Asked(pk, bare, name, True, ambiguous=bare in own)
+    known = ", ".join(sorted([*own, *shared])[:20])
+    raise InvalidInput(["fleet"], f"project {project.name} has no fleet {name!r}"
+                                  + (f": its fleets are {known}" if known else ": it has no fleets"))
 
 
-def queue(project, fleet: str | None = None, now: datetime | None = None) -> list[dict]:
+def queue(project, fleet: Asked | None = None, now: datetime | None = None) -> list[dict]:
     """The project's waiting runs in queue order, each with its place, what it waits for and for how
-    long: only this project's runs (another project's queue is not shown, even on a fleet both use)."""
+    long: only this project's runs (another project's queue is not shown, even on a fleet both use).
+    `fleet`: only the runs waiting for it (fleet_asked), in their places in the project's queue."""
     now = now or timezone.now()
     rows = waiting_jobs(project.pk).values_list(
         "run__name", "run__priority", "run__configuration__type", "node_group_name", "replica_num", "job_num",
-        "waiting_for", "created")
+        "waiting_for", "created", "waiting_fleet_id", "waiting_fleet__name")
     answer = []
-    for place, (name, priority, kind, group, replica, job_num, why, since) in enumerate(rows, start=1):
+    for place, (name, priority, kind, group, replica, job_num, why, since, fleet_id, fleet_name) in enumerate(
+            rows, start=1):
         reason = why[len(PREFIX):].lstrip(": ")
-        if fleet is not None and not waits_on(reason, fleet):
-            continue
-        answer.append({
+        row = {
             "position": place, "project": project.name, "run": name, "priority": priority,
             "job": f"{group}/{replica}" if kind == "service" else job_num,
             "waiting_for": why, "reason": reason, "waiting_since": since,
             "wait_seconds": max(0, round((now - since).total_seconds())),
-        })
+            "_fleet_id": fleet_id, "_fleet_name": fleet_name,  # for waits_for; not in the API's rows
+        }
+        if fleet is None or waits_for(row, fleet):
+            answer.append(row)
     return answer

@@ -171,5 +171,6 @@ class QueueView(ProjectScopedMixin, APIView):
     @extend_schema(parameters=[OpenApiParameter("fleet", str, description="only the runs waiting for this fleet")],
                    responses={200: dict})
     def get(self, request, project):
+        rows = queue.queue(self.project, queue.fleet_asked(self.project, request.query_params))
         return Response({"project": self.project.name,
-                         "runs": queue.queue(self.project, queue.fleet_asked(self.project, request.query_params))})
+                         "runs": [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]})

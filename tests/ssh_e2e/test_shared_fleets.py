@@ -96,6 +96,7 @@ def test_a_project_past_its_quota_waits_on_quota_while_the_others_hosts_are_idle
     assert Instance.objects.filter(fleet__name="pool", status="idle").count() == 2, "alpha's two hosts stay idle"
     queue = beta.get("/api/projects/beta/queue/").json()["runs"]
     assert [(r["run"], r["reason"][:6]) for r in queue] == [("b3", "quota:")], queue
+    assert beta.get("/api/projects/beta/queue/?fleet=alpha/pool").json()["runs"] == queue  # `owner/name`
 
     # a re-apply that changes only the shares updates them in place, and the runs waiting for the
     # fleet look again at once (the sweep's recheck is 10 minutes away here): b3 borrows an idle host
