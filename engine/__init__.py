@@ -21,6 +21,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   admission   engine/admission.py                admit_fleet: one look per fleet wakes the waiting runs its idle
                                                  hosts go to (runs/admission.py chooses)
   preemption  engine/submitted/preemption.py     preempt_for, choose: a waiting higher priority stops preemptible runs
+              engine/submitted/reclaim.py        reclaim_for: a project owed its quota stops borrowers' preemptible runs
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock
   replicas    engine/submitted/replica_placement.py place_replica: a service's replica takes its host(s) on its own
               engine/submitted/replica_groups.py place: a replica that is a group its backend creates (a TPU slice)

@@ -146,6 +146,22 @@ def dominant_share(used: Amounts, quota: dict[str, int | None]) -> float:
     return share
 
 
+def owed(share: Share, used: Amounts, demand: Amounts) -> bool:
+    """Whether the project may reclaim lent hosts for `demand`: what it holds plus the demand stays
+    within its nominal quota on every resource it has one on (and it has one on some resource)."""
+    limited = [r for r in RESOURCES if share.quota[r] is not None]
+    return bool(limited) and all(used.get(r, 0) + demand.get(r, 0) <= share.quota[r] for r in limited)
+
+
+def lent(share: Share, used: Amounts) -> Amounts | None:
+    """What a project holds above its nominal quota, per resource it holds at least its quota of: the
+    most a reclaim may take from it without bringing it below its quota on any of them. None when it
+    is not borrowing (above its quota on none)."""
+    room = {r: used.get(r, 0) - share.quota[r] for r in RESOURCES
+            if share.quota[r] is not None and used.get(r, 0) >= share.quota[r]}
+    return room if any(v > 0 for v in room.values()) else None
+
+
 Head = tuple[int, Amounts, int, float]  # (job pk, what it takes, priority, submitted at as a number)
 
 
@@ -153,15 +169,17 @@ def fair_order(usage: dict[int, Amounts], quotas: dict[int, dict[str, int | None
                heads: dict[int, list[Head]], count: int) -> list[int]:
     """The waiting jobs `count` freed hosts wake, in order: each time the project furthest below its
     share (lowest dominant share, Kueue's and DRF's rule; its waiting jobs already in queue order),
-    its share then counted as if its job were placed; ties by the heads' priority, then age, then
-    the project. Pure: a claimed per-fleet step may call it as it is."""
+    its share then counted as if its job were placed; ties by the heads' age (the older submission),
+    then the project. Priority orders a project's own heads only: it never decides between projects,
+    so a project that sets its runs to priority 100 does not pass another's. Pure: a claimed
+    per-fleet step may call it as it is."""
     used = {p: dict(u) for p, u in usage.items()}
     left = {p: list(h) for p, h in heads.items() if h}
     picked: list[int] = []
     while left and len(picked) < count:
         def key(p: int):
-            _, _, priority, since = left[p][0]
-            return (dominant_share(used.get(p, {}), quotas.get(p, {})), -priority, since, p)
+            _, _, _, since = left[p][0]
+            return (dominant_share(used.get(p, {}), quotas.get(p, {})), since, p)
         project = min(left, key=key)
         pk, takes, _, _ = left[project].pop(0)
         picked.append(pk)

@@ -13,7 +13,7 @@ from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.nudges import is_service
-from engine.submitted import fanout, gang, placement, preemption, replica_placement, waiting
+from engine.submitted import fanout, gang, placement, preemption, reclaim, replica_placement, waiting
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, shares, spanning
 from instances.models import Fleet
@@ -73,9 +73,9 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
         if fleets is None:
             full = waiting.fleets_to_wait_for(run, siblings, usable) if job.job_num == 0 else None
             crowded = waiting.over_cap(job) if full else ""
-            if full and not crowded:  # a higher priority may stop preemptible runs for their hosts
-                return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings)
-                                    + preemption.preempt_for(job, full, siblings), full[0])
+            if full and not crowded:  # hosts lent to other projects, or a higher priority, may stop preemptible runs
+                stopping = reclaim.reclaim_for(job, full, siblings) or preemption.preempt_for(job, full, siblings)
+                return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings) + stopping, full[0])
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
         _record_placement(run, job, fleets, siblings)

@@ -1,5 +1,5 @@
 """The rules of shared fleets as plain functions (instances/shares.py): the quota plus what a project
-may borrow, and the order freed hosts go in across projects (dominant share, then priority and age)."""
+may borrow, and the order freed hosts go in across projects (dominant share, then age: never priority), and who owes a reclaim what."""
 
 from __future__ import annotations
 
@@ -41,15 +41,29 @@ def test_dominant_share_is_the_largest_use_over_quota():
     assert dominant_share({"hosts": 1}, {"hosts": 0}) == float("inf")
 
 
-def test_freed_hosts_alternate_by_share_then_priority_and_age():
+def test_freed_hosts_alternate_by_share_then_age():
     quotas = {1: {"hosts": 2, "gpus": None}, 2: {"hosts": 2, "gpus": None}}
     heads = {1: [(11, ONE, 50, 1.0), (12, ONE, 50, 2.0)], 2: [(21, ONE, 50, 3.0), (22, ONE, 50, 4.0)]}
     # alpha holds 3 of 2, beta 1 of 2: beta first, then level (2 and 2... 3 vs 2): as each pick is counted
     assert fair_order({1: {"hosts": 3}, 2: {"hosts": 1}}, quotas, heads, 4) == [21, 22, 11, 12]
-    # level: the higher priority head first, then the older
+    # level: the older head first, whatever the priorities (priority never decides between projects)
     level = {1: {"hosts": 1}, 2: {"hosts": 1}}
-    assert fair_order(level, quotas, {1: [(11, ONE, 10, 1.0)], 2: [(21, ONE, 90, 2.0)]}, 1) == [21]
+    assert fair_order(level, quotas, {1: [(11, ONE, 10, 1.0)], 2: [(21, ONE, 100, 2.0)]}, 1) == [11]
+    assert fair_order(level, quotas, {1: [(11, ONE, 100, 2.0)], 2: [(21, ONE, 0, 1.0)]}, 1) == [21]
     assert fair_order(level, quotas, {1: [(11, ONE, 50, 1.0)], 2: [(21, ONE, 50, 2.0)]}, 2) == [11, 21]
     # no more wakes than hosts, nor than waiting heads
     assert fair_order({}, quotas, heads, 1) == [11]
     assert fair_order({}, quotas, {1: [], 2: [(21, ONE, 50, 1.0)]}, 3) == [21]
+
+
+def test_a_project_is_owed_hosts_only_within_its_nominal_quota_and_lends_only_what_it_holds_above_it():
+    from instances.shares import lent, owed
+    share = Share(1, "alpha", {"hosts": 2, "gpus": None}, {"hosts": 2, "gpus": None})
+    assert owed(share, {"hosts": 1}, ONE) and owed(share, {}, {"hosts": 2, "gpus": 0})
+    assert not owed(share, {"hosts": 2}, ONE), "at its quota: what it wants more is borrowing, not owed"
+    assert not owed(Share(1, "x", {"hosts": None, "gpus": None}, {"hosts": None, "gpus": None}), {}, ONE)
+    assert lent(share, {"hosts": 4}) == {"hosts": 2}
+    assert lent(share, {"hosts": 2}) is None and lent(share, {}) is None, "at or below its quota it lends nothing"
+    gpus = Share(1, "g", {"hosts": 2, "gpus": 8}, {"hosts": None, "gpus": None})
+    # above on GPUs but at its quota of hosts: every run holds a host, so no run of it may be stopped
+    assert lent(gpus, {"hosts": 2, "gpus": 12}) == {"hosts": 0, "gpus": 4}

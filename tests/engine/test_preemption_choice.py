@@ -38,3 +38,19 @@ def test_the_newest_of_equals_goes_first():
 def test_nothing_is_stopped_when_all_of_them_would_not_free_enough_or_nothing_is_needed():
     assert choose([c(1, 10, 1), c(2, 10, 1)], 3) == []
     assert choose([c(1, 10, 1)], 0) == []
+
+
+def r(run_id: int, project: int, hosts: int, priority: int = 0, age: int = 0) -> Candidate:
+    return Candidate(run_id, f"r{run_id}", priority, T0 - timedelta(minutes=age), hosts, project_id=project,
+                     frees={"hosts": hosts, "gpus": 0})
+
+
+def test_a_reclaim_never_brings_a_project_below_its_quota():
+    # project 7 holds 1 host above its quota: its 2-host run may not be stopped, its 1-host run may
+    assert choose([r(1, 7, 2)], 1, room={7: {"hosts": 1}}) == []
+    assert ids(choose([r(1, 7, 2), r(2, 7, 1)], 1, room={7: {"hosts": 1}})) == [2]
+    # two 1-host runs of a project 1 above its quota: one only, so 2 hosts need another project's too
+    assert ids(choose([r(1, 7, 1), r(2, 7, 1), r(3, 8, 1, priority=5)], 2,
+                      room={7: {"hosts": 1}, 8: {"hosts": 3}})) == [2, 3]
+    # a project with no room (not borrowing) is never a victim
+    assert choose([r(1, 9, 1)], 1, room={7: {"hosts": 1}}) == []
