@@ -22,6 +22,7 @@ from engine.ssh_health import check_ssh_hosts
 from engine.submitted import waiting
 from engine.tuning import SWEEP_BACKLOG as BACKLOG
 from engine.tuning import SWEEP_BATCH as BATCH
+from engine.tuning import SWEEP_RECHECK_BATCH as RECHECK_BATCH
 from instances.models import Fleet, FleetQueue, FleetStatus, GroupStatus, InstanceGroup
 from runs.choices import FAILING_REASONS, JOB_FINISHED, JOB_UNFINISHED, JobStatus, RunStatus
 from runs.models import Job, Run
@@ -58,7 +59,10 @@ def _re_enqueue(now, old) -> dict[str, int]:
     found["provision"] = _enqueue(messages.provision_job, lost)
     # the rechecks take turns across projects: one project's thousands of waiting runs do not fill the
     # batch while another project's waiting run is never looked at (engine/submitted/waiting.py)
-    found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, BATCH))
+    # at most RECHECK_BATCH a sweep: a backstop now (the fleets' admission looks offer the hosts given
+    # back), and at 10,000 waiting runs a look at each every minute was 167 provisioning attempts a
+    # second ahead of every job's end in the broker (bench.queueing)
+    found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, min(BATCH, RECHECK_BATCH)))
     # a fleet whose hosts came back and whose admission look was lost (engine/admission.py)
     looks = FleetQueue.objects.filter(unleased(now), wanted__gt=F("admitted"), fleet__status=FleetStatus.ACTIVE).filter(
         Q(admitted_at__isnull=True) | Q(admitted_at__lt=old)).values_list("pk", flat=True)[:BATCH]

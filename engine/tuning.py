@@ -115,3 +115,9 @@ SCRAPE_FAILURE_EVENT_EVERY = 300.0
 ADMISSION_PROMISE_SECONDS = 5.0
 # how many waiting jobs a look reads at most, beyond one per idle host and per promise
 ADMISSION_READ_MARGIN = 64
+# waiting jobs the sweep looks at on their own per sweep (every MUSTER_SWEEP_INTERVAL, 2 s): 10 a
+# second at most, whatever the queue's depth; hosts given back reach waiting runs through their fleet's
+# admission look (engine/admission.py), so these looks are the backstop (a host added, a lost look, a
+# wait's end), and one per waiting run every minute at a depth of 10,000 kept the worker from the
+# jobs' ends (bench.queueing)
+SWEEP_RECHECK_BATCH = 20
