@@ -1,23 +1,29 @@
-"""admit_fleet: who gets the hosts a fleet got back, decided by one claimed step per fleet.
+"""admit_fleet: who gets the hosts a fleet got back, decided and placed by one claimed step per fleet.
 
 A job's end (or a placement that did not happen) gives hosts back (engine/submitted/waiting.py
-`hand_back`); after its commit, when any job waits for a host, the fleet's FleetQueue row counts
-one more release (`wanted`) and this step is sent (with nobody waiting a look would wake nobody).
-The step claims the fleet's row, reads how many of its hosts are idle and the
-runs waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
-runs/admission.py), and wakes the first ones that the idle
-hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for what is idle now is passed
-over for one that fits, and keeps its place for the next look). Each woken job's own provisioning
-step takes its hosts, under the fleet's lock, as any placement does: this step only chooses.
+`hand_back`, `released`); after its commit, when any job waits for a host, the fleet's FleetQueue
+row counts one more release (`wanted`) and this step is sent (with nobody waiting a look would
+wake nobody). The step claims the fleet's row, reads how many of its hosts are idle and the runs
+waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
+runs/admission.py; on a shared fleet in fair-share order, runs/admission_order.py), and chooses
+the first ones that the idle hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for
+what is idle now is passed over for one that fits, and keeps its place for the next look).
+
+The tasks it chose it places itself: their jobs are claimed in one batch and each is attempted as
+its own provisioning step would (engine/submitted/provision.py `provision_jobs`: hosts taken
+under the fleet's lock, quota checked there), so a freed host's next job is placed by the step
+the release sent, with no message per run in between. A service replica, or a run with a slice
+to make (a backend call that may take minutes), is woken instead: its own step places it.
 
 So the choice costs one look per burst of releases, not a scan of the queue per host: releases
 that come while a look holds the row only raise `wanted` (no message: it would bounce), and the
-look, once given back, is sent again when `wanted` passed what it started from. The jobs a look woke are its `promised`: the next
-look within PROMISE_SECONDS neither wakes them again nor counts their hosts as free, so a burst's
-second look wakes the next runs, not the same ones twice. A look that woke runs looks again once
-the promise is over (a woken run that did not fit after all waits again, and its hosts are then
-offered to the next one). The sweep's recheck of each waiting job stays the backstop for a lost
-message or a host added (engine/sweeps.py).
+look, once given back, is sent again when `wanted` passed what it started from. The jobs a look
+woke are its `promised`: the next look within PROMISE_SECONDS neither wakes them again nor counts
+their hosts as free, so a burst's second look wakes the next runs, not the same ones twice. A look
+that woke runs, or chose one it could not place after all, looks again once the promise is over
+(the hosts it left idle are offered to the next one; the one not placed is passed over until its
+own recheck). The sweep's recheck of each waiting job stays the backstop for a lost message or a
+host added (engine/sweeps.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine import claims, messages
+from engine.submitted import provision
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from instances import fleet_queue
@@ -43,13 +50,6 @@ def admit_fleet(fleet_id: int) -> None:
     claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit)
 
 
-def released(fleet_ids) -> None:
-    """After a release's commit: each fleet's row counts one more release, and its look is sent
-    unless one holds the row now (that look sends itself again once it sees the count moved)."""
-    for fleet_id in fleet_queue.want(fleet_ids):
-        messages.admit_fleet(fleet_id)
-
-
 def _admit(held: claims.Held) -> claims.Outcome:
     row = FleetQueue.objects.select_related("fleet").get(pk=held.pk)
     start, fleet = row.wanted, row.fleet
@@ -60,6 +60,7 @@ def _admit(held: claims.Held) -> claims.Outcome:
     promised = {pk: entry for pk, entry in promised.items() if now - entry[0] < keep}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
     picks: list[int] = []
+    again = False
     if fleet.status == FleetStatus.ACTIVE:
         live = {pk: demand for pk, (at, demand) in promised.items() if now - at < PROMISE_SECONDS}
         idle = fleet_queue.idle_hosts(fleet)
@@ -69,9 +70,18 @@ def _admit(held: claims.Held) -> claims.Outcome:
             picks = admission.choose(heads, idle, live, set(promised) - set(live),
                                      partial(fleet_queue.fitting, fleet))
             demand = {h.pk: h.demand for h in heads}
-            promised.update((pk, [now, demand[pk]]) for pk in picks)
+            here = {h.pk for h in heads if h.here}
+            # the tasks among them are placed by this step, in one claimed batch: no message. One
+            # held and not placed after all (a race, its quota) is passed over from now on; one
+            # another step holds (its own provisioning) is promised, as if woken
+            placing = [pk for pk in picks if pk in here]
+            placed, tried = provision.provision_jobs(placing) if placing else (set(), set())
+            again = bool(set(placing) - placed)
+            promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - placed)
+            picks = [pk for pk in picks if pk not in here]  # woken to their own step
+            promised.update((pk, [now, demand[pk]]) for pk in [*picks, *(set(placing) - tried)])
     then = [partial(messages.provision_job, pk) for pk in picks]
-    then.append(partial(_look_again, fleet.pk, start, bool(picks)))
+    then.append(partial(_look_again, fleet.pk, start, bool(picks) or again))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
                                   "promised": {str(pk): entry for pk, entry in promised.items()}}, then=tuple(then))
 

@@ -38,9 +38,37 @@ def provision_job(job_id: int) -> bool:
                           waiting_master_job=False) is not None
 
 
+def provision_jobs(job_ids: list[int]) -> tuple[set[int], set[int]]:
+    """provision_job for several jobs in one step (the fleet's admission look places the runs it
+    chose this way, engine/admission.py): claimed together, read in one query, each attempted as
+    provision_job would, in the order given (an error backs off that job alone), given back
+    together. Returns (the ids placed, the ids this step held): one it held and did not place
+    waits again (or ended), as after its own step; one it could not claim is another step's."""
+    due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
+    placed: set[int] = set()
+    held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
+    return placed & held.applied, set(held.pks)
+
+
+def _provision_each(order: list[int], placed: set[int], held: claims.Held) -> dict:
+    jobs = {j.pk: j for j in Job.objects.select_related(
+        "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk__in=held.pks)}
+    outcomes = {}
+    for pk in [pk for pk in order if pk in jobs]:
+        job = jobs[pk]
+        with held.row(pk):
+            outcomes[pk] = _outcome(job, _attempt(job, held.lease))
+            if job.status == JobStatus.PROVISIONING:
+                placed.add(pk)
+    return outcomes
+
+
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    fields = _attempt(job, held.lease)
+    return _outcome(job, _attempt(job, held.lease))
+
+
+def _outcome(job: Job, fields: dict | claims.Outcome) -> claims.Outcome:
     if isinstance(fields, claims.Outcome):  # the attempt's last move is the give-back itself
         return fields
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the

@@ -29,7 +29,7 @@ from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from engine import admission
+from engine import messages
 from engine.job_outcome import learn
 from instances import fleet_queue, spanning
 from instances.transitions import hand_back as give_back
@@ -102,7 +102,14 @@ def _released(instances, freed: set[int]) -> None:
     known = {inst.pk: inst.__dict__["fleet_id"] for inst in instances if "fleet_id" in inst.__dict__}
     fleets = ({known[pk] for pk in freed if known[pk] is not None} if freed <= set(known)
               else fleet_queue.fleets_of(freed))
-    admission.released(fleets)
+    released(fleets)
+
+
+def released(fleet_ids) -> None:
+    """After a release's commit: each fleet's row counts one more release, and its look is sent
+    unless one holds the row now (that look sends itself again once it sees the count moved)."""
+    for fleet_id in fleet_queue.want(fleet_ids):
+        messages.admit_fleet(fleet_id)
 
 
 def due_rechecks(due, limit: int) -> list[int]:
