@@ -75,8 +75,9 @@ def waiting_heads(project_id: int, names: set[str], limit: int) -> list[Head]:
     ordered = queue.waiting_jobs(project_id).values_list(
         "pk", "run_id", "run__configuration__type", "run__configuration__fleets", "spec__resources",
         "spec__nodes_in_group", "run__submitted_at")
-    for start in range(0, SCAN, PAGE):
-        page = list(ordered[start:start + PAGE])
+    size = min(PAGE, max(limit, 1))  # a look for one host reads a short page, not PAGE rows and their groups
+    for start in range(0, SCAN, size):
+        page = list(ordered[start:start + size])
         usable = [row for row in page if may_use(row[3], names)]
         tasks, made = _task_groups([row[1] for row in usable if row[2] != "service"])
         for pk, run_id, kind, _, resources, nodes, submitted in usable:
@@ -87,7 +88,7 @@ def waiting_heads(project_id: int, names: set[str], limit: int) -> list[Head]:
             if groups:
                 heads.append(Head(pk, groups, here=kind != "service" and run_id not in made,
                                   since=submitted.timestamp()))
-        if len(heads) >= limit or len(page) < PAGE:
+        if len(heads) >= limit or len(page) < size:
             break
     return heads[:limit]
 

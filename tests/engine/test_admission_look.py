@@ -221,3 +221,23 @@ def test_a_look_that_could_not_place_looks_again_once_its_promise_is_over_even_a
     assert sorted(sent["admit"]) == [(fleet.pk, 0), (fleet.pk, admission.PROMISE_SECONDS)], sent["admit"]
     assert token
     claims.forget_all()
+
+
+def test_a_burst_of_releases_sends_one_look_and_the_look_after_it_places_them_all(sent):
+    fleet = local_project_fleet(size=3)
+    waiters = [_waiting(fleet, f"w{i}", 50) for i in range(3)]
+    sent["provision"].clear()
+    _idle(fleet, 0)
+    admission.admit_fleet(fleet.pk)  # the row is made; nothing idle
+    sent["admit"].clear()
+    for count in (1, 2, 3):
+        _idle(fleet, count)
+        waiting.released([fleet.pk])
+    assert sent["admit"] == [(fleet.pk, 0)], "only the first release since the last look sends one"
+    admission.admit_fleet(fleet.pk)
+    assert _placed(*waiters) == waiters, "the look placed the three hosts' runs"
+    row = FleetQueue.objects.get(pk=fleet.pk)
+    assert (row.wanted, row.admitted) == (3, 3)
+    _idle(fleet, 0)
+    waiting.released([fleet.pk])
+    assert sent["admit"] == [(fleet.pk, 0), (fleet.pk, 0)], "the next release after that look sends the next"
