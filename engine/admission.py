@@ -22,7 +22,8 @@ woke are its `promised`: the next look within PROMISE_SECONDS neither wakes them
 their hosts as free, so a burst's second look wakes the next runs, not the same ones twice. A look
 that woke runs, or chose one it could not place after all, looks again once the promise is over
 (the hosts it left idle are offered to the next one; the one not placed is passed over until its
-own recheck). The sweep's recheck of each waiting job stays the backstop for a lost message or a
+own recheck). A task it chose whose job its own step holds (a recheck, which may be taking those
+hosts itself) keeps them only HELD_SECONDS, and the look comes again then. The sweep's recheck of each waiting job stays the backstop for a lost message or a
 host added (engine/sweeps.py).
 """
 
@@ -36,6 +37,7 @@ from django.utils import timezone
 
 from engine import claims, messages
 from engine.submitted import provision
+from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from instances import fleet_queue
@@ -57,12 +59,12 @@ def _admit(held: claims.Held) -> claims.Outcome:
     # kept while they count (engine.tuning: a promise, then passed over until the job's own recheck)
     keep = max(PROMISE_SECONDS, float(settings.MUSTER["WAITING_HOST_RECHECK"]))
     promised = {int(pk): _entry(value) for pk, value in (row.promised or {}).items()}
-    promised = {pk: entry for pk, entry in promised.items() if now - entry[0] < keep}
+    promised = {pk: e for pk, e in promised.items() if now - e[0] < (keep if len(e) == 2 else e[2])}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
     picks: list[int] = []
-    again = False
+    later: list[float] = []  # when to look again, if at all
     if fleet.status == FleetStatus.ACTIVE:
-        live = {pk: demand for pk, (at, demand) in promised.items() if now - at < PROMISE_SECONDS}
+        live = {pk: e[1] for pk, e in promised.items() if now - e[0] < (PROMISE_SECONDS if len(e) == 2 else e[2])}
         idle = fleet_queue.idle_hosts(fleet)
         if idle > sum(live.values()):
             # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
@@ -71,31 +73,34 @@ def _admit(held: claims.Held) -> claims.Outcome:
                                      partial(fleet_queue.fitting, fleet))
             demand = {h.pk: h.demand for h in heads}
             here = {h.pk for h in heads if h.here}
-            # the tasks among them are placed by this step, in one claimed batch: no message. One
-            # held and not placed after all (a race, its quota) is passed over from now on; one
-            # another step holds (its own provisioning) is promised, as if woken
+            # the tasks among them are placed by this step, in one claimed batch: no message
             placing = [pk for pk in picks if pk in here]
             placed, tried = provision.provision_jobs(placing) if placing else (set(), set())
-            again = bool(set(placing) - placed)
+            # one it held and did not place after all (a race, its quota) is passed over from now on
             promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - placed)
+            # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
+            # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
+            elsewhere = set(placing) - tried
+            promised.update((pk, [now, demand[pk], HELD_SECONDS]) for pk in elsewhere)
             picks = [pk for pk in picks if pk not in here]  # woken to their own step
-            promised.update((pk, [now, demand[pk]]) for pk in [*picks, *(set(placing) - tried)])
+            promised.update((pk, [now, demand[pk]]) for pk in picks)
+            later = [*([PROMISE_SECONDS] if picks or tried - placed else []), *([HELD_SECONDS] if elsewhere else [])]
     then = [partial(messages.provision_job, pk) for pk in picks]
-    then.append(partial(_look_again, fleet.pk, start, bool(picks) or again))
+    then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
                                   "promised": {str(pk): entry for pk, entry in promised.items()}}, then=tuple(then))
 
 
 def _entry(value) -> list:
-    """A promise as [when, demand] (an early row kept only when)."""
+    """A promise as [when, demand] or [when, demand, for how long] (an early row kept only when)."""
     return list(value) if isinstance(value, list) else [float(value), 1]
 
 
-def _look_again(fleet_id: int, start: int, woke: bool) -> None:
+def _look_again(fleet_id: int, start: int, after: float | None) -> None:
     """Sent once the look's row is free: at once when releases came during the look (their own
-    messages were not sent: the row was held), and once its promise is over when it woke runs (a
-    woken run that did not take its hosts leaves them to the next)."""
+    messages were not sent: the row was held), and `after` seconds when its promises run out (a
+    woken run, or one held by its own step, that did not take its hosts leaves them to the next)."""
     if FleetQueue.objects.filter(pk=fleet_id, wanted__gt=start).exists():
         messages.admit_fleet(fleet_id)
-    if woke:
-        messages.admit_fleet(fleet_id, countdown=PROMISE_SECONDS)
+    if after is not None:
+        messages.admit_fleet(fleet_id, countdown=after)

@@ -14,6 +14,7 @@ import pytest
 from engine import admission, claims, messages
 from engine.submitted import waiting
 from instances.fleet_queue import want
+from muster.claimable import released
 from instances.models import FleetQueue, Instance
 from runs.models import Job, Run
 from runs.services.submission import submit_run
@@ -176,7 +177,7 @@ def test_a_run_that_may_use_several_fleets_is_placed_by_any_of_them(sent):
     assert Job.objects.get(pk=anywhere).instance.fleet_id == b.pk
 
 
-def test_a_job_its_own_step_holds_is_promised_not_placed_twice(sent):
+def test_a_job_its_own_step_holds_keeps_the_hosts_a_moment_then_the_look_places_it(sent):
     fleet = local_project_fleet(size=2)
     high = _waiting(fleet, "high", 90, nodes=2)
     low = _waiting(fleet, "low", 10, nodes=2)
@@ -184,13 +185,17 @@ def test_a_job_its_own_step_holds_is_promised_not_placed_twice(sent):
     _idle(fleet, 2)
     token = claims.claim(Job, high)  # its provisioning step (a recheck) holds it now
     admission.admit_fleet(fleet.pk)
-    assert _placed(high, low) == [], f"low ({low}) is not placed on the hosts high is taking"
+    assert _placed(high, low) == [], f"low ({low}) is not placed on the hosts high's own step may be taking"
     assert set(map(int, FleetQueue.objects.get(pk=fleet.pk).promised)) == {high}
+    assert sent["admit"] == [(fleet.pk, admission.HELD_SECONDS)], "looked at again in a moment, not a whole promise"
     admission.admit_fleet(fleet.pk)
-    assert _placed(high, low) == [], "while the promise lasts, nor by the next look"
-    assert (fleet.pk, admission.PROMISE_SECONDS) in sent["admit"], "it looks again once the promise is over"
-    assert token
+    assert _placed(high, low) == [], "nor by a look within that moment"
+    Job.objects.filter(pk=high).update(**released())  # its step gave it back, still waiting
     claims.forget_all()
+    time.sleep(admission.HELD_SECONDS + 0.1)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(high, low) == [high], "once the moment is over the look places it"
+    assert token
 
 
 def test_idle_hosts_that_do_not_fit_a_run_s_resources_do_not_go_to_it(sent):
@@ -203,12 +208,12 @@ def test_idle_hosts_that_do_not_fit_a_run_s_resources_do_not_go_to_it(sent):
     assert _placed(gpu, cpu) == [cpu], f"the GPU run ({gpu}) is not chosen for a host without GPUs"
 
 
-def test_a_look_that_could_not_place_looks_again_once_its_promise_is_over_even_after_a_release(sent, monkeypatch):
+def test_a_look_that_could_not_place_looks_again_in_a_moment_even_after_a_release(sent, monkeypatch):
     fleet = local_project_fleet(size=2)
     first = _waiting(fleet, "first", 50)
     sent["provision"].clear()
     _idle(fleet, 1)
-    token = claims.claim(Job, first)  # held by its own step: the look cannot place it
+    token = claims.claim(Job, first)  # held by its own step: the look cannot place it now
     original = admission._admit
 
     def look_with_a_release_meanwhile(held):
@@ -218,7 +223,7 @@ def test_a_look_that_could_not_place_looks_again_once_its_promise_is_over_even_a
 
     monkeypatch.setattr(admission, "_admit", look_with_a_release_meanwhile)
     admission.admit_fleet(fleet.pk)
-    assert sorted(sent["admit"]) == [(fleet.pk, 0), (fleet.pk, admission.PROMISE_SECONDS)], sent["admit"]
+    assert sorted(sent["admit"]) == [(fleet.pk, 0), (fleet.pk, admission.HELD_SECONDS)], sent["admit"]
     assert token
     claims.forget_all()
 
