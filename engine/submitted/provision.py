@@ -65,7 +65,7 @@ def _provision_each(order: list[int], placed: set[int], held: claims.Held) -> di
 
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    return _outcome(job, _attempt(job, held.lease))
+    return _outcome(job, _attempt(job, held.lease, recheck=job.waiting_for.startswith(waiting.PREFIX)))
 
 
 def _outcome(job: Job, fields: dict | claims.Outcome) -> claims.Outcome:
@@ -78,10 +78,11 @@ def _outcome(job: Job, fields: dict | claims.Outcome) -> claims.Outcome:
     return job_outcome(job, then, **fields)
 
 
-def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
+def _attempt(job: Job, lease: Lease, recheck: bool = False) -> dict | claims.Outcome:
     """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py),
     or the Outcome whose move gives it back (a job 0 that fails for no capacity ends as it is given back).
-    `lease`: provision_job's hold on the job, which each of its moves takes."""
+    `lease`: provision_job's hold on the job, which each of its moves takes. `recheck`: the job waits
+    for a host and this is its own look (the sweep's), not its fleet's admission look."""
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
         return {}  # the run is ending; process_run terminates this job
@@ -106,6 +107,8 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
                 return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings) + stopping, full[0])
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
+        if recheck and waiting.the_look_places(run, fleets):
+            return waiting.ask_the_look(fleets[0])
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:

@@ -31,7 +31,8 @@ from django.utils import timezone
 
 from engine import messages
 from engine.job_outcome import learn
-from instances import fleet_queue, spanning
+from engine.nudges import is_service
+from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
 from runs import limits as run_limits
 from runs import queue
@@ -106,10 +107,28 @@ def _released(instances, freed: set[int]) -> None:
 
 
 def released(fleet_ids) -> None:
-    """After a release's commit: each fleet's row counts one more release, and its look is sent
-    unless one holds the row now (that look sends itself again once it sees the count moved)."""
+    """After a release's commit: each fleet's row counts one more release, and its look is sent when
+    this is the first release since the last look and no look holds the row (instances/fleet_queue.py
+    `want`: the look sent covers the releases after it, a look holding the row sends itself again)."""
     for fleet_id in fleet_queue.want(fleet_ids):
         messages.admit_fleet(fleet_id)
+
+
+def the_look_places(run: Run, fleets: list) -> bool:
+    """Whether the admission look of the fleet a waiting run would go to now places it (a task
+    whose every group goes to that one fleet's given hosts, so none has a slice to make;
+    engine/admission.py places such runs itself), so that its own recheck, finding room, leaves
+    the choice to the look."""
+    return len({f.pk for f in fleets}) == 1 and fitting.is_static(fleets[0]) and not is_service(run)
+
+
+def ask_the_look(fleet) -> dict:
+    """A waiting job's recheck that found room on `fleet`: not placed by itself, which would pass
+    over the runs before it in the queue (and race the look for the hosts), but by the fleet's look,
+    sent as a release sends it (`released`). The job keeps waiting until the look places it."""
+    transaction.on_commit(lambda: released([fleet.pk]))
+    recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
+    return {"next_check_at": timezone.now() + timedelta(seconds=recheck)}
 
 
 def due_rechecks(due, limit: int) -> list[int]:

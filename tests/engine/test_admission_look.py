@@ -14,8 +14,8 @@ import pytest
 from engine import admission, claims, messages
 from engine.submitted import waiting
 from instances.fleet_queue import want
-from muster.claimable import released
 from instances.models import FleetQueue, Instance
+from muster.claimable import released
 from runs.models import Job, Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
@@ -246,3 +246,22 @@ def test_a_burst_of_releases_sends_one_look_and_the_look_after_it_places_them_al
     _idle(fleet, 0)
     waiting.released([fleet.pk])
     assert sent["admit"] == [(fleet.pk, 0), (fleet.pk, 0)], "the next release after that look sends the next"
+
+
+def test_a_recheck_that_finds_room_asks_the_look_which_places_the_queue_s_head(sent):
+    from engine.submitted.provision import provision_job
+
+    fleet = local_project_fleet(size=2)
+    low = _waiting(fleet, "low", 10)
+    high = _waiting(fleet, "high", 90)
+    sent["provision"].clear()
+    _idle(fleet, 0)
+    admission.admit_fleet(fleet.pk)  # the row is made; nothing idle
+    sent["admit"].clear()
+    _idle(fleet, 1)
+    assert provision_job(low), "low's own recheck ran"
+    assert _placed(low, high) == [], "it did not take the host past high"
+    assert Job.objects.get(pk=low).waiting_for.startswith("a free host"), "low still waits"
+    assert sent["admit"] == [(fleet.pk, 0)], "it asked the fleet's look"
+    admission.admit_fleet(fleet.pk)
+    assert _placed(low, high) == [high]
