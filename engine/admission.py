@@ -12,7 +12,10 @@ what is idle now is passed over for one that fits, and keeps its place for the n
 The tasks it chose it places itself: their jobs are claimed in one batch and each is attempted as
 its own provisioning step would (engine/submitted/provision.py `provision_jobs`: hosts taken
 under the fleet's lock, quota checked there), so a freed host's next job is placed by the step
-the release sent, with no message per run in between. A service replica, or a run with a slice
+the release sent, with no message per run in between (a run that may use several fleets goes to
+whichever has room, as anywhere; when that was another fleet, this one's hosts are offered again).
+A look whose claim skipped the row (a release was counting on it that moment, and sent no look
+because this one was out) sends itself again. A service replica, or a run with a slice
 to make (a backend call that may take minutes), is woken instead: its own step places it.
 
 So the choice costs one look per burst of releases, not a scan of the queue per host: releases
@@ -40,6 +43,7 @@ from engine.submitted import provision
 from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
+from engine.tuning import ADMISSION_RETRY_SECONDS as RETRY_SECONDS
 from instances import fleet_queue
 from instances.models import FleetQueue, FleetStatus
 from runs import admission, admission_order
@@ -49,7 +53,10 @@ def admit_fleet(fleet_id: int) -> None:
     """The task's body: the fleet's row made if it has none yet, then the claimed step."""
     if not fleet_queue.ensure(fleet_id):
         return  # no such fleet, or not active: nothing is placed on it
-    claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit)
+    if claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit) is None and fleet_queue.unlooked(fleet_id):
+        # nobody holds the row, yet the claim skipped it: a release was counting on it that moment
+        # (the claim skips a locked row), and that release sent no look, since this one was out
+        messages.admit_fleet(fleet_id, countdown=RETRY_SECONDS)
 
 
 def _admit(held: claims.Held) -> claims.Outcome:
@@ -75,16 +82,19 @@ def _admit(held: claims.Held) -> claims.Outcome:
             here = {h.pk for h in heads if h.here}
             # the tasks among them are placed by this step, in one claimed batch: no message
             placing = [pk for pk in picks if pk in here]
-            placed, tried = provision.provision_jobs(placing) if placing else (set(), set())
+            placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
             # one it held and did not place after all (a race, its quota) is passed over from now on
-            promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - placed)
+            promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - set(placed))
             # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
             # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
             elsewhere = set(placing) - tried
             promised.update((pk, [now, demand[pk], HELD_SECONDS]) for pk in elsewhere)
             picks = [pk for pk in picks if pk not in here]  # woken to their own step
             promised.update((pk, [now, demand[pk]]) for pk in picks)
-            later = [*([PROMISE_SECONDS] if picks or tried - placed else []), *([HELD_SECONDS] if elsewhere else [])]
+            # a run placed on another of its fleets left this one's hosts idle: offered again at once
+            away = any(f != fleet.pk for f in placed.values())
+            later = [*([PROMISE_SECONDS] if picks or tried - set(placed) else []),
+                     *([HELD_SECONDS] if elsewhere else []), *([RETRY_SECONDS] if away else [])]
     then = [partial(messages.provision_job, pk) for pk in picks]
     then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),

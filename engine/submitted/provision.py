@@ -38,19 +38,20 @@ def provision_job(job_id: int) -> bool:
                           waiting_master_job=False) is not None
 
 
-def provision_jobs(job_ids: list[int]) -> tuple[set[int], set[int]]:
+def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
     """provision_job for several jobs in one step (the fleet's admission look places the runs it
     chose this way, engine/admission.py): claimed together, read in one query, each attempted as
     provision_job would, in the order given (an error backs off that job alone), given back
-    together. Returns (the ids placed, the ids this step held): one it held and did not place
-    waits again (or ended), as after its own step; one it could not claim is another step's."""
+    together. Returns ({id placed: the fleet it went to}, the ids this step held): one it held and
+    did not place waits again (or ended), as after its own step; one it could not claim is another
+    step's."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
-    placed: set[int] = set()
+    placed: dict[int, int] = {}
     held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
-    return placed & held.applied, set(held.pks)
+    return {pk: fleet for pk, fleet in placed.items() if pk in held.applied}, set(held.pks)
 
 
-def _provision_each(order: list[int], placed: set[int], held: claims.Held) -> dict:
+def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
     jobs = {j.pk: j for j in Job.objects.select_related(
         "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk__in=held.pks)}
     outcomes = {}
@@ -59,7 +60,7 @@ def _provision_each(order: list[int], placed: set[int], held: claims.Held) -> di
         with held.row(pk):
             outcomes[pk] = _outcome(job, _attempt(job, held.lease))
             if job.status == JobStatus.PROVISIONING:
-                placed.add(pk)
+                placed[pk] = job.fleet_id or job.run.fleet_id
     return outcomes
 
 
@@ -107,8 +108,8 @@ def _attempt(job: Job, lease: Lease, recheck: bool = False) -> dict | claims.Out
                 return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings) + stopping, full[0])
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
-        if recheck and waiting.the_look_places(run, fleets):
-            return waiting.ask_the_look(fleets[0])
+        if recheck and waiting.the_look_places(job, fleets):
+            return waiting.ask_the_look(job, fleets[0])
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:

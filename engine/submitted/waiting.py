@@ -22,16 +22,19 @@ fails and the run ends `retry_limit_exceeded`.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Window
+from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from engine import messages
-from engine.job_outcome import learn
+from engine.job_outcome import job_outcome, learn
 from engine.nudges import is_service
+from engine.outcome import Outcome
+from engine.tuning import ADMISSION_READ_MARGIN as READ_MARGIN
 from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
 from runs import limits as run_limits
@@ -114,21 +117,29 @@ def released(fleet_ids) -> None:
         messages.admit_fleet(fleet_id)
 
 
-def the_look_places(run: Run, fleets: list) -> bool:
-    """Whether the admission look of the fleet a waiting run would go to now places it (a task
-    whose every group goes to that one fleet's given hosts, so none has a slice to make;
-    engine/admission.py places such runs itself), so that its own recheck, finding room, leaves
-    the choice to the look."""
-    return len({f.pk for f in fleets}) == 1 and fitting.is_static(fleets[0]) and not is_service(run)
+def the_look_places(job: Job, fleets: list) -> bool:
+    """Whether the admission look of the fleet a waiting job would go to now places it, so that its
+    own recheck, finding room, leaves the choice to the look: a task whose every group goes to that
+    one fleet's given hosts (none has a slice to make; engine/admission.py places such runs itself),
+    within the first READ_MARGIN of its project's queue (every look reads at least that far; a run
+    further down, behind runs the idle hosts do not fit, is placed by its recheck, as BestEffortFIFO
+    would: the look never reaches it)."""
+    run = job.run
+    if len({f.pk for f in fleets}) != 1 or not fitting.is_static(fleets[0]) or is_service(run):
+        return False
+    ahead = queue.waiting_jobs(run.project_id).filter(
+        Q(run__priority__gt=run.priority) | Q(run__priority=run.priority, run__submitted_at__lt=run.submitted_at))
+    return ahead[:READ_MARGIN].count() < READ_MARGIN
 
 
-def ask_the_look(fleet) -> dict:
+def ask_the_look(job: Job, fleet) -> Outcome:
     """A waiting job's recheck that found room on `fleet`: not placed by itself, which would pass
     over the runs before it in the queue (and race the look for the hosts), but by the fleet's look,
-    sent as a release sends it (`released`). The job keeps waiting until the look places it."""
-    transaction.on_commit(lambda: released([fleet.pk]))
+    asked as a release asks it (`released`) once this step has given the job back. The job keeps
+    waiting until the look places it."""
     recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
-    return {"next_check_at": timezone.now() + timedelta(seconds=recheck)}
+    return job_outcome(job, (partial(released, [fleet.pk]),),
+                       next_check_at=timezone.now() + timedelta(seconds=recheck))
 
 
 def due_rechecks(due, limit: int) -> list[int]:

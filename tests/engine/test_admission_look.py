@@ -188,10 +188,10 @@ def test_a_job_its_own_step_holds_keeps_the_hosts_a_moment_then_the_look_places_
     assert _placed(high, low) == [], f"low ({low}) is not placed on the hosts high's own step may be taking"
     assert set(map(int, FleetQueue.objects.get(pk=fleet.pk).promised)) == {high}
     assert sent["admit"] == [(fleet.pk, admission.HELD_SECONDS)], "looked at again in a moment, not a whole promise"
-    admission.admit_fleet(fleet.pk)
-    assert _placed(high, low) == [], "nor by a look within that moment"
     Job.objects.filter(pk=high).update(**released())  # its step gave it back, still waiting
     claims.forget_all()
+    admission.admit_fleet(fleet.pk)
+    assert _placed(high, low) == [], "within that moment the hosts are high's: nobody is placed"
     time.sleep(admission.HELD_SECONDS + 0.1)
     admission.admit_fleet(fleet.pk)
     assert _placed(high, low) == [high], "once the moment is over the look places it"
@@ -265,3 +265,35 @@ def test_a_recheck_that_finds_room_asks_the_look_which_places_the_queue_s_head(s
     assert sent["admit"] == [(fleet.pk, 0)], "it asked the fleet's look"
     admission.admit_fleet(fleet.pk)
     assert _placed(low, high) == [high]
+
+
+def test_a_look_whose_claim_skipped_the_row_while_a_release_counted_is_sent_again(sent, monkeypatch):
+    """The claim skips a row another transaction has locked (SKIP LOCKED): a release counting on the
+    row at that moment sent no look (this one was out), so the look sends itself again."""
+    fleet = local_project_fleet(size=1)
+    _waiting(fleet, "waiter", 50)
+    _idle(fleet, 0)
+    admission.admit_fleet(fleet.pk)  # the row is made
+    sent["admit"].clear()
+    want([fleet.pk])  # a release counted: its look is out
+    monkeypatch.setattr(claims, "claimed", lambda *args, **kwargs: None)  # as if the row was locked
+    admission.admit_fleet(fleet.pk)
+    assert sent["admit"] == [(fleet.pk, admission.RETRY_SECONDS)]
+    FleetQueue.objects.filter(pk=fleet.pk).update(admitted=1)  # a look looked meanwhile
+    admission.admit_fleet(fleet.pk)
+    assert sent["admit"] == [(fleet.pk, admission.RETRY_SECONDS)], "nothing left to look at: not sent again"
+
+
+def test_a_deep_small_run_behind_big_ones_is_placed_by_its_own_recheck(sent, monkeypatch):
+    """Beyond the look's read (the first READ_MARGIN of the queue), behind runs the idle hosts do not
+    fit, a waiting run's recheck places it itself: no look would reach it."""
+    from engine.submitted.provision import provision_job
+
+    monkeypatch.setattr(waiting, "READ_MARGIN", 2)
+    fleet = local_project_fleet(size=2)
+    big = [_waiting(fleet, f"big-{i}", 90, nodes=2) for i in range(2)]
+    small = _waiting(fleet, "small", 10)
+    sent["provision"].clear()
+    _idle(fleet, 1)
+    assert provision_job(small)
+    assert _placed(small, *big) == [small]
