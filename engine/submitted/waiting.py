@@ -26,7 +26,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Window
+from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -37,8 +37,8 @@ from engine.outcome import Outcome
 from engine.tuning import ADMISSION_READ_MARGIN as READ_MARGIN
 from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
+from runs import admission, admission_order, queue
 from runs import limits as run_limits
-from runs import queue
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job, Run
 from runs.waits import gives_up_at
@@ -118,18 +118,19 @@ def released(fleet_ids) -> None:
 
 
 def the_look_places(job: Job, fleets: list) -> bool:
-    """Whether the admission look of the fleet a waiting job would go to now places it, so that its
-    own recheck, finding room, leaves the choice to the look: a task whose every group goes to that
-    one fleet's given hosts (none has a slice to make; engine/admission.py places such runs itself),
-    within the first READ_MARGIN of its project's queue (every look reads at least that far; a run
-    further down, behind runs the idle hosts do not fit, is placed by its recheck, as BestEffortFIFO
-    would: the look never reaches it)."""
-    run = job.run
-    if len({f.pk for f in fleets}) != 1 or not fitting.is_static(fleets[0]) or is_service(run):
+    """Whether the admission look of the fleet a waiting job would go to now places it or runs
+    before it, so that its own recheck, finding room, leaves the choice to the look: a task whose
+    every group goes to that one fleet's given hosts (none has a slice to make; engine/admission.py
+    places such runs itself), among the runs a look reads first, or behind some of them the idle
+    hosts can hold. A run further down behind runs the idle hosts do not fit is placed by its
+    recheck, as BestEffortFIFO would: no look reaches it."""
+    run, fleet = job.run, fleets[0]
+    if len({f.pk for f in fleets}) != 1 or not fitting.is_static(fleet) or is_service(run):
         return False
-    ahead = queue.waiting_jobs(run.project_id).filter(
-        Q(run__priority__gt=run.priority) | Q(run__priority=run.priority, run__submitted_at__lt=run.submitted_at))
-    return ahead[:READ_MARGIN].count() < READ_MARGIN
+    heads = admission_order.heads_for(fleet, READ_MARGIN)
+    if any(h.pk == job.pk for h in heads):
+        return True
+    return bool(admission.choose(heads, fleet_queue.idle_hosts(fleet), {}, set(), partial(fleet_queue.fitting, fleet)))
 
 
 def ask_the_look(job: Job, fleet) -> Outcome:

@@ -297,3 +297,17 @@ def test_a_deep_small_run_behind_big_ones_is_placed_by_its_own_recheck(sent, mon
     _idle(fleet, 1)
     assert provision_job(small)
     assert _placed(small, *big) == [small]
+
+
+def test_a_deep_run_s_recheck_asks_the_look_when_runs_before_it_fit(sent, monkeypatch):
+    from engine.submitted.provision import provision_job
+
+    monkeypatch.setattr(waiting, "READ_MARGIN", 1)
+    fleet = local_project_fleet(size=2)
+    high = _waiting(fleet, "high", 90)
+    deep = _waiting(fleet, "deep", 10)
+    sent["provision"].clear()
+    _idle(fleet, 1)
+    assert provision_job(deep)
+    assert _placed(high, deep) == [], "high, before it, fits the idle host: the look's to place"
+    assert [pk for pk, _ in sent["admit"]] == [fleet.pk]
