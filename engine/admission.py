@@ -1,23 +1,33 @@
-"""admit_fleet: who gets the hosts a fleet got back, decided by one claimed step per fleet.
+"""admit_fleet: who gets the hosts a fleet got back, decided and placed by one claimed step per fleet.
 
 A job's end (or a placement that did not happen) gives hosts back (engine/submitted/waiting.py
-`hand_back`); after its commit, when any job waits for a host, the fleet's FleetQueue row counts
-one more release (`wanted`) and this step is sent (with nobody waiting a look would wake nobody).
-The step claims the fleet's row, reads how many of its hosts are idle and the
-runs waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
-runs/admission.py), and wakes the first ones that the idle
-hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for what is idle now is passed
-over for one that fits, and keeps its place for the next look). Each woken job's own provisioning
-step takes its hosts, under the fleet's lock, as any placement does: this step only chooses.
+`hand_back`, `released`); after its commit, when any job waits for a host, the fleet's FleetQueue
+row counts one more release (`wanted`) and this step is sent (with nobody waiting a look would
+wake nobody). The step claims the fleet's row, reads how many of its hosts are idle and the runs
+waiting for them in the queue's order (runs/queue.py: the highest priority, then the oldest;
+runs/admission.py; on a shared fleet in fair-share order, runs/admission_order.py), and chooses
+the first ones that the idle hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for
+what is idle now is passed over for one that fits, and keeps its place for the next look).
+
+The tasks it chose it places itself: their jobs are claimed in one batch and each is attempted as
+its own provisioning step would (engine/submitted/provision.py `provision_jobs`: hosts taken
+under the fleet's lock, quota checked there), so a freed host's next job is placed by the step
+the release sent, with no message per run in between (a run that may use several fleets goes to
+whichever has room, as anywhere; when that was another fleet, this one's hosts are offered again).
+A look whose claim skipped the row (a release was counting on it that moment, and sent no look
+because this one was out) sends itself again. A service replica, or a run with a slice
+to make (a backend call that may take minutes), is woken instead: its own step places it.
 
 So the choice costs one look per burst of releases, not a scan of the queue per host: releases
 that come while a look holds the row only raise `wanted` (no message: it would bounce), and the
-look, once given back, is sent again when `wanted` passed what it started from. The jobs a look woke are its `promised`: the next
-look within PROMISE_SECONDS neither wakes them again nor counts their hosts as free, so a burst's
-second look wakes the next runs, not the same ones twice. A look that woke runs looks again once
-the promise is over (a woken run that did not fit after all waits again, and its hosts are then
-offered to the next one). The sweep's recheck of each waiting job stays the backstop for a lost
-message or a host added (engine/sweeps.py).
+look, once given back, is sent again when `wanted` passed what it started from. The jobs a look
+woke are its `promised`: the next look within PROMISE_SECONDS neither wakes them again nor counts
+their hosts as free, so a burst's second look wakes the next runs, not the same ones twice. A look
+that woke runs, or chose one it could not place after all, looks again once the promise is over
+(the hosts it left idle are offered to the next one; the one not placed is passed over until its
+own recheck). A task it chose whose job its own step holds (a recheck, which may be taking those
+hosts itself) keeps them only HELD_SECONDS, and the look comes again then. The sweep's recheck of each waiting job stays the backstop for a lost message or a
+host added (engine/sweeps.py).
 """
 
 from __future__ import annotations
@@ -29,8 +39,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine import claims, messages
+from engine.submitted import provision
+from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
+from engine.tuning import ADMISSION_RETRY_SECONDS as RETRY_SECONDS
 from instances import fleet_queue
 from instances.models import FleetQueue, FleetStatus
 from runs import admission, admission_order
@@ -40,14 +53,10 @@ def admit_fleet(fleet_id: int) -> None:
     """The task's body: the fleet's row made if it has none yet, then the claimed step."""
     if not fleet_queue.ensure(fleet_id):
         return  # no such fleet, or not active: nothing is placed on it
-    claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit)
-
-
-def released(fleet_ids) -> None:
-    """After a release's commit: each fleet's row counts one more release, and its look is sent
-    unless one holds the row now (that look sends itself again once it sees the count moved)."""
-    for fleet_id in fleet_queue.want(fleet_ids):
-        messages.admit_fleet(fleet_id)
+    if claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit) is None and fleet_queue.unlooked(fleet_id):
+        # nobody holds the row, yet the claim skipped it: a release was counting on it that moment
+        # (the claim skips a locked row), and that release sent no look, since this one was out
+        messages.admit_fleet(fleet_id, countdown=RETRY_SECONDS)
 
 
 def _admit(held: claims.Held) -> claims.Outcome:
@@ -57,11 +66,12 @@ def _admit(held: claims.Held) -> claims.Outcome:
     # kept while they count (engine.tuning: a promise, then passed over until the job's own recheck)
     keep = max(PROMISE_SECONDS, float(settings.MUSTER["WAITING_HOST_RECHECK"]))
     promised = {int(pk): _entry(value) for pk, value in (row.promised or {}).items()}
-    promised = {pk: entry for pk, entry in promised.items() if now - entry[0] < keep}
+    promised = {pk: e for pk, e in promised.items() if now - e[0] < (keep if len(e) == 2 else e[2])}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
     picks: list[int] = []
+    later: list[float] = []  # when to look again, if at all
     if fleet.status == FleetStatus.ACTIVE:
-        live = {pk: demand for pk, (at, demand) in promised.items() if now - at < PROMISE_SECONDS}
+        live = {pk: e[1] for pk, e in promised.items() if now - e[0] < (PROMISE_SECONDS if len(e) == 2 else e[2])}
         idle = fleet_queue.idle_hosts(fleet)
         if idle > sum(live.values()):
             # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
@@ -69,23 +79,38 @@ def _admit(held: claims.Held) -> claims.Outcome:
             picks = admission.choose(heads, idle, live, set(promised) - set(live),
                                      partial(fleet_queue.fitting, fleet))
             demand = {h.pk: h.demand for h in heads}
+            here = {h.pk for h in heads if h.here}
+            # the tasks among them are placed by this step, in one claimed batch: no message
+            placing = [pk for pk in picks if pk in here]
+            placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
+            # one it held and did not place after all (a race, its quota) is passed over from now on
+            promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - set(placed))
+            # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
+            # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
+            elsewhere = set(placing) - tried
+            promised.update((pk, [now, demand[pk], HELD_SECONDS]) for pk in elsewhere)
+            picks = [pk for pk in picks if pk not in here]  # woken to their own step
             promised.update((pk, [now, demand[pk]]) for pk in picks)
+            # a run placed on another of its fleets left this one's hosts idle: offered again at once
+            away = any(f != fleet.pk for f in placed.values())
+            later = [*([PROMISE_SECONDS] if picks or tried - set(placed) else []),
+                     *([HELD_SECONDS] if elsewhere else []), *([RETRY_SECONDS] if away else [])]
     then = [partial(messages.provision_job, pk) for pk in picks]
-    then.append(partial(_look_again, fleet.pk, start, bool(picks)))
+    then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
                                   "promised": {str(pk): entry for pk, entry in promised.items()}}, then=tuple(then))
 
 
 def _entry(value) -> list:
-    """A promise as [when, demand] (an early row kept only when)."""
+    """A promise as [when, demand] or [when, demand, for how long] (an early row kept only when)."""
     return list(value) if isinstance(value, list) else [float(value), 1]
 
 
-def _look_again(fleet_id: int, start: int, woke: bool) -> None:
+def _look_again(fleet_id: int, start: int, after: float | None) -> None:
     """Sent once the look's row is free: at once when releases came during the look (their own
-    messages were not sent: the row was held), and once its promise is over when it woke runs (a
-    woken run that did not take its hosts leaves them to the next)."""
+    messages were not sent: the row was held), and `after` seconds when its promises run out (a
+    woken run, or one held by its own step, that did not take its hosts leaves them to the next)."""
     if FleetQueue.objects.filter(pk=fleet_id, wanted__gt=start).exists():
         messages.admit_fleet(fleet_id)
-    if woke:
-        messages.admit_fleet(fleet_id, countdown=PROMISE_SECONDS)
+    if after is not None:
+        messages.admit_fleet(fleet_id, countdown=after)

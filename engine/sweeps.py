@@ -142,10 +142,14 @@ def runs_to_derive(now, old):
     many runs are running.
     """
     active = [RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING, RunStatus.TERMINATING]
-    job_changed = Exists(Job.objects.filter(
-        run_id=OuterRef("pk"), superseded=False,
-        status_changed_at__gte=Coalesce(OuterRef("derived_at"), OuterRef("submitted_at")),
-        status_changed_at__lt=old))  # changed long enough ago that its own nudge should have come
+    # changed long enough ago that its own nudge should have come
+    jobs = Job.objects.filter(run_id=OuterRef("pk"), superseded=False, status_changed_at__lt=old)
+    # A run never derived is due once a job of it left `submitted`: a job still there (a run waiting
+    # for a host) would derive to what the run already is, and at 10,000 waiting runs that was one
+    # process_run per waiting run, spent while hosts were being handed over (bench.queueing). A lost
+    # provisioning message of such a job is the sweep's `provision` recovery, not a derive's.
+    job_changed = (Q(derived_at__isnull=False) & Exists(jobs.filter(status_changed_at__gte=OuterRef("derived_at")))
+                   | Q(derived_at__isnull=True) & Exists(jobs.exclude(status=JobStatus.SUBMITTED)))
     # a service updated after its last derivation (the update's nudge bounced off a process_run)
     updated = Q(updated_at__lt=old) & (Q(derived_at__isnull=True) | Q(updated_at__gte=F("derived_at")))
     stale = Q(derived_at__isnull=True) | Q(derived_at__lt=old)

@@ -113,6 +113,12 @@ SCRAPE_FAILURE_EVENT_EVERY = 300.0
 # (their provisioning steps normally place them within a second); a woken job still waiting after
 # this did not fit, and is passed over by the looks until its own recheck (MUSTER_WAITING_HOST_RECHECK)
 ADMISSION_PROMISE_SECONDS = 5.0
+# a job the look chose but could not claim (its own provisioning step held it, a recheck that may be
+# taking the hosts itself): how long its hosts stay its before the next look offers them again
+ADMISSION_HELD_SECONDS = 0.5
+# a look whose claim found the row locked by a release counting on it, or that placed a run on
+# another fleet, is sent again this soon
+ADMISSION_RETRY_SECONDS = 0.05
 # how many waiting jobs a look reads at most, beyond one per idle host and per promise
 ADMISSION_READ_MARGIN = 64
 # waiting jobs the sweep looks at on their own per sweep (every MUSTER_SWEEP_INTERVAL, 2 s): 10 a

@@ -9,7 +9,7 @@ from django.db.models import F
 
 from instances.fitting import candidates, page_for
 from instances.models import Fleet, FleetQueue, FleetStatus, Instance, InstanceStatus
-from instances.rows import free_instances
+from instances.rows import count_release, free_instances
 from muster.claimable import unleased
 
 
@@ -24,17 +24,32 @@ def ensure(fleet_id: int) -> bool:
 
 
 def want(fleet_ids) -> list[int]:
-    """One more release on each fleet (its row made if missing): the ids whose look should be sent,
-    those nobody holds now (a look that holds one sees the count moved once it is done, and is sent
-    again then: a message now would only bounce off its lease)."""
+    """One more release on each fleet (its row made if missing): the ids whose look should be sent.
+
+    Only the first release since the last look sends one (the count one past what that look
+    started from), and only while no look holds the row: the releases after it, until that look
+    has read the row, are looked at by it, and those while a look holds the row by the look it
+    sends itself once it sees the count moved. So a burst of releases costs a few looks, each
+    placing many runs, not a look per release, each reading the queue for one host. A lost look is
+    the sweep's: the count stays past `admitted`.
+    """
     ids = sorted(set(fleet_ids))
     if not ids:
         return []
-    if FleetQueue.objects.filter(pk__in=ids).update(wanted=F("wanted") + 1) < len(ids):
-        have = set(FleetQueue.objects.filter(pk__in=ids).values_list("pk", flat=True))
-        live = Fleet.objects.filter(pk__in=set(ids) - have).values_list("pk", flat=True)
-        FleetQueue.objects.bulk_create([FleetQueue(fleet_id=pk, wanted=1) for pk in live], ignore_conflicts=True)
-    return list(FleetQueue.objects.filter(unleased(), pk__in=ids).values_list("pk", flat=True))
+    counted = count_release(ids)
+    missing = set(ids) - set(counted)
+    if missing:
+        live = Fleet.objects.filter(pk__in=missing).values_list("pk", flat=True)
+        FleetQueue.objects.bulk_create([FleetQueue(fleet_id=pk) for pk in live], ignore_conflicts=True)
+        counted.update(count_release(sorted(missing)))  # made now, by this release or by another step
+    first = [pk for pk, (wanted, admitted) in sorted(counted.items()) if wanted == admitted + 1]
+    # a look that holds the row now started before this release: it sends itself again once done
+    return list(FleetQueue.objects.filter(unleased(), pk__in=first).values_list("pk", flat=True)) if first else []
+
+
+def unlooked(fleet_id: int) -> bool:
+    """Whether nobody holds the fleet's row while a release on it waits for a look."""
+    return FleetQueue.objects.filter(unleased(), pk=fleet_id, wanted__gt=F("admitted")).exists()
 
 
 def fleets_of(instance_ids) -> list[int]:

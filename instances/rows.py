@@ -7,18 +7,20 @@ which tests/engine/test_candidate_reads.py holds the SQL to. Columns come from t
 rows become objects through muster.rows.from_row.
 
 And what each project holds of each fleet (`held`, `usage_by_project`): the hosts and GPUs of its
-unfinished jobs, one aggregate query, read by the console's fleets page and /metrics.
+unfinished jobs, one aggregate query, read by the console's fleets page and /metrics. And a
+release counted on a fleet's admission row, read back by the same statement (`count_release`).
 """
 
 from __future__ import annotations
 
 import functools
 
-from django.db import connection
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import F, Q
 
 from instances.models import (
     Fleet,
+    FleetQueue,
     FleetShare,
     FleetStatus,
     GroupKind,
@@ -155,3 +157,27 @@ def usage_by_project(fleet: Fleet) -> dict[int, tuple[int, int]]:
     """{project id: (hosts, GPUs)} each project's unfinished jobs hold on `fleet`: what the console's
     fleet page shows per project (a fleet's quotas per project go beside it)."""
     return {project: used for (_, project), used in held([fleet.pk]).items()}
+
+
+@functools.cache
+def _count_release_sql() -> str:
+    table = connection.ops.quote_name(FleetQueue._meta.db_table)
+    pk, wanted, admitted = (connection.ops.quote_name(FleetQueue._meta.get_field(name).column)
+                            for name in ("fleet", "wanted", "admitted"))
+    return (f"UPDATE {table} SET {wanted} = {wanted} + 1 WHERE {pk} = ANY(%s) "
+            f"RETURNING {pk}, {wanted}, {admitted}")
+
+
+def count_release(fleet_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """One more release on each fleet's admission row that exists: {fleet id: (wanted, admitted)}
+    as the increment left them, read by the same statement (so two releases at once each see their
+    own count: exactly one of them sees the first release since the last look)."""
+    if rows.one_statement(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(_count_release_sql(), [list(fleet_ids)])
+            return {pk: (wanted, admitted) for pk, wanted, admitted in cursor.fetchall()}
+    # SQLite: the IMMEDIATE transaction keeps every other writer out between the two
+    with transaction.atomic():
+        FleetQueue.objects.filter(pk__in=fleet_ids).update(wanted=F("wanted") + 1)
+        return {pk: (wanted, admitted) for pk, wanted, admitted in
+                FleetQueue.objects.filter(pk__in=fleet_ids).values_list("pk", "wanted", "admitted")}

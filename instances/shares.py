@@ -162,7 +162,8 @@ def lent(share: Share, used: Amounts) -> Amounts | None:
     return room if any(v > 0 for v in room.values()) else None
 
 
-Head = tuple[int, Amounts, int, float]  # (job pk, what it takes, priority, submitted at as a number)
+# (job pk, what it takes, submitted at as a number): no priority, which orders a project's own heads only
+Head = tuple[int, Amounts, float]
 
 
 def fair_order(usage: dict[int, Amounts], quotas: dict[int, dict[str, int | None]],
@@ -178,10 +179,10 @@ def fair_order(usage: dict[int, Amounts], quotas: dict[int, dict[str, int | None
     picked: list[int] = []
     while left and len(picked) < count:
         def key(p: int):
-            _, _, _, since = left[p][0]
+            _, _, since = left[p][0]
             return (dominant_share(used.get(p, {}), quotas.get(p, {})), since, p)
         project = min(left, key=key)
-        pk, takes, _, _ = left[project].pop(0)
+        pk, takes, _ = left[project].pop(0)
         picked.append(pk)
         mine = used.setdefault(project, {"hosts": 0, "gpus": 0})
         for resource in RESOURCES:

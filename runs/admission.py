@@ -33,6 +33,10 @@ class Head:
 
     pk: int
     groups: list[tuple[dict, int]] = field(default_factory=list)
+    # a task whose every job goes to given hosts: the look may place it itself (engine/admission.py);
+    # a service replica or a run with a slice to make is woken to its own step
+    here: bool = False
+    since: float = 0.0  # its run's submission, as a number (a shared fleet's order between projects)
 
     @property
     def demand(self) -> int:
@@ -48,17 +52,20 @@ def _tpu(resources: dict | None) -> bool:
     return bool(((resources or {}).get("gpu") or {}).get("tpu"))
 
 
-def _task_groups(run_ids: list[int]) -> dict[int, list[tuple[dict, int]]]:
-    """Per task run: the groups its jobs without a host still need of a static fleet (one query)."""
+def _task_groups(run_ids: list[int]) -> tuple[dict[int, list[tuple[dict, int]]], set[int]]:
+    """Per task run: the groups its jobs without a host still need of a static fleet (one query),
+    and the runs with a group whose hosts a backend makes (a TPU slice)."""
     found: dict[int, dict[int, list]] = {}
+    made: set[int] = set()
     rows = (Job.objects.filter(run_id__in=run_ids, superseded=False, status=JobStatus.SUBMITTED,
                                instance__isnull=True).values_list("run_id", "node_group_index", "spec__resources"))
     for run_id, group, resources in rows:
         if _tpu(resources):
+            made.add(run_id)
             continue  # its backend makes the group's hosts
         entry = found.setdefault(run_id, {}).setdefault(group, [resources or {}, 0])
         entry[1] += 1
-    return {run_id: [(req, n) for _, (req, n) in sorted(groups.items())] for run_id, groups in found.items()}
+    return {run_id: [(req, n) for _, (req, n) in sorted(groups.items())] for run_id, groups in found.items()}, made
 
 
 def waiting_heads(project_id: int, names: set[str], limit: int) -> list[Head]:
@@ -67,19 +74,21 @@ def waiting_heads(project_id: int, names: set[str], limit: int) -> list[Head]:
     heads: list[Head] = []
     ordered = queue.waiting_jobs(project_id).values_list(
         "pk", "run_id", "run__configuration__type", "run__configuration__fleets", "spec__resources",
-        "spec__nodes_in_group")
-    for start in range(0, SCAN, PAGE):
-        page = list(ordered[start:start + PAGE])
+        "spec__nodes_in_group", "run__submitted_at")
+    size = min(PAGE, max(limit, 1))  # a look for one host reads a short page, not PAGE rows and their groups
+    for start in range(0, SCAN, size):
+        page = list(ordered[start:start + size])
         usable = [row for row in page if may_use(row[3], names)]
-        tasks = _task_groups([row[1] for row in usable if row[2] != "service"])
-        for pk, run_id, kind, _, resources, nodes in usable:
+        tasks, made = _task_groups([row[1] for row in usable if row[2] != "service"])
+        for pk, run_id, kind, _, resources, nodes, submitted in usable:
             if kind == "service":
                 groups = [] if _tpu(resources) else [(resources or {}, int(nodes or 1))]
             else:
                 groups = tasks.get(run_id, [])
             if groups:
-                heads.append(Head(pk, groups))
-        if len(heads) >= limit or len(page) < PAGE:
+                heads.append(Head(pk, groups, here=kind != "service" and run_id not in made,
+                                  since=submitted.timestamp()))
+        if len(heads) >= limit or len(page) < size:
             break
     return heads[:limit]
 

@@ -5,14 +5,13 @@ shared fleet: each sharing project's runs that may use it (the owner's call it `
 `owner/name`, or write no `fleets:`), read as runs/admission.py reads one project's, then taken
 project by project furthest below its share first (instances/shares.fair_order: dominant share
 over hosts and GPUs, Kueue's and DRF's rule), each project's own runs in its queue order. One read
-per project sharing the fleet, one aggregate of what each project holds, one of the heads' ages.
+per project sharing the fleet (with the heads' ages), one aggregate of what each project holds.
 """
 
 from __future__ import annotations
 
 from instances import shares
 from runs import admission
-from runs.models import Job
 
 
 def heads_for(fleet, limit: int) -> list[admission.Head]:
@@ -26,11 +25,6 @@ def heads_for(fleet, limit: int) -> list[admission.Head]:
         names = {fleet.name} if project_id == fleet.project_id else {f"{owner.project if owner else ''}/{fleet.name}"}
         per_project[project_id] = admission.waiting_heads(project_id, names, limit)
     by_pk = {h.pk: h for heads in per_project.values() for h in heads}
-    if not by_pk:
-        return []
-    ages = {pk: (priority, since.timestamp()) for pk, priority, since in
-            Job.objects.filter(pk__in=list(by_pk)).values_list("pk", "run__priority", "run__submitted_at")}
-    fair = {p: [(h.pk, {"hosts": h.demand, "gpus": 0}, *ages[h.pk]) for h in heads]
-            for p, heads in per_project.items()}
+    fair = {p: [(h.pk, {"hosts": h.demand, "gpus": 0}, h.since) for h in heads] for p, heads in per_project.items()}
     order = shares.fair_order(shares.usage_of(fleet.pk), {p: s.quota for p, s in found.items()}, fair, limit)
     return [by_pk[pk] for pk in order]

@@ -38,9 +38,38 @@ def provision_job(job_id: int) -> bool:
                           waiting_master_job=False) is not None
 
 
+def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
+    """provision_job for several jobs in one step (the fleet's admission look places the runs it
+    chose this way, engine/admission.py): claimed together, read in one query, each attempted as
+    provision_job would, in the order given (an error backs off that job alone), given back
+    together. Returns ({id placed: the fleet it went to}, the ids this step held): one it held and
+    did not place waits again (or ended), as after its own step; one it could not claim is another
+    step's."""
+    due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
+    placed: dict[int, int] = {}
+    held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
+    return {pk: fleet for pk, fleet in placed.items() if pk in held.applied}, set(held.pks)
+
+
+def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
+    jobs = {j.pk: j for j in Job.objects.select_related(
+        "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk__in=held.pks)}
+    outcomes = {}
+    for pk in [pk for pk in order if pk in jobs]:
+        job = jobs[pk]
+        with held.row(pk):
+            outcomes[pk] = _outcome(job, _attempt(job, held.lease))
+            if job.status == JobStatus.PROVISIONING:
+                placed[pk] = job.fleet_id or job.run.fleet_id
+    return outcomes
+
+
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    fields = _attempt(job, held.lease)
+    return _outcome(job, _attempt(job, held.lease, recheck=job.waiting_for.startswith(waiting.PREFIX)))
+
+
+def _outcome(job: Job, fields: dict | claims.Outcome) -> claims.Outcome:
     if isinstance(fields, claims.Outcome):  # the attempt's last move is the give-back itself
         return fields
     # A placed job's advance_job leaves only once the lease is given back: sent from inside the
@@ -50,10 +79,11 @@ def _provision(held: claims.Held) -> claims.Outcome:
     return job_outcome(job, then, **fields)
 
 
-def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
+def _attempt(job: Job, lease: Lease, recheck: bool = False) -> dict | claims.Outcome:
     """Place the job; returns the fields its give-back writes (a wait for a host: engine/submitted/waiting.py),
     or the Outcome whose move gives it back (a job 0 that fails for no capacity ends as it is given back).
-    `lease`: provision_job's hold on the job, which each of its moves takes."""
+    `lease`: provision_job's hold on the job, which each of its moves takes. `recheck`: the job waits
+    for a host and this is its own look (the sweep's), not its fleet's admission look."""
     run = job.run
     if run.stop_requested or run.status not in (RunStatus.SUBMITTED, RunStatus.PROVISIONING, RunStatus.RUNNING):
         return {}  # the run is ending; process_run terminates this job
@@ -78,6 +108,8 @@ def _attempt(job: Job, lease: Lease) -> dict | claims.Outcome:
                 return waiting.wait(job, spanning.wait_words(run.project_id, full, run, siblings) + stopping, full[0])
             why = f"{spanning.full_fleets(full)}, and {crowded}" if crowded else _no_capacity(run, siblings, usable)
             return claims.Outcome(move=partial(end_job, job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why))
+        if recheck and waiting.the_look_places(job, fleets):
+            return waiting.ask_the_look(job, fleets[0])
         _record_placement(run, job, fleets, siblings)
     fleet = job.fleet or run.fleet  # (a job placed before runs could span fleets has only the run's)
     if job.job_num == 0:

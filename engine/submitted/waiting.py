@@ -22,6 +22,7 @@ fails and the run ends `retry_limit_exceeded`.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -29,12 +30,15 @@ from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from engine import admission
-from engine.job_outcome import learn
-from instances import fleet_queue, spanning
+from engine import messages
+from engine.job_outcome import job_outcome, learn
+from engine.nudges import is_service
+from engine.outcome import Outcome
+from engine.tuning import ADMISSION_READ_MARGIN as READ_MARGIN
+from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
+from runs import admission, admission_order, queue
 from runs import limits as run_limits
-from runs import queue
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job, Run
 from runs.waits import gives_up_at
@@ -102,7 +106,41 @@ def _released(instances, freed: set[int]) -> None:
     known = {inst.pk: inst.__dict__["fleet_id"] for inst in instances if "fleet_id" in inst.__dict__}
     fleets = ({known[pk] for pk in freed if known[pk] is not None} if freed <= set(known)
               else fleet_queue.fleets_of(freed))
-    admission.released(fleets)
+    released(fleets)
+
+
+def released(fleet_ids) -> None:
+    """After a release's commit: each fleet's row counts one more release, and its look is sent when
+    this is the first release since the last look and no look holds the row (instances/fleet_queue.py
+    `want`: the look sent covers the releases after it, a look holding the row sends itself again)."""
+    for fleet_id in fleet_queue.want(fleet_ids):
+        messages.admit_fleet(fleet_id)
+
+
+def the_look_places(job: Job, fleets: list) -> bool:
+    """Whether the admission look of the fleet a waiting job would go to now places it or runs
+    before it, so that its own recheck, finding room, leaves the choice to the look: a task whose
+    every group goes to that one fleet's given hosts (none has a slice to make; engine/admission.py
+    places such runs itself), among the runs a look reads first, or behind some of them the idle
+    hosts can hold. A run further down behind runs the idle hosts do not fit is placed by its
+    recheck, as BestEffortFIFO would: no look reaches it."""
+    run, fleet = job.run, fleets[0]
+    if len({f.pk for f in fleets}) != 1 or not fitting.is_static(fleet) or is_service(run):
+        return False
+    heads = admission_order.heads_for(fleet, READ_MARGIN)
+    if any(h.pk == job.pk for h in heads):
+        return True
+    return bool(admission.choose(heads, fleet_queue.idle_hosts(fleet), {}, set(), partial(fleet_queue.fitting, fleet)))
+
+
+def ask_the_look(job: Job, fleet) -> Outcome:
+    """A waiting job's recheck that found room on `fleet`: not placed by itself, which would pass
+    over the runs before it in the queue (and race the look for the hosts), but by the fleet's look,
+    asked as a release asks it (`released`) once this step has given the job back. The job keeps
+    waiting until the look places it."""
+    recheck = float(settings.MUSTER["WAITING_HOST_RECHECK"])
+    return job_outcome(job, (partial(released, [fleet.pk]),),
+                       next_check_at=timezone.now() + timedelta(seconds=recheck))
 
 
 def due_rechecks(due, limit: int) -> list[int]:

@@ -43,17 +43,17 @@ def test_dominant_share_is_the_largest_use_over_quota():
 
 def test_freed_hosts_alternate_by_share_then_age():
     quotas = {1: {"hosts": 2, "gpus": None}, 2: {"hosts": 2, "gpus": None}}
-    heads = {1: [(11, ONE, 50, 1.0), (12, ONE, 50, 2.0)], 2: [(21, ONE, 50, 3.0), (22, ONE, 50, 4.0)]}
+    heads = {1: [(11, ONE, 1.0), (12, ONE, 2.0)], 2: [(21, ONE, 3.0), (22, ONE, 4.0)]}
     # alpha holds 3 of 2, beta 1 of 2: beta first, then level (2 and 2... 3 vs 2): as each pick is counted
     assert fair_order({1: {"hosts": 3}, 2: {"hosts": 1}}, quotas, heads, 4) == [21, 22, 11, 12]
     # level: the older head first, whatever the priorities (priority never decides between projects)
     level = {1: {"hosts": 1}, 2: {"hosts": 1}}
-    assert fair_order(level, quotas, {1: [(11, ONE, 10, 1.0)], 2: [(21, ONE, 100, 2.0)]}, 1) == [11]
-    assert fair_order(level, quotas, {1: [(11, ONE, 100, 2.0)], 2: [(21, ONE, 0, 1.0)]}, 1) == [21]
-    assert fair_order(level, quotas, {1: [(11, ONE, 50, 1.0)], 2: [(21, ONE, 50, 2.0)]}, 2) == [11, 21]
+    assert fair_order(level, quotas, {1: [(11, ONE, 1.0)], 2: [(21, ONE, 2.0)]}, 1) == [11]
+    assert fair_order(level, quotas, {1: [(11, ONE, 2.0)], 2: [(21, ONE, 1.0)]}, 1) == [21]
+    assert fair_order(level, quotas, {1: [(11, ONE, 1.0)], 2: [(21, ONE, 2.0)]}, 2) == [11, 21]
     # no more wakes than hosts, nor than waiting heads
     assert fair_order({}, quotas, heads, 1) == [11]
-    assert fair_order({}, quotas, {1: [], 2: [(21, ONE, 50, 1.0)]}, 3) == [21]
+    assert fair_order({}, quotas, {1: [], 2: [(21, ONE, 1.0)]}, 3) == [21]
 
 
 def test_a_project_is_owed_hosts_only_within_its_nominal_quota_and_lends_only_what_it_holds_above_it():

@@ -197,3 +197,23 @@ def test_a_teardown_leaves_a_job_that_moved_since_its_read_to_the_next_derive(se
     assert [Job.objects.get(pk=j.pk).status for j in jobs] == ["terminating", "terminated", "provisioning"]
     assert list(jobs[1].events.values_list("subject", "status")) == [("job moved/1", "terminated")]
     assert not jobs[2].events.filter(status="terminated").exists()
+
+
+def test_the_sweep_does_not_derive_a_run_never_derived_whose_jobs_all_wait(sent):
+    """A waiting run's job stays `submitted`: its derive would change nothing, and at 10,000 waiting
+    runs the sweep spent one process_run on each (bench.queueing). Once a job of it moves, it is due."""
+    fleet = local_project_fleet(size=1, name="fleet-waits")
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nname: waits\nnodes: 2\ncommands: [echo]\n"})
+    long_ago = timezone.now() - timedelta(hours=1)
+    Run.objects.filter(pk=run.pk).update(submitted_at=long_ago - timedelta(minutes=1))
+    Job.objects.filter(run=run).update(status_changed_at=long_ago, waiting_for="a free host: fleet is full")
+
+    def due() -> list[int]:
+        return [pk for pk, _, _ in sweeps.runs_to_derive(timezone.now(), timezone.now() - timedelta(seconds=30))]
+
+    assert run.pk not in due()
+    Job.objects.filter(run=run, job_num=1).update(status="terminated", termination_reason="failed_to_start_due_to_no_capacity")
+    assert run.pk in due(), "a job that left `submitted` makes the never-derived run due"
+    Job.objects.filter(run=run, job_num=1).update(status="submitted")
+    Run.objects.filter(pk=run.pk).update(derived_at=long_ago - timedelta(seconds=30))
+    assert run.pk in due(), "a derived run is due by its jobs' changes since, whatever their status"

@@ -105,10 +105,10 @@ def test_a_run_that_could_never_fit_fails_at_once_even_with_retry(fast_limits, c
 
 
 def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_worker, superuser_api, monkeypatch):
-    from engine import admission
+    from engine.submitted import waiting
 
     woken = []  # the release's admission look is never asked for: neither counted nor sent
-    monkeypatch.setattr(admission, "released", lambda fleet_ids: woken.append(list(fleet_ids)))
+    monkeypatch.setattr(waiting, "_released", lambda instances, freed: woken.append(sorted(freed)))
     local_project_fleet(size=2)
     with Beat():
         _holder_running(superuser_api)
@@ -117,6 +117,7 @@ def test_a_lost_wake_is_made_up_for_by_the_sweep_s_recheck(fast_limits, celery_w
         _stop_holder(superuser_api)
         done = wait_for_run("waiter", timeout=90)
     assert woken, "the holder's hosts were given back with a wake, which this test dropped"
+    # the recheck that found the hosts idle asked the fleet's look, which placed the waiter
     assert (done.status, done.submission_num) == ("done", 0)
 
 
