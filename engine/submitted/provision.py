@@ -27,9 +27,9 @@ from runs.transitions import end_job, move_job, move_run
 log = logging.getLogger(__name__)
 
 
-# the run's user too: placement asks whether its runs may go to local fleets (compiled once)
-_JOB = compiled.Select(lambda pk: Job.objects.select_related(
-    "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk=pk), int)
+# the run's user too: placement asks whether its runs may go to local fleets
+_RELATED = ("run", "run__project", "run__fleet", "run__user", "instance", "fleet")
+_JOB = compiled.Select(lambda pk: Job.objects.select_related(*_RELATED).filter(pk=pk), int)  # compiled once
 
 
 def provision_job(job_id: int) -> bool:
@@ -52,8 +52,7 @@ def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
 
 
 def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
-    jobs = {j.pk: j for j in Job.objects.select_related(
-        "run", "run__project", "run__fleet", "run__user", "instance", "fleet").filter(pk__in=held.pks)}
+    jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
     for pk in [pk for pk in order if pk in jobs]:
         job = jobs[pk]

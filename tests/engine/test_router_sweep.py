@@ -10,21 +10,10 @@ from engine import messages, router_sync
 from runs.models import Run
 from runs.services.submission import submit_run
 from tests.engine.helpers import local_project_fleet
+from tests.serving_pd.test_drain_waits_for_routers import PD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PD = """type: service
-name: pd
-port: 8000
-groups:
-  - name: router
-    replicas: 1
-    router: {type: smg}
-    commands: [smg launch --pd-disaggregation]
-  - name: decode
-    replicas: 1
-    commands: [python3 -m serving.standin --role decode]
-"""
 
 
 def test_the_sweep_parses_only_the_live_services(monkeypatch):
