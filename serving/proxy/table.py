@@ -63,6 +63,9 @@ class Table:
         self.entries: dict[tuple[str, str], Entry] = {}
         self._by_run: dict[int, tuple[str, str]] = {}
         self._loading: dict[tuple[str, str], asyncio.Future] = {}
+        # services notified while a read of them was under way: that read may have begun before the
+        # change was committed, so it is done again before its answer is kept
+        self._stale: set[tuple[str, str]] = set()
 
     async def _in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -77,14 +80,22 @@ class Table:
         return entry
 
     async def load(self, key: tuple[str, str], notified: bool = False) -> Entry:
-        """Read one service again; concurrent calls for the same service share one read."""
+        """Read one service again; concurrent calls for the same service share one read, and a
+        notification that arrives during a read makes that read run again."""
         pending = self._loading.get(key)
         if pending is not None:
+            if notified:
+                self._stale.add(key)
             return await asyncio.shield(pending)
         future = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
-            service = await self._in_thread(self._read, *key)
+            while True:
+                self._stale.discard(key)
+                service = await self._in_thread(self._read, *key)
+                if key not in self._stale:
+                    break
+                notified = True
             entry = self._store(key, service, notified)
             future.set_result(entry)
             return entry
@@ -94,6 +105,7 @@ class Table:
             raise
         finally:
             del self._loading[key]
+            self._stale.discard(key)
 
     def _store(self, key: tuple[str, str], service: Service | None, notified: bool) -> Entry:
         entry = self.entries.get(key)
