@@ -1,7 +1,7 @@
 """`python -m bench.queueing`: who gets a freed host, and how soon, with a deep queue (issue 43, item 5).
 
     python -m bench.queueing [--hosts 1000] [--depth 10000] [--projects 3] [--bursts 10] [--burst 100]
-                             [--workers 1] [--concurrency 4] [--shared] [--timeout 120]
+                             [--workers 1] [--concurrency 4] [--shared] [--timeout 120] [--no-analyze]
 
 A fleet of --hosts hollow hosts (bench/hollow.py), every host busy with a 1-node run that never ends
 on its own; then --depth waiting runs (1-node tasks, `retry: {on_events: [no-capacity], duration:
@@ -57,6 +57,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4, help="prefork children per worker")
     p.add_argument("--shared", action="store_true", help="one fleet shared between the projects (shared_with)")
     p.add_argument("--timeout", type=float, default=120, help="cap per burst to drain, seconds")
+    p.add_argument("--no-analyze", dest="analyze", action="store_false",
+                   help="leave the planner's statistics as the loading left them (see --help)")
     return p.parse_args(argv)
 
 
@@ -101,6 +103,24 @@ def make_fleets(projects: list, hosts: int, shared: bool) -> list[str | None]:
         share_model.objects.create(fleet=fleet, project=project,
                                    hosts=fleet.configuration["quota"]["hosts"] if i == 0 else quota)
     return [None] + [f"{owner.name}/pool"] * (len(projects) - 1)
+
+
+def planner_statistics(analyze: bool) -> str:
+    """ANALYZE once the queue is loaded, as autovacuum would within its naptime on a server with
+    PostgreSQL's defaults. Where autovacuum is off (as on the bench machines) the planner otherwise
+    keeps the estimates of the empty tables: it reads the 11,000 jobs' status index per host in a
+    nested loop and every project's waiting jobs for one project's page (docs/performance.md)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return connection.vendor
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        autovacuum = cursor.fetchone()[0]
+        if analyze:
+            cursor.execute("ANALYZE")
+    return f"autovacuum {autovacuum}; " + ("ANALYZE run once the queue was loaded" if analyze
+                                            else "not analyzed (--no-analyze)")
 
 
 def submit(projects, names, count: int, priority_of) -> list[int]:
@@ -273,6 +293,7 @@ def measure(session: harness.Session, args, info: dict) -> int:
     queue_depth = depth()
     print(f"queue: {queue_depth} runs waiting ({args.depth} submitted in {submitted_s:.0f} s, waiting after "
           f"{time.time() - t1:.0f} s); load {os.getloadavg()}", flush=True)
+    print(f"planner statistics: {planner_statistics(args.analyze)}", flush=True)
     doubles: list[str] = []
     stop = threading.Event()
     thread = sampler(project_ids, doubles, stop)

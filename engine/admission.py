@@ -18,7 +18,9 @@ A look whose claim skipped the row (a release was counting on it that moment, an
 because this one was out) sends itself again. A service replica, or a run with a slice
 to make (a backend call that may take minutes), is woken instead: its own step places it.
 
-So the choice costs one look per burst of releases, not a scan of the queue per host: releases
+So the choice costs one look per burst of releases, not a scan of the queue per host: the first
+release's look runs a moment later (ADMISSION_GATHER_SECONDS, engine/submitted/waiting.py
+`released`), so the releases close behind it are its too; releases
 that come while a look holds the row only raise `wanted` (no message: it would bounce), and the
 look, once given back, is sent again when `wanted` passed what it started from. The jobs a look
 woke are its `promised`: the next look within PROMISE_SECONDS neither wakes them again nor counts

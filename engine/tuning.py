@@ -119,6 +119,10 @@ ADMISSION_HELD_SECONDS = 0.5
 # a look whose claim found the row locked by a release counting on it, or that placed a run on
 # another fleet, is sent again this soon
 ADMISSION_RETRY_SECONDS = 0.05
+# how long a release waits for others before its look (the first release since the last look sends it):
+# releases come one at a time (one finish_job each), and a look costs about as much whether it places one
+# run or ten, so a burst's releases are looked at together at the cost of this much release-to-placed
+ADMISSION_GATHER_SECONDS = 0.25
 # how many waiting jobs a look reads at most, beyond one per idle host and per promise
 ADMISSION_READ_MARGIN = 64
 # waiting jobs the sweep looks at on their own per sweep (every MUSTER_SWEEP_INTERVAL, 2 s): 10 a

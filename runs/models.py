@@ -67,7 +67,11 @@ class Run(Claimable):
         # that order so a wake stops at the first run that waits rather than sorting them all
         indexes = [models.Index(fields=["status"]),
                    models.Index(fields=["project", "-priority", "submitted_at", "id"], name="run_queue_order",
-                                condition=~models.Q(status__in=[s.value for s in RUN_FINISHED]))]
+                                condition=~models.Q(status__in=[s.value for s in RUN_FINISHED])),
+                   # the runs that may be preempted (few, beside every run): a waiting run that finds
+                   # its fleet full asks for them on every look (engine/submitted/preemption.py)
+                   models.Index(fields=["project", "status", "priority"], name="run_preemptible",
+                                condition=models.Q(configuration__profile__preemptible=True))]
 
     def __str__(self) -> str:
         return self.name

@@ -148,11 +148,25 @@ def hosts_needed(fleet: Fleet, demands: list[tuple[dict, int]], usable) -> int:
     return sum(count for _, count in demands) - idle - coming
 
 
+def preemptible_runs(project_ids, below: int | None = None):
+    """The placed preemptible tasks of `project_ids` not being stopped (of a priority below `below`):
+    read from the runs' partial index `run_preemptible` first, so that a waiting run's look, where
+    none exists (the common case), costs one short index read, not a join of every placed job of the
+    fleet with its run's configuration (130 ms at 1,000 busy hosts without planner statistics:
+    bench.queueing). A queryset of their ids, for `run_id__in` (a subquery, however many)."""
+    found = Run.objects.filter(configuration__profile__preemptible=True, project_id__in=list(project_ids),
+                               status__in=(RunStatus.PROVISIONING, RunStatus.RUNNING), stop_requested="",
+                               configuration__type="task")
+    if below is not None:
+        found = found.filter(priority__lt=below)
+    return found.values("pk")
+
+
 def _candidate_jobs(run: Run, fleet: Fleet):
-    return (Job.objects.filter(instance__fleet=fleet, superseded=False, status__in=PLACED,
-                               run__project_id=run.project_id, run__priority__lt=run.priority,
-                               run__status__in=(RunStatus.PROVISIONING, RunStatus.RUNNING), run__stop_requested="",
-                               run__configuration__type="task", run__configuration__profile__preemptible=True)
+    runs = preemptible_runs([run.project_id], below=run.priority)
+    if not runs.exists():
+        return []
+    return (Job.objects.filter(instance__fleet=fleet, superseded=False, status__in=PLACED, run_id__in=runs)
             .values_list("run_id", "run__name", "run__priority", "run__submitted_at", "instance__resources"))
 
 

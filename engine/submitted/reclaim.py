@@ -33,7 +33,6 @@ from engine.submitted import preemption
 from events.services import record
 from instances import fitting, shares
 from instances.models import Fleet
-from runs.choices import RunStatus
 from runs.models import Job
 
 
@@ -83,10 +82,10 @@ def reclaim_for(job: Job, fleets: list[Fleet], siblings: list[Job] | None) -> st
 
 
 def _candidate_jobs(fleet: Fleet, room: dict[int, dict]):
-    return (Job.objects.filter(instance__fleet=fleet, superseded=False, status__in=preemption.PLACED,
-                               run__project_id__in=list(room),
-                               run__status__in=(RunStatus.PROVISIONING, RunStatus.RUNNING), run__stop_requested="",
-                               run__configuration__type="task", run__configuration__profile__preemptible=True)
+    runs = preemption.preemptible_runs(room)
+    if not runs.exists():
+        return []
+    return (Job.objects.filter(instance__fleet=fleet, superseded=False, status__in=preemption.PLACED, run_id__in=runs)
             .values_list("run_id", "run__name", "run__priority", "run__submitted_at", "run__project_id",
                          "instance_id", "instance__resources", "instance__gpu_count"))
 

@@ -34,6 +34,7 @@ from engine import messages
 from engine.job_outcome import job_outcome, learn
 from engine.nudges import is_service
 from engine.outcome import Outcome
+from engine.tuning import ADMISSION_GATHER_SECONDS as GATHER_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as READ_MARGIN
 from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
@@ -112,9 +113,10 @@ def _released(instances, freed: set[int]) -> None:
 def released(fleet_ids) -> None:
     """After a release's commit: each fleet's row counts one more release, and its look is sent when
     this is the first release since the last look and no look holds the row (instances/fleet_queue.py
-    `want`: the look sent covers the releases after it, a look holding the row sends itself again)."""
+    `want`: the look sent covers the releases after it, a look holding the row sends itself again).
+    The look comes GATHER_SECONDS later, so that the releases close behind this one are its too."""
     for fleet_id in fleet_queue.want(fleet_ids):
-        messages.admit_fleet(fleet_id)
+        messages.admit_fleet(fleet_id, countdown=GATHER_SECONDS)
 
 
 def the_look_places(job: Job, fleets: list) -> bool:

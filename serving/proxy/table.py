@@ -64,7 +64,7 @@ class Table:
         self._by_run: dict[int, tuple[str, str]] = {}
         self._loading: dict[tuple[str, str], asyncio.Future] = {}
         # services notified while a read of them was under way: that read may have begun before the
-        # change was committed, so it is done again before its answer is kept
+        # change was committed, so another follows it
         self._stale: set[tuple[str, str]] = set()
 
     async def _in_thread(self, fn, *args):
@@ -81,7 +81,8 @@ class Table:
 
     async def load(self, key: tuple[str, str], notified: bool = False) -> Entry:
         """Read one service again; concurrent calls for the same service share one read, and a
-        notification that arrives during a read makes that read run again."""
+        notification that arrives during a read brings another read once it is done (each read's
+        answer is kept: a stream of notifications never leaves the entry unread)."""
         pending = self._loading.get(key)
         if pending is not None:
             if notified:
@@ -89,13 +90,9 @@ class Table:
             return await asyncio.shield(pending)
         future = asyncio.get_running_loop().create_future()
         self._loading[key] = future
+        self._stale.discard(key)
         try:
-            while True:
-                self._stale.discard(key)
-                service = await self._in_thread(self._read, *key)
-                if key not in self._stale:
-                    break
-                notified = True
+            service = await self._in_thread(self._read, *key)
             entry = self._store(key, service, notified)
             future.set_result(entry)
             return entry
@@ -105,7 +102,9 @@ class Table:
             raise
         finally:
             del self._loading[key]
-            self._stale.discard(key)
+            if key in self._stale:  # notified during this read, which may have begun before the change
+                self._stale.discard(key)
+                asyncio.get_running_loop().create_task(self._reload_quietly(key, notified=True))
 
     def _store(self, key: tuple[str, str], service: Service | None, notified: bool) -> Entry:
         entry = self.entries.get(key)

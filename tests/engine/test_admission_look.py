@@ -238,14 +238,17 @@ def test_a_burst_of_releases_sends_one_look_and_the_look_after_it_places_them_al
     for count in (1, 2, 3):
         _idle(fleet, count)
         waiting.released([fleet.pk])
-    assert sent["admit"] == [(fleet.pk, 0)], "only the first release since the last look sends one"
+    gather = waiting.GATHER_SECONDS
+    assert gather > 0
+    assert sent["admit"] == [(fleet.pk, gather)], "only the first release since the last look sends one, " \
+        "a moment later so that those close behind it are its too"
     admission.admit_fleet(fleet.pk)
     assert _placed(*waiters) == waiters, "the look placed the three hosts' runs"
     row = FleetQueue.objects.get(pk=fleet.pk)
     assert (row.wanted, row.admitted) == (3, 3)
     _idle(fleet, 0)
     waiting.released([fleet.pk])
-    assert sent["admit"] == [(fleet.pk, 0), (fleet.pk, 0)], "the next release after that look sends the next"
+    assert sent["admit"] == [(fleet.pk, gather)] * 2, "the next release after that look sends the next"
 
 
 def test_a_recheck_that_finds_room_asks_the_look_which_places_the_queue_s_head(sent):
@@ -262,7 +265,7 @@ def test_a_recheck_that_finds_room_asks_the_look_which_places_the_queue_s_head(s
     assert provision_job(low), "low's own recheck ran"
     assert _placed(low, high) == [], "it did not take the host past high"
     assert Job.objects.get(pk=low).waiting_for.startswith("a free host"), "low still waits"
-    assert sent["admit"] == [(fleet.pk, 0)], "it asked the fleet's look"
+    assert sent["admit"] == [(fleet.pk, waiting.GATHER_SECONDS)], "it asked the fleet's look"
     admission.admit_fleet(fleet.pk)
     assert _placed(low, high) == [high]
 

@@ -18,6 +18,7 @@ from engine import claims, finishing
 from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
+from engine.submitted import waiting as waiting_rules
 from instances.models import Instance
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job
@@ -268,8 +269,9 @@ def test_finish_of_a_job_while_a_run_waits_sends_its_fleets_admission_look_first
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner")
     assert finishing.finish_job(job.pk)
     host = Instance.objects.get(pk=job.instance_id)
-    assert sent.messages == [("admit_fleet", host.fleet_id, 0, False), ("process_run", job.run_id, 0, False)], \
-        "the host's fleet looks at who gets it; the ended job's run is derived"
+    gather = waiting_rules.GATHER_SECONDS
+    assert sent.messages == [("admit_fleet", host.fleet_id, gather, False), ("process_run", job.run_id, 0, False)], \
+        "the host's fleet looks at who gets it (after the gather); the ended job's run is derived"
 
 
 @pytest.mark.step_case("finish_job", "success")
