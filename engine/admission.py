@@ -35,6 +35,7 @@ host added (engine/sweeps.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from django.conf import settings
@@ -67,13 +68,13 @@ def _admit(held: claims.Held) -> claims.Outcome:
     now = time.time()
     # kept while they count (engine.tuning: a promise, then passed over until the job's own recheck)
     keep = max(PROMISE_SECONDS, float(settings.MUSTER["WAITING_HOST_RECHECK"]))
-    promised = {int(pk): _entry(value) for pk, value in (row.promised or {}).items()}
-    promised = {pk: e for pk, e in promised.items() if now - e[0] < (keep if len(e) == 2 else e[2])}
+    promised = {int(pk): Promise.of(value) for pk, value in (row.promised or {}).items()}
+    promised = {pk: p for pk, p in promised.items() if p.kept(now, keep)}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
     picks: list[int] = []
     later: list[float] = []  # when to look again, if at all
     if fleet.status == FleetStatus.ACTIVE:
-        live = {pk: e[1] for pk, e in promised.items() if now - e[0] < (PROMISE_SECONDS if len(e) == 2 else e[2])}
+        live = {pk: p.demand for pk, p in promised.items() if p.live(now)}
         idle = fleet_queue.idle_hosts(fleet)
         if idle > sum(live.values()):
             # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
@@ -86,13 +87,13 @@ def _admit(held: claims.Held) -> claims.Outcome:
             placing = [pk for pk in picks if pk in here]
             placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
             # one it held and did not place after all (a race, its quota) is passed over from now on
-            promised.update((pk, [now - PROMISE_SECONDS, demand[pk]]) for pk in tried - set(placed))
+            promised.update((pk, Promise(now - PROMISE_SECONDS, demand[pk])) for pk in tried - set(placed))
             # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
             # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
             elsewhere = set(placing) - tried
-            promised.update((pk, [now, demand[pk], HELD_SECONDS]) for pk in elsewhere)
+            promised.update((pk, Promise(now, demand[pk], held=HELD_SECONDS)) for pk in elsewhere)
             picks = [pk for pk in picks if pk not in here]  # woken to their own step
-            promised.update((pk, [now, demand[pk]]) for pk in picks)
+            promised.update((pk, Promise(now, demand[pk])) for pk in picks)
             # a run placed on another of its fleets left this one's hosts idle: offered again at once
             away = any(f != fleet.pk for f in placed.values())
             later = [*([PROMISE_SECONDS] if picks or tried - set(placed) else []),
@@ -100,12 +101,36 @@ def _admit(held: claims.Held) -> claims.Outcome:
     then = [partial(messages.provision_job, pk) for pk in picks]
     then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
-                                  "promised": {str(pk): entry for pk, entry in promised.items()}}, then=tuple(then))
+                                  "promised": {str(pk): p.stored() for pk, p in promised.items()}}, then=tuple(then))
 
 
-def _entry(value) -> list:
-    """A promise as [when, demand] or [when, demand, for how long] (an early row kept only when)."""
-    return list(value) if isinstance(value, list) else [float(value), 1]
+@dataclass(frozen=True)
+class Promise:
+    """A job a look woke or chose, as the fleet's row keeps it: since when, how many hosts it counts
+    as taking, and, for a job its own step held, how long those hosts stay its (`held`)."""
+
+    when: float
+    demand: int
+    held: float | None = None
+
+    @classmethod
+    def of(cls, value) -> Promise:
+        """As stored: [when, demand], [when, demand, held], or an early row's bare time."""
+        if not isinstance(value, list):
+            return cls(float(value), 1)
+        return cls(float(value[0]), int(value[1]), float(value[2]) if len(value) > 2 else None)
+
+    def stored(self) -> list:
+        return [self.when, self.demand] if self.held is None else [self.when, self.demand, self.held]
+
+    def live(self, now: float) -> bool:
+        """Its hosts still count as taken: a woken job's for PROMISE_SECONDS, a held one's for `held`."""
+        return now - self.when < (PROMISE_SECONDS if self.held is None else self.held)
+
+    def kept(self, now: float, keep: float) -> bool:
+        """Still on the row: while live, and a woken job that did not take its hosts is then passed
+        over until `keep` (its own recheck); a held one is offered again as soon as `held` is over."""
+        return now - self.when < (keep if self.held is None else self.held)
 
 
 def _look_again(fleet_id: int, start: int, after: float | None) -> None:
