@@ -6,7 +6,6 @@ from __future__ import annotations
 from itertools import islice
 
 from django.db.models import F
-from django.utils import timezone
 
 from instances.fitting import candidates, page_for
 from instances.models import Fleet, FleetQueue, FleetStatus, Instance, InstanceStatus
@@ -43,10 +42,9 @@ def want(fleet_ids) -> list[int]:
         live = Fleet.objects.filter(pk__in=missing).values_list("pk", flat=True)
         FleetQueue.objects.bulk_create([FleetQueue(fleet_id=pk) for pk in live], ignore_conflicts=True)
         counted.update(count_release(sorted(missing)))  # made now, by this release or by another step
-    now = timezone.now()
-    # a look that held the row at the increment started before this release: it sends itself again once done
-    return [pk for pk, (wanted, admitted, lease) in sorted(counted.items())
-            if wanted == admitted + 1 and (lease is None or lease < now)]
+    first = [pk for pk, (wanted, admitted) in sorted(counted.items()) if wanted == admitted + 1]
+    # a look that holds the row now started before this release: it sends itself again once done
+    return list(FleetQueue.objects.filter(unleased(), pk__in=first).values_list("pk", flat=True)) if first else []
 
 
 def unlooked(fleet_id: int) -> bool:

@@ -14,7 +14,6 @@ release counted on a fleet's admission row, read back by the same statement (`co
 from __future__ import annotations
 
 import functools
-from datetime import datetime
 
 from django.db import connection, transaction
 from django.db.models import F, Q
@@ -163,23 +162,22 @@ def usage_by_project(fleet: Fleet) -> dict[int, tuple[int, int]]:
 @functools.cache
 def _count_release_sql() -> str:
     table = connection.ops.quote_name(FleetQueue._meta.db_table)
-    pk, wanted, admitted, lease = (connection.ops.quote_name(FleetQueue._meta.get_field(name).column)
-                                   for name in ("fleet", "wanted", "admitted", "lease_until"))
+    pk, wanted, admitted = (connection.ops.quote_name(FleetQueue._meta.get_field(name).column)
+                            for name in ("fleet", "wanted", "admitted"))
     return (f"UPDATE {table} SET {wanted} = {wanted} + 1 WHERE {pk} = ANY(%s) "
-            f"RETURNING {pk}, {wanted}, {admitted}, {lease}")
+            f"RETURNING {pk}, {wanted}, {admitted}")
 
 
-def count_release(fleet_ids: list[int]) -> dict[int, tuple[int, int, datetime | None]]:
-    """One more release on each fleet's admission row that exists: {fleet id: (wanted, admitted,
-    lease_until)} as the increment left them, read by the same statement (so two releases at once
-    each see their own count: exactly one of them sees the first release since the last look; and
-    whether a look held the row then, which sends itself again once done)."""
+def count_release(fleet_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """One more release on each fleet's admission row that exists: {fleet id: (wanted, admitted)}
+    as the increment left them, read by the same statement (so two releases at once each see their
+    own count: exactly one of them sees the first release since the last look)."""
     if rows.one_statement(connection):
         with connection.cursor() as cursor:
             cursor.execute(_count_release_sql(), [list(fleet_ids)])
-            return {pk: (wanted, admitted, lease) for pk, wanted, admitted, lease in cursor.fetchall()}
+            return {pk: (wanted, admitted) for pk, wanted, admitted in cursor.fetchall()}
     # SQLite: the IMMEDIATE transaction keeps every other writer out between the two
     with transaction.atomic():
         FleetQueue.objects.filter(pk__in=fleet_ids).update(wanted=F("wanted") + 1)
-        return {pk: (wanted, admitted, lease) for pk, wanted, admitted, lease in
-                FleetQueue.objects.filter(pk__in=fleet_ids).values_list("pk", "wanted", "admitted", "lease_until")}
+        return {pk: (wanted, admitted) for pk, wanted, admitted in
+                FleetQueue.objects.filter(pk__in=fleet_ids).values_list("pk", "wanted", "admitted")}
