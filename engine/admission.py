@@ -47,7 +47,7 @@ from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from engine.tuning import ADMISSION_RETRY_SECONDS as RETRY_SECONDS
-from instances import fleet_queue
+from instances import fleet_queue, shares
 from instances.models import FleetQueue, FleetStatus
 from runs import admission, admission_order
 
@@ -71,37 +71,46 @@ def _admit(held: claims.Held) -> claims.Outcome:
     promised = {int(pk): Promise.of(value) for pk, value in (row.promised or {}).items()}
     promised = {pk: p for pk, p in promised.items() if p.kept(now, keep)}
     promised = {pk: promised[pk] for pk in admission.still_waiting(promised)}  # the placed ones are done
-    picks: list[int] = []
+    picks: list[int] = []  # woken to their own step
     later: list[float] = []  # when to look again, if at all
     if fleet.status == FleetStatus.ACTIVE:
-        live = {pk: p.demand for pk, p in promised.items() if p.live(now)}
-        idle = fleet_queue.idle_hosts(fleet)
-        if idle > sum(live.values()):
-            # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
-            heads = admission_order.heads_for(fleet, idle + len(promised) + MARGIN)
-            picks = admission.choose(heads, idle, live, set(promised) - set(live),
-                                     partial(fleet_queue.fitting, fleet))
-            demand = {h.pk: h.demand for h in heads}
-            here = {h.pk for h in heads if h.here}
-            # the tasks among them are placed by this step, in one claimed batch: no message
-            placing = [pk for pk in picks if pk in here]
-            placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
-            # one it held and did not place after all (a race, its quota) is passed over from now on
-            promised.update((pk, Promise(now - PROMISE_SECONDS, demand[pk])) for pk in tried - set(placed))
-            # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
-            # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
-            elsewhere = set(placing) - tried
-            promised.update((pk, Promise(now, demand[pk], held=HELD_SECONDS)) for pk in elsewhere)
-            picks = [pk for pk in picks if pk not in here]  # woken to their own step
-            promised.update((pk, Promise(now, demand[pk])) for pk in picks)
-            # a run placed on another of its fleets left this one's hosts idle: offered again at once
-            away = any(f != fleet.pk for f in placed.values())
-            later = [*([PROMISE_SECONDS] if picks or tried - set(placed) else []),
-                     *([HELD_SECONDS] if elsewhere else []), *([RETRY_SECONDS] if away else [])]
+        with shares.reading():  # a shared fleet's quotas and usage read once for the look's choices
+            picks, later = _choose_and_place(fleet, now, promised)
     then = [partial(messages.provision_job, pk) for pk in picks]
     then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))
     return claims.Outcome(fields={"admitted": start, "admitted_at": timezone.now(),
                                   "promised": {str(pk): p.stored() for pk, p in promised.items()}}, then=tuple(then))
+
+
+def _choose_and_place(fleet, now: float, promised: dict[int, Promise]) -> tuple[list[int], list[float]]:
+    """The look's choice on an active fleet: the tasks chosen placed, `promised` brought up to date.
+    Returns (the jobs to wake to their own step, when to look again)."""
+    live = {pk: p.demand for pk, p in promised.items() if p.live(now)}
+    idle = fleet_queue.idle_hosts(fleet)
+    if idle <= sum(live.values()):
+        return [], []
+    # on a shared fleet across the projects sharing it, in fair-share order (runs/admission_order.py)
+    heads = admission_order.heads_for(fleet, idle + len(promised) + MARGIN)
+    picks = admission.choose(heads, idle, live, set(promised) - set(live),
+                             partial(fleet_queue.fitting, fleet))
+    demand = {h.pk: h.demand for h in heads}
+    here = {h.pk for h in heads if h.here}
+    # the tasks among them are placed by this step, in one claimed batch: no message
+    placing = [pk for pk in picks if pk in here]
+    placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
+    # one it held and did not place after all (a race, its quota) is passed over from now on
+    promised.update((pk, Promise(now - PROMISE_SECONDS, demand[pk])) for pk in tried - set(placed))
+    # one its own step held (a recheck) may be taking the hosts itself: they stay its for a
+    # moment (HELD_SECONDS), not a whole promise, then the next look offers them again
+    elsewhere = set(placing) - tried
+    promised.update((pk, Promise(now, demand[pk], held=HELD_SECONDS)) for pk in elsewhere)
+    picks = [pk for pk in picks if pk not in here]  # woken to their own step
+    promised.update((pk, Promise(now, demand[pk])) for pk in picks)
+    # a run placed on another of its fleets left this one's hosts idle: offered again at once
+    away = any(f != fleet.pk for f in placed.values())
+    later = [*([PROMISE_SECONDS] if picks or tried - set(placed) else []),
+             *([HELD_SECONDS] if elsewhere else []), *([RETRY_SECONDS] if away else [])]
+    return picks, later
 
 
 @dataclass(frozen=True)

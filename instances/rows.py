@@ -135,14 +135,14 @@ def _held_sql(statuses: int, fleets: int | None) -> str:
             f"{r('project')} AS project_id FROM \"{Job._meta.db_table}\" j "
             f"JOIN \"{Run._meta.db_table}\" r ON {r('id')} = {j('run')} "
             f"JOIN \"{Instance._meta.db_table}\" i ON {i('id')} = {j('instance')} "
-            f"WHERE {j('status')} IN ({', '.join(['%s'] * statuses)}){fleet}) h "
+            f"WHERE {j('instance')} IS NOT NULL AND {j('status')} IN ({', '.join(['%s'] * statuses)}){fleet}) h "
             "GROUP BY h.fleet_id, h.project_id")
 
 
 def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
     """{(fleet id, project id): (hosts, GPUs)} that the project's unfinished jobs hold on each fleet
-    (of `fleet_ids` only, when given): one aggregate query over the unfinished jobs (the jobs' status
-    index), whatever the number of finished ones. A host is held from its placement to its job's end
+    (of `fleet_ids` only, when given): one aggregate query over the unfinished jobs on a host (the
+    partial index job_on_host), whatever the number of finished ones or of those waiting for a host. A host is held from its placement to its job's end
     (terminating included: it is not free until the job has ended)."""
     if fleet_ids is not None and not fleet_ids:
         return {}

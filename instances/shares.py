@@ -15,7 +15,9 @@ no FleetShare rows is not shared: nothing here applies to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.db.models import Count, Sum
@@ -36,8 +38,46 @@ class Share:
     borrow: dict[str, int | None]  # per resource; None: borrows nothing
 
 
+# what one step has read of the shared fleets, while it reads them once (`reading`)
+_reads: ContextVar[dict | None] = ContextVar("share_reads", default=None)
+
+
+@contextmanager
+def reading() -> Iterator[None]:
+    """Inside: each fleet's shares, usage and totals are read once and kept for the rest of the step.
+
+    A provisioning step asks them several times of the same fleets (which fleet the run goes to, the
+    fleets it would wait for, what it waits for; for every run an admission look places) and each
+    usage read aggregates every host held on the fleet. Those questions only choose: a stale answer
+    tries a fleet that then refuses, or waits a recheck longer. The answer that gives hosts, `within`
+    under the fleet's lock, reads the usage afresh. Nested, the outer step's reads are kept."""
+    if _reads.get() is not None:
+        yield
+        return
+    token = _reads.set({})
+    try:
+        yield
+    finally:
+        _reads.reset(token)
+
+
+def _once(key: tuple, read: Callable):
+    memo = _reads.get()
+    if memo is None:
+        return read()
+    if key not in memo:
+        memo[key] = read()
+    return memo[key]
+
+
 def shares_of(fleet_ids: Iterable[int]) -> dict[int, dict[int, Share]]:
-    """{fleet id: {project id: Share}} of the shared fleets among `fleet_ids` (one query)."""
+    """{fleet id: {project id: Share}} of the shared fleets among `fleet_ids` (one query; inside
+    `reading`, once per set of fleets)."""
+    ids = tuple(sorted(set(fleet_ids)))
+    return _once(("shares", ids), lambda: _shares_of(ids))
+
+
+def _shares_of(fleet_ids: tuple[int, ...]) -> dict[int, dict[int, Share]]:
     out: dict[int, dict[int, Share]] = {}
     rows = FleetShare.objects.filter(fleet_id__in=list(fleet_ids)).values_list(
         "fleet_id", "project_id", "project__name", "hosts", "gpus", "borrow_hosts", "borrow_gpus")
@@ -49,12 +89,21 @@ def shares_of(fleet_ids: Iterable[int]) -> dict[int, dict[int, Share]]:
 
 def usage_of(fleet_id: int) -> dict[int, Amounts]:
     """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
-    aggregate query: instances/rows.held, as the console's usage table reads it)."""
+    aggregate query: instances/rows.held, as the console's usage table reads it; inside `reading`,
+    once per step)."""
+    return _once(("usage", fleet_id), lambda: _usage_of(fleet_id))
+
+
+def _usage_of(fleet_id: int) -> dict[int, Amounts]:
     return {project: {"hosts": hosts, "gpus": gpus} for (_, project), (hosts, gpus) in rows.held([fleet_id]).items()}
 
 
 def totals_of(fleet_id: int) -> Amounts:
-    """The fleet's live hosts and their GPUs."""
+    """The fleet's live hosts and their GPUs (inside `reading`, once per step)."""
+    return _once(("totals", fleet_id), lambda: _totals_of(fleet_id))
+
+
+def _totals_of(fleet_id: int) -> Amounts:
     agg = Instance.objects.filter(fleet_id=fleet_id).exclude(status=InstanceStatus.TERMINATED).aggregate(
         hosts=Count("id"), gpus=Sum("gpu_count"))
     return {"hosts": agg["hosts"] or 0, "gpus": agg["gpus"] or 0}
@@ -117,8 +166,9 @@ def quota_refusals(fleets: list[Fleet], project_id: int, demands: list[tuple[dic
     out = {}
     for fleet in fleets:
         if fleet.pk in shared:
-            why = refusal(project_id, shared[fleet.pk], usage_of(fleet.pk), totals_of(fleet.pk), demand,
-                          fleet.name, at_all=at_all)
+            # whether it could ever fit asks the quotas only: what is held and the fleet's size do not count
+            usage, totals = ({}, {}) if at_all else (usage_of(fleet.pk), totals_of(fleet.pk))
+            why = refusal(project_id, shared[fleet.pk], usage, totals, demand, fleet.name, at_all=at_all)
             if why:
                 out[fleet.pk] = why
     return out
@@ -126,12 +176,14 @@ def quota_refusals(fleets: list[Fleet], project_id: int, demands: list[tuple[dic
 
 def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
     """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts just
-    taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may."""
+    taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may. What is held
+    is read afresh here, under the lock, whatever the step has read before; the quotas and the
+    fleet's size may be the step's (`reading`): they change by an edit of the fleet, not by placements."""
     shared = shares_of([fleet.pk]).get(fleet.pk)
     if not shared:
         return ""
     demand = {"hosts": len(taken), "gpus": sum(i.gpu_count for i in taken)}
-    return refusal(project_id, shared, usage_of(fleet.pk), totals_of(fleet.pk), demand, fleet.name)
+    return refusal(project_id, shared, _usage_of(fleet.pk), totals_of(fleet.pk), demand, fleet.name)
 
 
 def dominant_share(used: Amounts, quota: dict[str, int | None]) -> float:

@@ -54,18 +54,20 @@ def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
 def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
     jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
-    for pk in [pk for pk in order if pk in jobs]:
-        job = jobs[pk]
-        with held.row(pk):
-            outcomes[pk] = _outcome(job, _attempt(job, held.lease))
-            if job.status == JobStatus.PROVISIONING:
-                placed[pk] = job.fleet_id or job.run.fleet_id
+    with shares.reading():  # a shared fleet's quotas and usage read once for the batch's choices
+        for pk in [pk for pk in order if pk in jobs]:
+            job = jobs[pk]
+            with held.row(pk):
+                outcomes[pk] = _outcome(job, _attempt(job, held.lease))
+                if job.status == JobStatus.PROVISIONING:
+                    placed[pk] = job.fleet_id or job.run.fleet_id
     return outcomes
 
 
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    return _outcome(job, _attempt(job, held.lease, recheck=job.waiting_for.startswith(waiting.PREFIX)))
+    with shares.reading():  # the choice, the wait and its words ask a shared fleet's quota once
+        return _outcome(job, _attempt(job, held.lease, recheck=job.waiting_for.startswith(waiting.PREFIX)))
 
 
 def _outcome(job: Job, fields: dict | claims.Outcome) -> claims.Outcome:

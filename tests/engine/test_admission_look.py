@@ -314,3 +314,33 @@ def test_a_deep_run_s_recheck_asks_the_look_when_runs_before_it_fit(sent, monkey
     assert provision_job(deep)
     assert _placed(high, deep) == [], "high, before it, fits the idle host: the look's to place"
     assert [pk for pk, _ in sent["admit"]] == [fleet.pk]
+
+
+def test_a_recheck_leaves_the_hosts_to_a_look_that_is_due_without_reading_the_queue(sent, monkeypatch):
+    """A release counted and its look not yet run: the idle hosts are that look's to offer, so a
+    waiting run's recheck that finds room asks it, even a deep one no look would reach (its own
+    recheck places that one once the look has been: test_a_deep_small_run_behind_big_ones...)."""
+    from engine.submitted.provision import provision_job
+    from runs import admission_order
+
+    monkeypatch.setattr(waiting, "READ_MARGIN", 2)
+    fleet = local_project_fleet(size=2)
+    big = [_waiting(fleet, f"big-{i}", 90, nodes=2) for i in range(2)]
+    small = _waiting(fleet, "small", 10)
+    _idle(fleet, 0)
+    admission.admit_fleet(fleet.pk)  # the row is made; nothing idle
+    _idle(fleet, 1)
+    want([fleet.pk])  # a host came back: its look is due
+    sent["admit"].clear()
+    read = []
+    monkeypatch.setattr(admission_order, "heads_for", lambda *a: read.append(a) or [])
+    assert provision_job(small)
+    assert _placed(small, *big) == [], "left to the look"
+    assert read == [], "the queue was not read"
+    assert Job.objects.get(pk=small).waiting_for.startswith("a free host")
+    monkeypatch.undo()
+    monkeypatch.setattr(waiting, "READ_MARGIN", 2)
+    FleetQueue.objects.filter(pk=fleet.pk).update(admitted=FleetQueue.objects.get(pk=fleet.pk).wanted)  # looked
+    Job.objects.filter(pk=small).update(next_check_at=None)
+    assert provision_job(small)
+    assert _placed(small, *big) == [small], "the look came and could not reach it: its recheck places it"
