@@ -61,14 +61,15 @@ def look(host, follow: log_copy.Follow | None = None) -> tuple[dict | None, Exce
         host.close()
 
 
-def take_look(job: Job, status: dict | None, error: Exception | None) -> dict | None:
-    """Record what a look at the job's host found (reachability, agent seen); the status or None."""
+def take_look(job: Job, status: dict | None, error: Exception | None, seen: set[int] | None = None) -> dict | None:
+    """Record what a look at the job's host found (reachability, agent seen); the status or None.
+    `seen`: a batch's reachable hosts to write together (health.mark_reachable)."""
     if error is not None and not isinstance(error, BackendError):
         raise error
     if error is not None:
         health.mark_unreachable(job.instance, str(error))
         return None
-    health.mark_reachable(job.instance)
+    health.mark_reachable(job.instance, seen)
     if status.get("agent_alive"):
         job.agent_seen_at = timezone.now()  # saved when the lease is given back
     return status

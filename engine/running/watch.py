@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, log_copy
+from engine import claims, health, log_copy
 from engine.job_outcome import job_outcome
 from engine.running import observe
 from engine.tuning import WATCH_BATCH, WATCH_THREADS
@@ -63,16 +63,18 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
     looks = _look_at_all(jobs, held, follows)
     seen_before = {job.pk: job.agent_seen_at for job in jobs}
     usage_before = {job.pk: job.usage for job in jobs}
+    seen: set[int] = set()  # the hosts that answered, their last_seen written in one UPDATE
     for job in jobs:
         if job.pk not in looks:
             continue
         with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
             log_copy.take(job, follows[job.pk])
             try:
-                observe.watch_observed(job, observe.take_look(job, *looks[job.pk]), lease=held.lease)
+                observe.watch_observed(job, observe.take_look(job, *looks[job.pk], seen=seen), lease=held.lease)
             except BackendError as exc:
                 log.warning("job %s: backend error: %s", job, exc)
                 end_job(job, exc.reason, str(exc), lease=held.lease)
+    health.record_seen(seen)
     # Due again half an interval from now, so the next tick (one interval after this one began)
     # finds it due: a full interval would skip a tick and look at each job every other interval.
     next_at = timezone.now() + timedelta(seconds=observe.poll_interval() / 2)

@@ -206,6 +206,20 @@ def test_watch_takes_the_due_running_jobs_and_gives_the_batch_back_in_one_statem
     assert jobs[0].agent_seen_at is not None and jobs[0].next_check_at > timezone.now()
 
 
+def test_the_watch_writes_the_answering_hosts_last_seen_in_one_statement(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
+    hosts = [j.instance_id for j in jobs]
+    Instance.objects.filter(pk__in=hosts).update(last_seen=timezone.now() - timedelta(minutes=1))
+    Instance.objects.filter(pk=hosts[2]).update(last_seen=timezone.now())  # seen a moment ago: no write
+    _runners_say(monkeypatch, {j.pk: "running" for j in jobs})
+    with CaptureQueriesContext(connection) as queries:
+        assert watch.watch_running() == 3
+    seen = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "instances_instance" SET "last_seen"')]
+    assert len(seen) == 1, seen
+    fresh = timezone.now() - timedelta(seconds=10)
+    assert set(Instance.objects.filter(pk__in=hosts, last_seen__gt=fresh).values_list("pk", flat=True)) == set(hosts)
+
+
 @pytest.mark.step_case("watch_running", "stale")
 def test_watch_with_a_stale_lease_drops_that_job_only(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
