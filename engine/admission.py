@@ -47,8 +47,9 @@ from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from engine.tuning import ADMISSION_RETRY_SECONDS as RETRY_SECONDS
-from instances import fleet_queue, shares
+from instances import fleet_queue
 from instances.models import FleetQueue, FleetStatus
+from muster import step_reads
 from runs import admission, admission_order
 
 
@@ -74,7 +75,7 @@ def _admit(held: claims.Held) -> claims.Outcome:
     picks: list[int] = []  # woken to their own step
     later: list[float] = []  # when to look again, if at all
     if fleet.status == FleetStatus.ACTIVE:
-        with shares.reading():  # a shared fleet's quotas and usage read once for the look's choices
+        with step_reads.kept():  # the fleets, a shared fleet's quotas and usage: read once for the look's choices
             picks, later = _choose_and_place(fleet, now, promised)
     then = [partial(messages.provision_job, pk) for pk in picks]
     then.append(partial(_look_again, fleet.pk, start, min(later, default=None)))

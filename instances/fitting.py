@@ -29,6 +29,7 @@ from instances.models import (
     Fleet,
     Placement,
 )
+from muster.step_reads import once
 from runs.configuration import fits
 from runs.configuration.container_policy import fleet_policy, policy_problems, run_has_image
 from runs.models import Job, Run
@@ -157,8 +158,11 @@ def fleets_for(project_id: int, wanted: list[str], local: bool = True,
         kinds = sorted({fleet_backend([name]) for name in backends if name in written_names()})
         if not kinds:
             return []
-    # the project's own fleets, then those other projects share with it (instances/shares.py)
-    fleets = rows.active_fleets(project_id, None if local else LOCAL_HOSTS, kinds, wanted)
+    # the project's own fleets, then those other projects share with it (instances/shares.py); read
+    # once per step (muster/step_reads.py): an admission look asks it for each run it places
+    not_backend = None if local else LOCAL_HOSTS
+    fleets = list(once(("fleets", project_id, not_backend, tuple(kinds) if kinds is not None else None, tuple(wanted)),
+                       lambda: rows.active_fleets(project_id, not_backend, kinds, wanted)))
     if wanted:
         order = {name: i for i, name in enumerate(wanted)}
         return sorted(fleets, key=lambda f: order[written_name(f)])

@@ -15,15 +15,14 @@ no FleetShare rows is not shared: nothing here applies to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db.models import Count, Sum
 
 from instances import rows
 from instances.models import Fleet, FleetShare, Instance, InstanceStatus
+from muster.step_reads import once
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
@@ -38,43 +37,11 @@ class Share:
     borrow: dict[str, int | None]  # per resource; None: borrows nothing
 
 
-# what one step has read of the shared fleets, while it reads them once (`reading`)
-_reads: ContextVar[dict | None] = ContextVar("share_reads", default=None)
-
-
-@contextmanager
-def reading() -> Iterator[None]:
-    """Inside: each fleet's shares, usage and totals are read once and kept for the rest of the step.
-
-    A provisioning step asks them several times of the same fleets (which fleet the run goes to, the
-    fleets it would wait for, what it waits for; for every run an admission look places) and each
-    usage read aggregates every host held on the fleet. Those questions only choose: a stale answer
-    tries a fleet that then refuses, or waits a recheck longer. The answer that gives hosts, `within`
-    under the fleet's lock, reads the usage afresh. Nested, the outer step's reads are kept."""
-    if _reads.get() is not None:
-        yield
-        return
-    token = _reads.set({})
-    try:
-        yield
-    finally:
-        _reads.reset(token)
-
-
-def _once(key: tuple, read: Callable):
-    memo = _reads.get()
-    if memo is None:
-        return read()
-    if key not in memo:
-        memo[key] = read()
-    return memo[key]
-
-
 def shares_of(fleet_ids: Iterable[int]) -> dict[int, dict[int, Share]]:
     """{fleet id: {project id: Share}} of the shared fleets among `fleet_ids` (one query; inside
-    `reading`, once per set of fleets)."""
+    muster/step_reads.py `kept`, once per set of fleets)."""
     ids = tuple(sorted(set(fleet_ids)))
-    return _once(("shares", ids), lambda: _shares_of(ids))
+    return once(("shares", ids), lambda: _shares_of(ids))
 
 
 def _shares_of(fleet_ids: tuple[int, ...]) -> dict[int, dict[int, Share]]:
@@ -89,9 +56,9 @@ def _shares_of(fleet_ids: tuple[int, ...]) -> dict[int, dict[int, Share]]:
 
 def usage_of(fleet_id: int) -> dict[int, Amounts]:
     """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
-    aggregate query: instances/rows.held, as the console's usage table reads it; inside `reading`,
-    once per step)."""
-    return _once(("usage", fleet_id), lambda: _usage_of(fleet_id))
+    aggregate query: instances/rows.held, as the console's usage table reads it; inside
+    muster/step_reads.py `kept`, once per step)."""
+    return once(("usage", fleet_id), lambda: _usage_of(fleet_id))
 
 
 def _usage_of(fleet_id: int) -> dict[int, Amounts]:
@@ -99,8 +66,8 @@ def _usage_of(fleet_id: int) -> dict[int, Amounts]:
 
 
 def totals_of(fleet_id: int) -> Amounts:
-    """The fleet's live hosts and their GPUs (inside `reading`, once per step)."""
-    return _once(("totals", fleet_id), lambda: _totals_of(fleet_id))
+    """The fleet's live hosts and their GPUs (inside muster/step_reads.py `kept`, once per step)."""
+    return once(("totals", fleet_id), lambda: _totals_of(fleet_id))
 
 
 def _totals_of(fleet_id: int) -> Amounts:
@@ -178,7 +145,7 @@ def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
     """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts just
     taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may. What is held
     is read afresh here, under the lock, whatever the step has read before; the quotas and the
-    fleet's size may be the step's (`reading`): they change by an edit of the fleet, not by placements."""
+    fleet's size may be the step's (muster/step_reads.py): they change by an edit of the fleet, not by placements."""
     shared = shares_of([fleet.pk]).get(fleet.pk)
     if not shared:
         return ""

@@ -17,7 +17,7 @@ from engine.submitted import fanout, gang, placement, preemption, reclaim, repli
 from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, shares, spanning
 from instances.models import Fleet
-from muster import compiled
+from muster import compiled, step_reads
 from muster.claimable import Lease
 from runs.choices import JobReason, JobStatus, RunStatus
 from runs.configuration.stored import run_configuration
@@ -54,7 +54,7 @@ def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
 def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
     jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
-    with shares.reading():  # a shared fleet's quotas and usage read once for the batch's choices
+    with step_reads.kept():  # the fleets, a shared fleet's quotas and usage: read once for the batch's choices
         for pk in [pk for pk in order if pk in jobs]:
             job = jobs[pk]
             with held.row(pk):
@@ -66,7 +66,7 @@ def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held)
 
 def _provision(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    with shares.reading():  # the choice, the wait and its words ask a shared fleet's quota once
+    with step_reads.kept():  # the choice, the wait and its words ask the fleets and their quotas once
         return _outcome(job, _attempt(job, held.lease, recheck=job.waiting_for.startswith(waiting.PREFIX)))
 
 

@@ -1,4 +1,4 @@
-"""What one provisioning step reads of a shared fleet (instances/shares.py `reading`): the quotas, the
+"""What one provisioning step reads of a shared fleet (muster/step_reads.py `kept`): the quotas, the
 usage and the fleet's size once for the step's choices, however many runs and questions, while the
 check that gives the hosts (`within`, under the fleet's lock) counts what is held afresh."""
 
@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from instances import shares
 from instances.models import FleetShare
+from muster import step_reads
 from projects.models import Project
 from runs.models import Job, Run
 from runs.services.submission import submit_run
@@ -33,7 +34,7 @@ def test_a_step_reads_a_shared_fleet_once_and_placement_s_check_counts_what_is_h
     FleetShare.objects.create(fleet=fleet, project=fleet.project, hosts=1)
     FleetShare.objects.create(fleet=fleet, project=research, hosts=1)
     first, second = fleet.instances.order_by("index")
-    with shares.reading():
+    with step_reads.kept():
         assert shares.quota_refusals([fleet], research.pk, ONE) == {}
         with CaptureQueriesContext(connection) as asked_again:
             assert shares.quota_refusals([fleet], research.pk, ONE) == {}
