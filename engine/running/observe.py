@@ -61,9 +61,12 @@ def look(host, follow: log_copy.Follow | None = None) -> tuple[dict | None, Exce
         host.close()
 
 
-def take_look(job: Job, status: dict | None, error: Exception | None, seen: set[int] | None = None) -> dict | None:
+def take_look(job: Job, status: dict | None, error: Exception | None, seen: set[int] | None = None,
+              at=None) -> dict | None:
     """Record what a look at the job's host found (reachability, agent seen); the status or None.
-    `seen`: a batch's reachable hosts to write together (health.mark_reachable)."""
+    `seen`: a batch's reachable hosts to write together (health.mark_reachable); `at`: when the
+    batch's answers came (one time for the batch, so its give-back writes one value, not a CASE
+    over every job)."""
     if error is not None and not isinstance(error, BackendError):
         raise error
     if error is not None:
@@ -71,7 +74,7 @@ def take_look(job: Job, status: dict | None, error: Exception | None, seen: set[
         return None
     health.mark_reachable(job.instance, seen)
     if status.get("agent_alive"):
-        job.agent_seen_at = timezone.now()  # saved when the lease is given back
+        job.agent_seen_at = at or timezone.now()  # saved when the lease is given back
     return status
 
 

@@ -61,6 +61,7 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
     jobs = list(held.rows(Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")))
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
+    answered = timezone.now()
     seen_before = {job.pk: job.agent_seen_at for job in jobs}
     usage_before = {job.pk: job.usage for job in jobs}
     seen: set[int] = set()  # the hosts that answered, their last_seen written in one UPDATE
@@ -70,7 +71,7 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
         with held.row(job.pk):  # a bad answer or a bug backs off its own job, never the batch
             log_copy.take(job, follows[job.pk])
             try:
-                observe.watch_observed(job, observe.take_look(job, *looks[job.pk], seen=seen), lease=held.lease)
+                observe.watch_observed(job, observe.take_look(job, *looks[job.pk], seen=seen, at=answered), lease=held.lease)
             except BackendError as exc:
                 log.warning("job %s: backend error: %s", job, exc)
                 end_job(job, exc.reason, str(exc), lease=held.lease)

@@ -216,6 +216,8 @@ def test_the_watch_writes_the_answering_hosts_last_seen_in_one_statement(sent, m
         assert watch.watch_running() == 3
     seen = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "instances_instance" SET "last_seen"')]
     assert len(seen) == 1, seen
+    give_back = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "runs_job" SET "lease_until" = NULL')]
+    assert len(give_back) == 1 and "CASE" not in give_back[0], "one agent_seen_at for the batch, not one per job"
     fresh = timezone.now() - timedelta(seconds=10)
     assert set(Instance.objects.filter(pk__in=hosts, last_seen__gt=fresh).values_list("pk", flat=True)) == set(hosts)
 
