@@ -14,7 +14,8 @@ claims        engine/claims.py                   claimed: the claim, the body's 
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
               engine/errors.py                   Refused: what a step refuses, in the {loc, msg} shape, none of the API's types
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
-submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next
+submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next;
+                                                 recheck_jobs: the sweep's rechecks of waiting jobs, one batch
   placement   engine/submitted/placement.py      take_instances, take_gang_across: the hosts each group gets
   gang        engine/submitted/gang.py           release: a slice that cannot be had hands the static hosts back
   waiting     engine/submitted/waiting.py        wait, hand_back: a run on a full fleet waits for hosts given back
@@ -58,7 +59,7 @@ fleets        engine/registration.py             register_fleet: a pending SSH f
               engine/ssh_registration.py         complete_registration: the contacting, probing and runner starts;
                                                  stop_registered_agents: a gone fleet's agents, stopped after commit
               engine/fleet_deletion.py           delete_fleet: a terminating fleet's hosts stopped and ended, the fleet removed
-health        engine/health.py                   mark_unreachable, mark_reachable, stop_orphans
+health        engine/health.py                   mark_unreachable, mark_reachable (record_seen: a batch's), stop_orphans
               engine/ssh_health.py               check_ssh_hosts: idle SSH hosts checked by the sweep
 attach keys   engine/attach_installs.py          install_attach_key: a user's attach line put on the job's host
               engine/attach_revokes.py           revoke_attach_keys: a host's attach lines that are due, removed

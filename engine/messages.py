@@ -42,6 +42,13 @@ def provision_job(job_id: int) -> None:
     transaction.on_commit(lambda: registered.provision_job.delay(job_id))
 
 
+def recheck_jobs(job_ids: list[int]) -> None:
+    """Jobs waiting for a host whose recheck is due may look again, together (recheck_jobs)."""
+    if job_ids:
+        ids = list(job_ids)
+        transaction.on_commit(lambda: registered.recheck_jobs.delay(ids))
+
+
 def watch_running() -> None:
     """The running jobs that are due may be looked at (the batch watch): beat's tick, sent again by
     the sweep when jobs are overdue because ticks were dropped in a backlog (it has no expiry)."""

@@ -62,7 +62,10 @@ def _re_enqueue(now, old) -> dict[str, int]:
     # at most RECHECK_BATCH a sweep: a backstop now (the fleets' admission looks offer the hosts given
     # back), and at 10,000 waiting runs a look at each every minute was 167 provisioning attempts a
     # second ahead of every job's end in the broker (bench.queueing)
-    found["waiting_rechecks"] = _enqueue(messages.provision_job, waiting.due_rechecks(submitted, min(BATCH, RECHECK_BATCH)))
+    # (one message for them all: a recheck batch reads the fleets, their quotas and the look's queue once)
+    rechecks = waiting.due_rechecks(submitted, min(BATCH, RECHECK_BATCH))
+    messages.recheck_jobs(rechecks)
+    found["waiting_rechecks"] = len(rechecks)
     # a fleet whose hosts came back and whose admission look was lost (engine/admission.py)
     looks = FleetQueue.objects.filter(unleased(now), wanted__gt=F("admitted"), fleet__status=FleetStatus.ACTIVE).filter(
         Q(admitted_at__isnull=True) | Q(admitted_at__lt=old)).values_list("pk", flat=True)[:BATCH]

@@ -45,6 +45,11 @@ def provision_job(job_id: int) -> None:
     provision.provision_job(job_id)
 
 
+@step_task(priority=NEXT)  # a backstop: never ahead of the job ends and starts
+def recheck_jobs(job_ids: list[int]) -> None:
+    provision.recheck_jobs(job_ids)
+
+
 @step_task(priority=NEXT)
 def advance_job(job_id: int) -> None:
     advance.advance_job(job_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from django.db.models import F, Q
+from django.db.models import F
 
 from instances.fitting import candidates, page_for
 from instances.models import Fleet, FleetQueue, FleetStatus, Instance, InstanceStatus
@@ -50,12 +50,6 @@ def want(fleet_ids) -> list[int]:
 def unlooked(fleet_id: int) -> bool:
     """Whether nobody holds the fleet's row while a release on it waits for a look."""
     return FleetQueue.objects.filter(unleased(), pk=fleet_id, wanted__gt=F("admitted")).exists()
-
-
-def look_pending(fleet_id: int) -> bool:
-    """Whether the fleet's admission look is under way (a step holds the row) or due (a release
-    since the last look): the hosts idle now are being offered, or about to be, in queue order."""
-    return FleetQueue.objects.filter(Q(wanted__gt=F("admitted")) | ~unleased(), pk=fleet_id).exists()
 
 
 def fleets_of(instance_ids) -> list[int]:

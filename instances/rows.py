@@ -126,16 +126,19 @@ def active_fleets(project_id: int, not_backend: str | None, backends: list[str] 
 
 
 @functools.cache
-def _held_sql(statuses: int, fleets: int | None) -> str:
+def _held_sql(fleets: int | None) -> str:
     j, r, i = (functools.partial(_column, model, alias=a) for model, a in ((Job, "j"), (Run, "r"), (Instance, "i")))
     fleet = f" AND {i('fleet')} IN ({', '.join(['%s'] * fleets)})" if fleets else ""
+    # the statuses written out as the index job_on_host's condition is (runs/models.py): SQLite's
+    # planner matches a partial index's IN list against literals only, not bound parameters
+    statuses = ", ".join(f"'{s.value}'" for s in JOB_UNFINISHED)
     # DISTINCT: a host counts once for its project however many unfinished jobs are on it
     return (f"SELECT h.fleet_id, h.project_id, COUNT(*), COALESCE(SUM(h.gpu_count), 0) FROM ("
             f"SELECT DISTINCT {i('id')}, {i('fleet')} AS fleet_id, {i('gpu_count')} AS gpu_count, "
             f"{r('project')} AS project_id FROM \"{Job._meta.db_table}\" j "
             f"JOIN \"{Run._meta.db_table}\" r ON {r('id')} = {j('run')} "
             f"JOIN \"{Instance._meta.db_table}\" i ON {i('id')} = {j('instance')} "
-            f"WHERE {j('instance')} IS NOT NULL AND {j('status')} IN ({', '.join(['%s'] * statuses)}){fleet}) h "
+            f"WHERE {j('instance')} IS NOT NULL AND {j('status')} IN ({statuses}){fleet}) h "
             "GROUP BY h.fleet_id, h.project_id")
 
 
@@ -146,9 +149,8 @@ def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int,
     (terminating included: it is not free until the job has ended)."""
     if fleet_ids is not None and not fleet_ids:
         return {}
-    statuses = [s.value for s in JOB_UNFINISHED]
     with connection.cursor() as cursor:
-        cursor.execute(_held_sql(len(statuses), len(fleet_ids) if fleet_ids else None), [*statuses, *(fleet_ids or [])])
+        cursor.execute(_held_sql(len(fleet_ids) if fleet_ids else None), list(fleet_ids or []))
         return {(fleet, project): (hosts, int(gpus)) for fleet, project, hosts, gpus in cursor.fetchall()
                 if fleet is not None}
 

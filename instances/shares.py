@@ -22,7 +22,7 @@ from django.db.models import Count, Sum
 
 from instances import rows
 from instances.models import Fleet, FleetShare, Instance, InstanceStatus
-from muster.step_reads import once
+from muster.step_reads import once, update
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
@@ -59,6 +59,23 @@ def usage_of(fleet_id: int) -> dict[int, Amounts]:
     aggregate query: instances/rows.held, as the console's usage table reads it; inside
     muster/step_reads.py `kept`, once per step)."""
     return once(("usage", fleet_id), lambda: _usage_of(fleet_id))
+
+
+def took(fleet_id: int, project_id: int, taken: list[Instance]) -> None:
+    """Hosts the step just took on the fleet for the project, counted in the usage it keeps (muster/
+    step_reads.py), so its next runs choose with its own placements counted: a run chosen past its
+    quota would be put on the fleet (the run's move) before `within` refuses it."""
+    def more(usage: dict[int, Amounts]) -> dict[int, Amounts]:
+        mine = usage.get(project_id, {})
+        return {**usage, project_id: {"hosts": mine.get("hosts", 0) + len(taken),
+                                      "gpus": mine.get("gpus", 0) + sum(i.gpu_count for i in taken)}}
+    update(("usage", fleet_id), more)
+
+
+def fresh_usage_of(fleet_id: int) -> dict[int, Amounts]:
+    """usage_of read now, whatever the step has read before: for a decision that writes (a reclaim
+    stops another project's runs on it; `within` gives hosts)."""
+    return _usage_of(fleet_id)
 
 
 def _usage_of(fleet_id: int) -> dict[int, Amounts]:
@@ -123,7 +140,7 @@ def quota_refusals(fleets: list[Fleet], project_id: int, demands: list[tuple[dic
                    at_all: bool = False) -> dict[int, str]:
     """{fleet id: why} for the shared fleets among `fleets` whose quota refuses the run now (or,
     `at_all`, ever). No query when the fleets were read knowing none is shared (rows.active_fleets
-    sets `shared`), else one; a fleet shared: its usage and totals besides."""
+    sets `shared`), else one; a fleet shared: its usage and totals besides (not `at_all`)."""
     if all(hasattr(f, "shared") for f in fleets) and not any(f.shared for f in fleets):
         return {}
     shared = shares_of(f.pk for f in fleets)

@@ -42,3 +42,11 @@ def once(key: tuple, read: Callable[[], T]) -> T:
     if key not in memo:
         memo[key] = read()
     return memo[key]
+
+
+def update(key: tuple, change: Callable[[T], T]) -> None:
+    """What a step's own write changed in a kept read: `change(old)` replaces it, when it was read
+    inside the current `kept()` block (else nothing: the next read is made afresh anyway)."""
+    memo = _kept.get()
+    if memo is not None and key in memo:
+        memo[key] = change(memo[key])

@@ -87,6 +87,9 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | No
                 if fleet.pk in shared:
                     by_fleet.setdefault(fleet.pk, (fleet, []))[1].extend(taken[index])
             short = [why for fleet, got in by_fleet.values() if (why := shares.within(fleet, project_id, got))][:1]
+            if not short:
+                for fleet, got in by_fleet.values():  # the step's next choices count them
+                    shares.took(fleet.pk, project_id, got)
         if short:
             transaction.set_rollback(True)  # nothing of the run stays taken
             return {}, short

@@ -51,14 +51,25 @@ def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
     return {pk: fleet for pk, fleet in placed.items() if pk in held.applied}, set(held.pks)
 
 
-def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held) -> dict:
+def recheck_jobs(job_ids: list[int]) -> set[int]:
+    """The sweep's rechecks of jobs waiting for a host (engine/sweeps.py), as one claimed step: each
+    attempted as its own provision_job would (a recheck: it leaves hosts the fleet's look offers
+    to the look), the fleets, their quotas and the look's queue read once for the batch rather
+    than once per job (muster/step_reads.py). Returns the ids this step held."""
+    due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
+    held = claims.claimed_batch(due, len(job_ids), "recheck_jobs", partial(_provision_each, job_ids, {}, recheck=True))
+    return set(held.pks)
+
+
+def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held, recheck: bool = False) -> dict:
     jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
     with step_reads.kept():  # the fleets, a shared fleet's quotas and usage: read once for the batch's choices
         for pk in [pk for pk in order if pk in jobs]:
             job = jobs[pk]
             with held.row(pk):
-                outcomes[pk] = _outcome(job, _attempt(job, held.lease))
+                waits = recheck and job.waiting_for.startswith(waiting.PREFIX)
+                outcomes[pk] = _outcome(job, _attempt(job, held.lease, recheck=waits))
                 if job.status == JobStatus.PROVISIONING:
                     placed[pk] = job.fleet_id or job.run.fleet_id
     return outcomes

@@ -47,7 +47,7 @@ def reclaim_for(job: Job, fleets: list[Fleet], siblings: list[Job] | None) -> st
     if not found or run.project_id not in found:
         return ""
     demands = fitting.group_demands(run, siblings)
-    usage = shares.usage_of(fleet.pk)
+    usage = shares.fresh_usage_of(fleet.pk)  # it stops other projects' runs: not a step's earlier read
     if not shares.owed(found[run.project_id], usage.get(run.project_id, {}), shares.demand_of(demands)):
         return ""
     room = {p: left for p, share in found.items() if p != run.project_id

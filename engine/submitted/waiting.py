@@ -38,6 +38,7 @@ from engine.tuning import ADMISSION_GATHER_SECONDS as GATHER_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as READ_MARGIN
 from instances import fitting, fleet_queue, spanning
 from instances.transitions import hand_back as give_back
+from muster.step_reads import once
 from runs import admission, admission_order, queue
 from runs import limits as run_limits
 from runs.choices import WAITING_FOR_HOST
@@ -125,19 +126,13 @@ def the_look_places(job: Job, fleets: list) -> bool:
     every group goes to that one fleet's given hosts (none has a slice to make; engine/admission.py
     places such runs itself), among the runs a look reads first, or behind some of them the idle
     hosts can hold. A run further down behind runs the idle hosts do not fit is placed by its
-    recheck, as BestEffortFIFO would: no look reaches it.
-
-    While the look is under way or due (fleet_queue.look_pending) the idle hosts are its to offer,
-    and the job is left to it without reading the queue: a recheck during a burst of releases was
-    the queue's heads read once more per job (every project's, on a shared fleet), about half of
-    what a recheck cost there (bench.queueing --shared). A run no look reaches is then placed by a
-    later recheck, one that finds the look quiet."""
+    recheck, as BestEffortFIFO would: no look reaches it. The heads are read once per step (a batch
+    of the sweep's rechecks, engine/submitted/provision.py `recheck_jobs`): on a shared fleet they
+    are every sharing project's, and read per job they were half of what a recheck cost there."""
     run, fleet = job.run, fleets[0]
     if len({f.pk for f in fleets}) != 1 or not fitting.is_static(fleet) or is_service(run):
         return False
-    if fleet_queue.look_pending(fleet.pk):
-        return True
-    heads = admission_order.heads_for(fleet, READ_MARGIN)
+    heads = once(("heads", fleet.pk, READ_MARGIN), lambda: admission_order.heads_for(fleet, READ_MARGIN))
     if any(h.pk == job.pk for h in heads):
         return True
     return bool(admission.choose(heads, fleet_queue.idle_hosts(fleet), {}, set(), partial(fleet_queue.fitting, fleet)))

@@ -14,7 +14,7 @@ from django.utils import timezone
 from instances.models import InstanceGroup
 from runs.models import Job, Run
 
-ROWS = {"provision_job": Job, "advance_job": Job, "finish_job": Job, "process_run": Run,
+ROWS = {"provision_job": Job, "recheck_jobs": Job, "advance_job": Job, "finish_job": Job, "process_run": Run,
         "terminate_group": InstanceGroup, "poll_pod": InstanceGroup}
 
 
@@ -36,7 +36,8 @@ class Sent:
 
     def record(self, name: str, args: tuple, countdown: float) -> None:
         model = ROWS.get(name)
-        leased = bool(model and model.objects.filter(pk=args[0]).exclude(lease_token="").exists())
+        pks = args[0] if isinstance(args[0], list) else [args[0]]  # a batch's message names its rows
+        leased = bool(model and model.objects.filter(pk__in=pks).exclude(lease_token="").exists())
         self.messages.append((name, args[0], countdown, leased))
 
     def names(self) -> list[tuple]:

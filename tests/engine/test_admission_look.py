@@ -316,31 +316,44 @@ def test_a_deep_run_s_recheck_asks_the_look_when_runs_before_it_fit(sent, monkey
     assert [pk for pk, _ in sent["admit"]] == [fleet.pk]
 
 
-def test_a_recheck_leaves_the_hosts_to_a_look_that_is_due_without_reading_the_queue(sent, monkeypatch):
-    """A release counted and its look not yet run: the idle hosts are that look's to offer, so a
-    waiting run's recheck that finds room asks it, even a deep one no look would reach (its own
-    recheck places that one once the look has been: test_a_deep_small_run_behind_big_ones...)."""
-    from engine.submitted.provision import provision_job
+
+def test_a_batch_of_rechecks_reads_the_look_s_queue_once_and_each_asks_the_look(sent, monkeypatch):
+    """The sweep's rechecks go as one step (provision.recheck_jobs): the fleet's look's heads, which
+    each recheck that finds room reads to know whether the look places it, are read once for them all."""
+    from engine.submitted import provision
     from runs import admission_order
 
-    monkeypatch.setattr(waiting, "READ_MARGIN", 2)
-    fleet = local_project_fleet(size=2)
-    big = [_waiting(fleet, f"big-{i}", 90, nodes=2) for i in range(2)]
-    small = _waiting(fleet, "small", 10)
-    _idle(fleet, 0)
-    admission.admit_fleet(fleet.pk)  # the row is made; nothing idle
+    monkeypatch.setattr(waiting, "READ_MARGIN", 1)
+    fleet = local_project_fleet(size=3)
+    high = _waiting(fleet, "high", 90)
+    deep = [_waiting(fleet, f"deep-{i}", 10) for i in range(2)]
     _idle(fleet, 1)
-    want([fleet.pk])  # a host came back: its look is due
     sent["admit"].clear()
-    read = []
-    monkeypatch.setattr(admission_order, "heads_for", lambda *a: read.append(a) or [])
-    assert provision_job(small)
-    assert _placed(small, *big) == [], "left to the look"
-    assert read == [], "the queue was not read"
-    assert Job.objects.get(pk=small).waiting_for.startswith("a free host")
-    monkeypatch.undo()
-    monkeypatch.setattr(waiting, "READ_MARGIN", 2)
-    FleetQueue.objects.filter(pk=fleet.pk).update(admitted=FleetQueue.objects.get(pk=fleet.pk).wanted)  # looked
-    Job.objects.filter(pk=small).update(next_check_at=None)
-    assert provision_job(small)
-    assert _placed(small, *big) == [small], "the look came and could not reach it: its recheck places it"
+    reads = []
+    original = admission_order.heads_for
+    monkeypatch.setattr(admission_order, "heads_for", lambda *a: reads.append(a) or original(*a))
+    assert provision.recheck_jobs(deep) == set(deep)
+    assert len(reads) == 1, reads
+    assert _placed(high, *deep) == [], "high, before them, fits the idle host: the look's to place"
+    assert [pk for pk, _ in sent["admit"]] == [fleet.pk], "the look asked (the second ask counted on its row)"
+    assert FleetQueue.objects.get(pk=fleet.pk).wanted == 2
+
+
+def test_a_look_counts_its_own_placements_against_a_project_s_quota_so_the_run_past_it_goes_elsewhere(sent):
+    """The look chooses by the queue, not the quota; the runs it places choose their fleet with what
+    the step read of the shared fleet's usage, counted up by each run it placed there (instances/
+    shares.py `took`): the run past the project's quota goes to the project's other fleet, not onto
+    the shared one to be refused there (and left on it)."""
+    from instances.models import FleetShare
+    from projects.models import Project
+
+    pool = local_project_fleet(size=3, name="pool")
+    spare = local_project_fleet(size=1, name="spare")
+    FleetShare.objects.create(fleet=pool, project=pool.project, hosts=2)
+    FleetShare.objects.create(fleet=pool, project=Project.objects.create(name="research"), hosts=1)
+    runs = [_waiting(pool, f"r{i}", 50) for i in range(3)]
+    _idle(pool, 3)
+    admission.admit_fleet(pool.pk)
+    assert _placed(*runs) == runs
+    fleets = [Job.objects.get(pk=pk).instance.fleet_id for pk in runs]
+    assert fleets == [pool.pk, pool.pk, spare.pk], "two on the shared fleet (its quota), the third on its own"

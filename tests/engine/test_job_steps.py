@@ -19,7 +19,7 @@ from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
 from engine.submitted import waiting as waiting_rules
-from instances.models import Instance
+from instances.models import Fleet, Instance
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job
 from runs.services.submission import submit_run
@@ -89,6 +89,59 @@ def test_provision_does_nothing_while_another_worker_holds_the_job(sent):
     token = claims.claim(Job, job.pk)
     assert not provision.provision_job(job.pk)
     assert _state(job) == ("submitted", token) and sent.messages == []
+    claims.forget_all()
+
+
+# ---- recheck_jobs (the sweep's rechecks of jobs waiting for a host, one batch) ----------------------
+
+WAITER = "type: task\nname: {name}\ncommands: [echo]\nretry: {{on_events: [no-capacity], duration: 1h}}\n"
+
+
+def _waiter(sent, name: str, idle: int) -> Job:
+    """Job 0 of a run waiting for a host of its own 1-host fleet, its recheck due; `idle`: hosts idle now."""
+    fleet = local_project_fleet(size=1, name=f"fleet-{name}")
+    run = submit_run(fleet.project, None, {"configuration": WAITER.format(name=name)})
+    fleet.instances.update(status="idle" if idle else "busy")
+    Job.objects.filter(run=run).update(waiting_for=f"{WAITING_FOR_HOST}: fleet fleet-{name} is full",
+                                       next_check_at=timezone.now() - timedelta(seconds=1))
+    sent.clear()
+    return run.current_jobs().get(job_num=0)
+
+
+@pytest.mark.step_case("recheck_jobs", "eligibility")
+@pytest.mark.step_case("recheck_jobs", "success")
+def test_recheck_takes_the_released_waiting_jobs_keeps_the_full_fleet_s_waiting_and_asks_the_look_once_free(sent):
+    full = _waiter(sent, "full", idle=0)
+    room = _waiter(sent, "room", idle=1)
+    held_back = _waiter(sent, "held", idle=0)
+    Job.objects.filter(pk=held_back.pk).update(waiting_master_job=True)
+    assert provision.recheck_jobs([full.pk, room.pk, held_back.pk]) == {full.pk, room.pk}
+    full.refresh_from_db()
+    assert (full.status, full.lease_token) == ("submitted", "") and full.waiting_for.startswith(WAITING_FOR_HOST)
+    assert full.next_check_at > timezone.now(), "looked at: due again a recheck later"
+    assert _state(room) == ("submitted", ""), "left to its fleet's look, which it asked"
+    fleet = Fleet.objects.get(name="fleet-room")
+    assert sent.messages == [("admit_fleet", fleet.pk, waiting_rules.GATHER_SECONDS, False)], \
+        "sent once the batch was given back"
+    assert Job.objects.get(pk=held_back.pk).next_check_at < timezone.now(), "a job its master holds is not taken"
+
+
+@pytest.mark.step_case("recheck_jobs", "stale")
+def test_recheck_with_a_stale_lease_leaves_the_job_to_its_new_holder(sent, monkeypatch):
+    room = _waiter(sent, "room", idle=1)
+    around_body(monkeypatch, provision, "_provision_each", steal(Job))
+    provision.recheck_jobs([room.pk])
+    assert _state(room) == ("submitted", "someone-else")
+    assert sent.messages == [], "the look is asked by whoever holds the job now"
+
+
+@pytest.mark.step_case("recheck_jobs", "contention")
+def test_recheck_does_nothing_while_another_worker_holds_the_job(sent):
+    full = _waiter(sent, "full", idle=0)
+    token = claims.claim(Job, full.pk)
+    assert provision.recheck_jobs([full.pk]) == set()
+    assert _state(full) == ("submitted", token) and sent.messages == []
+    assert Job.objects.get(pk=full.pk).next_check_at < timezone.now()
     claims.forget_all()
 
 

@@ -49,7 +49,7 @@ def test_a_project_with_more_waiting_runs_than_the_batch_does_not_starve_another
 
     found = sweeps.sweep()
 
-    rechecked = [pk for name, pk in sent.names() if name == "provision_job"]
+    (rechecked,) = [pks for name, pks in sent.names() if name == "recheck_jobs"]  # one message for the batch
     assert found["waiting_rechecks"] == BATCH == len(rechecked), "the batch stays bounded"
     assert set(quiet) <= set(rechecked), "the quiet project's waiting runs are looked at in this sweep"
     assert rechecked[:2] == [crowded[-1], quiet[-1]], "each project's longest-due run first, taking turns"
