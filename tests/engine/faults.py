@@ -11,7 +11,7 @@ import pytest
 
 class Faulty:
     """Wraps a task's apply_async (which `delay` calls too): 'drop' loses the first message for each
-    row (a step's first argument is its row's pk; the others, an actor, differ between the message
+    row (a step's first argument is its row's pk, or a batch's list of them; the others, an actor, differ between the message
     of a request and the sweep's), 'twice' sends every message twice. `sent` counts the messages the code asked
     for, `dropped` and `doubled` the faults injected, so a test can show the fault was real."""
 
@@ -24,7 +24,8 @@ class Faulty:
         self.lock = threading.Lock()
 
     def __call__(self, args=None, kwargs=None, **options):
-        key = tuple(args or ())[:1]
+        # a batch step's first argument is its rows' pks (a list)
+        key = tuple(tuple(a) if isinstance(a, list) else a for a in tuple(args or ())[:1])
         with self.lock:
             self.sent += 1
             first = key not in self.seen
