@@ -19,10 +19,11 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # On SIGTERM it takes 7 s to finish, then says so: past the runner's own 5 s default, within its 15 s
-# stop_duration. `sleep & wait` so the trap runs as soon as the signal comes.
+# stop_duration. `sleep & wait` so the trap runs as soon as the signal comes; the marker after the
+# trap, so a test that waits for it never signals a job that has no trap yet.
 LOW = ("type: task\nname: low\nnodes: 2\npriority: 10\npreemptible: {preemptible}\nstop_duration: 15s\n"
-       "commands:\n  - echo attempt >> {marker}.$DSTACK_NODE_RANK\n"
-       "  - trap 'sleep 7; echo graceful >> {marker}.$DSTACK_NODE_RANK; exit 0' TERM\n"
+       "commands:\n  - trap 'sleep 7; echo graceful >> {marker}.$DSTACK_NODE_RANK; exit 0' TERM\n"
+       "  - echo attempt >> {marker}.$DSTACK_NODE_RANK\n"
        "  - sleep 347 & wait\n"
        "retry: {{on_events: [interruption, no-capacity], duration: 10m}}\n")
 HIGH = ("type: task\nname: high\nnodes: 2\npriority: 90\ncommands: [sleep 3]\n"

@@ -16,6 +16,7 @@ import pytest
 
 from events.models import Event
 from runs.models import Run
+from runs.services import logs
 from tests.engine.helpers import wait_for_run
 from tests.ssh_e2e.helpers import needs_netns, netns_pool
 from tests.ssh_e2e.test_shared_fleets import (  # noqa: F401 - `projects` is the fixture
@@ -36,7 +37,7 @@ pool = netns_pool(4)
 # On SIGTERM it takes 7 s to finish: within its 15 s stop_duration, past the runner's own 5 s default.
 LENT = ("type: task\nname: {name}\nnodes: {nodes}\nfleets: [{fleet}]\npreemptible: {preemptible}\n"
         "stop_duration: 15s\npriority: {priority}\n"
-        "commands:\n  - trap 'sleep 7; exit 0' TERM\n  - sleep 600 & wait\n"
+        "commands:\n  - trap 'sleep 7; exit 0' TERM\n  - echo trapped\n  - sleep 600 & wait\n"
         "retry: {{on_events: [interruption, no-capacity], duration: 30m}}\n")
 
 
@@ -76,7 +77,11 @@ def test_a_project_owed_its_quota_reclaims_a_borrowers_preemptible_run_which_get
     for name in ("keep-1", "keep-2"):
         wait_for_run(name, statuses=("running",), timeout=120, project="beta")
     _lent(beta, "beta", "lent-run", "alpha/pool", nodes=2)
-    wait_for_run("lent-run", statuses=("running",), timeout=120, project="beta")
+    lent = wait_for_run("lent-run", statuses=("running",), timeout=120, project="beta")
+    # "running" comes when the runner has started the commands, maybe before the trap is set: a stop
+    # signal then would end a job at once, with no grace to measure
+    wait_until(lambda: all("trapped" in logs.read(job).decode() for job in lent.current_jobs()), timeout=60,
+               what="lent-run's jobs to set their TERM trap")
 
     # alpha holds nothing of its 2: its 2-node run is owed them, and beta holds 2 above its quota
     started = time.monotonic()
