@@ -22,7 +22,7 @@ from django.db.models import Count, Sum
 
 from instances import rows
 from instances.models import Fleet, FleetShare, Instance, InstanceStatus
-from muster.step_reads import once, update
+from muster.step_reads import fresher, once, update
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
@@ -58,13 +58,14 @@ def usage_of(fleet_id: int) -> dict[int, Amounts]:
     """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
     aggregate query: instances/rows.held, as the console's usage table reads it; inside
     muster/step_reads.py `kept`, once per step)."""
-    return once(("usage", fleet_id), lambda: _usage_of(fleet_id))
+    return once(("usage", fleet_id), lambda: fresh_usage_of(fleet_id))
 
 
 def took(fleet_id: int, project_id: int, taken: list[Instance]) -> None:
     """Hosts the step just took on the fleet for the project, counted in the usage it keeps (muster/
-    step_reads.py), so its next runs choose with its own placements counted: a run chosen past its
-    quota would be put on the fleet (the run's move) before `within` refuses it."""
+    step_reads.py) on top of what `within` read under the lock, so its next runs choose with its own
+    placements counted: a run chosen past its quota would be put on the fleet (the run's move) before
+    `within` refuses it."""
     def more(usage: dict[int, Amounts]) -> dict[int, Amounts]:
         mine = usage.get(project_id, {})
         return {**usage, project_id: {"hosts": mine.get("hosts", 0) + len(taken),
@@ -75,10 +76,6 @@ def took(fleet_id: int, project_id: int, taken: list[Instance]) -> None:
 def fresh_usage_of(fleet_id: int) -> dict[int, Amounts]:
     """usage_of read now, whatever the step has read before: for a decision that writes (a reclaim
     stops another project's runs on it; `within` gives hosts)."""
-    return _usage_of(fleet_id)
-
-
-def _usage_of(fleet_id: int) -> dict[int, Amounts]:
     return {project: {"hosts": hosts, "gpus": gpus} for (_, project), (hosts, gpus) in rows.held([fleet_id]).items()}
 
 
@@ -162,12 +159,15 @@ def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
     """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts just
     taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may. What is held
     is read afresh here, under the lock, whatever the step has read before; the quotas and the
-    fleet's size may be the step's (muster/step_reads.py): they change by an edit of the fleet, not by placements."""
+    fleet's size may be the step's (muster/step_reads.py): they change by an edit of the fleet, not by
+    placements. The fresh read replaces the step's kept one, so `took` adds to what is exact as of the lock."""
     shared = shares_of([fleet.pk]).get(fleet.pk)
     if not shared:
         return ""
     demand = {"hosts": len(taken), "gpus": sum(i.gpu_count for i in taken)}
-    return refusal(project_id, shared, _usage_of(fleet.pk), totals_of(fleet.pk), demand, fleet.name)
+    usage = fresh_usage_of(fleet.pk)
+    fresher(("usage", fleet.pk), usage)
+    return refusal(project_id, shared, usage, totals_of(fleet.pk), demand, fleet.name)
 
 
 def dominant_share(used: Amounts, quota: dict[str, int | None]) -> float:

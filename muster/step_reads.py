@@ -50,3 +50,11 @@ def update(key: tuple, change: Callable[[T], T]) -> None:
     memo = _kept.get()
     if memo is not None and key in memo:
         memo[key] = change(memo[key])
+
+
+def fresher(key: tuple, value: object) -> None:
+    """A read the step just made afresh (under a lock) of what it may keep: later asks inside the
+    current `kept()` block get it instead of an older answer."""
+    memo = _kept.get()
+    if memo is not None:
+        memo[key] = value

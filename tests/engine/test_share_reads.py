@@ -55,3 +55,18 @@ def test_whether_a_run_could_ever_fit_reads_neither_usage_nor_the_fleet_s_size()
         assert shares.quota_refusals([fleet], research.pk, [({}, 2)], at_all=True) == {}
         assert list(shares.quota_refusals([fleet], research.pk, [({}, 3)], at_all=True)) == [fleet.pk]
     assert len(read) == 2, [q["sql"] for q in read]  # the shares, once per question
+
+
+def test_a_step_s_own_take_is_counted_on_what_the_hosts_check_read_under_the_lock_not_on_its_older_read():
+    fleet = local_project_fleet(size=3)
+    research = Project.objects.create(name="research")
+    FleetShare.objects.create(fleet=fleet, project=fleet.project, hosts=1)
+    FleetShare.objects.create(fleet=fleet, project=research, hosts=2)
+    first, second, third = fleet.instances.order_by("index")
+    with step_reads.kept():
+        assert shares.usage_of(fleet.pk) == {}
+        _holding(fleet, research, first)  # another worker's placement, after the step's first read
+        assert shares.within(fleet, research.pk, [second]) == ""
+        shares.took(fleet.pk, research.pk, [second])
+        assert shares.usage_of(fleet.pk)[research.pk]["hosts"] == 2, "the other worker's host and the step's own"
+        assert list(shares.quota_refusals([fleet], research.pk, ONE)) == [fleet.pk], "its next run: at its quota"
