@@ -14,11 +14,13 @@ advance_job still drives the short stages before `running` (runner up, peers, st
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from backends.base import BackendError
@@ -28,6 +30,7 @@ from engine.job_outcome import job_outcome
 from engine.running import observe
 from engine.tuning import WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
+from runs.configuration.stored import adopt_text
 from runs.models import Job
 from runs.transitions import end_job
 
@@ -58,7 +61,9 @@ def _watch_batch() -> int:
 
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = list(held.rows(Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")))
+    jobs = list(held.rows(_WATCHED_ROWS))
+    for job in jobs:
+        adopt_text(job.run, job.run_configuration_text)
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     answered = timezone.now()
@@ -88,6 +93,13 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
             for job in jobs if job.pk not in held.failed}
 
 
+# the run's configuration as text (built once per text, runs/configuration/stored.py adopt_text),
+# and not what the user wrote, which a look never reads
+_WATCHED_ROWS = (Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")
+                 .defer("run__configuration", "run__submitted_text")
+                 .annotate(run_configuration_text=Cast("run__configuration", TextField())))
+
+
 def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy.Follow | None]) -> dict[int, tuple]:
     # Hosts are made here, on this thread (they may read settings or decrypt keys); the threads
     # only talk to them. Every database write happens afterwards, on this task's connection.
@@ -97,6 +109,18 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy
             hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
         return {pk: observe.look(host, follows[pk]) for pk, host in hosts.items()}
-    with ThreadPoolExecutor(max_workers=min(WATCH_THREADS, len(hosts)), thread_name_prefix="watch") as pool:
-        answers = pool.map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
-        return dict(zip(hosts, answers, strict=True))
+    answers = _threads().map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
+    return dict(zip(hosts, answers, strict=True))
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _threads() -> ThreadPoolExecutor:
+    """The process's look threads, kept between batches: a pool per batch started up to
+    WATCH_THREADS threads ten times a second on a busy fleet. Made in the process that uses it
+    (a prefork child), never inherited from the parent across a fork, whose threads do not follow."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=WATCH_THREADS, thread_name_prefix="watch"))
+    return _pool[1]

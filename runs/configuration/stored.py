@@ -12,11 +12,15 @@ A run has one `type`; each type is one variant (`STORED_TYPES`), told apart by `
 tells documents apart: `task`, and `service`, whose groups are replica groups.
 
 Built once per Run instance (`run_configuration`) and frozen: the engine asks for it on every
-placement, start and watch, and one instance is shared by a run's jobs read through it.
+placement, start and watch, and one instance is shared by a run's jobs read through it. The watch,
+which reads every running job's run twice a second, reads the configuration as text and builds it
+once per process for each text it meets (`adopt_text`).
 """
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -249,5 +253,29 @@ def run_configuration(run: Any) -> StoredRun:
     if cached is not None and cached[0] is configuration:
         return cached[1]
     built = stored_run(configuration)
+    run.__dict__[_CACHE] = (configuration, built)
+    return built
+
+
+# texts adopt_text has built, the most recently met last: enough for every run of a busy fleet
+# (the watch meets each running run twice a second), bounded so a worker's memory is too
+KEPT_TEXTS = 2048
+_built_by_text: OrderedDict[str, StoredRun] = OrderedDict()
+
+
+def adopt_text(run: Any, text: str) -> StoredRun:
+    """Give `run` (read with its configuration deferred) the configuration stored as `text`, typed:
+    building the typed form is most of the cost of a look at a running job, and the text of a run
+    changes only by an update (a new text, built afresh). Each run gets its own dict; the typed
+    form is frozen and shared by the runs whose text is the same."""
+    configuration = json.loads(text)
+    built = _built_by_text.get(text)
+    if built is None:
+        built = _built_by_text[text] = stored_run(configuration)
+        if len(_built_by_text) > KEPT_TEXTS:
+            _built_by_text.popitem(last=False)
+    else:
+        _built_by_text.move_to_end(text)
+    run.__dict__["configuration"] = configuration
     run.__dict__[_CACHE] = (configuration, built)
     return built
