@@ -20,6 +20,7 @@ once per process for each text it meets (`adopt_text`).
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from typing import Any, Literal
 
@@ -261,21 +262,25 @@ def run_configuration(run: Any) -> StoredRun:
 # (the watch meets each running run twice a second), bounded so a worker's memory is too
 KEPT_TEXTS = 2048
 _built_by_text: OrderedDict[str, StoredRun] = OrderedDict()
+_texts_lock = threading.Lock()
 
 
 def adopt_text(run: Any, text: str) -> StoredRun:
     """Give `run` (read with its configuration deferred) the configuration stored as `text`, typed:
-    building the typed form is most of the cost of a look at a running job, and the text of a run
+    building the typed form was a tenth of a look at a running job, and the text of a run
     changes only by an update (a new text, built afresh). Each run gets its own dict; the typed
     form is frozen and shared by the runs whose text is the same."""
     configuration = json.loads(text)
-    built = _built_by_text.get(text)
+    with _texts_lock:  # a worker pool of threads shares the process's texts
+        built = _built_by_text.get(text)
+        if built is not None:
+            _built_by_text.move_to_end(text)
     if built is None:
-        built = _built_by_text[text] = stored_run(configuration)
-        if len(_built_by_text) > KEPT_TEXTS:
-            _built_by_text.popitem(last=False)
-    else:
-        _built_by_text.move_to_end(text)
+        built = stored_run(configuration)
+        with _texts_lock:
+            _built_by_text[text] = built
+            while len(_built_by_text) > KEPT_TEXTS:
+                _built_by_text.popitem(last=False)
     run.__dict__["configuration"] = configuration
     run.__dict__[_CACHE] = (configuration, built)
     return built
