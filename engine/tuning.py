@@ -27,7 +27,7 @@ REVOKE_BATCH = 200
 # -- watching running jobs (engine/running/watch.py) --
 # jobs one claim takes: one status command per host, so a batch is one round of SSH calls
 WATCH_BATCH = 200
-# hosts looked at in parallel by one watch task
+# hosts looked at in parallel by a worker process's watch (its look threads, kept between batches)
 WATCH_THREADS = 16
 
 # -- the SSH health check of idle hosts (engine/ssh_health.py) --

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from django.db.models import Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import Q
 from django.utils import timezone
 
 from backends.base import BackendError
@@ -30,7 +30,6 @@ from engine.job_outcome import job_outcome
 from engine.running import observe
 from engine.tuning import WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
-from runs.configuration.stored import adopt_text
 from runs.models import Job
 from runs.transitions import end_job
 
@@ -62,8 +61,6 @@ def _watch_batch() -> int:
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
     jobs = list(held.rows(_WATCHED_ROWS))
-    for job in jobs:
-        adopt_text(job.run, job.run_configuration_text)
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     answered = timezone.now()
@@ -93,11 +90,9 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
             for job in jobs if job.pk not in held.failed}
 
 
-# the run's configuration as text (built once per text, runs/configuration/stored.py adopt_text),
-# and not what the user wrote, which a look never reads
+# not what the user wrote (up to the API's size cap), which a look never reads
 _WATCHED_ROWS = (Job.objects.select_related("run", "instance", "instance__fleet", "instance__group")
-                 .defer("run__configuration", "run__submitted_text")
-                 .annotate(run_configuration_text=Cast("run__configuration", TextField())))
+                 .defer("run__submitted_text"))
 
 
 def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy.Follow | None]) -> dict[int, tuple]:
@@ -114,13 +109,17 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+_pid = os.getpid  # the process the pool was made in
 
 
 def _threads() -> ThreadPoolExecutor:
     """The process's look threads, kept between batches: a pool per batch started up to
-    WATCH_THREADS threads ten times a second on a busy fleet. Made in the process that uses it
-    (a prefork child), never inherited from the parent across a fork, whose threads do not follow."""
+    WATCH_THREADS threads several times a second on a busy fleet. Made in the process that uses it
+    (a prefork child), never inherited from the parent across a fork, whose threads do not follow.
+    Watch tasks running at once in one process (a pool of threads) share it."""
     global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=WATCH_THREADS, thread_name_prefix="watch"))
-    return _pool[1]
+    with _pool_lock:
+        if _pool is None or _pool[0] != _pid():
+            _pool = (_pid(), ThreadPoolExecutor(max_workers=WATCH_THREADS, thread_name_prefix="watch"))
+        return _pool[1]

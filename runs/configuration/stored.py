@@ -12,16 +12,11 @@ A run has one `type`; each type is one variant (`STORED_TYPES`), told apart by `
 tells documents apart: `task`, and `service`, whose groups are replica groups.
 
 Built once per Run instance (`run_configuration`) and frozen: the engine asks for it on every
-placement, start and watch, and one instance is shared by a run's jobs read through it. The watch,
-which reads every running job's run twice a second, reads the configuration as text and builds it
-once per process for each text it meets (`adopt_text`).
+placement, start and watch, and one instance is shared by a run's jobs read through it.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -254,33 +249,5 @@ def run_configuration(run: Any) -> StoredRun:
     if cached is not None and cached[0] is configuration:
         return cached[1]
     built = stored_run(configuration)
-    run.__dict__[_CACHE] = (configuration, built)
-    return built
-
-
-# texts adopt_text has built, the most recently met last: enough for every run of a busy fleet
-# (the watch meets each running run twice a second), bounded so a worker's memory is too
-KEPT_TEXTS = 2048
-_built_by_text: OrderedDict[str, StoredRun] = OrderedDict()
-_texts_lock = threading.Lock()
-
-
-def adopt_text(run: Any, text: str) -> StoredRun:
-    """Give `run` (read with its configuration deferred) the configuration stored as `text`, typed:
-    building the typed form was a tenth of a look at a running job, and the text of a run
-    changes only by an update (a new text, built afresh). Each run gets its own dict; the typed
-    form is frozen and shared by the runs whose text is the same."""
-    configuration = json.loads(text)
-    with _texts_lock:  # a worker pool of threads shares the process's texts
-        built = _built_by_text.get(text)
-        if built is not None:
-            _built_by_text.move_to_end(text)
-    if built is None:
-        built = stored_run(configuration)
-        with _texts_lock:
-            _built_by_text[text] = built
-            while len(_built_by_text) > KEPT_TEXTS:
-                _built_by_text.popitem(last=False)
-    run.__dict__["configuration"] = configuration
     run.__dict__[_CACHE] = (configuration, built)
     return built

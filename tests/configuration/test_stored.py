@@ -95,21 +95,3 @@ def test_it_is_built_once_per_run_and_again_when_the_configuration_is_replaced()
     assert run_configuration(run) is first
     run.configuration = {**run.configuration, "stop_criteria": "master-done"}
     assert run_configuration(run).stop_criteria == "master-done"
-
-
-def test_texts_built_once_are_kept_most_recent_first_up_to_the_bound(monkeypatch):
-    from collections import OrderedDict
-
-    from runs.configuration import stored as stored_module
-
-    monkeypatch.setattr(stored_module, "_built_by_text", OrderedDict())
-    monkeypatch.setattr(stored_module, "KEPT_TEXTS", 2)
-    texts = [json.dumps({"type": "task", "name": name, "commands": ["echo"]}) for name in ("a", "b", "c")]
-    runs = [SimpleNamespace() for _ in range(4)]
-    first = stored_module.adopt_text(runs[0], texts[0])
-    stored_module.adopt_text(runs[1], texts[1])
-    assert stored_module.adopt_text(runs[2], texts[0]) is first, "met again: the kept typed form"
-    assert runs[2].configuration == runs[0].configuration and runs[2].configuration is not runs[0].configuration
-    stored_module.adopt_text(runs[3], texts[2])  # b, the least recently met, goes
-    assert list(stored_module._built_by_text) == [texts[0], texts[2]]
-    assert stored_module.run_configuration(runs[3]).name == "c"

@@ -7,6 +7,7 @@ that a row stopped under it is handed to finish_job. Each of the four cases is m
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -275,47 +276,37 @@ def test_the_watch_writes_the_answering_hosts_last_seen_in_one_statement(sent, m
     assert set(Instance.objects.filter(pk__in=hosts, last_seen__gt=fresh).values_list("pk", flat=True)) == set(hosts)
 
 
-def test_the_watch_builds_a_run_s_configuration_once_per_text_and_reads_the_same_statements_for_more_jobs(
+def test_the_watch_reads_the_same_statements_for_more_jobs_and_keeps_its_look_threads_between_batches(
         sent, monkeypatch):
-    from collections import OrderedDict
-
-    from runs.configuration import stored
-
-    monkeypatch.setattr(stored, "_built_by_text", OrderedDict(), raising=False)
-    built = []
-    real = stored.stored_run
-    monkeypatch.setattr(stored, "stored_run", lambda conf: built.append(conf.get("name")) or real(conf))
+    started = []
+    real_pool = watch.ThreadPoolExecutor
+    monkeypatch.setattr(watch, "ThreadPoolExecutor", lambda **kw: started.append(kw) or real_pool(**kw))
+    monkeypatch.setattr(watch, "_pool", None)
     jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
-    built.clear()  # the submission's own
     _runners_say(monkeypatch, {j.pk: "running" for j in jobs})
     with CaptureQueriesContext(connection) as three:
         assert watch.watch_running() == 3
-    assert built == ["steps"], "three jobs of one run: one configuration built"
-    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(next_check_at=None)
-    assert watch.watch_running() == 3
-    assert built == ["steps"], "looked at again: the text was built before"
     assert not any("submitted_text" in q["sql"] for q in three), "what the user wrote is not read by a look"
-
-    # an update writes a new text: the next look builds it, and the jobs read the new configuration
-    run = jobs[0].run
-    run.__class__.objects.filter(pk=run.pk).update(configuration={**run.configuration, "max_duration": 600})
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(next_check_at=None)
-    seen = []
-    monkeypatch.setattr(observe, "watch_observed", lambda job, status, lease: seen.append(
-        stored.run_configuration(job.run).max_duration))
     assert watch.watch_running() == 3
-    assert built == ["steps", "steps"] and seen == [600] * 3
+    assert len(started) == 1, "the second batch looks with the first one's threads"
 
     more = _jobs(sent, nodes=6, name="more", status="running", runner_submitted=True)
-    built.clear()
     _runners_say(monkeypatch, {j.pk: "running" for j in more})
     Job.objects.filter(pk__in=[j.pk for j in jobs]).update(next_check_at=timezone.now() + timedelta(hours=1))
     with CaptureQueriesContext(connection) as six:
         assert watch.watch_running() == 6
+
     def product(queries) -> list[str]:  # without the fake runners' own reads (_runners_say)
         return [q["sql"] for q in queries if 'WHERE ("runs_job"."instance_id" =' not in q["sql"]]
     assert len(product(six)) == len(product(three)), (product(three), product(six))
-    assert built == ["more"]
+
+    # a forked child (a prefork worker's) makes threads of its own: its parent's do not follow a fork
+    pid = os.getpid()
+    monkeypatch.setattr(watch, "_pid", lambda: pid + 1)
+    Job.objects.filter(pk__in=[j.pk for j in more]).update(next_check_at=None)
+    assert watch.watch_running() == 6
+    assert len(started) == 2
 
 
 @pytest.mark.step_case("watch_running", "stale")
