@@ -86,6 +86,11 @@ class Run(Claimable):
 
 
 class Job(Claimable):
+    # Not indexed here, unlike other claimable rows: the watch writes the lease and next_check_at of
+    # every running job twice a look (its claim and its give-back), and a write that changes no
+    # indexed column is a heap-only update in PostgreSQL, one that changes one adds an entry to each
+    # of the table's indexes. What filters on them filters on the job's status first.
+    lease_until = models.DateTimeField(null=True, blank=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="jobs")
     job_num = models.IntegerField()  # the node's global rank
     # The job's identity on its host (runner job directory) and in log storage: names (run, fleet,
@@ -117,7 +122,7 @@ class Job(Claimable):
     start_time = models.FloatField(null=True, blank=True)  # as the runner recorded it (epoch seconds)
     end_time = models.FloatField(null=True, blank=True)
     exit_status = models.IntegerField(null=True, blank=True)
-    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)  # not indexed: see lease_until
     # Readiness (engine/running/readiness.py): when every probe of its group had passed
     # `ready_after` times in a row (or, without probes, when it ran); each probe's last result as
     # its runner reported it; and what a starting job waits for before it may start.

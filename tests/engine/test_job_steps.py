@@ -309,6 +309,24 @@ def test_the_watch_reads_the_same_statements_for_more_jobs_and_keeps_its_look_th
     assert len(started) == 2
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="heap-only updates are PostgreSQL's")
+def test_the_watch_s_claim_and_give_back_of_a_running_job_are_heap_only_updates(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
+    _runners_say(monkeypatch, {j.pk: "running" for j in jobs})
+
+    def counts() -> tuple[int, int]:  # this transaction's updates of runs_job so far: all, heap-only
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_get_xact_tuples_updated('runs_job'::regclass), "
+                           "pg_stat_get_xact_tuples_hot_updated('runs_job'::regclass)")
+            return cursor.fetchone()
+
+    before = counts()
+    assert watch.watch_running() == 3
+    updated, hot = (after - was for after, was in zip(counts(), before, strict=True))
+    # each job: claimed, given back (lease, next_check_at, agent_seen_at): no index entry written
+    assert updated == 6 and hot == 6, (updated, hot)
+
+
 @pytest.mark.step_case("watch_running", "stale")
 def test_watch_with_a_stale_lease_drops_that_job_only(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="running", runner_submitted=True)
