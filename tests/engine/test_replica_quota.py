@@ -1,0 +1,69 @@
+"""A service's replicas on a shared fleet hold the project's quota when they are placed at once:
+the replica's choice of fleet reads the usage its step read (instances/shares.py quota_refusals),
+so the hosts are taken with the fleet's row locked and the quota asked again under the lock
+(`within`), as a task's gang is (engine/submitted/replica_placement.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.submitted import provision
+from instances import shares
+from instances.models import FleetShare, Instance
+from projects.models import Project
+from runs.models import Job
+from runs.services.submission import submit_run
+from tests.engine.helpers import local_project_fleet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SERVICE = ("type: service\nname: svc\nreplicas: 2\nport: 8000\ncommands: [sleep 60]\nfleets: [{fleet}]\n"
+           "retry: {{on_events: [no-capacity], duration: 1h}}\n")
+
+
+def test_two_replicas_placed_on_a_stale_read_of_the_usage_still_hold_the_project_s_quota(sent, monkeypatch):
+    pool = local_project_fleet(size=3, name="pool")
+    research = Project.objects.create(name="research")
+    FleetShare.objects.create(fleet=pool, project=pool.project, hosts=1)
+    FleetShare.objects.create(fleet=pool, project=research, hosts=2)
+    run = submit_run(pool.project, None, {"configuration": SERVICE.format(fleet=pool.name)})
+    replicas = list(run.current_jobs().order_by("job_num"))
+    assert len(replicas) == 2
+    # each replica's step chose the fleet with a read from before the other's placement: both pass
+    monkeypatch.setattr(shares, "quota_refusals", lambda *args, **kwargs: {})
+    for replica in replicas:
+        provision.provision_job(replica.pk)
+    on_hosts = Job.objects.filter(pk__in=[r.pk for r in replicas], instance__isnull=False)
+    assert on_hosts.count() == 1, "the project's quota is 1 host of the shared fleet, and nothing is borrowable"
+    waiting = Job.objects.get(pk__in=[r.pk for r in replicas], instance__isnull=True)
+    assert waiting.status == "submitted" and waiting.waiting_for.startswith("a free host: quota: project main holds 1"), \
+        waiting.waiting_for
+    assert Instance.objects.filter(fleet=pool, status="idle").count() == 2, "the refused take left its host idle"
+
+
+def test_a_group_placed_again_on_a_shared_fleet_holds_the_project_s_quota(sent):
+    """A later group master (its group placed again, engine/submitted/provision.py `_take_group`)
+    takes its hosts as job 0's gang does: past the project's quota it ends for want of capacity."""
+    pool = local_project_fleet(size=4, name="pool")
+    FleetShare.objects.create(fleet=pool, project=pool.project, hosts=2)
+    FleetShare.objects.create(fleet=pool, project=Project.objects.create(name="research"), hosts=2)
+    run = submit_run(pool.project, None, {"configuration": (
+        f"type: task\nname: two\nfleets: [{pool.name}]\n"
+        "groups:\n  - {name: a, nodes: 1, commands: [sleep 60]}\n  - {name: b, nodes: 1, commands: [sleep 60]}\n")})
+    first, second = run.current_jobs().order_by("job_num")
+    provision.provision_job(first.pk)
+    second.refresh_from_db()
+    assert second.instance_id is not None, "job 0's gang placed both groups: the project's 2 hosts"
+    # group b placed again (its host went back), while another run of the project took a host
+    Instance.objects.filter(pk=second.instance_id).update(status="idle")
+    Job.objects.filter(pk=second.pk).update(status="submitted", instance=None, waiting_master_job=False)
+    other = submit_run(pool.project, None, {"configuration": "type: task\nname: other\ncommands: [sleep 60]\n"})
+    host = Instance.objects.filter(fleet=pool, status="idle").order_by("-index").first()
+    Instance.objects.filter(pk=host.pk).update(status="busy")
+    Job.objects.filter(run=other).update(status="running", instance=host, fleet=pool)
+    provision.provision_job(second.pk)
+    second.refresh_from_db()
+    assert second.instance_id is None and second.status in ("terminating", "failed"), second.status
+    assert second.termination_message.startswith("quota: project main holds 2 of its 2 hosts"), \
+        second.termination_message
+    assert Instance.objects.filter(fleet=pool, status="idle").count() == 2
