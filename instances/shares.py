@@ -26,6 +26,7 @@ from muster.step_reads import fresher, once, update
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
+QUOTA_PREFIX = "quota:"  # how every refusal starts: placement tells it from "short of idle hosts" by it
 Amounts = dict[str, int]  # {"hosts": n, "gpus": n}
 
 
@@ -106,7 +107,7 @@ def refusal(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts]
     nothing held): a run that never could fails at once instead of waiting."""
     share = shares.get(project_id)
     if share is None:
-        return f"quota: fleet {fleet} is not shared with this project"
+        return f"{QUOTA_PREFIX} fleet {fleet} is not shared with this project"
     for resource in RESOURCES:
         quota = share.quota[resource]
         if quota is None or not demand.get(resource):
@@ -118,7 +119,7 @@ def refusal(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts]
             continue
         noun = NOUN[resource]
         lending = "none" if not limit else f"up to {limit}, {free} {'at most' if at_all else 'free now'}"
-        return (f"quota: project {share.project} holds {held} of its {quota} {noun} of fleet {fleet} "
+        return (f"{QUOTA_PREFIX} project {share.project} holds {held} of its {quota} {noun} of fleet {fleet} "
                 f"(borrowing: {lending}) and needs {demand[resource]}")
     return ""
 

@@ -95,3 +95,12 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | No
             return {}, short
     return taken, []
 
+
+def take_group(fleet: Fleet, group: GangGroup, project_id: int) -> tuple[list[Instance], str]:
+    """take_gang_across for one group on one fleet (a service's replica, a group placed again): its
+    hosts, or none and the quota's refusal when a shared fleet's quota said no ("" when the fleet
+    was only short of idle hosts: the caller words that itself)."""
+    got, short = take_gang_across([(fleet, group)], project_id=project_id)
+    if got:
+        return got[group[0]], ""
+    return [], next((line for line in short if line.startswith(shares.QUOTA_PREFIX)), "")

@@ -236,13 +236,11 @@ def _take_group(job: Job, fleet, siblings: list[Job] | None, lease: Lease) -> No
                and j.status == JobStatus.SUBMITTED and j.instance_id is None]
     # the fleet's row locked and, on a shared fleet, the project's quota asked under the lock
     # (instances/shares.py `within`), as job 0's gang is: the group's earlier hosts went back
-    got, short = placement.take_gang_across(
-        [(fleet, (job.node_group_index, job.node_group_name, job.spec["resources"], 1 + len(members)))],
-        project_id=job.run.project_id)
-    instances = got.get(job.node_group_index)
+    instances, quota = placement.take_group(
+        fleet, (job.node_group_index, job.node_group_name, job.spec["resources"], 1 + len(members)),
+        job.run.project_id)
     if not instances:
-        why = short[0] if short and short[0].startswith("quota:") else (
-            f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}")
+        why = quota or f"no {1 + len(members)} idle instances of fleet {fleet.name} fit {job.node_group_name}"
         end_job(job, JobReason.FAILED_TO_START_DUE_TO_NO_CAPACITY, why, lease=lease)
         return
     _hold(job, instances, members, f"its group {job.node_group_name}", siblings, lease)

@@ -48,14 +48,13 @@ def place_replica(job: Job, lease: Lease) -> dict | claims.Outcome:
         # with the fleet's row locked, and on a shared fleet the quota asked again under the lock
         # (instances/shares.py `within`): the check above reads what the step read, and two replicas
         # placed at once would each find the project's last host of quota free
-        got, short = placement.take_gang_across([(fleet, (job.node_group_index, job.node_group_name, req, need))],
-                                                project_id=run.project_id)
-        taken = got.get(job.node_group_index)
+        taken, quota = placement.take_group(fleet, (job.node_group_index, job.node_group_name, req, need),
+                                            run.project_id)
         if taken:
             _hold(run, job, fleet, taken, members, lease)
             return {}
-        if short and short[0].startswith("quota:"):
-            refused[fleet.pk] = short[0]
+        if quota:
+            refused[fleet.pk] = quota
     full = [f for f in fleets if fitting.static_fleet_fits(f, [(req, need)], busy_too=True)]
     # a replica of a service that already serves (a scale-up, an update's new replica, a replacement)
     # waits for a host rather than failing the whole service for want of one
