@@ -5,7 +5,8 @@ fleet, its quota there.
 Each is one aggregate query, whatever the number of jobs: the waits from the jobs that waited (a
 partial index holds only them; the wait is written by the UPDATE that placed the job,
 engine/submitted/waiting.placed, so any worker's placement is read here without a counter to
-flush), the waiting runs and the holdings from the unfinished jobs (the jobs' status index), the
+flush), the waiting runs from the unfinished jobs (the jobs' status index), the holdings from the
+hosts' holders (Instance.holder, a partial index of the hosts in use), the
 quotas from the shares (FleetShare, one row per project sharing a fleet).
 """
 
@@ -61,10 +62,9 @@ def queue_families(label_of):
     yield host_wait_histogram(label_of)
     waiting = GaugeMetricFamily("muster_runs_waiting_for_host", "Runs waiting for a host of a full fleet, by "
                                 "project", labels=["project"])
-    hosts = GaugeMetricFamily("muster_fleet_hosts_held", "Hosts of a fleet that a project's unfinished jobs "
-                              "hold", labels=["project", "fleet"])
+    hosts = GaugeMetricFamily("muster_fleet_hosts_held", "Hosts of a fleet that a project's jobs hold", labels=["project", "fleet"])
     gpus = GaugeMetricFamily("muster_fleet_gpus_held", "GPUs of the hosts of a fleet that a project's "
-                             "unfinished jobs hold", labels=["project", "fleet"])
+                             "jobs hold", labels=["project", "fleet"])
     quota = GaugeMetricFamily("muster_fleet_quota_hosts", "Hosts of a shared fleet a project's quota gives it "
                               "(docs/queueing.md, shared fleets)", labels=["project", "fleet"])
     quota_gpus = GaugeMetricFamily("muster_fleet_quota_gpus", "GPUs of a shared fleet a project's quota gives it",

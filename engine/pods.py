@@ -85,7 +85,7 @@ def reserve_pod(fleet: Fleet, compute: Compute, group_jobs: list, replica: bool 
     if plan is None or len(group_jobs) != plan.hosts * slices:
         return {}
     jobs = sorted(group_jobs, key=lambda j: j.node_group_rank)
-    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), slices, replica)
+    reused = _reuse_idle_pod(fleet, plan.shape, len(jobs), jobs[0].run.project_id, slices, replica)
     if reused is not None:
         return {job.pk: inst.pk for job, inst in zip(jobs, reused, strict=True)}
     offers = compute.get_offers(jobs[0].spec["resources"])
@@ -122,7 +122,7 @@ def slices_of(job) -> int:
     return run_configuration(job.run).group(job.node_group_index).slices
 
 
-def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1,
+def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, holder_id: int, slices: int = 1,
                     replica: bool = False) -> list[Instance] | None:
     for group in InstanceGroup.objects.filter(fleet=fleet, kind=GroupKind.TPU_POD, shape=shape,
                                               status=GroupStatus.ACTIVE).order_by("created"):
@@ -134,7 +134,7 @@ def _reuse_idle_pod(fleet: Fleet, shape: str, hosts: int, slices: int = 1,
             taken = move_instances(list(group.instances.filter(status=InstanceStatus.IDLE)), InstanceStatus.BUSY,
                                    frm=[InstanceStatus.IDLE], where={"group__status": GroupStatus.ACTIVE},
                                    message=f"taken with instance group {group.name}: reused by a new run",
-                                   idle_since=None)
+                                   idle_since=None, holder_id=holder_id)
             if len(taken) == hosts:
                 if replica:  # taken by a service replica: it goes with that replica
                     InstanceGroup.objects.filter(pk=group.pk).update(backend_data={**group.backend_data,
@@ -173,6 +173,7 @@ def _plan_pod(fleet: Fleet, compute: Compute, plan: GroupPlan, slices: int,
             Instance.objects.create(
                 project=fleet.project, fleet=fleet, group=group, index=k, name=f"{name}-{k}",
                 status=InstanceStatus.PROVISIONING, backend=fleet.backend, username=_ssh_user(fleet),
+                holder_id=master.run.project_id,  # made for the group's jobs, pointed at it below
             )
             for k in range(plan.hosts * slices)
         ]
@@ -223,13 +224,15 @@ def apply_ready(group: InstanceGroup, records: list[ProvisioningData], lease: Le
     with transaction.atomic():
         for rec in records:
             inst = group.instances.get(index=rec.worker_index)
-            assigned = _assigned(inst)
+            holder = _waited_for_by(inst)
+            assigned = holder is not None
             move_instances(
                 [inst], InstanceStatus.BUSY if assigned else InstanceStatus.IDLE, frm=[InstanceStatus.PROVISIONING],
                 message=f"ready at {rec.internal_ip} (worker {rec.worker_index} of {group.name})",
                 hostname=rec.hostname, internal_ip=rec.internal_ip, port=rec.port or 22, region=rec.region,
                 resources=rec.resources or {}, **Instance.resource_columns(rec.resources),
                 backend_data=rec.backend_data, private_key_encrypted=encrypted, idle_since=None if assigned else now,
+                holder_id=holder,
             )
         move_group(group, GroupStatus.ACTIVE, frm=[GroupStatus.PROVISIONING],
                    message=f"ready with {len(records)} hosts in {records[0].region or 'its zone'}",
@@ -309,8 +312,9 @@ def _awaited(group: InstanceGroup) -> bool:
 _WAITS = Q(status__in=_WAITING) | Q(keep_host=True, superseded=False)
 
 
-def _assigned(inst: Instance) -> bool:
-    return Job.objects.filter(_WAITS, instance=inst).exists()
+def _waited_for_by(inst: Instance) -> int | None:
+    """The project of the job that waits for the host (its holder once ready), or None."""
+    return Job.objects.filter(_WAITS, instance=inst).values_list("run__project_id", flat=True).first()
 
 
 def _say_queued(group: InstanceGroup, before: dict | None) -> None:

@@ -188,7 +188,8 @@ def reused_host(job: Job, index: int) -> Instance:
     free = Instance.objects.filter(pk=job.instance_id, status=InstanceStatus.IDLE, unreachable=False).exists()
     if not free or not move_instances([job.instance], InstanceStatus.BUSY, frm=[InstanceStatus.IDLE],
                                       message=f"taken again by run {job.run.name} for the restart of group "
-                                              f"{job.node_group_name}", run_id=job.run_id, job_id=job.pk):
+                                              f"{job.node_group_name}", run_id=job.run_id, job_id=job.pk,
+                                      holder_id=job.run.project_id):
         raise Lost(str(index))
     return job.instance
 

@@ -191,6 +191,12 @@ class Instance(Claimable):
     last_seen = models.DateTimeField(null=True, blank=True)
     idle_since = models.DateTimeField(null=True, blank=True)
     termination_reason = models.CharField(max_length=64, blank=True, default="")
+    # The project whose job the host is busy with (or being made for), written by the statement
+    # that gives it to a job and cleared by the one that makes it idle or ends it
+    # (instances/transitions.py): what each project holds of a shared fleet is then a count of
+    # these, not an aggregate over jobs and runs (instances/rows.held, under the fleet's lock)
+    holder = models.ForeignKey("projects.Project", null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+", db_index=False)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -206,6 +212,9 @@ class Instance(Claimable):
             # placement's candidate query: one fleet's idle hosts in (gpu_count, id) order, read a
             # page at a time, so picking a host reads a page, not the whole fleet
             models.Index(fields=["fleet", "status", "gpu_count", "id"], name="instance_placement_order"),
+            # rows.held: each project's hosts and GPUs on a fleet, read from the index alone
+            models.Index(fields=["fleet", "holder", "gpu_count"], condition=models.Q(holder__isnull=False),
+                         name="instance_held"),
         ]
 
     def __str__(self) -> str:

@@ -6,8 +6,9 @@ Each read's meaning is its ORM form beside it (free_instances; the fleets: Fleet
 which tests/engine/test_candidate_reads.py holds the SQL to. Columns come from the models' `_meta`;
 rows become objects through muster.rows.from_row.
 
-And what each project holds of each fleet (`held`, `usage_by_project`): the hosts and GPUs of its
-unfinished jobs, one aggregate query, read by the console's fleets page and /metrics. And a
+And what each project holds of each fleet (`held`, `usage_by_project`): the hosts (and their GPUs)
+its jobs hold, counted by their holder column, read by placement's quota check under the fleet's
+lock, the console's fleets page and /metrics. And a
 release counted on a fleet's admission row, read back by the same statement (`count_release`).
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q, Sum
 
 from instances.models import (
     Fleet,
@@ -30,8 +31,6 @@ from instances.models import (
 )
 from muster import rows
 from projects.models import Project
-from runs.choices import JOB_UNFINISHED
-from runs.models import Job, Run
 
 
 def free_instances(fleet: Fleet, busy_too: bool = False):
@@ -125,38 +124,24 @@ def active_fleets(project_id: int, not_backend: str | None, backends: list[str] 
     return found
 
 
-@functools.cache
-def _held_sql(fleets: int | None) -> str:
-    j, r, i = (functools.partial(_column, model, alias=a) for model, a in ((Job, "j"), (Run, "r"), (Instance, "i")))
-    fleet = f" AND {i('fleet')} IN ({', '.join(['%s'] * fleets)})" if fleets else ""
-    # the statuses written out as the index job_on_host's condition is (runs/models.py): SQLite's
-    # planner matches a partial index's IN list against literals only, not bound parameters
-    statuses = ", ".join(f"'{s.value}'" for s in JOB_UNFINISHED)
-    # DISTINCT: a host counts once for its project however many unfinished jobs are on it
-    return (f"SELECT h.fleet_id, h.project_id, COUNT(*), COALESCE(SUM(h.gpu_count), 0) FROM ("
-            f"SELECT DISTINCT {i('id')}, {i('fleet')} AS fleet_id, {i('gpu_count')} AS gpu_count, "
-            f"{r('project')} AS project_id FROM \"{Job._meta.db_table}\" j "
-            f"JOIN \"{Run._meta.db_table}\" r ON {r('id')} = {j('run')} "
-            f"JOIN \"{Instance._meta.db_table}\" i ON {i('id')} = {j('instance')} "
-            f"WHERE {j('instance')} IS NOT NULL AND {j('status')} IN ({statuses}){fleet}) h "
-            "GROUP BY h.fleet_id, h.project_id")
-
-
 def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
-    """{(fleet id, project id): (hosts, GPUs)} that the project's unfinished jobs hold on each fleet
-    (of `fleet_ids` only, when given): one aggregate query over the unfinished jobs on a host (the
-    partial index job_on_host), whatever the number of finished ones or of those waiting for a host. A host is held from its placement to its job's end
-    (terminating included: it is not free until the job has ended)."""
+    """{(fleet id, project id): (hosts, GPUs)} that each project holds on each fleet (of `fleet_ids`
+    only, when given): its hosts' count by holder (Instance.holder, written with the move that gives
+    a host to a job and cleared by the one that makes it idle or ends it), read from the partial
+    index instance_held alone: one table, however many jobs there are. A host is held from its
+    placement to its job's end (terminating included: it is not free until the job has ended), and
+    a host kept for a restart of the same project's group stays held."""
     if fleet_ids is not None and not fleet_ids:
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute(_held_sql(len(fleet_ids) if fleet_ids else None), list(fleet_ids or []))
-        return {(fleet, project): (hosts, int(gpus)) for fleet, project, hosts, gpus in cursor.fetchall()
-                if fleet is not None}
+    hosts = Instance.objects.filter(holder__isnull=False)
+    if fleet_ids:
+        hosts = hosts.filter(fleet_id__in=fleet_ids)
+    counted = hosts.values_list("fleet_id", "holder_id").annotate(n=Count("*"), gpus=Sum("gpu_count")).order_by()
+    return {(fleet, project): (n, int(gpus or 0)) for fleet, project, n, gpus in counted if fleet is not None}
 
 
 def usage_by_project(fleet: Fleet) -> dict[int, tuple[int, int]]:
-    """{project id: (hosts, GPUs)} each project's unfinished jobs hold on `fleet`: what the console's
+    """{project id: (hosts, GPUs)} each project's jobs hold on `fleet`: what the console's
     fleet page shows per project (a fleet's quotas per project go beside it)."""
     return {project: used for (_, project), used in held([fleet.pk]).items()}
 

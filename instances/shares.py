@@ -9,8 +9,8 @@ no FleetShare rows is not shared: nothing here applies to it.
 - A project's room on a resource (hosts, GPUs) it has a quota on = its quota + min(its borrowing
   limit, what the others leave unused of theirs + what no quota gives). A resource it has no quota
   on (None) is not limited.
-- Usage = the hosts (and their GPUs) held by the project's unfinished jobs on the fleet: one
-  aggregate query grouped by project, whatever the number of jobs.
+- Usage = the hosts (and their GPUs) the project's jobs hold on the fleet: a count of the fleet's
+  hosts by holder (Instance.holder), whatever the number of jobs.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def _shares_of(fleet_ids: tuple[int, ...]) -> dict[int, dict[int, Share]]:
 
 
 def usage_of(fleet_id: int) -> dict[int, Amounts]:
-    """{project id: {"hosts", "gpus"}} held on the fleet by each project's unfinished jobs (one
-    aggregate query: instances/rows.held, as the console's usage table reads it; inside
+    """{project id: {"hosts", "gpus"}} held on the fleet by each project's jobs (one count of its
+    hosts by holder: instances/rows.held, as the console's usage table reads it; inside
     muster/step_reads.py `kept`, once per step)."""
     return once(("usage", fleet_id), lambda: fresh_usage_of(fleet_id))
 
@@ -157,8 +157,8 @@ def quota_refusals(fleets: list[Fleet], project_id: int, demands: list[tuple[dic
 
 
 def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
-    """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts just
-    taken, not yet any job's) on the fleet? "" when the fleet is not shared or it may. What is held
+    """Placement's check, with the fleet's row locked: may the project hold `taken` (hosts it has
+    just taken, in this transaction) on the fleet? "" when the fleet is not shared or it may. What is held
     is read afresh here, under the lock, whatever the step has read before; the quotas and the
     fleet's size may be the step's (muster/step_reads.py): they change by an edit of the fleet, not by
     placements. The fresh read replaces the step's kept one, so `took` adds to what is exact as of the lock."""
@@ -166,9 +166,13 @@ def within(fleet: Fleet, project_id: int, taken: list[Instance]) -> str:
     if not shared:
         return ""
     demand = {"hosts": len(taken), "gpus": sum(i.gpu_count for i in taken)}
+    # the take wrote the project as the hosts' holder, so the read counts them already: what the
+    # project held before them is the read less the demand
     usage = fresh_usage_of(fleet.pk)
-    fresher(("usage", fleet.pk), usage)
-    return refusal(project_id, shared, usage, totals_of(fleet.pk), demand, fleet.name)
+    mine = usage.get(project_id, {})
+    before = {**usage, project_id: {r: mine.get(r, 0) - demand[r] for r in RESOURCES}}
+    fresher(("usage", fleet.pk), before)
+    return refusal(project_id, shared, before, totals_of(fleet.pk), demand, fleet.name)
 
 
 def dominant_share(used: Amounts, quota: dict[str, int | None]) -> float:

@@ -25,6 +25,8 @@ from muster.claimable import Lease, guard_of, written_by
 
 # every status a host leaves for `terminated` from: the `frm` of an end that takes any live host
 NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
+# the statuses a host holds no job in: moving to one clears its holder (Instance.holder)
+RELEASED = (InstanceStatus.IDLE, InstanceStatus.TERMINATED)
 
 
 def move_instances(instances: list[Instance], to: str, *, frm, message: str | None, actor: str = "server",
@@ -40,6 +42,8 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str | No
     rows = {inst.pk: inst for inst in instances}
     if not rows:
         return set()
+    if to in RELEASED:  # nobody's job is on it any more: it counts for no project (rows.held)
+        fields.setdefault("holder_id", None)
     now = timezone.now()
     if len(rows) == 1 and message is not None:
         # one host (a job's, given back): the move and its event are one statement
@@ -72,13 +76,14 @@ def move_instances(instances: list[Instance], to: str, *, frm, message: str | No
     return moved
 
 
-def take_idle(instances: list[Instance]) -> bool:
-    """Placement's idle -> busy of hosts it picked (and locked): all of them, or False when one
-    moved on meanwhile (the caller rolls back). Their events come from taken_events, in the same
-    transaction, once the job that took them is known."""
+def take_idle(instances: list[Instance], holder_id: int) -> bool:
+    """Placement's idle -> busy of hosts it picked (and locked) for a job of project `holder_id`:
+    all of them, or False when one moved on meanwhile (the caller rolls back). Their events come
+    from taken_events, in the same transaction, once the job that took them is known."""
     if not instances:
         return True
-    moved = move_instances(instances, InstanceStatus.BUSY, frm=[InstanceStatus.IDLE], message=None, idle_since=None)
+    moved = move_instances(instances, InstanceStatus.BUSY, frm=[InstanceStatus.IDLE], message=None, idle_since=None,
+                           holder_id=holder_id)
     return len(moved) == len(instances)
 
 

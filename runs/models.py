@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from muster.claimable import Claimable
-from runs.choices import JOB_ACTIVE, JOB_FINISHED, JOB_UNFINISHED, RUN_FINISHED, JobStatus, RunStatus
+from runs.choices import JOB_ACTIVE, JOB_FINISHED, RUN_FINISHED, JobStatus, RunStatus
 
 
 class Run(Claimable):
@@ -157,12 +157,7 @@ class Job(Claimable):
                                 name="job_waiting_fleet"),
                    # /metrics reads the waits per project: only the jobs that waited, not every job
                    models.Index(fields=["run", "host_wait"], condition=models.Q(host_wait__isnull=False),
-                                name="job_host_waits"),
-                   # the jobs holding a host (what each project holds of a shared fleet, instances/rows.py
-                   # `held`, read on each placement there): the busy hosts' jobs, not the thousands
-                   # waiting for a host, which share their `submitted` status with them
-                   models.Index(fields=["instance"], name="job_on_host", condition=models.Q(
-                       instance__isnull=False, status__in=[s.value for s in JOB_UNFINISHED]))]
+                                name="job_host_waits")]
         ordering = ["run_id", "submission_num", "job_num"]
 
     def __str__(self) -> str:

@@ -14,8 +14,9 @@ from instances.models import Fleet, FleetShare, Instance, InstanceStatus
 from instances.transitions import take_idle
 
 
-def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
-    """Claim `count` idle instances that fit `req` in one transaction, or none at all.
+def take_instances(fleet: Fleet, req: dict, count: int, project_id: int) -> list[Instance]:
+    """Claim `count` idle instances that fit `req` for a job of project `project_id` (their holder)
+    in one transaction, or none at all.
 
     A group master takes its whole group this way, so a run never holds part of a group while it
     waits for the rest. The scan is not locked (rows another worker rejects stay visible to us);
@@ -36,7 +37,7 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
                              .select_for_update(skip_locked=True).values_list("pk", flat=True))
                 chunk = {pk: inst for pk, inst in chunk.items() if pk in locked}
             # rows as `candidates` loaded them (name, address, resources), busy from here on
-            if not take_idle(list(chunk.values())):  # cannot happen with the picks locked; never guess
+            if not take_idle(list(chunk.values()), project_id):  # cannot happen with the picks locked; never guess
                 transaction.set_rollback(True)
                 return []
             taken.extend(chunk.values())
@@ -46,7 +47,7 @@ def take_instances(fleet: Fleet, req: dict, count: int) -> list[Instance]:
 GangGroup = tuple[int, str, dict, int]  # (group index, name, requirements, node count)
 
 
-def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | None = None,
+def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int,
                      ) -> tuple[dict[int, list[Instance]], list[str]]:
     """Take hosts for every static group of a run in one transaction, or none at all; the groups
     may be on different fleets (a run that spans fleets).
@@ -73,7 +74,7 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | No
             pk__in={f.pk for f, _ in groups}).order_by("pk").annotate(
             has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("pk", "has") if has}
         for fleet, (index, name, req, count) in order:
-            got = take_instances(fleet, req, count)
+            got = take_instances(fleet, req, count, project_id)
             if got:
                 taken[index] = got
                 continue
@@ -81,7 +82,7 @@ def take_gang_across(groups: list[tuple[Fleet, GangGroup]], project_id: int | No
             before = [g[1] for f, g in order if g[0] in taken and f.pk == fleet.pk]
             after = f" once {', '.join(before)} took theirs" if before else ""
             short.append(f"{name}: needs {count} idle hosts of fleet {fleet.name}, {left} left{after}")
-        if not short and project_id is not None and shared:
+        if not short and shared:
             by_fleet: dict[int, tuple[Fleet, list[Instance]]] = {}
             for fleet, (index, _, _, _) in order:
                 if fleet.pk in shared:

@@ -40,9 +40,10 @@ def _hosts(project, fleet, gpus: list[int]):
 @pytest.mark.django_db
 def test_each_project_s_hosts_and_gpus_held_per_fleet_count_a_host_once(client, token, settings, make_user):
     """What the workers would leave, written directly: jobs of two projects on hosts of their fleets
-    named alike; a host with two unfinished jobs (an old attempt still terminating beside the new one)
-    counts once, a finished job's host not at all."""
-    from instances.models import Fleet
+    named alike, each host held by its job's project (Instance.holder); a host with two unfinished jobs
+    (an old attempt still terminating beside the new one) counts once, a host whose job ended and
+    was handed back not at all."""
+    from instances.models import Fleet, Instance
     from instances.rows import usage_by_project
     from projects.models import Project
     from runs.models import Job
@@ -66,6 +67,9 @@ def test_each_project_s_hosts_and_gpus_held_per_fleet_count_a_host_once(client, 
                        superseded=True, node_group_name="0", spec={})
     p2_job = runs["p2"].current_jobs()[0]
     Job.objects.filter(pk=p2_job.pk).update(status="provisioning", instance=p2_host)
+    Instance.objects.filter(pk__in=[h0.pk, h1.pk]).update(holder=main)
+    Instance.objects.filter(pk=p2_host.pk).update(holder=p2)
+    Instance.objects.filter(pk=h2.pk).update(status="idle")
 
     assert usage_by_project(gpus_main) == {main.pk: (2, 16)}
     assert usage_by_project(gpus_p2) == {p2.pk: (1, 4)}

@@ -49,6 +49,7 @@ def shared(make_user):
         _submit(users[project], RUN.format(name=holder), project=project)
         Job.objects.filter(run__project__name=project, run__name=holder).update(status=JobStatus.RUNNING,
                                                                                 instance=host)
+        Instance.objects.filter(pk=host.pk).update(holder=Project.objects.get(name=project))
     for project, name, fleet in (("alpha", "train", pool), ("beta", "train", pool), ("beta", "beta-only", mine)):
         _submit(users[project], RUN.format(name=name), project=project)
         Job.objects.filter(run__project__name=project, run__name=name).update(

@@ -24,7 +24,7 @@ def test_concurrent_claims_take_each_instance_once(fast_limits):
     def take(job):
         try:
             barrier.wait()
-            taken.extend(inst.pk for inst in placement.take_instances(fleet, job.spec["resources"], 1))
+            taken.extend(inst.pk for inst in placement.take_instances(fleet, job.spec["resources"], 1, run.project_id))
         finally:
             connection.close()
 

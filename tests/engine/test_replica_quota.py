@@ -59,7 +59,7 @@ def test_a_group_placed_again_on_a_shared_fleet_holds_the_project_s_quota(sent):
     Job.objects.filter(pk=second.pk).update(status="submitted", instance=None, waiting_master_job=False)
     other = submit_run(pool.project, None, {"configuration": "type: task\nname: other\ncommands: [sleep 60]\n"})
     host = Instance.objects.filter(fleet=pool, status="idle").order_by("-index").first()
-    Instance.objects.filter(pk=host.pk).update(status="busy")
+    Instance.objects.filter(pk=host.pk).update(status="busy", holder=pool.project)
     Job.objects.filter(run=other).update(status="running", instance=host, fleet=pool)
     provision.provision_job(second.pk)
     second.refresh_from_db()

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from instances import shares
-from instances.models import FleetShare
+from instances.models import FleetShare, Instance
 from muster import step_reads
 from projects.models import Project
 from runs.models import Job, Run
@@ -26,6 +26,13 @@ def _holding(fleet, project: Project, host) -> None:
     run = submit_run(fleet.project, None, {"configuration": "type: task\ncommands: [echo]\n"})
     Run.objects.filter(pk=run.pk).update(project=project, fleet=fleet)
     Job.objects.filter(run=run).update(instance=host, fleet=fleet, status="provisioning")
+    Instance.objects.filter(pk=host.pk).update(status="busy", holder=project)
+
+
+def _taking(host, project: Project) -> list:
+    """`host` as take_instances leaves it for `within`, in the placement's transaction: busy, the project's."""
+    Instance.objects.filter(pk=host.pk).update(status="busy", holder=project)
+    return [host]
 
 
 def test_a_step_reads_a_shared_fleet_once_and_placement_s_check_counts_what_is_held_afresh():
@@ -42,7 +49,7 @@ def test_a_step_reads_a_shared_fleet_once_and_placement_s_check_counts_what_is_h
         _holding(fleet, research, first)  # research now holds its one host
         # the choice is the step's (stale here: a later check refuses); the hosts' check is not
         assert shares.quota_refusals([fleet], research.pk, ONE) == {}
-        assert shares.within(fleet, research.pk, [second]) == (
+        assert shares.within(fleet, research.pk, _taking(second, research)) == (
             "quota: project research holds 1 of its 1 hosts of fleet local (borrowing: none) and needs 1")
     assert list(shares.quota_refusals([fleet], research.pk, ONE)) == [fleet.pk], "read afresh once the step is over"
 
@@ -66,7 +73,7 @@ def test_a_step_s_own_take_is_counted_on_what_the_hosts_check_read_under_the_loc
     with step_reads.kept():
         assert shares.usage_of(fleet.pk) == {}
         _holding(fleet, research, first)  # another worker's placement, after the step's first read
-        assert shares.within(fleet, research.pk, [second]) == ""
+        assert shares.within(fleet, research.pk, _taking(second, research)) == ""
         shares.took(fleet.pk, research.pk, [second])
         assert shares.usage_of(fleet.pk)[research.pk]["hosts"] == 2, "the other worker's host and the step's own"
         assert list(shares.quota_refusals([fleet], research.pk, ONE)) == [fleet.pk], "its next run: at its quota"

@@ -112,6 +112,7 @@ def test_reserving_a_slice_points_job_k_at_host_k_before_the_slice_exists(fleet,
         job.refresh_from_db()
     assert [j.instance_id for j in jobs] == [h.pk for h in hosts], "set in the same transaction as the rows"
     assert {h.status for h in hosts} == {"provisioning"} and pod.status == "provisioning"
+    assert {h.holder_id for h in hosts} == {fleet.project_id}, "made for the project's jobs: its hosts already"
     assert gcp_settings.create_calls == [f"projects/test-project/locations/{ZONES[0]}/nodes/{pod.name}"]
 
 
@@ -129,6 +130,7 @@ def test_polls_turn_the_slice_ready_with_each_worker_on_its_host(fleet, gcp_sett
     assert pod.status == "active"
     assert [h.internal_ip for h in hosts] == [f"10.200.0.{k + 2}" for k in range(4)]
     assert {h.status for h in hosts} == {"busy"}, "their jobs were waiting for them"
+    assert {h.holder_id for h in hosts} == {fleet.project_id}
     assert {h.username for h in hosts} == {"tpu-admin"}
     assert {crypto.decrypt(h.private_key_encrypted) for h in hosts} == {KEY}
     assert {h.region for h in hosts} == {ZONES[0]}
@@ -178,7 +180,7 @@ def test_a_pod_with_one_busy_host_is_neither_reused_nor_expired(fleet, gcp_setti
     pod.instances.exclude(index=2).update(status="idle", idle_since=timezone.now())
 
     assert pods.expire_idle_pods(timezone.now() + timedelta(days=1)) == 0
-    assert pods._reuse_idle_pod(fleet, "v2-32", 4) is None
+    assert pods._reuse_idle_pod(fleet, "v2-32", 4, fleet.project_id) is None
     assert sorted(pod.instances.values_list("status", flat=True)) == ["busy", "idle", "idle", "idle"]
 
     pod.instances.update(status="idle")
