@@ -26,7 +26,14 @@ from muster.step_reads import fresher, once, update
 
 RESOURCES = ("hosts", "gpus")
 NOUN = {"hosts": "hosts", "gpus": "GPUs"}
-QUOTA_PREFIX = "quota:"  # how every refusal starts: placement tells it from "short of idle hosts" by it
+
+
+class Refusal(str):
+    """A quota's refusal (`refusal`, `within`): a line like any other of placement's, which a caller
+    tells from "short of idle hosts" by its type, never by its words (a group may be named `quota`)."""
+
+
+QUOTA_PREFIX = "quota:"  # how every refusal's words start (docs/queueing.md)
 Amounts = dict[str, int]  # {"hosts": n, "gpus": n}
 
 
@@ -107,7 +114,7 @@ def refusal(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts]
     nothing held): a run that never could fails at once instead of waiting."""
     share = shares.get(project_id)
     if share is None:
-        return f"{QUOTA_PREFIX} fleet {fleet} is not shared with this project"
+        return Refusal(f"{QUOTA_PREFIX} fleet {fleet} is not shared with this project")
     for resource in RESOURCES:
         quota = share.quota[resource]
         if quota is None or not demand.get(resource):
@@ -119,8 +126,8 @@ def refusal(project_id: int, shares: dict[int, Share], usage: dict[int, Amounts]
             continue
         noun = NOUN[resource]
         lending = "none" if not limit else f"up to {limit}, {free} {'at most' if at_all else 'free now'}"
-        return (f"{QUOTA_PREFIX} project {share.project} holds {held} of its {quota} {noun} of fleet {fleet} "
-                f"(borrowing: {lending}) and needs {demand[resource]}")
+        return Refusal(f"{QUOTA_PREFIX} project {share.project} holds {held} of its {quota} {noun} of fleet {fleet} "
+                       f"(borrowing: {lending}) and needs {demand[resource]}")
     return ""
 
 

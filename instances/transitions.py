@@ -25,8 +25,10 @@ from muster.claimable import Lease, guard_of, written_by
 
 # every status a host leaves for `terminated` from: the `frm` of an end that takes any live host
 NOT_TERMINATED = [status for status in InstanceStatus.values if status != InstanceStatus.TERMINATED]
-# the statuses a host holds no job in: moving to one clears its holder (Instance.holder)
-RELEASED = (InstanceStatus.IDLE, InstanceStatus.TERMINATED)
+# the statuses a host holds no job in: moving to one clears its holder (Instance.holder). A host
+# being deleted (a TPU slice deleted or reclaimed) is nobody's any more, whether or not its job has
+# ended yet: its job ends for it, and the job's hand_back moves only busy hosts
+RELEASED = (InstanceStatus.IDLE, InstanceStatus.TERMINATING, InstanceStatus.TERMINATED)
 
 
 def move_instances(instances: list[Instance], to: str, *, frm, message: str | None, actor: str = "server",

@@ -85,7 +85,7 @@ def abandon(session: harness.Session, workers: list, concurrency: int) -> list:
         status="terminated", termination_reason="terminated_by_server", lease_until=None, lease_token="")
     Run.objects.filter(~Q(status__in=["done", "failed", "terminated"])).update(
         status="terminated", termination_reason="server_error", finished_at=timezone.now(), lease_until=None)
-    Instance.objects.filter(status="busy").update(status="idle")
+    Instance.objects.filter(status="busy").update(status="idle", holder=None)
     return [session.start_worker(name, concurrency) for name in names]
 
 

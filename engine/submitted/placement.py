@@ -104,4 +104,4 @@ def take_group(fleet: Fleet, group: GangGroup, project_id: int) -> tuple[list[In
     got, short = take_gang_across([(fleet, group)], project_id=project_id)
     if got:
         return got[group[0]], ""
-    return [], next((line for line in short if line.startswith(shares.QUOTA_PREFIX)), "")
+    return [], next((line for line in short if isinstance(line, shares.Refusal)), "")

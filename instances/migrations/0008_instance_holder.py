@@ -12,7 +12,7 @@ def holders_of_hosts_in_use(apps, schema_editor):
     before this column."""
     Instance, Job = apps.get_model("instances", "Instance"), apps.get_model("runs", "Job")
     holding = Job.objects.filter(Q(status__in=UNFINISHED) | Q(keep_host=True), instance=OuterRef("pk"))
-    Instance.objects.exclude(status__in=("idle", "terminated")).update(
+    Instance.objects.exclude(status__in=("idle", "terminating", "terminated")).update(
         holder_id=Subquery(holding.order_by("-id").values("run__project_id")[:1]))
 
 

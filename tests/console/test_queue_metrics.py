@@ -40,9 +40,10 @@ def _hosts(project, fleet, gpus: list[int]):
 @pytest.mark.django_db
 def test_each_project_s_hosts_and_gpus_held_per_fleet_count_a_host_once(client, token, settings, make_user):
     """What the workers would leave, written directly: jobs of two projects on hosts of their fleets
-    named alike, each host held by its job's project (Instance.holder); a host with two unfinished jobs
-    (an old attempt still terminating beside the new one) counts once, a host whose job ended and
-    was handed back not at all."""
+    named alike, each host held by its job's project (Instance.holder, which the engine's steps
+    write: tests/engine/test_host_holders.py); the series count hosts per project and fleet, a
+    host with two unfinished jobs (an old attempt still terminating beside the new one) once, a
+    host whose job ended and was handed back not at all."""
     from instances.models import Fleet, Instance
     from instances.rows import usage_by_project
     from projects.models import Project

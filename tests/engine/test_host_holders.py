@@ -97,25 +97,28 @@ def test_hosts_kept_for_a_restart_stay_the_project_s_and_a_stop_gives_them_back_
 
 
 def test_the_migration_gives_each_host_in_use_the_project_of_the_job_that_holds_it(sent):
-    """instances 0008: hosts busy before the column came get their holder from the jobs on them."""
+    """instances 0008: hosts in use before the column came get their holder from the jobs on them;
+    an idle or ended host gets none, whatever its jobs say."""
     migration = __import__("instances.migrations.0008_instance_holder", fromlist=["holders_of_hosts_in_use"])
     pool = local_project_fleet(size=4, name="pool")
-    research = Project.objects.create(name="research")
-    FleetShare.objects.create(fleet=pool, project=pool.project, hosts=2)
+    main, research = pool.project, Project.objects.create(name="research")
+    FleetShare.objects.create(fleet=pool, project=main, hosts=2)
     FleetShare.objects.create(fleet=pool, project=research, hosts=2)
+    earlier = submit_run(main, None, {"configuration": TASK.format(name="e", nodes=1, fleet=pool.name)})
     running = submit_run(research, None, {"configuration": TASK.format(name="a", nodes=1, fleet=f"main/{pool.name}")})
-    kept = submit_run(pool.project, None, {"configuration": TASK.format(name="b", nodes=1, fleet=pool.name)})
-    ended = submit_run(pool.project, None, {"configuration": TASK.format(name="c", nodes=1, fleet=pool.name)})
+    kept = submit_run(main, None, {"configuration": TASK.format(name="b", nodes=1, fleet=pool.name)})
+    given_back = submit_run(main, None, {"configuration": TASK.format(name="c", nodes=1, fleet=pool.name)})
+    deleted = submit_run(research, None, {"configuration": TASK.format(name="d", nodes=1, fleet=f"main/{pool.name}")})
     h0, h1, h2, h3 = Instance.objects.filter(fleet=pool).order_by("index")
     Instance.objects.filter(pk__in=[h0.pk, h1.pk]).update(status="busy")
-    Instance.objects.filter(pk=h3.pk).update(status="terminated")
+    Instance.objects.filter(pk=h3.pk).update(status="terminated")  # its fleet deleted under a running job
+    # h0: an older job of main kept it, the newer one of research runs there now: research's
+    Job.objects.filter(run=earlier).update(status="failed", keep_host=True, instance=h0)
     Job.objects.filter(run=running).update(status="running", instance=h0)
-    Job.objects.filter(run=kept).update(status="failed", keep_host=True, instance=h1)
-    Job.objects.filter(run=ended).update(status="done", instance=h2)  # its host went back: idle
-    Job.objects.create(run=ended, submission_num=1, job_num=0, status="done", instance=h3, node_group_name="0",
-                       spec={})
-    assert not Instance.objects.filter(holder__isnull=False).exists()
+    Job.objects.filter(run=kept).update(status="failed", keep_host=True, instance=h1)  # its back-off: main's
+    Job.objects.filter(run=given_back).update(status="failed", keep_host=True, instance=h2)  # host idle again
+    Job.objects.filter(run=deleted).update(status="running", instance=h3)
 
     migration.holders_of_hosts_in_use(apps, None)
     assert dict(Instance.objects.filter(holder__isnull=False).values_list("pk", "holder_id")) == \
-        {h0.pk: research.pk, h1.pk: pool.project_id}
+        {h0.pk: research.pk, h1.pk: main.pk}

@@ -67,3 +67,22 @@ def test_a_group_placed_again_on_a_shared_fleet_holds_the_project_s_quota(sent):
     assert second.termination_message.startswith("quota: project main holds 2 of its 2 hosts"), \
         second.termination_message
     assert Instance.objects.filter(fleet=pool, status="idle").count() == 2
+
+
+def test_a_group_named_quota_short_of_hosts_is_told_as_short_of_hosts_not_as_a_quota(sent):
+    """A quota's refusal is told by its type (instances/shares.py `Refusal`), not by its words: a group
+    may be named `quota`, and its "short of idle hosts" line then starts like a refusal's."""
+    pool = local_project_fleet(size=2, name="pool")
+    run = submit_run(pool.project, None, {"configuration": (
+        f"type: task\nname: two\nfleets: [{pool.name}]\n"
+        "groups:\n  - {name: a, nodes: 1, commands: [sleep 60]}\n  - {name: quota, nodes: 1, commands: [sleep 60]}\n")})
+    first, second = run.current_jobs().order_by("job_num")
+    provision.provision_job(first.pk)
+    second.refresh_from_db()
+    assert second.instance_id is not None
+    # group `quota` placed again (its host went back) while something else took that host
+    Instance.objects.filter(pk=second.instance_id).update(status="busy", holder=None)
+    Job.objects.filter(pk=second.pk).update(status="submitted", instance=None, waiting_master_job=False)
+    provision.provision_job(second.pk)
+    second.refresh_from_db()
+    assert second.termination_message == "no 1 idle instances of fleet pool fit quota", second.termination_message

@@ -190,6 +190,7 @@ def test_a_pod_with_one_busy_host_is_neither_reused_nor_expired(fleet, gcp_setti
     pod.refresh_from_db()
     assert pod.status == "terminating"
     assert set(pod.instances.values_list("status", flat=True)) == {"terminating"}
+    assert not pod.instances.filter(holder__isnull=False).exists(), "a slice being deleted is nobody's"
 
 
 def test_the_gcp_backend_says_it_creates_groups_without_any_settings_and_checks_them_on_use(settings):
