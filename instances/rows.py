@@ -129,8 +129,9 @@ def held(fleet_ids: list[int] | None = None) -> dict[tuple[int, int], tuple[int,
     only, when given): its hosts' count by holder (Instance.holder, written with the move that gives
     a host to a job and cleared by the one that makes it idle or ends it), read from the partial
     index instance_held alone: one table, however many jobs there are. A host is held from its
-    placement to its job's end (terminating included: it is not free until the job has ended), and
-    a host kept for a restart of the same project's group stays held."""
+    placement to its job's end (a job that is terminating still holds it), and a host kept for a
+    restart of the same project's group stays held; a host being deleted (instance status
+    terminating) is nobody's."""
     if fleet_ids is not None and not fleet_ids:
         return {}
     hosts = Instance.objects.filter(holder__isnull=False)
