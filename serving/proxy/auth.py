@@ -30,12 +30,10 @@ def bearer(header: str) -> str | None:
 
 def verdict(key: str, project: str) -> str:
     """The check itself (synchronous: the ORM), in one read as the API's token authentication does."""
-    from django.db import close_old_connections
-
     from projects.services.tokens import user_and_project_for_key
+    from serving.proxy import database
 
-    close_old_connections()
-    user, found = user_and_project_for_key(key, project)
+    user, found = database.read(user_and_project_for_key, key, project)
     if user is None:
         return INVALID
     if user.is_superuser or (found is not None and getattr(found, "caller_role", None) is not None):

@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 from django.conf import settings
 
-from serving.proxy import auth, metrics, paths, upstream
+from serving.proxy import auth, database, metrics, paths, upstream
 from serving.proxy.forward import Limits, Upstream, forward
 from serving.proxy.paths import Refused
 from serving.proxy.table import EJECT, Table
@@ -40,30 +40,21 @@ def _json(status: int, message: str, **headers) -> web.Response:
 
 
 def _read_service(project: str, name: str):
-    from django.db import close_old_connections
-
     from serving.routes import service
 
-    close_old_connections()
-    return service(project, name)
+    return database.read(service, project, name)
 
 
 def _ssh_target(instance_id: int):
-    from django.db import close_old_connections
-
     from serving.routes import ssh_target
 
-    close_old_connections()
-    return ssh_target(instance_id)
+    return database.read(ssh_target, instance_id)
 
 
 def _read_run(run_id: int):
-    from django.db import close_old_connections
-
     from serving.routes import service_by_run
 
-    close_old_connections()
-    return service_by_run(run_id)
+    return database.read(service_by_run, run_id)
 
 
 class Endpoint:
@@ -231,11 +222,14 @@ def _add_requests(counts: dict[int, int]) -> None:
     from serving.stats import add_requests
 
     close_old_connections()
-    for run_id, n in counts.items():
-        try:
-            add_requests(run_id, n)
-        except Exception:  # a run deleted meanwhile (its row's foreign key): its count has no home
-            log.warning("request count for run %s not added", run_id, exc_info=True)
+    try:
+        for run_id, n in counts.items():
+            try:
+                add_requests(run_id, n)
+            except Exception:  # a run deleted meanwhile (its row's foreign key): its count has no home
+                log.warning("request count for run %s not added", run_id, exc_info=True)
+    finally:
+        close_old_connections()  # as database.read frames its reads
 
 
 def _conninfo() -> str | None:

@@ -46,7 +46,7 @@ def test_a_killed_replica_is_replaced_while_every_request_through_the_endpoint_s
             now = ready("web")
             return len(now) == 2 and any(j.replica_num == victim.replica_num and j.submission_num == 1 for j in now)
         wait_until(back, 90, "the killed replica replaced and ready", every=0.1)
-    assert codes and set(codes) == {200}, codes
+    assert codes and set(codes) == {200}, (codes, endpoint.output()[-4000:])
     assert Job.objects.get(pk=victim.pk).superseded
 
 
