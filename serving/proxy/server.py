@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 from django.conf import settings
+from django.db.utils import DatabaseError
 
 from serving.proxy import auth, database, metrics, paths, upstream
 from serving.proxy.forward import Limits, Upstream, forward
@@ -164,6 +165,10 @@ class Endpoint:
             status = refused.code
             extra = {"WWW-Authenticate": 'Bearer realm="muster"'} if refused.code == 401 else {}
             return _json(refused.code, refused.message, **extra)
+        except DatabaseError as exc:  # away even on a new connection (database.read)
+            log.error("a request needed the database, which did not answer: %s", exc)
+            status = 503
+            return _json(503, "the services endpoint cannot read its database now; try again shortly")
         finally:
             if service is not None:
                 first = report.first_byte - started if report.first_byte else None

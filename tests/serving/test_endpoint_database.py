@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
 import requests
 from django.db import connection
@@ -51,3 +52,27 @@ def test_connections_postgresql_closed_are_replaced_and_every_request_succeeds(
     codes.append(requests.get(url(endpoint, "new"), headers=headers, timeout=10).status_code)
     assert codes and set(codes) == {200}, (codes, endpoint.output()[-3000:])
     assert "once more on a new connection" in endpoint.output()
+
+
+def test_a_database_that_stays_away_is_a_503_that_says_so_and_a_known_service_still_answers(
+        endpoint, replicas, port, make_user):  # noqa: F811
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's own connections")
+    (a,) = replicas("a")
+    make_service("open", [a], port, auth=False)
+    make_service("later", [a], port, auth=False)
+    assert requests.get(url(endpoint, "open"), timeout=10).status_code == 200
+    db = connection.settings_dict
+    # from another database: PostgreSQL refuses this for the database a session is on
+    admin = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"] or None,
+                            dbname="postgres", autocommit=True)
+    try:
+        admin.execute(f'ALTER DATABASE "{db["NAME"]}" ALLOW_CONNECTIONS false')
+        assert _close_the_endpoints_connections() > 0
+        away = requests.get(url(endpoint, "later"), timeout=10)  # never read: it needs the database
+        assert away.status_code == 503 and "cannot read its database" in away.json()["detail"], away.text
+        assert requests.get(url(endpoint, "open"), timeout=10).status_code == 200, "its routes are in memory"
+    finally:
+        admin.execute(f'ALTER DATABASE "{db["NAME"]}" ALLOW_CONNECTIONS true')
+        admin.close()
+    assert requests.get(url(endpoint, "later"), timeout=10).status_code == 200
