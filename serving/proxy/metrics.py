@@ -5,7 +5,8 @@ replicas this process routes to. Each endpoint process serves its own at `/metri
 Prometheus scrapes every process and sums (docs/services.md).
 
 The error kinds: `no_replica` (503), `replicas_failed` (every ready replica refused), `replica_error`
-(a dropped connection or a malformed answer), `timeout` (a replica's silence past the read timeout).
+(a dropped connection or a malformed answer), `timeout` (a replica's silence past the read timeout),
+`database` (a read the request needed failed even on a new connection: 503).
 """
 
 from __future__ import annotations

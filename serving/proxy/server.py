@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 from django.conf import settings
-from django.db.utils import DatabaseError
 
 from serving.proxy import auth, database, metrics, paths, upstream
 from serving.proxy.forward import Limits, Upstream, forward
@@ -165,9 +164,12 @@ class Endpoint:
             status = refused.code
             extra = {"WWW-Authenticate": 'Bearer realm="muster"'} if refused.code == 401 else {}
             return _json(refused.code, refused.message, **extra)
-        except DatabaseError as exc:  # away even on a new connection (database.read)
+        except Exception as exc:
+            if not database.away(exc):  # a bug: aiohttp's 500, with its traceback in the log
+                raise
+            # away even on a new connection (database.read): a request that needed a read
             log.error("a request needed the database, which did not answer: %s", exc)
-            status = 503
+            report.error, status = "database", 503
             return _json(503, "the services endpoint cannot read its database now; try again shortly")
         finally:
             if service is not None:
@@ -196,7 +198,14 @@ class Endpoint:
             try:
                 await asyncio.wait_for(changed.wait(), min(COLD_START_LOOK, max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                entry = await self.table.load((entry.service.project, entry.service.name))
+                try:
+                    entry = await self.table.load((entry.service.project, entry.service.name))
+                except Exception as exc:
+                    if not database.away(exc):
+                        raise
+                    # the database away a moment: the notification or the next second's read brings the replica
+                    log.warning("re-reading %s/%s for a waiting request: %s", entry.service.project,
+                                entry.service.name, exc)
             if entry.service is None:
                 return None
             response = await forward(request, entry, path, headers, self.session, self.pool, self.limits, report,
@@ -209,11 +218,12 @@ class Endpoint:
         counts, self.counts = self.counts, Counter()
         if not counts:
             return
+        pending = dict(counts)  # each run's count leaves it once added
         try:
-            await asyncio.get_running_loop().run_in_executor(self.executor, _add_requests, dict(counts))
-        except Exception:  # the database away: the counts go back, to be added with the next flush
+            await asyncio.get_running_loop().run_in_executor(self.executor, _add_requests, pending)
+        except Exception:  # the database away: the counts not added go back, for the next flush
             log.exception("adding request counts")
-            self.counts.update(counts)
+            self.counts.update(pending)
 
     async def flush_forever(self) -> None:
         while True:
@@ -222,19 +232,25 @@ class Endpoint:
 
 
 def _add_requests(counts: dict[int, int]) -> None:
+    """Add the counts; each run's leaves `counts` once added (or once it has no row to go to)."""
     from django.db import close_old_connections
 
     from serving.stats import add_requests
 
     close_old_connections()
     try:
-        for run_id, n in counts.items():
+        for run_id, n in list(counts.items()):
             try:
                 add_requests(run_id, n)
-            except Exception:  # a run deleted meanwhile (its row's foreign key): its count has no home
+            except Exception as exc:
+                if database.away(exc):  # flush gives the counts still here back for the next second
+                    raise
+                # a run deleted meanwhile (its row's foreign key): its count has no home
                 log.warning("request count for run %s not added", run_id, exc_info=True)
+            del counts[run_id]
     finally:
-        close_old_connections()  # as database.read frames its reads
+        # the backend's skipped health check then counts from this flush's end (database.py)
+        close_old_connections()
 
 
 def _conninfo() -> str | None:
