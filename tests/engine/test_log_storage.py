@@ -144,6 +144,28 @@ def test_a_project_over_its_log_quota_loses_its_oldest_runs_logs_first_then_cuts
     assert text == "d" * quota + log_storage.over_quota_note(quota, quota).decode()
 
 
+def test_the_quota_counts_the_projects_other_copies_only(settings, tmp_path):
+    settings.MUSTER = {**settings.MUSTER, "LOG_DIR": str(tmp_path)}
+    where = log_storage.project_dir(7)
+    assert log_storage._usage(7, where / "own.log") == 0, "a project with no copies yet has no directory"
+    where.mkdir()
+    for name, size in [("a.log", 10), ("b.log", 20), ("a.times", 5), ("own.log", 7)]:
+        (where / name).write_bytes(b"x" * size)
+    # the job's own copy is what the budget is for; a copy's stamps (.times) are not held to the quota
+    assert log_storage._usage(7, where / "own.log") == 30
+
+
+def test_a_job_that_printed_nothing_does_not_read_its_projects_copies(local_fleet, celery_worker, api, monkeypatch):
+    reads = []
+    usage = log_storage._usage
+    monkeypatch.setattr(log_storage, "_usage", lambda *a: reads.append(a) or usage(*a))
+    run_printing(api, "printing", "echo hello")
+    assert len(reads) == 1, "a copy with bytes is held to the quota"
+    run_printing(api, "quiet", "sleep 0")
+    assert len(reads) == 1, "an empty copy reads no other copy: a directory of every job's log is not walked"
+    assert log_text(api, "printing") == "hello\n" and log_text(api, "quiet") == ""
+
+
 @pytest.fixture
 def small_log_disk(tmp_path, settings):
     """LOG_DIR alone on a 1 MiB tmpfs: the hosts' own disks (LOCAL_DIR) keep their space."""
