@@ -122,3 +122,19 @@ def test_a_large_run_that_finds_no_capacity_is_torn_down_in_a_handful_of_stateme
     ends = list(run.events.filter(job__isnull=False, status="terminated").order_by("job__job_num")
                 .values_list("subject", "message", "job__job_num"))
     assert ends == [(f"job {run.name}/{n}", "terminated (terminated_by_server)", n) for n in range(1, 64)]
+
+
+def test_the_watch_reads_a_batchs_fleet_once_not_with_every_jobs_row(monkeypatch, fast_limits):
+    """An SSH fleet's row holds its configuration with every host in it: joined to each running
+    job's row, each look decoded the whole list again (docs/performance.md, the watch)."""
+    fleet = local_project_fleet(size=4)
+    run = submit_run(fleet.project, None, {"configuration": "type: task\nnodes: 4\ncommands: [sleep 2]\n"})
+    calls = drive(monkeypatch, run)
+    run.refresh_from_db()
+    assert run.status == "done", job_summary(run)
+    assert calls["watch_running"], "the jobs ran long enough to be looked at"
+    for call in calls["watch_running"]:
+        reads = [sql for sql in call if sql.startswith("SELECT") and 'FROM "runs_job"' in sql]
+        assert reads and not [sql for sql in reads if '"instances_fleet"' in sql], reads
+        # one batch here (up to WATCH_BATCH jobs): its fleet once
+        assert sum(1 for sql in call if sql.startswith("SELECT") and 'FROM "instances_fleet"' in sql) == 1, call
