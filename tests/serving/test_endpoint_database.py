@@ -17,6 +17,7 @@ from tests.conftest import token_for
 from tests.serving.test_endpoint import endpoint, make_service, port, replicas, url  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's own connections")
 
 
 def _close_the_endpoints_connections() -> int:
@@ -59,10 +60,9 @@ def test_a_read_failing_on_a_kept_connection_is_made_once_more_on_a_new_one_and_
     assert len(on) == 1
 
 
+@postgresql_only
 def test_connections_postgresql_closed_are_replaced_and_every_request_succeeds(
         endpoint, replicas, port, make_user):  # noqa: F811
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's own connections")
     (a,) = replicas("a")
     make_service("kept", [a], port, auth=True)
     headers = {"Authorization": f"Bearer {token_for(make_user('member', project='main', role='user'))}"}
@@ -89,10 +89,9 @@ def test_connections_postgresql_closed_are_replaced_and_every_request_succeeds(
     assert codes and set(codes) == {200}, (codes, endpoint.output()[-3000:])
 
 
+@postgresql_only
 def test_a_database_that_stays_away_is_a_503_that_says_so_and_a_known_service_still_answers(
         endpoint, replicas, port, make_user):  # noqa: F811
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's own connections")
     (a,) = replicas("a")
     make_service("open", [a], port, auth=False)
     make_service("later", [a], port, auth=False)
