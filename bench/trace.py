@@ -93,12 +93,13 @@ def _steps(queue: collections.deque) -> dict:
     Caught where a message leaves (`messages.registered`), so what decides whether one is sent at
     all (once per transaction, the look after commit of `process_run_if`) runs as in a worker."""
     from engine import admission, finishing, messages
-    from engine.processing import process_run
+    from engine.processing import process_run, process_runs
     from engine.starting.advance import advance_job
     from engine.submitted.provision import provision_job
 
     steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
-             "process_run": process_run, "admit_fleet": admission.admit_fleet}
+             "process_run": process_run, "admit_fleet": admission.admit_fleet,
+             "finish_jobs": finishing.finish_jobs, "process_runs": process_runs}
 
     class Caught:
         def __init__(self, name: str) -> None:

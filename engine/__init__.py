@@ -12,6 +12,8 @@ claims        engine/claims.py                   claimed: the claim, the body's 
               engine/locked_claims.py            the claim protocol's own statements, written once per shape (its rows module)
               engine/nudges.py                   which job moves nudge their run: the rules the transition functions call
               engine/tuning.py                   the engine's fixed batch sizes and thread counts, each with its reason
+              engine/messages.py                 every message, after commit; gathered: a batch's into a few
+              engine/job_hosts.py                with_fleets: a batch's hosts' fleets and slices, read once
               engine/errors.py                   Refused: what a step refuses, in the {loc, msg} shape, none of the API's types
 submit        runs/services/submission.py        submit_run, then messages.provision_job for job 0
 submitted     engine/submitted/provision.py      provision_job: claim a submitted job, place it, unlock the next;
@@ -37,8 +39,10 @@ running       engine/running/watch.py            watch_running: the batch watch 
   observe     engine/running/observe.py          look, watch_observed: a runner's answer acted on (start, end)
   readiness   engine/running/readiness.py        when a running job is ready, from its probes
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
-stopping      engine/finishing.py                finish_job: stop on the host, copy the log, give the host back
-runs          engine/processing.py               process_run: a run's status derived from its jobs (retry, teardown)
+stopping      engine/finishing.py                finish_job: stop on the host, copy the log, give the host back;
+                                                 finish_jobs: the ends one watch batch saw, one step
+runs          engine/processing.py               process_run: a run's status derived from its jobs (retry, teardown);
+                                                 process_runs: the runs of one finish_jobs step, one step
   failures    engine/failure_policy.py           what a failed job means under its group's on_failure
   restarts    engine/restarts.py                 a group's nodes restarted as a new submission, the others run on
 services      engine/replicas/keep.py            keep: a service's derive: failed replicas replaced, the count kept

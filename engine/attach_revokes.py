@@ -40,6 +40,17 @@ def end_job_grants(job: Job) -> int:
     return AttachGrant.objects.filter(job=job).update(revoke_due=True)
 
 
+def end_grants_of(job_ids: list[int]) -> dict[int, int]:
+    """end_job_grants for several ending jobs: {job id: its grants}, only those that have any. One
+    read when none has (most jobs are never attached to), the UPDATE only for those that have."""
+    counts: dict[int, int] = {}
+    for job_id in AttachGrant.objects.filter(job_id__in=job_ids).values_list("job_id", flat=True):
+        counts[job_id] = counts.get(job_id, 0) + 1
+    if counts:
+        AttachGrant.objects.filter(job_id__in=list(counts)).update(revoke_due=True)
+    return counts
+
+
 def revoke(job: Job, host, due: int | None = None) -> None:
     """Remove the attach lines of `job` from its host, in the step that ends the job.
 

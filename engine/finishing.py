@@ -10,9 +10,10 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import attach_revokes, claims, failure_policy, log_copy, messages, runner_status
+from engine import attach_revokes, claims, failure_policy, job_hosts, log_copy, messages, runner_status
+from engine.submitted import waiting
 from engine.submitted.waiting import hand_back
-from engine.tuning import STOP_RECHECK, STOP_RECHECK_SLOW
+from engine.tuning import FINISH_BATCH, RUN_BATCH, STOP_RECHECK, STOP_RECHECK_SLOW
 from events.services import record
 from muster import compiled
 from muster.claimable import Lease
@@ -36,6 +37,11 @@ _JOB = compiled.Select(lambda pk: Job.objects.select_related(
     "run", "run__project", "instance", "instance__fleet").filter(pk=pk), int)
 
 
+# a batch's jobs: the hosts' fleets are read once for the batch (engine/job_hosts.py), not joined
+# to each job (an SSH fleet's row lists every host); not what the user wrote, which no finish reads
+_BATCH_ROWS = Job.objects.select_related("run", "run__project", "instance").defer("run__submitted_text")
+
+
 def finish_job(job_id: int) -> bool:
     """Task body for a terminating job: stop the runner's process, keep the log, free the host.
     True when the job ended in this call."""
@@ -43,11 +49,41 @@ def finish_job(job_id: int) -> bool:
     return held is not None and job_id in held.applied and held.outcome.move is not None
 
 
+def finish_jobs(job_ids: list[int]) -> set[int]:
+    """finish_job for several terminating jobs in one claimed step (the ends a watch batch saw,
+    engine/messages.py `gathered`): claimed, read and their attach grants marked together, each
+    finished on its host in turn as finish_job would (an error backs off that job alone), each
+    given back in its own transaction. What their ends ask for goes once the step is over: their
+    fleets' admission looks once (engine/submitted/waiting.py `releases_gathered`), their runs'
+    derives a few messages at a time. Returns the ids that ended in this call."""
+    due = Job.objects.filter(pk__in=job_ids, status=JobStatus.TERMINATING)
+    ended: set[int] = set()
+    with messages.gathered(FINISH_BATCH, RUN_BATCH), waiting.releases_gathered():
+        held = claims.claimed_batch(due, len(job_ids), "finish_jobs", partial(_finish_each, ended))
+    return ended & held.applied
+
+
+def _finish_each(ended: set[int], held: claims.Held) -> dict[int, claims.Outcome]:
+    jobs = sorted(job_hosts.with_fleets(list(held.rows(_BATCH_ROWS))), key=lambda j: j.pk)
+    grants = attach_revokes.end_grants_of([job.pk for job in jobs])
+    outcomes = {}
+    for job in jobs:
+        with held.row(job.pk):
+            outcomes[job.pk] = _finish_one(job, grants.get(job.pk, 0))
+            if outcomes[job.pk].move is not None:
+                ended.add(job.pk)
+    return outcomes
+
+
 def _finish(held: claims.Held) -> claims.Outcome:
     job = _JOB.get(held.pk)
-    final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     # whatever happens next (the host may never answer), the job's attach lines are due to go
-    grants = attach_revokes.end_job_grants(job)
+    return _finish_one(job, attach_revokes.end_job_grants(job))
+
+
+def _finish_one(job: Job, grants: int) -> claims.Outcome:
+    """The finish of one held job whose attach lines are marked due (`grants` of them)."""
+    final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     try:
         if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants):
             # still running on its host: look again soon, once the job is given back; a job still in its

@@ -9,7 +9,8 @@ looks for a row that is not committed yet, nor for a row the sender still holds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from django.db import transaction
 
@@ -64,11 +65,62 @@ def advance_job(job_id: int, countdown: float = 0) -> None:
 
 
 def finish_job(job_id: int, countdown: float = 0) -> None:
-    """A terminating job may be stopped on its host and its host handed back (finish_job)."""
+    """A terminating job may be stopped on its host and its host handed back (finish_job); inside
+    `gathered`, with the other jobs the step ends (finish_jobs)."""
     if countdown:
         transaction.on_commit(lambda: registered.finish_job.apply_async((job_id,), countdown=countdown))
     else:
-        transaction.on_commit(lambda: registered.finish_job.delay(job_id))
+        transaction.on_commit(lambda: _gather("finish_job", job_id) or registered.finish_job.delay(job_id))
+
+
+class _Gathered(threading.local):
+    ids: dict[str, list[int]] | None = None
+
+
+_gathered = _Gathered()  # per thread, as Django's connections are
+
+
+@contextmanager
+def gathered(jobs: int, runs: int) -> Iterator[None]:
+    """Around a batch step: the finish_job and process_run messages its commits send at once (no
+    countdown) are kept, and sent once the step is over as one message per `jobs` jobs
+    (finish_jobs) and per `runs` runs (process_runs), a lone one as itself (the sizes are
+    engine/tuning.py's, which this module, below the steps, does not import). A watch batch that
+    sees a burst of jobs end sends a few messages, not one per job, and so does the finish of that
+    burst for their runs: each message is a task, a claim and a read in the worker. Sent even when
+    the step failed half-way (what it committed asks for them); nested, the outermost sends."""
+    if _gathered.ids is not None:
+        yield
+        return
+    _gathered.ids = {"finish_job": [], "process_run": []}
+    sizes = {"finish_job": jobs, "process_run": runs}
+    try:
+        yield
+    finally:
+        ids, _gathered.ids = _gathered.ids, None
+        transaction.on_commit(lambda: _send_gathered(ids, sizes))  # at once: a step's top is outside any transaction
+
+
+def _gather(kind: str, pk: int) -> bool:
+    """Keep a message for the open `gathered` block (True), or say there is none (False: send it)."""
+    ids = _gathered.ids
+    if ids is None:
+        return False
+    ids[kind].append(pk)
+    return True
+
+
+def _send_gathered(ids: dict[str, list[int]], sizes: dict[str, int]) -> None:
+    for kind, one, many in (("finish_job", registered.finish_job, registered.finish_jobs),
+                            ("process_run", registered.process_run, registered.process_runs)):
+        pks = list(dict.fromkeys(ids[kind]))  # a row asked for twice is one look
+        size = max(1, sizes[kind])
+        for start in range(0, len(pks), size):
+            chunk = pks[start:start + size]
+            if len(chunk) == 1:
+                one.delay(chunk[0])
+            else:
+                many.delay(chunk)
 
 
 class _Commit:
@@ -109,13 +161,13 @@ def process_run(run_id: int) -> None:
     """A run's status may have changed with its jobs (process_run): once per transaction however
     many of its jobs moved in it."""
     if not transaction.get_connection().in_atomic_block:
-        registered.process_run.delay(run_id)
+        _gather("process_run", run_id) or registered.process_run.delay(run_id)
         return
     commit = _commit()
 
     def send() -> None:
         if commit.first(run_id, "plain"):
-            registered.process_run.delay(run_id)
+            _gather("process_run", run_id) or registered.process_run.delay(run_id)
 
     transaction.on_commit(send)
 
@@ -131,7 +183,7 @@ def process_run_if(run_id: int, due: Callable[[], bool]) -> None:
 
     def send() -> None:
         if commit.first(run_id, "if") and due():
-            registered.process_run.delay(run_id)
+            _gather("process_run", run_id) or registered.process_run.delay(run_id)
 
     transaction.on_commit(send)
 

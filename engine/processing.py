@@ -18,6 +18,7 @@ from engine import claims, failure_policy, messages, outcome, restarts
 from engine.finishing import end_active_jobs
 from engine.replicas import keep
 from engine.replicas import rows as replica_rows
+from engine.tuning import FINISH_BATCH, RUN_BATCH
 from events.models import Event
 from events.services import record
 from muster import compiled
@@ -39,18 +40,42 @@ _JOBS = compiled.Select(lambda run_id: Job.objects.filter(run_id=run_id, superse
 
 
 def process_run(run_id: int) -> bool:
-    return claims.claimed(Run, run_id, "process_run", _process,
-                          status__in=[*ACTIVE_RUN, RunStatus.PENDING]) is not None
+    # a teardown's ends go to finish_jobs together (engine/messages.py `gathered`), not a message each
+    with messages.gathered(FINISH_BATCH, RUN_BATCH):
+        return claims.claimed(Run, run_id, "process_run", _process,
+                              status__in=[*ACTIVE_RUN, RunStatus.PENDING]) is not None
+
+
+def process_runs(run_ids: list[int]) -> set[int]:
+    """process_run for several runs in one claimed step (the runs of the jobs one finish_jobs step
+    ended, engine/messages.py `gathered`): claimed together, each derived as process_run would (an
+    error backs off that run alone), given back together. Returns the ids this step held."""
+    due = Run.objects.filter(pk__in=run_ids, status__in=[*ACTIVE_RUN, RunStatus.PENDING])
+    with messages.gathered(FINISH_BATCH, RUN_BATCH):  # the ends its teardowns ask for go together too
+        held = claims.claimed_batch(due, len(run_ids), "process_runs", _process_each)
+    return set(held.pks)
+
+
+def _process_each(held: claims.Held) -> dict[int, claims.Outcome]:
+    outcomes = {}
+    for pk in held.pks:
+        with held.row(pk):
+            outcomes[pk] = _process_one(pk, held.lease)
+    return outcomes
 
 
 def _process(held: claims.Held) -> claims.Outcome:
+    return _process_one(held.pk, held.lease)
+
+
+def _process_one(pk: int, lease: Lease) -> claims.Outcome:
     derived_at = timezone.now()  # before the jobs are read: a change after this is derived again
-    run = _RUN.get(held.pk)
+    run = _RUN.get(pk)
     try:
         if run.status == RunStatus.PENDING:
-            _resubmit_when_due(run, held.lease)
+            _resubmit_when_due(run, lease)
         else:
-            _derive(run, held.lease)
+            _derive(run, lease)
     except Exception as exc:
         _note_failed_derive(run, exc)
         raise  # the claimed step gives the run back with a backoff

@@ -61,8 +61,18 @@ def finish_job(job_id: int) -> None:
 
 
 @step_task(priority=NEXT)
+def finish_jobs(job_ids: list[int]) -> None:
+    finishing.finish_jobs(job_ids)
+
+
+@step_task(priority=NEXT)
 def process_run(run_id: int) -> None:
     processing.process_run(run_id)
+
+
+@step_task(priority=NEXT)
+def process_runs(run_ids: list[int]) -> None:
+    processing.process_runs(run_ids)
 
 
 @shared_task(priority=NEXT)  # never ahead of the starts it shares the workers with

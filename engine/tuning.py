@@ -30,6 +30,14 @@ WATCH_BATCH = 200
 # hosts looked at in parallel by a worker process's watch (its look threads, kept between batches)
 WATCH_THREADS = 16
 
+# -- the messages a batch step gathers (engine/messages.py `gathered`) --
+# jobs one finish_jobs message names (the ends a watch batch saw, a run's teardown). Its step stops
+# and cleans up each job on its host in turn, so this bounds how long the last of them waits on
+# slow hosts; the worker's processes take the messages in parallel.
+FINISH_BATCH = 25
+# runs one process_runs message names (the runs of the jobs one finish_jobs step ended)
+RUN_BATCH = 50
+
 # -- the SSH health check of idle hosts (engine/ssh_health.py) --
 HEALTH_BATCH = 200
 HEALTH_THREADS = 16

@@ -6,7 +6,8 @@ and a release for each look). Instead beat sends `watch_running` every JOB_POLL_
 claims the due jobs WATCH_BATCH (engine/tuning.py) at a time (claim_batch, SKIP LOCKED on PostgreSQL, so several workers
 share the work without waiting on each other), asks their runners in threads that only do network
 I/O, acts on each answer on this task's connection, and gives the whole batch back in one UPDATE.
-A job that ended is handed to finish_job as advance_job would.
+A job that ended is handed to finish_job as advance_job would; the ends one batch sees go
+together, FINISH_BATCH jobs to a finish_jobs message (engine/messages.py `gathered`).
 
 advance_job still drives the short stages before `running` (runner up, peers, start order).
 """
@@ -25,11 +26,10 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, health, log_copy
+from engine import claims, health, job_hosts, log_copy, messages
 from engine.job_outcome import job_outcome
 from engine.running import observe
-from engine.tuning import WATCH_BATCH, WATCH_THREADS
-from instances.models import Fleet, InstanceGroup
+from engine.tuning import FINISH_BATCH, RUN_BATCH, WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
 from runs.models import Job
 from runs.transitions import end_job
@@ -57,11 +57,13 @@ def _watch_batch() -> int:
     # never looked at (NULL): a worker that moved the job to running died before giving it back
     due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
                              status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
-    return len(claims.claimed_batch(due, WATCH_BATCH, "watch_running", _watch).pks)
+    # the jobs a batch sees end go to finish_jobs a few messages at a time, not one message each
+    with messages.gathered(FINISH_BATCH, RUN_BATCH):
+        return len(claims.claimed_batch(due, WATCH_BATCH, "watch_running", _watch).pks)
 
 
 def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = _with_fleets(list(held.rows(_WATCHED_ROWS)))
+    jobs = job_hosts.with_fleets(list(held.rows(_WATCHED_ROWS)))
     follows = {job.pk: log_copy.follow(job) for job in jobs}
     looks = _look_at_all(jobs, held, follows)
     answered = timezone.now()
@@ -94,25 +96,10 @@ def _watch(held: claims.Held) -> dict[int, claims.Outcome]:
 # not what the user wrote (up to the API's size cap), which a look never reads, nor the JSON of a
 # run's restarts, rollout and scaling: each field read is a decode per job per look, and a batch is
 # up to WATCH_BATCH jobs every JOB_POLL_INTERVAL (a look that needs one after all, a job ending,
-# reads it then). The hosts' fleets and slices are read apart, once each (_with_fleets).
+# reads it then). The hosts' fleets and slices are read apart, once each (engine/job_hosts.py).
 _WATCHED_ROWS = (Job.objects.select_related("run", "instance")
                  .defer("run__submitted_text", "run__restarts", "run__rollout", "run__scaling",
                         "run__desired_replicas", "run__termination_message", "termination_message"))
-
-
-def _with_fleets(jobs: list[Job]) -> list[Job]:
-    """The jobs with their hosts' fleets and groups (TPU slices) in place, each read once for the
-    batch: joined to every job's row, a fleet of a thousand busy hosts was a thousand copies of
-    one row (its configuration's JSON decoded each time) on every look."""
-    hosts = [job.instance for job in jobs if job.instance is not None]
-    fleets = Fleet.objects.defer("errors").in_bulk({h.fleet_id for h in hosts if h.fleet_id is not None})
-    groups = InstanceGroup.objects.in_bulk({h.group_id for h in hosts if h.group_id is not None})
-    for host in hosts:
-        if host.fleet_id in fleets:
-            host.fleet = fleets[host.fleet_id]
-        if host.group_id in groups:
-            host.group = groups[host.group_id]
-    return jobs
 
 
 def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy.Follow | None]) -> dict[int, tuple]:

@@ -21,6 +21,9 @@ fails and the run ends `retry_limit_exceeded`.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 
@@ -102,13 +105,41 @@ def _released(instances, freed: set[int]) -> None:
     look's message and its step (a third of the engine's CPU per job when nothing waits). A run
     that starts waiting at the same moment is the same race as a look that read the queue just
     before its wait was written: its own recheck (the sweep's backstop) places it."""
-    if not queue.anyone_waiting():
+    if _gathering.fleets is None and not queue.anyone_waiting():
         return
     # the hosts' fleets as the caller loaded them (a deferred fleet_id is read instead, once)
     known = {inst.pk: inst.__dict__["fleet_id"] for inst in instances if "fleet_id" in inst.__dict__}
     fleets = ({known[pk] for pk in freed if known[pk] is not None} if freed <= set(known)
               else fleet_queue.fleets_of(freed))
+    if _gathering.fleets is not None:
+        _gathering.fleets |= set(fleets)
+        return
     released(fleets)
+
+
+class _Gathering(threading.local):
+    fleets: set[int] | None = None
+
+
+_gathering = _Gathering()  # per thread, as Django's connections are
+
+
+@contextmanager
+def releases_gathered() -> Iterator[None]:
+    """Around a step that gives back many hosts, each in its own transaction (engine/finishing.py
+    `finish_jobs`): their fleets' looks are asked for once it is over, as one release, not after
+    each commit (a read of the queue and a write of the fleet's row each). Asked for even when the
+    step failed half-way: what it committed gave those hosts back. Nested, the outermost asks."""
+    if _gathering.fleets is not None:
+        yield
+        return
+    _gathering.fleets = set()
+    try:
+        yield
+    finally:
+        fleets, _gathering.fleets = _gathering.fleets, None
+        if fleets:
+            transaction.on_commit(lambda: queue.anyone_waiting() and released(fleets))
 
 
 def released(fleet_ids) -> None:

@@ -295,3 +295,56 @@ def test_process_run_does_nothing_while_another_worker_holds_the_run(sent):
     assert not processing.process_run(run.pk)
     assert _state(run) == ("running", token)
     claims.forget_all()
+
+
+# ---- process_runs: the runs of one finish_jobs step, one step ------------------------------------
+
+
+@pytest.mark.step_case("process_runs", "eligibility")
+@pytest.mark.step_case("process_runs", "success")
+def test_process_runs_derives_each_active_run_it_names_in_one_step(sent):
+    runs = [_run(sent, f"batch-{i}", "done") for i in range(3)]
+    Run.objects.filter(pk=runs[2].pk).update(status="done")
+    assert processing.process_runs([r.pk for r in runs]) == {runs[0].pk, runs[1].pk}, "a finished run is not derived"
+    for run in runs:
+        run.refresh_from_db()
+    assert [(r.status, r.lease_token) for r in runs] == [("done", "")] * 3
+    assert runs[0].derived_at is not None and runs[1].derived_at is not None and runs[2].derived_at is None
+
+
+def test_process_runs_backs_off_the_run_whose_derive_failed_and_derives_the_others(sent, monkeypatch):
+    runs = [_run(sent, f"fails-{i}", "done") for i in range(2)]
+    real = processing._derive
+
+    def derive(run, lease):
+        if run.pk == runs[0].pk:
+            raise RuntimeError("a bug on this run only")
+        return real(run, lease)
+
+    monkeypatch.setattr(processing, "_derive", derive)
+    processing.process_runs([r.pk for r in runs])
+    for run in runs:
+        run.refresh_from_db()
+    assert runs[0].status == "running" and runs[0].lease_until > timezone.now(), "backed off, due again later"
+    assert (runs[1].status, runs[1].lease_token) == ("done", "")
+
+
+@pytest.mark.step_case("process_runs", "stale")
+def test_process_runs_with_a_stale_lease_records_nothing(sent, monkeypatch):
+    runs = [_run(sent, f"stale-{i}", "running") for i in range(2)]
+    around_body(monkeypatch, processing, "_process_each", steal(Run))
+    processing.process_runs([r.pk for r in runs])
+    for run in runs:
+        run.refresh_from_db()
+        assert run.lease_token == "someone-else" and run.derived_at is None
+    assert sent.messages == []
+
+
+@pytest.mark.step_case("process_runs", "contention")
+def test_process_runs_leaves_a_run_another_worker_holds(sent):
+    runs = [_run(sent, f"held-{i}", "done") for i in range(2)]
+    token = claims.claim(Run, runs[0].pk)
+    assert processing.process_runs([r.pk for r in runs]) == {runs[1].pk}
+    assert _state(runs[0]) == ("running", token)
+    assert _state(runs[1]) == ("done", "")
+    claims.forget_all()

@@ -420,3 +420,82 @@ def test_finish_does_nothing_while_another_worker_holds_the_job(sent):
     assert not finishing.finish_job(job.pk)
     assert _state(job) == ("terminating", token)
     claims.forget_all()
+
+
+# ---- finish_jobs: the ends one watch batch saw, one step ----------------------------------------
+
+
+def test_a_watch_batch_that_sees_several_jobs_end_sends_one_finish_jobs_for_them(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="running", runner_submitted=True)
+    _runners_say(monkeypatch, {jobs[0].pk: "done", jobs[1].pk: "running", jobs[2].pk: "failed"})
+    assert watch.watch_running() == 3
+    assert [_state(j)[0] for j in jobs] == ["terminating", "running", "terminating"]
+    assert sent.messages == [("finish_jobs", [jobs[0].pk, jobs[2].pk], 0, False), ("process_run", jobs[0].run_id, 0, False)], \
+        "one message names the batch's ended jobs, sent once they are free (and a failure derives the run at once)"
+
+
+@pytest.mark.step_case("finish_jobs", "eligibility")
+@pytest.mark.step_case("finish_jobs", "success")
+def test_finish_jobs_ends_the_terminating_jobs_it_names_and_asks_for_their_fleets_and_runs_once(sent):
+    (queued,) = _jobs(sent, name="waits")
+    Job.objects.filter(pk=queued.pk).update(waiting_for=f"{WAITING_FOR_HOST}: fleet fleet-steps is full")
+    pair = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
+    (other,) = _jobs(sent, name="other", status="terminating", termination_reason="done_by_runner")
+    (running,) = _jobs(sent, name="third", status="running")
+    ids = [pair[0].pk, running.pk, pair[1].pk, other.pk]
+    assert finishing.finish_jobs(ids) == {pair[0].pk, pair[1].pk, other.pk}
+    assert [_state(j) for j in [*pair, other, running]] == [("done", ""), ("done", ""), ("done", ""), ("running", "")]
+    ended = [*pair, other]
+    assert set(Instance.objects.filter(pk__in=[j.instance_id for j in ended]).values_list("status", flat=True)) == {"idle"}
+    fleets = sorted({Instance.objects.get(pk=j.instance_id).fleet_id for j in ended})
+    gather = waiting_rules.GATHER_SECONDS
+    assert sent.messages == [*[("admit_fleet", f, gather, False) for f in fleets],
+                             ("process_runs", [pair[0].run_id, other.run_id], 0, False)], \
+        "each fleet's look asked once for the step's releases, then the two runs derived in one message"
+
+
+def test_finish_jobs_backs_off_the_job_whose_finish_failed_and_ends_the_others(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
+    def finished(job, grants=None):
+        if job.pk == jobs[0].pk:
+            raise RuntimeError("a bug on this job only")
+        return True
+
+    monkeypatch.setattr(finishing, "_runner_finished", finished)
+    assert finishing.finish_jobs([j.pk for j in jobs]) == {jobs[1].pk}
+    jobs[0].refresh_from_db()
+    assert jobs[0].status == "terminating" and jobs[0].lease_until > timezone.now(), "backed off, due again later"
+    assert _state(jobs[1]) == ("done", "")
+    assert Instance.objects.get(pk=jobs[0].instance_id).status == "busy", "its host is not handed back"
+
+
+def test_finish_jobs_marks_only_the_ending_jobs_attach_grants_due(sent, monkeypatch):
+    from runs.models import AttachGrant
+
+    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
+    (running,) = _jobs(sent, name="kept", status="running")
+    for job in (jobs[1], running):
+        AttachGrant.objects.create(job=job, instance_id=job.instance_id, project_id=job.run.project_id,
+                                   marker=f"grant-{job.pk}")
+    assert finishing.finish_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
+    assert dict(AttachGrant.objects.values_list("job_id", "revoke_due")) == {jobs[1].pk: True, running.pk: False}
+
+
+@pytest.mark.step_case("finish_jobs", "stale")
+def test_finish_jobs_with_a_stale_lease_keeps_the_jobs_and_their_hosts(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
+    around_body(monkeypatch, finishing, "_finish_each", steal(Job))
+    assert finishing.finish_jobs([j.pk for j in jobs]) == set()
+    assert [_state(j) for j in jobs] == [("terminating", "someone-else")] * 2
+    assert set(Instance.objects.filter(pk__in=[j.instance_id for j in jobs]).values_list("status", flat=True)) == {"busy"}
+    assert sent.messages == [], "the new holder hands the hosts back and asks for the run"
+
+
+@pytest.mark.step_case("finish_jobs", "contention")
+def test_finish_jobs_leaves_a_job_another_worker_holds(sent):
+    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
+    token = claims.claim(Job, jobs[0].pk)
+    assert finishing.finish_jobs([j.pk for j in jobs]) == {jobs[1].pk}
+    assert _state(jobs[0]) == ("terminating", token)
+    assert _state(jobs[1]) == ("done", "")
+    claims.forget_all()
