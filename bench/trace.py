@@ -94,12 +94,12 @@ def _steps(queue: collections.deque) -> dict:
     all (once per transaction, the look after commit of `process_run_if`) runs as in a worker."""
     from engine import admission, finishing, messages
     from engine.processing import process_run, process_runs
-    from engine.starting.advance import advance_job
+    from engine.starting.advance import advance_job, advance_jobs
     from engine.submitted.provision import provision_job
 
     steps = {"provision_job": provision_job, "advance_job": advance_job, "finish_job": finishing.finish_job,
              "process_run": process_run, "admit_fleet": admission.admit_fleet,
-             "finish_jobs": finishing.finish_jobs, "process_runs": process_runs}
+             "finish_jobs": finishing.finish_jobs, "process_runs": process_runs, "advance_jobs": advance_jobs}
 
     class Caught:
         def __init__(self, name: str) -> None:

@@ -31,7 +31,8 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   fitting     instances/fitting.py               first_fitting_fleet, explain: which fleet fits, why none does
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
   pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
-starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off
+starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off;
+                                                 advance_jobs: the jobs one placement step placed, one step
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
   containers  engine/starting/containers.py      show_pull_progress, container_end: an image job's pull
@@ -40,7 +41,7 @@ running       engine/running/watch.py            watch_running: the batch watch 
   readiness   engine/running/readiness.py        when a running job is ready, from its probes
   looks       engine/runner_status.py            read, checked: a runner's status, checked before use
 stopping      engine/finishing.py                finish_job: stop on the host, copy the log, give the host back;
-                                                 finish_jobs: the ends one watch batch saw, one step
+                                                 finish_jobs: the ends one step saw (a watch batch, a teardown)
 runs          engine/processing.py               process_run: a run's status derived from its jobs (retry, teardown);
                                                  process_runs: the runs of one finish_jobs step, one step
   failures    engine/failure_policy.py           what a failed job means under its group's on_failure

@@ -47,6 +47,7 @@ from engine.tuning import ADMISSION_HELD_SECONDS as HELD_SECONDS
 from engine.tuning import ADMISSION_PROMISE_SECONDS as PROMISE_SECONDS
 from engine.tuning import ADMISSION_READ_MARGIN as MARGIN
 from engine.tuning import ADMISSION_RETRY_SECONDS as RETRY_SECONDS
+from engine.tuning import GATHERED
 from instances import fleet_queue
 from instances.models import FleetQueue, FleetStatus
 from muster import step_reads
@@ -57,7 +58,10 @@ def admit_fleet(fleet_id: int) -> None:
     """The task's body: the fleet's row made if it has none yet, then the claimed step."""
     if not fleet_queue.ensure(fleet_id):
         return  # no such fleet, or not active: nothing is placed on it
-    if claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit) is None and fleet_queue.unlooked(fleet_id):
+    # the starts of the runs it places go to advance_jobs a few at a time, not one message each
+    with messages.gathered(GATHERED):
+        looked = claims.claimed(FleetQueue, fleet_id, "admit_fleet", _admit)
+    if looked is None and fleet_queue.unlooked(fleet_id):
         # nobody holds the row, yet the claim skipped it: a release was counting on it that moment
         # (the claim skips a locked row), and that release sent no look, since this one was out
         messages.admit_fleet(fleet_id, countdown=RETRY_SECONDS)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -165,6 +166,7 @@ class Held:
         self.model, self.step, self.token, self.pks = model, step, token, list(pks)
         self.failed: set = set()  # rows backed off after an exception
         self.applied: set = set()  # rows given back as their outcome said (their follow-ups were sent)
+        self.given: set = set()  # rows the body gave back itself (give_back_now), not the batch's give-back
         self.outcome: Outcome | None = None  # what a one-row body returned
 
     @property
@@ -191,11 +193,24 @@ class Held:
         until = timezone.now() + timedelta(seconds=backoff_seconds())
         self.model.objects.filter(pk__in=pks, **lease_guard(self.token)).update(**released(until))
 
+    def give_back_now(self, pk, outcome: Outcome) -> bool:
+        """Apply one row's outcome at once, not with the batch's (`give_back`): for a batch whose
+        rows each wait on a host in turn, so a row done early is not held until the last one is."""
+        self.given.add(pk)
+        if give_back(self.model, pk, self.token, outcome, self.step):
+            self.applied.add(pk)
+            return True
+        return False
+
     @contextmanager
     def row(self, pk) -> Iterator[None]:
-        """One row of a batch: its exception is logged and backs off that row only."""
+        """One row of a batch: its exception is logged and backs off that row only. The task's soft
+        time limit is not one row's: it ends the batch (the rows not given back yet are backed off),
+        so the hard limit never kills a worker half-way through a give-back."""
         try:
             yield
+        except SoftTimeLimitExceeded:
+            raise
         except Exception:
             log.exception("step %s failed on %s %s; due again in %.0fs", self.step, self.model.__name__, pk,
                           backoff_seconds())
@@ -264,7 +279,7 @@ def give_back_batch(held: Held, outcomes: Mapping) -> None:
     Only when that UPDATE touches fewer rows than it was given are the rows still held looked up:
     those somebody moved are given back as they are and handed over, the others were stale."""
     model, token = held.model, held.token
-    outcomes = {pk: outcomes.get(pk) or Outcome() for pk in held.pks if pk not in held.failed}
+    outcomes = {pk: outcomes.get(pk) or Outcome() for pk in held.pks if pk not in held.failed | held.given}
     # a move, a backoff or a field guard is given back on its own (the bulk UPDATE clears every lease)
     moves = {pk: o for pk, o in outcomes.items() if o.move is not None or o.retry_in or o.where}
     plain = {pk: o for pk, o in outcomes.items() if pk not in moves}
@@ -329,7 +344,7 @@ def _fields_by_row(model, outcomes: Mapping) -> dict:
 def _failed(held: Held) -> None:
     log.exception("step %s failed on %s %s; due again in %.0fs", held.step, held.model.__name__,
                   held.pks if len(held.pks) > 1 else held.pk, backoff_seconds())
-    held.failed |= set(held.pks) - held.applied
+    held.failed |= set(held.pks) - held.applied - held.given
     held.back_off(_renewer.holding(held.model, held.token))  # rows the give-back had not reached yet
 
 

@@ -11,9 +11,10 @@ from django.utils import timezone
 from backends.base import BackendError
 from backends.registry import compute_for_instance
 from engine import attach_revokes, claims, failure_policy, job_hosts, log_copy, messages, runner_status
+from engine.running import watch
 from engine.submitted import waiting
 from engine.submitted.waiting import hand_back
-from engine.tuning import FINISH_BATCH, RUN_BATCH, STOP_RECHECK, STOP_RECHECK_SLOW
+from engine.tuning import GATHERED, STOP_RECHECK, STOP_RECHECK_SLOW
 from events.services import record
 from muster import compiled
 from muster.claimable import Lease
@@ -50,15 +51,17 @@ def finish_job(job_id: int) -> bool:
 
 
 def finish_jobs(job_ids: list[int]) -> set[int]:
-    """finish_job for several terminating jobs in one claimed step (the ends a watch batch saw,
-    engine/messages.py `gathered`): claimed, read and their attach grants marked together, each
-    finished on its host in turn as finish_job would (an error backs off that job alone), each
-    given back in its own transaction. What their ends ask for goes once the step is over: their
-    fleets' admission looks once (engine/submitted/waiting.py `releases_gathered`), their runs'
-    derives a few messages at a time. Returns the ids that ended in this call."""
+    """finish_job for several terminating jobs in one claimed step (the ends one step saw together:
+    a watch batch's, a run's teardown; engine/messages.py `gathered`): claimed, read and their
+    attach grants marked together, their runners asked at once in threads (a host that does not
+    answer holds none of the others), then each finished on its host in turn as finish_job would
+    and given back at once, in its own transaction (an error backs off that job alone). What
+    their ends ask for goes once the step is over: their fleets' admission looks once
+    (engine/submitted/waiting.py `releases_gathered`), their runs' derives a few messages at a time.
+    Returns the ids that ended in this call."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.TERMINATING)
     ended: set[int] = set()
-    with messages.gathered(FINISH_BATCH, RUN_BATCH), waiting.releases_gathered():
+    with messages.gathered(GATHERED), waiting.releases_gathered():
         held = claims.claimed_batch(due, len(job_ids), "finish_jobs", partial(_finish_each, ended))
     return ended & held.applied
 
@@ -66,13 +69,44 @@ def finish_jobs(job_ids: list[int]) -> set[int]:
 def _finish_each(ended: set[int], held: claims.Held) -> dict[int, claims.Outcome]:
     jobs = sorted(job_hosts.with_fleets(list(held.rows(_BATCH_ROWS))), key=lambda j: j.pk)
     grants = attach_revokes.end_grants_of([job.pk for job in jobs])
-    outcomes = {}
+    asked = _ask_runners(jobs, held)
     for job in jobs:
+        if job.pk in held.failed:
+            continue
         with held.row(job.pk):
-            outcomes[job.pk] = _finish_one(job, grants.get(job.pk, 0))
-            if outcomes[job.pk].move is not None:
+            outcome = _finish_one(job, grants.get(job.pk, 0), asked.get(job.pk))
+            if outcome.move is not None:
                 ended.add(job.pk)
-    return outcomes
+            held.give_back_now(job.pk, outcome)  # its host back now, not once the batch is done
+    return {}
+
+
+def _ask_runners(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
+    """Each job's runner asked how its job is, at once in the watch's threads (network I/O only;
+    the hosts made on this thread): {job id: (its host, the status or None, the error or None)}.
+    Not for a job its step will not ask (never handed to a runner, or ended on a host that was
+    already unreachable)."""
+    hosts = {}
+    for job in jobs:
+        if job.runner_submitted and job.instance is not None and not _gone(job):
+            with held.row(job.pk):
+                hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
+    if len(hosts) < 2:  # one gains nothing from a thread: its step asks itself
+        return {pk: (host, None, None) for pk, host in hosts.items()}
+    answers = watch.look_threads().map(lambda pk: _status_of(hosts[pk]), hosts)
+    return {pk: (hosts[pk], *answer) for pk, answer in zip(hosts, answers, strict=True)}
+
+
+def _status_of(host) -> tuple[dict | None, Exception | None]:
+    try:
+        return runner_status.read(host), None
+    except Exception as exc:  # noqa: BLE001 - raised again on the job's own row (_runner_finished)
+        return None, exc
+
+
+def _gone(job: Job) -> bool:
+    """The job ended because its host stopped answering and it still does not: nothing is asked."""
+    return job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE
 
 
 def _finish(held: claims.Held) -> claims.Outcome:
@@ -81,11 +115,12 @@ def _finish(held: claims.Held) -> claims.Outcome:
     return _finish_one(job, attach_revokes.end_job_grants(job))
 
 
-def _finish_one(job: Job, grants: int) -> claims.Outcome:
-    """The finish of one held job whose attach lines are marked due (`grants` of them)."""
+def _finish_one(job: Job, grants: int, asked: tuple | None = None) -> claims.Outcome:
+    """The finish of one held job whose attach lines are marked due (`grants` of them); `asked`:
+    its runner asked already (_ask_runners)."""
     final = FINAL_STATUS.get(job.termination_reason, JobStatus.TERMINATED)
     try:
-        if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants):
+        if job.runner_submitted and job.instance is not None and not _runner_finished(job, grants, asked):
             # still running on its host: look again soon, once the job is given back; a job still in its
             # grace (stop_duration, minutes) is looked at every few seconds, not four times a second
             waited = (timezone.now() - job.status_changed_at).total_seconds()
@@ -113,15 +148,20 @@ def _end(job: Job, final: str, *, lease: Lease) -> bool:
     return True
 
 
-def _runner_finished(job: Job, grants: int | None = None) -> bool:
+def _runner_finished(job: Job, grants: int | None = None, asked: tuple | None = None) -> bool:
     """Stop the runner's job if it still runs; once it is over, copy its log and clean up.
 
-    `grants`: how many attach grants _finish marked due (attach.revoke)."""
-    host = compute_for_instance(job.instance).runner_host(job.instance)
+    `grants`: how many attach grants _finish marked due (attach.revoke); `asked`: (the host, its
+    runner's status, the error) when the runner was asked already (_ask_runners)."""
+    host, status, error = asked or (compute_for_instance(job.instance).runner_host(job.instance), None, None)
     try:
-        if job.instance.unreachable and job.termination_reason == JobReason.INSTANCE_UNREACHABLE:
+        if _gone(job):
             return True
-        state = (runner_status.read(host)["jobs"].get(job.runner_job_id) or {}).get("state")
+        if error is not None:
+            raise error
+        if status is None:
+            status = runner_status.read(host)
+        state = (status["jobs"].get(job.runner_job_id) or {}).get("state")
         if state in RUNNER_LIVE:
             waited = (timezone.now() - job.status_changed_at).total_seconds()
             if waited > gives_up_after(job.run):

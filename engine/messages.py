@@ -9,7 +9,7 @@ looks for a row that is not committed yet, nor for a row the sender still holds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from django.db import transaction
@@ -61,7 +61,7 @@ def advance_job(job_id: int, countdown: float = 0) -> None:
     if countdown:
         transaction.on_commit(lambda: registered.advance_job.apply_async((job_id,), countdown=countdown))
     else:
-        transaction.on_commit(lambda: registered.advance_job.delay(job_id))
+        transaction.on_commit(lambda: _gather("advance_job", job_id) or registered.advance_job.delay(job_id))
 
 
 def finish_job(job_id: int, countdown: float = 0) -> None:
@@ -81,19 +81,19 @@ _gathered = _Gathered()  # per thread, as Django's connections are
 
 
 @contextmanager
-def gathered(jobs: int, runs: int) -> Iterator[None]:
-    """Around a batch step: the finish_job and process_run messages its commits send at once (no
-    countdown) are kept, and sent once the step is over as one message per `jobs` jobs
-    (finish_jobs) and per `runs` runs (process_runs), a lone one as itself (the sizes are
-    engine/tuning.py's, which this module, below the steps, does not import). A watch batch that
-    sees a burst of jobs end sends a few messages, not one per job, and so does the finish of that
-    burst for their runs: each message is a task, a claim and a read in the worker. Sent even when
-    the step failed half-way (what it committed asks for them); nested, the outermost sends."""
+def gathered(sizes: Mapping[str, int]) -> Iterator[None]:
+    """Around a batch step: the advance_job, finish_job and process_run messages its commits send
+    at once (no countdown) are kept, and sent once the step is over as one message per
+    `sizes[kind]` rows (advance_jobs, finish_jobs, process_runs), a lone one as itself (the sizes
+    are engine/tuning.py's GATHERED, which this module, below the steps, does not import). A
+    look that places a burst of runs, a watch batch that sees a burst of jobs end and the finish
+    of that burst each send a few messages, not one per job: each message is a task, a claim and
+    a read in the worker. Sent even when the step failed half-way (what it committed asks for
+    them); nested, the outermost sends."""
     if _gathered.ids is not None:
         yield
         return
-    _gathered.ids = {"finish_job": [], "process_run": []}
-    sizes = {"finish_job": jobs, "process_run": runs}
+    _gathered.ids = {kind: [] for kind in _BATCHES}
     try:
         yield
     finally:
@@ -110,17 +110,20 @@ def _gather(kind: str, pk: int) -> bool:
     return True
 
 
-def _send_gathered(ids: dict[str, list[int]], sizes: dict[str, int]) -> None:
-    for kind, one, many in (("finish_job", registered.finish_job, registered.finish_jobs),
-                            ("process_run", registered.process_run, registered.process_runs)):
-        pks = list(dict.fromkeys(ids[kind]))  # a row asked for twice is one look
-        size = max(1, sizes[kind])
+# a kind gathered -> (its one-row task, its batch task), by name in `registered`
+_BATCHES = {"advance_job": "advance_jobs", "finish_job": "finish_jobs", "process_run": "process_runs"}
+
+
+def _send_gathered(ids: dict[str, list[int]], sizes: Mapping[str, int]) -> None:
+    for kind, many in _BATCHES.items():
+        pks = sorted(set(ids[kind]))  # a row asked for twice is one look; in the order the steps take them
+        size = max(1, sizes.get(kind, 1))
         for start in range(0, len(pks), size):
             chunk = pks[start:start + size]
             if len(chunk) == 1:
-                one.delay(chunk[0])
+                getattr(registered, kind).delay(chunk[0])
             else:
-                many.delay(chunk)
+                getattr(registered, many).delay(chunk)
 
 
 class _Commit:

@@ -18,7 +18,7 @@ from engine import claims, failure_policy, messages, outcome, restarts
 from engine.finishing import end_active_jobs
 from engine.replicas import keep
 from engine.replicas import rows as replica_rows
-from engine.tuning import FINISH_BATCH, RUN_BATCH
+from engine.tuning import GATHERED
 from events.models import Event
 from events.services import record
 from muster import compiled
@@ -41,7 +41,7 @@ _JOBS = compiled.Select(lambda run_id: Job.objects.filter(run_id=run_id, superse
 
 def process_run(run_id: int) -> bool:
     # a teardown's ends go to finish_jobs together (engine/messages.py `gathered`), not a message each
-    with messages.gathered(FINISH_BATCH, RUN_BATCH):
+    with messages.gathered(GATHERED):
         return claims.claimed(Run, run_id, "process_run", _process,
                               status__in=[*ACTIVE_RUN, RunStatus.PENDING]) is not None
 
@@ -51,7 +51,7 @@ def process_runs(run_ids: list[int]) -> set[int]:
     ended, engine/messages.py `gathered`): claimed together, each derived as process_run would (an
     error backs off that run alone), given back together. Returns the ids this step held."""
     due = Run.objects.filter(pk__in=run_ids, status__in=[*ACTIVE_RUN, RunStatus.PENDING])
-    with messages.gathered(FINISH_BATCH, RUN_BATCH):  # the ends its teardowns ask for go together too
+    with messages.gathered(GATHERED):  # the ends its teardowns ask for go together too
         held = claims.claimed_batch(due, len(run_ids), "process_runs", _process_each)
     return set(held.pks)
 

@@ -56,6 +56,11 @@ def advance_job(job_id: int) -> None:
 
 
 @step_task(priority=NEXT)
+def advance_jobs(job_ids: list[int]) -> None:
+    advance.advance_jobs(job_ids)
+
+
+@step_task(priority=NEXT)
 def finish_job(job_id: int) -> None:
     finishing.finish_job(job_id)
 

@@ -31,12 +31,18 @@ WATCH_BATCH = 200
 WATCH_THREADS = 16
 
 # -- the messages a batch step gathers (engine/messages.py `gathered`) --
+# jobs one advance_jobs message names (the jobs one placement step placed: a look's runs, a gang).
+# Their first looks go out in parallel (the watch's threads), the hand-offs one job after another,
+# so this bounds how long the last of them waits on slow hosts; the worker's processes take the
+# messages in parallel.
+ADVANCE_BATCH = 8
 # jobs one finish_jobs message names (the ends a watch batch saw, a run's teardown). Its step stops
 # and cleans up each job on its host in turn, so this bounds how long the last of them waits on
-# slow hosts; the worker's processes take the messages in parallel.
+# slow hosts.
 FINISH_BATCH = 25
 # runs one process_runs message names (the runs of the jobs one finish_jobs step ended)
 RUN_BATCH = 50
+GATHERED = {"advance_job": ADVANCE_BATCH, "finish_job": FINISH_BATCH, "process_run": RUN_BATCH}
 
 # -- the SSH health check of idle hosts (engine/ssh_health.py) --
 HEALTH_BATCH = 200

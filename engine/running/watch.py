@@ -29,7 +29,7 @@ from backends.registry import compute_for_instance
 from engine import claims, health, job_hosts, log_copy, messages
 from engine.job_outcome import job_outcome
 from engine.running import observe
-from engine.tuning import FINISH_BATCH, RUN_BATCH, WATCH_BATCH, WATCH_THREADS
+from engine.tuning import GATHERED, WATCH_BATCH, WATCH_THREADS
 from runs.choices import JobStatus
 from runs.models import Job
 from runs.transitions import end_job
@@ -58,7 +58,7 @@ def _watch_batch() -> int:
     due = Job.objects.filter(Q(next_check_at__lte=now) | Q(next_check_at__isnull=True),
                              status=JobStatus.RUNNING, runner_submitted=True, instance__isnull=False)
     # the jobs a batch sees end go to finish_jobs a few messages at a time, not one message each
-    with messages.gathered(FINISH_BATCH, RUN_BATCH):
+    with messages.gathered(GATHERED):
         return len(claims.claimed_batch(due, WATCH_BATCH, "watch_running", _watch).pks)
 
 
@@ -111,7 +111,7 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy
             hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
     if len(hosts) == 1:
         return {pk: observe.look(host, follows[pk]) for pk, host in hosts.items()}
-    answers = _threads().map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
+    answers = look_threads().map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
     return dict(zip(hosts, answers, strict=True))
 
 
@@ -120,7 +120,7 @@ _pool_lock = threading.Lock()
 _pid = os.getpid  # the process the pool was made in
 
 
-def _threads() -> ThreadPoolExecutor:
+def look_threads() -> ThreadPoolExecutor:
     """The process's look threads, kept between batches: a pool per batch started up to
     WATCH_THREADS threads several times a second on a busy fleet. Made in the process that uses it
     (a prefork child), never inherited from the parent across a fork, whose threads do not follow.

@@ -17,12 +17,12 @@ from django.utils import timezone
 
 from backends.base import BackendError
 from backends.registry import compute_for_instance
-from engine import claims, log_copy, messages
+from engine import claims, job_hosts, log_copy, messages
 from engine.job_outcome import job_outcome, learn
-from engine.running import observe
+from engine.running import observe, watch
 from engine.slice_replace import waits_for_replacement
 from engine.starting import cluster, ordering
-from engine.tuning import STARTING_RECHECK
+from engine.tuning import GATHERED, STARTING_RECHECK
 from instances.models import InstanceStatus
 from instances.queued import waits_in_queue
 from muster import compiled, crypto
@@ -46,18 +46,78 @@ _PEERS = compiled.Select(lambda run_id: Job.objects.select_related("instance", "
     run_id=run_id, superseded=False).order_by("job_num"), int)  # Run.current_jobs
 
 
+# a batch's jobs (advance_jobs): the hosts' fleets and slices are read once for the batch
+# (engine/job_hosts.py), not joined to each job (an SSH fleet's row lists every host)
+_BATCH_ROWS = Job.objects.select_related("run", "instance")
+
+
 def advance_job(job_id: int) -> bool:
     return claims.claimed(Job, job_id, "advance_job", _advance, status__in=observe.WATCHED) is not None
 
 
+def advance_jobs(job_ids: list[int]) -> set[int]:
+    """advance_job for several placed jobs in one claimed step (the jobs one placement step placed,
+    engine/messages.py `gathered`): claimed and read together, their first looks at their runners
+    made at once in threads, then each advanced in turn as advance_job would (an error backs off
+    that job alone, and a host that does not answer delays none of the others), given back
+    together. Returns the ids this step held."""
+    due = Job.objects.filter(pk__in=job_ids, status__in=observe.WATCHED)
+    with messages.gathered(GATHERED):
+        held = claims.claimed_batch(due, len(job_ids), "advance_jobs", _advance_each)
+    return set(held.pks)
+
+
+def _advance_each(held: claims.Held) -> dict[int, claims.Outcome]:
+    jobs = sorted(job_hosts.with_fleets(list(held.rows(_BATCH_ROWS))), key=lambda j: j.pk)
+    looked = _first_looks(jobs, held)
+    outcomes = {}
+    for job in jobs:
+        if job.pk in held.failed:  # its host could not be made for its look: backed off already
+            continue
+        with held.row(job.pk):
+            outcomes[job.pk] = _advance_one(job, held.lease, looked.get(job.pk))
+    return outcomes
+
+
+def _first_looks(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
+    """The look each job's step makes first, made for the batch at once in the watch's threads
+    (network I/O only): {job id: (its log follow, the look's answer)}. Only for a job whose step
+    looks before it writes anything (one handed to its runner, or one whose host is up and waits
+    for its runner); the hosts are made on this thread, as the watch makes them."""
+    hosts, follows = {}, {}
+    for job in jobs:
+        if _looks_first(job):
+            with held.row(job.pk):
+                follows[job.pk] = log_copy.follow(job)
+                hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
+    if len(hosts) < 2:
+        for host in hosts.values():
+            host.close()  # one look gains nothing from a thread: the step makes it itself
+        return {}
+    answers = watch.look_threads().map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
+    return {pk: (follows[pk], answer) for pk, answer in zip(hosts, answers, strict=True)}
+
+
+def _looks_first(job: Job) -> bool:
+    if job.runner_submitted:
+        return job.status in observe.WATCHED
+    instance = job.instance
+    return (job.status == JobStatus.PROVISIONING and instance is not None and instance.status == InstanceStatus.BUSY
+            and bool(instance.internal_ip))
+
+
 def _advance(held: claims.Held) -> claims.Outcome:
-    job = _JOB.get(held.pk)
+    return _advance_one(_JOB.get(held.pk), held.lease)
+
+
+def _advance_one(job: Job, lease: Lease, looked: tuple | None = None) -> claims.Outcome:
+    """One held job's advance; `looked`: its first look, made already (_first_looks)."""
     seen_before = job.agent_seen_at
     try:
-        _step(job, held.lease)
+        _step(job, lease, looked)
     except BackendError as exc:
         log.warning("job %s: backend error: %s", job, exc)
-        end_job(job, exc.reason, str(exc), lease=held.lease)
+        end_job(job, exc.reason, str(exc), lease=lease)
     now = timezone.now()
     # A job that just started is due at the watcher's next tick: a short job (a router that
     # exits after one request) then ends within a tick instead of after one more interval, and is
@@ -79,27 +139,33 @@ def next_look(job: Job) -> float:
     return observe.poll_interval()
 
 
-def _step(job: Job, lease: Lease) -> None:
-    """`lease`: advance_job's hold on the job, which each of its moves takes."""
+def _step(job: Job, lease: Lease, looked: tuple | None = None) -> None:
+    """`lease`: advance_job's hold on the job, which each of its moves takes; `looked`: the step's
+    first look at the runner, made already (a batch's, made in threads)."""
     if job.status == JobStatus.PROVISIONING and job.runner_submitted:
-        _watch(job, lease)  # a job without an image, handed to its runner: it runs next
+        _watch(job, lease, looked)  # a job without an image, handed to its runner: it runs next
     elif job.status == JobStatus.PROVISIONING:
-        _wait_for_runner(job, lease)
+        _wait_for_runner(job, lease, looked)
+    elif job.status == JobStatus.PULLING and job.runner_submitted:
+        _watch(job, lease, looked)  # as _start_when_ready would, with nothing left to hand off
     elif job.status == JobStatus.PULLING:
         _start_when_ready(job, lease)
     elif job.status == JobStatus.RUNNING:
-        _watch(job, lease)
+        _watch(job, lease, looked)
 
 
-def _observe(job: Job) -> dict | None:
-    """One round trip to the host's runner (and its new log bytes); None when the host cannot be reached."""
-    follow = log_copy.follow(job)
-    found = observe.look(compute_for_instance(job.instance).runner_host(job.instance), follow)
+def _observe(job: Job, looked: tuple | None = None) -> dict | None:
+    """One round trip to the host's runner (and its new log bytes); None when the host cannot be
+    reached. `looked`: (the log follow, the answer) of a look made already."""
+    if looked is None:
+        follow = log_copy.follow(job)
+        looked = (follow, observe.look(compute_for_instance(job.instance).runner_host(job.instance), follow))
+    follow, found = looked
     log_copy.take(job, follow)
     return observe.take_look(job, *found)
 
 
-def _wait_for_runner(job: Job, lease: Lease) -> None:
+def _wait_for_runner(job: Job, lease: Lease, looked: tuple | None = None) -> None:
     instance = job.instance
     if instance is None or instance.status != InstanceStatus.BUSY or not instance.internal_ip:
         # A host of a queued TPU request waits at Google for as long as the request may: the pod's
@@ -107,7 +173,7 @@ def _wait_for_runner(job: Job, lease: Lease) -> None:
         if waited(job) > settings.MUSTER["WAITING_INSTANCE_LIMIT"] and not waits_in_queue(instance):
             end_job(job, JobReason.WAITING_INSTANCE_LIMIT_EXCEEDED, "the instance never became ready", lease=lease)
         return
-    status = _observe(job)
+    status = _observe(job, looked)
     if status and status.get("agent_alive"):
         if not cluster.group_image(job):
             # Nothing to pull: the job stays `provisioning` until its processes run, and waits for
@@ -151,7 +217,7 @@ def _start_when_ready(job: Job, lease: Lease) -> None:
     _watch(job, lease)
 
 
-def _watch(job: Job, lease: Lease) -> None:
-    observe.watch_observed(job, _observe(job), lease=lease)
+def _watch(job: Job, lease: Lease, looked: tuple | None = None) -> None:
+    observe.watch_observed(job, _observe(job, looked), lease=lease)
 
 

@@ -14,7 +14,7 @@ from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.nudges import is_service
 from engine.submitted import fanout, gang, placement, preemption, reclaim, replica_placement, waiting
-from engine.tuning import NO_CAPACITY_MESSAGE_LIMIT
+from engine.tuning import GATHERED, NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, shares, spanning
 from instances.models import Fleet
 from muster import compiled, step_reads
@@ -34,8 +34,9 @@ _JOB = compiled.Select(lambda pk: Job.objects.select_related(*_RELATED).filter(p
 
 def provision_job(job_id: int) -> bool:
     """Task body. Returns True when this call did the provisioning attempt."""
-    return claims.claimed(Job, job_id, "provision_job", _provision, status=JobStatus.SUBMITTED,
-                          waiting_master_job=False) is not None
+    with messages.gathered(GATHERED):  # a gang's starts go to advance_jobs together
+        return claims.claimed(Job, job_id, "provision_job", _provision, status=JobStatus.SUBMITTED,
+                              waiting_master_job=False) is not None
 
 
 def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
@@ -47,7 +48,8 @@ def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
     step's."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
     placed: dict[int, int] = {}
-    held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
+    with messages.gathered(GATHERED):
+        held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
     return {pk: fleet for pk, fleet in placed.items() if pk in held.applied}, set(held.pks)
 
 
@@ -57,7 +59,9 @@ def recheck_jobs(job_ids: list[int]) -> set[int]:
     to the look), the fleets, their quotas and the look's queue read once for the batch rather
     than once per job (muster/step_reads.py). Returns the ids this step held."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
-    held = claims.claimed_batch(due, len(job_ids), "recheck_jobs", partial(_provision_each, job_ids, {}, recheck=True))
+    with messages.gathered(GATHERED):
+        held = claims.claimed_batch(due, len(job_ids), "recheck_jobs",
+                                    partial(_provision_each, job_ids, {}, recheck=True))
     return set(held.pks)
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from instances.models import InstanceGroup
 from runs.models import Job, Run
 
-ROWS = {"provision_job": Job, "recheck_jobs": Job, "advance_job": Job, "finish_job": Job, "finish_jobs": Job,
+ROWS = {"provision_job": Job, "recheck_jobs": Job, "advance_job": Job, "advance_jobs": Job, "finish_job": Job, "finish_jobs": Job,
         "process_run": Run, "process_runs": Run,
         "terminate_group": InstanceGroup, "poll_pod": InstanceGroup}
 

@@ -1,8 +1,11 @@
-"""The batch steps survive a duplicated message and a lost one, with a real worker: finish_jobs (the
-ends one step asks for together: a run's teardown, a watch batch) and process_runs (the runs of the
-jobs one finish_jobs ended). A lost one is the sweep's to send again, as single messages."""
+"""The batch steps survive a duplicated message and a lost one, with a real worker: advance_jobs (the
+starts one placement step asks for together: a gang), finish_jobs (the ends one step asks for
+together: a run's teardown, a watch batch) and process_runs (the runs of the jobs one finish_jobs
+ended). A lost one is the sweep's to send again, as single messages."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -10,6 +13,7 @@ from django.utils import timezone
 from engine import tasks
 from instances.models import Instance
 from runs.models import Job, Run
+from runs.services import logs
 from runs.services.submission import submit_run
 from runs.transitions import request_stop
 from tests.engine.faults import inject
@@ -26,6 +30,31 @@ commands:
   - echo "started rank $DSTACK_NODE_RANK"
   - sleep 120
 """
+
+
+SHORT = """
+type: task
+name: {name}
+nodes: 2
+commands:
+  - echo "started rank $DSTACK_NODE_RANK"
+  - sleep 0.5
+"""
+
+
+@pytest.mark.parametrize("mode", ["twice", "drop"])
+def test_a_gang_starts_once_when_its_advance_jobs_message_is_duplicated_or_lost(
+        mode, fast_limits, celery_worker, monkeypatch):
+    fleet = local_project_fleet(size=2)
+    faulty = inject(monkeypatch, "advance_jobs", mode)
+    with Beat(interval=0.3):
+        run = submit_run(fleet.project, None, {"configuration": SHORT.format(name=f"gang-{mode}")})
+        run = wait_for_run(run.name, timeout=60)
+    assert run.status == "done", job_summary(run)
+    assert faulty.injected >= 1, "job 0 placed its gang and both starts went as one advance_jobs message"
+    for job in run.current_jobs():
+        assert logs.read(job).decode().count("started rank") == 1, "each job's commands ran exactly once"
+    assert not Instance.objects.filter(status="busy").exists()
 
 
 @pytest.mark.parametrize("mode", ["twice", "drop"])
@@ -59,8 +88,10 @@ def test_runs_end_when_their_process_runs_message_is_duplicated_or_lost(
     for run, host in zip(runs, hosts, strict=True):
         Run.objects.filter(pk=run.pk).update(status="running", fleet=fleet)
         Instance.objects.filter(pk=host.pk).update(status="busy", holder=fleet.project)
+        # changed "in a minute": the sweep would otherwise finish them itself, one message each,
+        # if the worker were slow to take the test's finish_jobs
         Job.objects.filter(run=run).update(status="terminating", termination_reason="done_by_runner",
-                                           instance=host, status_changed_at=timezone.now())
+                                           instance=host, status_changed_at=timezone.now() + timedelta(minutes=1))
     jobs = list(Job.objects.filter(run__in=runs).order_by("pk"))
     with Beat(interval=0.3):
         tasks.finish_jobs.delay([j.pk for j in jobs])  # ends both, and asks for both runs in one message

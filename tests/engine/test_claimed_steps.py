@@ -139,3 +139,27 @@ def test_the_server_knows_every_state_the_runner_ends_a_job_in():
     from runs.choices import RUNNER_FINAL
 
     assert set(protocol.FINAL_STATES) == set(RUNNER_FINAL) == set(RUNNER_END_STATES)
+
+
+# ---- gathered: a batch step's messages sent as a few ---------------------------------------------
+
+
+def test_gathered_messages_go_in_chunks_once_the_outermost_block_is_over_even_after_an_error(sent):
+    from engine import messages
+
+    sizes = {"advance_job": 2, "finish_job": 25, "process_run": 50}
+    with pytest.raises(RuntimeError), messages.gathered(sizes):
+        for pk in (5, 3, 4, 3):
+            messages.advance_job(pk)
+        with messages.gathered({"advance_job": 100}):  # nested: the outer block sends
+            messages.finish_job(9)
+            messages.process_run(7)
+        messages.advance_job(8, countdown=2)  # a countdown is not gathered: it leaves at once
+        assert sent.messages == [("advance_job", 8, 2, False)]
+        raise RuntimeError("the step failed after its commits")
+    assert sent.messages == [("advance_job", 8, 2, False), ("advance_jobs", [3, 4], 0, False),
+                             ("advance_job", 5, 0, False), ("finish_job", 9, 0, False), ("process_run", 7, 0, False)], \
+        "four asks of three rows: sorted, once each, two a message and the lone one as itself; sent despite the error"
+    sent.clear()
+    messages.finish_job(1)
+    assert sent.messages == [("finish_job", 1, 0, False)], "outside a block, a message leaves at once"

@@ -20,7 +20,7 @@ from engine.running import observe, watch
 from engine.starting import advance
 from engine.submitted import provision
 from engine.submitted import waiting as waiting_rules
-from instances.models import Fleet, Instance
+from instances.models import Fleet, FleetQueue, Instance
 from runs.choices import WAITING_FOR_HOST
 from runs.models import Job
 from runs.services.submission import submit_run
@@ -63,7 +63,8 @@ def test_provision_takes_only_a_released_job_and_sends_its_start_once_the_job_is
     assert sent.messages == []
     assert provision.provision_job(master.pk)
     assert _state(master) == ("provisioning", "")
-    assert ("advance_job", master.pk, 0, False) in sent.messages, "sent after the give-back, to a free job"
+    assert ("advance_jobs", sorted([master.pk, member.pk]), 0, False) in sent.messages, \
+        "the gang's starts, sent after the give-back, to free jobs"
 
 
 @pytest.mark.step_case("provision_job", "stale")
@@ -150,7 +151,7 @@ def test_recheck_does_nothing_while_another_worker_holds_the_job(sent):
 
 
 def _runner_says(monkeypatch, state: str) -> None:
-    def observe_(job):
+    def observe_(job, looked=None):
         job.agent_seen_at = timezone.now()
         return {"agent_alive": True, "jobs": {job.runner_job_id: {"state": state, "start_time": 1.0}}}
 
@@ -203,7 +204,7 @@ def test_advance_of_a_job_stopped_while_held_hands_it_to_finish_job(sent, monkey
 @pytest.mark.step_case("advance_job", "contention")
 def test_advance_does_nothing_while_another_worker_holds_the_job(sent, monkeypatch):
     looked = []
-    monkeypatch.setattr(advance, "_observe", lambda job: looked.append(job.pk))
+    monkeypatch.setattr(advance, "_observe", lambda job, _looked=None: looked.append(job.pk))
     (job,) = _jobs(sent, status="provisioning", runner_submitted=True)
     token = claims.claim(Job, job.pk)
     assert not advance.advance_job(job.pk)
@@ -398,7 +399,7 @@ def test_finish_of_a_job_while_a_run_waits_sends_its_fleets_admission_look_first
 @pytest.mark.step_case("finish_job", "success")
 def test_finish_of_a_job_still_running_sends_its_recheck_once_the_job_is_free(sent, monkeypatch):
     (job,) = _jobs(sent, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
-    monkeypatch.setattr(finishing, "_runner_finished", lambda job, grants=None: False)
+    monkeypatch.setattr(finishing, "_runner_finished", lambda job, grants=None, asked=None: False)
     assert not finishing.finish_job(job.pk)
     assert _state(job) == ("terminating", "")
     assert sent.messages == [("finish_job", job.pk, finishing.STOP_RECHECK, False)]
@@ -450,13 +451,15 @@ def test_finish_jobs_ends_the_terminating_jobs_it_names_and_asks_for_their_fleet
     fleets = sorted({Instance.objects.get(pk=j.instance_id).fleet_id for j in ended})
     gather = waiting_rules.GATHER_SECONDS
     assert sent.messages == [*[("admit_fleet", f, gather, False) for f in fleets],
-                             ("process_runs", [pair[0].run_id, other.run_id], 0, False)], \
+                             ("process_runs", sorted([pair[0].run_id, other.run_id]), 0, False)], \
         "each fleet's look asked once for the step's releases, then the two runs derived in one message"
+    assert dict(FleetQueue.objects.filter(fleet_id__in=fleets).values_list("fleet_id", "wanted")) == \
+        dict.fromkeys(fleets, 1), "the pair's two hosts counted as one release on their fleet's row"
 
 
 def test_finish_jobs_backs_off_the_job_whose_finish_failed_and_ends_the_others(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
-    def finished(job, grants=None):
+    def finished(job, grants=None, asked=None):
         if job.pk == jobs[0].pk:
             raise RuntimeError("a bug on this job only")
         return True
@@ -484,7 +487,14 @@ def test_finish_jobs_marks_only_the_ending_jobs_attach_grants_due(sent, monkeypa
 @pytest.mark.step_case("finish_jobs", "stale")
 def test_finish_jobs_with_a_stale_lease_keeps_the_jobs_and_their_hosts(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
-    around_body(monkeypatch, finishing, "_finish_each", steal(Job))
+    real = finishing._finish_one
+
+    def finished_then_stolen(job, *args):  # each job is given back as soon as it is finished
+        outcome = real(job, *args)
+        Job.objects.filter(pk=job.pk).update(lease_token="someone-else", lease_until=timezone.now())
+        return outcome
+
+    monkeypatch.setattr(finishing, "_finish_one", finished_then_stolen)
     assert finishing.finish_jobs([j.pk for j in jobs]) == set()
     assert [_state(j) for j in jobs] == [("terminating", "someone-else")] * 2
     assert set(Instance.objects.filter(pk__in=[j.instance_id for j in jobs]).values_list("status", flat=True)) == {"busy"}
@@ -499,3 +509,135 @@ def test_finish_jobs_leaves_a_job_another_worker_holds(sent):
     assert _state(jobs[0]) == ("terminating", token)
     assert _state(jobs[1]) == ("done", "")
     claims.forget_all()
+
+
+# ---- advance_jobs: the jobs one placement step placed, one step (the runners faked: observe.look) --
+
+
+def _starting_runners_say(monkeypatch, states: dict[int, str | None]) -> list[str]:
+    """Each host's runner reports its job in `states[job]` (None: the host does not answer); returns
+    the names of the threads the looks were made on."""
+    import threading
+
+    from backends.base import BackendError
+
+    threads: list[str] = []
+    by_host: dict[int, int] = {}
+
+    def runner_host(self, instance):
+        host = _Host()
+        by_host[id(host)] = Job.objects.get(instance=instance, status__in=["provisioning", "pulling", "running"]).pk
+        return host
+
+    def look(host, follow=None):
+        threads.append(threading.current_thread().name)
+        pk = by_host[id(host)]
+        if states[pk] is None:
+            return None, BackendError("connection timed out")
+        job = Job.objects.get(pk=pk)
+        return {"agent_alive": True, "jobs": {job.runner_job_id: {"state": states[pk], "start_time": 1.0}}}, None
+
+    monkeypatch.setattr(_Compute, "runner_host", runner_host)
+    monkeypatch.setattr(advance, "compute_for_instance", lambda instance: _Compute())
+    monkeypatch.setattr(observe, "look", look)
+    return threads
+
+
+def test_a_placement_step_that_places_several_jobs_sends_one_advance_jobs_for_them(sent):
+    waiting = _jobs(sent, nodes=3)
+    placed, held = provision.provision_jobs([waiting[0].pk])
+    assert placed and held == {waiting[0].pk}
+    assert [_state(j)[0] for j in waiting] == ["provisioning"] * 3, "job 0 placed its gang"
+    starts = [m for m in sent.messages if m[0].startswith("advance_job")]
+    assert starts == [("advance_jobs", sorted(j.pk for j in waiting), 0, False)], \
+        "the gang's starts go as one message, once every job is free"
+
+
+@pytest.mark.step_case("advance_jobs", "eligibility")
+@pytest.mark.step_case("advance_jobs", "success")
+def test_advance_jobs_looks_at_its_jobs_runners_at_once_and_advances_each(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="provisioning", runner_submitted=True)
+    (queued,) = _jobs(sent, name="other")
+    threads = _starting_runners_say(monkeypatch, {jobs[0].pk: "running", jobs[1].pk: "starting",
+                                                  jobs[2].pk: "running"})
+    assert advance.advance_jobs([*(j.pk for j in jobs), queued.pk]) == {j.pk for j in jobs}, \
+        "a submitted job is provision_job's"
+    assert [_state(j) for j in jobs] == [("running", ""), ("provisioning", ""), ("running", "")]
+    assert len(threads) == 3 and all(t.startswith("watch") for t in threads), "the looks went out in threads"
+    assert sent.messages == [("advance_job", jobs[1].pk, advance.next_look(jobs[1]), False)], \
+        "the one still starting is looked at again, once free; the others are the watch's now"
+    jobs[1].refresh_from_db()
+    assert jobs[1].agent_seen_at is not None, "what a look learned is written with the give-back"
+
+
+def test_advance_jobs_ends_the_job_whose_host_does_not_answer_without_holding_the_others(sent, monkeypatch,
+                                                                                        settings):
+    settings.MUSTER = {**settings.MUSTER, "UNREACHABLE_GRACE": 0}
+    jobs = _jobs(sent, nodes=2, status="provisioning", runner_submitted=True)
+    _starting_runners_say(monkeypatch, {jobs[0].pk: None, jobs[1].pk: "running"})
+    assert advance.advance_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
+    assert _state(jobs[0]) == ("terminating", ""), "past UNREACHABLE_GRACE its job ends"
+    assert _state(jobs[1]) == ("running", "")
+    assert Instance.objects.get(pk=jobs[0].instance_id).unreachable, "the silent host is marked so"
+    assert ("finish_job", jobs[0].pk, 0, False) in sent.messages
+
+
+@pytest.mark.step_case("advance_jobs", "stale")
+def test_advance_jobs_with_a_stale_lease_drops_its_outcomes(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="provisioning", runner_submitted=True)
+    _starting_runners_say(monkeypatch, {j.pk: "starting" for j in jobs})
+    around_body(monkeypatch, advance, "_advance_each", steal(Job))
+    advance.advance_jobs([j.pk for j in jobs])
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.lease_token == "someone-else" and job.agent_seen_at is None, "no field of the outcome is written"
+    assert sent.messages == []
+
+
+@pytest.mark.step_case("advance_jobs", "contention")
+def test_advance_jobs_leaves_a_job_another_worker_holds(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="provisioning", runner_submitted=True)
+    threads = _starting_runners_say(monkeypatch, {j.pk: "running" for j in jobs})
+    token = claims.claim(Job, jobs[0].pk)
+    assert advance.advance_jobs([j.pk for j in jobs]) == {jobs[1].pk}
+    assert _state(jobs[0]) == ("provisioning", token)
+    assert _state(jobs[1]) == ("running", "")
+    assert len(threads) == 1, "the runner of a job somebody else holds is not asked"
+    claims.forget_all()
+
+
+def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_the_others(sent, monkeypatch):
+    import threading
+
+    from backends.base import BackendError
+    from engine import log_copy
+
+    jobs = _jobs(sent, nodes=3, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
+    asked, cleaned = [], []
+
+    class Host:
+        def __init__(self, job):
+            self.job = job
+
+        def status(self):
+            asked.append(threading.current_thread().name)
+            if self.job.pk == jobs[0].pk:
+                raise BackendError("connection timed out")
+            return {"agent_alive": True, "jobs": {self.job.runner_job_id: {"state": "done"}}}
+
+        def cleanup(self, runner_job_id):
+            cleaned.append(self.job.pk)
+
+        def close(self):
+            pass
+
+    class Compute:
+        def runner_host(self, instance):
+            return Host(Job.objects.get(instance=instance, status="terminating"))
+
+    monkeypatch.setattr(finishing, "compute_for_instance", lambda instance: Compute())
+    monkeypatch.setattr(log_copy, "keep_copy", lambda job, host: None)
+    assert finishing.finish_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
+    assert [_state(j) for j in jobs] == [("done", "")] * 3, "the silent host's job ends too: its host is handed back"
+    assert len(asked) == 3 and all(name.startswith("watch") for name in asked), "asked in threads"
+    assert cleaned == [jobs[1].pk, jobs[2].pk], "the answering hosts' job directories are removed"
