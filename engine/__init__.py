@@ -32,7 +32,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
               instances/spanning.py              choose: the fleet of each group (read-only; the plan reads both)
   pods        engine/pods.py                     reserve_pod: a group its backend creates (a TPU slice), then poll_pod
 starting      engine/starting/advance.py         advance_job: runner up, peers known, start order, hand-off;
-                                                 advance_jobs: the jobs one placement step placed, one step
+                                                 advance_jobs: the starts one step asked for together, one step
   spec        engine/starting/cluster.py         runner_spec: what a job is told when it starts
   ordering    engine/starting/ordering.py        what a job waits for: startup_order and depends_on
   containers  engine/starting/containers.py      show_pull_progress, container_end: an image job's pull

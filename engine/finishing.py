@@ -53,12 +53,12 @@ def finish_job(job_id: int) -> bool:
 def finish_jobs(job_ids: list[int]) -> set[int]:
     """finish_job for several terminating jobs in one claimed step (the ends one step saw together:
     a watch batch's, a run's teardown; engine/messages.py `gathered`): claimed, read and their
-    attach grants marked together, their runners asked at once in threads (a host that does not
-    answer holds none of the others), then each finished on its host in turn as finish_job would
-    and given back at once, in its own transaction (an error backs off that job alone). What
-    their ends ask for goes once the step is over: their fleets' admission looks once
-    (engine/submitted/waiting.py `releases_gathered`), their runs' derives a few messages at a time.
-    Returns the ids that ended in this call."""
+    attach grants marked together, their runners asked at once in threads, then each finished on
+    its host as finish_job would as soon as its answer comes (a host that does not answer holds
+    up no other job) and given back at once, in its own transaction (an error backs off that job
+    alone). What their ends ask for goes once the step is over: their fleets' admission looks
+    once (engine/submitted/waiting.py `releases_gathered`), their runs' derives a few messages at
+    a time. Returns the ids that ended in this call."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.TERMINATING)
     ended: set[int] = set()
     with messages.gathered(GATHERED), waiting.releases_gathered():
@@ -67,34 +67,46 @@ def finish_jobs(job_ids: list[int]) -> set[int]:
 
 
 def _finish_each(ended: set[int], held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = sorted(job_hosts.with_fleets(list(held.rows(_BATCH_ROWS))), key=lambda j: j.pk)
-    grants = attach_revokes.end_grants_of([job.pk for job in jobs])
-    asked = _ask_runners(jobs, held)
-    for job in jobs:
-        if job.pk in held.failed:
-            continue
-        with held.row(job.pk):
-            outcome = _finish_one(job, grants.get(job.pk, 0), asked.get(job.pk))
-            if outcome.move is not None:
-                ended.add(job.pk)
-            held.give_back_now(job.pk, outcome)  # its host back now, not once the batch is done
+    jobs = {j.pk: j for j in job_hosts.with_fleets(list(held.rows(_BATCH_ROWS)))}
+    grants = attach_revokes.end_grants_of(sorted(jobs))
+    hosts, unmade = _hosts(jobs.values())
+    try:
+        for pk in sorted(set(jobs) - set(hosts) - set(unmade)):  # no runner to ask
+            _finish_now(held, jobs[pk], grants.get(pk, 0), None, ended)
+        for pk in sorted(unmade):  # its host could not be made: as finish_job meets that error
+            _finish_now(held, jobs[pk], grants.get(pk, 0), (None, None, unmade[pk]), ended)
+        if len(hosts) < 2:  # one gains nothing from a thread: its step asks itself
+            answers = [(pk, (None, None)) for pk in sorted(hosts)]
+        else:  # each acted on as its answer comes: a host that does not answer holds up no other job
+            answers = watch.as_answered({pk: partial(_status_of, host) for pk, host in hosts.items()})
+        for pk, (status, error) in answers:
+            _finish_now(held, jobs[pk], grants.get(pk, 0), (hosts.pop(pk), status, error), ended)
+    finally:
+        for host in hosts.values():  # rows the step did not reach (its time limit): their connections go
+            host.close()
     return {}
 
 
-def _ask_runners(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
-    """Each job's runner asked how its job is, at once in the watch's threads (network I/O only;
-    the hosts made on this thread): {job id: (its host, the status or None, the error or None)}.
-    Not for a job its step will not ask (never handed to a runner, or ended on a host that was
-    already unreachable)."""
-    hosts = {}
-    for job in jobs:
+def _finish_now(held: claims.Held, job: Job, grants: int, asked: tuple | None, ended: set[int]) -> None:
+    with held.row(job.pk):
+        outcome = _finish_one(job, grants, asked)
+        if outcome.move is not None:
+            ended.add(job.pk)
+        held.give_back_now(job.pk, outcome)  # its host back now, not once the batch is done
+
+
+def _hosts(jobs) -> tuple[dict, dict]:
+    """The hosts whose runners the step asks, made on this thread as the watch makes them: ({job
+    id: host}, {job id: the error that kept its host from being made}). Not for a job its step
+    does not ask (never handed to a runner, or ended on a host that was already unreachable)."""
+    hosts, unmade = {}, {}
+    for job in sorted(jobs, key=lambda j: j.pk):
         if job.runner_submitted and job.instance is not None and not _gone(job):
-            with held.row(job.pk):
+            try:
                 hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
-    if len(hosts) < 2:  # one gains nothing from a thread: its step asks itself
-        return {pk: (host, None, None) for pk, host in hosts.items()}
-    answers = watch.look_threads().map(lambda pk: _status_of(hosts[pk]), hosts)
-    return {pk: (hosts[pk], *answer) for pk, answer in zip(hosts, answers, strict=True)}
+            except Exception as exc:  # noqa: BLE001 - raised again on the job's own row (_runner_finished)
+                unmade[job.pk] = exc
+    return hosts, unmade
 
 
 def _status_of(host) -> tuple[dict | None, Exception | None]:
@@ -154,6 +166,8 @@ def _runner_finished(job: Job, grants: int | None = None, asked: tuple | None = 
     `grants`: how many attach grants _finish marked due (attach.revoke); `asked`: (the host, its
     runner's status, the error) when the runner was asked already (_ask_runners)."""
     host, status, error = asked or (compute_for_instance(job.instance).runner_host(job.instance), None, None)
+    if host is None:
+        raise error
     try:
         if _gone(job):
             return True

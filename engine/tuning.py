@@ -31,14 +31,14 @@ WATCH_BATCH = 200
 WATCH_THREADS = 16
 
 # -- the messages a batch step gathers (engine/messages.py `gathered`) --
-# jobs one advance_jobs message names (the jobs one placement step placed: a look's runs, a gang).
-# Their first looks go out in parallel (the watch's threads), the hand-offs one job after another,
-# so this bounds how long the last of them waits on slow hosts; the worker's processes take the
-# messages in parallel.
+# jobs one advance_jobs message names (the starts one step asks for: a look's runs, a gang, the
+# peers a watch batch woke). Their first looks go out in parallel (the watch's threads), the
+# hand-offs one job after another as the answers come, so this bounds how long the last of them
+# waits on the hand-offs before it; the worker's processes take the messages in parallel.
 ADVANCE_BATCH = 8
-# jobs one finish_jobs message names (the ends a watch batch saw, a run's teardown). Its step stops
-# and cleans up each job on its host in turn, so this bounds how long the last of them waits on
-# slow hosts.
+# jobs one finish_jobs message names (the ends a watch batch saw, a run's teardown). Its step asks
+# their runners at once, then stops and cleans up each job on its host as its answer comes, so
+# this bounds how long the last of them waits on the cleanups before it.
 FINISH_BATCH = 25
 # runs one process_runs message names (the runs of the jobs one finish_jobs step ended)
 RUN_BATCH = 50

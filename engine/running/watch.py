@@ -18,7 +18,8 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import timedelta
 
 from django.db.models import Q
@@ -118,6 +119,15 @@ def _look_at_all(jobs: list[Job], held: claims.Held, follows: dict[int, log_copy
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 _pid = os.getpid  # the process the pool was made in
+
+
+def as_answered(calls: dict) -> Iterator[tuple]:
+    """(key, result) of each of `calls` (key: a function of no arguments that only does network
+    I/O), run in the look threads, in the order they finish: a host that does not answer holds up
+    its own row, not the ones that answered (the batch steps act on each answer as it comes)."""
+    futures = {look_threads().submit(call): key for key, call in calls.items()}
+    for future in as_completed(futures):
+        yield futures[future], future.result()
 
 
 def look_threads() -> ThreadPoolExecutor:

@@ -9,6 +9,7 @@ acted on by engine/running/observe.py, which the batch watcher of running jobs s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
@@ -56,11 +57,12 @@ def advance_job(job_id: int) -> bool:
 
 
 def advance_jobs(job_ids: list[int]) -> set[int]:
-    """advance_job for several placed jobs in one claimed step (the jobs one placement step placed,
-    engine/messages.py `gathered`): claimed and read together, their first looks at their runners
-    made at once in threads, then each advanced in turn as advance_job would (an error backs off
-    that job alone, and a host that does not answer delays none of the others), given back
-    together. Returns the ids this step held."""
+    """advance_job for several jobs in one claimed step (the starts one step asks for together: the
+    runs a look placed, a gang, the peers a watch batch woke; engine/messages.py `gathered`):
+    claimed and read together, their first looks at their runners made at once in threads, then
+    each advanced as advance_job would as soon as its answer comes (an error backs off that job
+    alone; a host that does not answer holds up no other job) and given back at once. Returns the
+    ids this step held."""
     due = Job.objects.filter(pk__in=job_ids, status__in=observe.WATCHED)
     with messages.gathered(GATHERED):
         held = claims.claimed_batch(due, len(job_ids), "advance_jobs", _advance_each)
@@ -68,34 +70,46 @@ def advance_jobs(job_ids: list[int]) -> set[int]:
 
 
 def _advance_each(held: claims.Held) -> dict[int, claims.Outcome]:
-    jobs = sorted(job_hosts.with_fleets(list(held.rows(_BATCH_ROWS))), key=lambda j: j.pk)
-    looked = _first_looks(jobs, held)
-    outcomes = {}
-    for job in jobs:
-        if job.pk in held.failed:  # its host could not be made for its look: backed off already
+    jobs = {j.pk: j for j in job_hosts.with_fleets(list(held.rows(_BATCH_ROWS)))}
+    looks = _first_looks(list(jobs.values()))
+    for pk in sorted(set(jobs) - set(looks)):  # nothing to wait for first
+        _advance_now(held, jobs[pk], None)
+    for pk, found in watch.as_answered(looks):
+        _advance_now(held, jobs[pk], found)
+    return {}
+
+
+def _advance_now(held: claims.Held, job: Job, looked: tuple | None) -> None:
+    with held.row(job.pk):
+        held.give_back_now(job.pk, _advance_one(job, held.lease, looked))
+
+
+def _first_looks(jobs: list[Job]) -> dict[int, Callable[[], tuple]]:
+    """The look each job's step makes first, to be made at once in the watch's threads (network
+    I/O only): {job id: a call that returns (its log follow, the look's answer)}. Only for a job
+    whose step looks before it writes anything (one handed to its runner, or one whose host is up
+    and waits for its runner), and only for two or more; the hosts are made on this thread, as
+    the watch makes them (one that cannot be made is left to the job's own step, which meets
+    the same error as advance_job would)."""
+    calls = {}
+    for job in sorted(jobs, key=lambda j: j.pk):
+        if not _looks_first(job):
             continue
-        with held.row(job.pk):
-            outcomes[job.pk] = _advance_one(job, held.lease, looked.get(job.pk))
-    return outcomes
-
-
-def _first_looks(jobs: list[Job], held: claims.Held) -> dict[int, tuple]:
-    """The look each job's step makes first, made for the batch at once in the watch's threads
-    (network I/O only): {job id: (its log follow, the look's answer)}. Only for a job whose step
-    looks before it writes anything (one handed to its runner, or one whose host is up and waits
-    for its runner); the hosts are made on this thread, as the watch makes them."""
-    hosts, follows = {}, {}
-    for job in jobs:
-        if _looks_first(job):
-            with held.row(job.pk):
-                follows[job.pk] = log_copy.follow(job)
-                hosts[job.pk] = compute_for_instance(job.instance).runner_host(job.instance)
-    if len(hosts) < 2:
-        for host in hosts.values():
-            host.close()  # one look gains nothing from a thread: the step makes it itself
+        try:
+            follow = log_copy.follow(job)
+            host = compute_for_instance(job.instance).runner_host(job.instance)
+        except Exception:  # noqa: BLE001 - raised again on the job's own row, by its own step
+            continue
+        calls[job.pk] = partial(_look, host, follow)
+    if len(calls) < 2:
+        for call in calls.values():
+            call.args[0].close()  # one look gains nothing from a thread: the step makes it itself
         return {}
-    answers = watch.look_threads().map(lambda pk: observe.look(hosts[pk], follows[pk]), hosts)
-    return {pk: (follows[pk], answer) for pk, answer in zip(hosts, answers, strict=True)}
+    return calls
+
+
+def _look(host, follow) -> tuple:
+    return follow, observe.look(host, follow)
 
 
 def _looks_first(job: Job) -> bool:

@@ -522,20 +522,20 @@ def _starting_runners_say(monkeypatch, states: dict[int, str | None]) -> list[st
     from backends.base import BackendError
 
     threads: list[str] = []
-    by_host: dict[int, int] = {}
+    by_host: dict[int, tuple[int, str]] = {}
 
-    def runner_host(self, instance):
+    def runner_host(self, instance):  # on the step's thread: the looks' threads touch no database
         host = _Host()
-        by_host[id(host)] = Job.objects.get(instance=instance, status__in=["provisioning", "pulling", "running"]).pk
+        job = Job.objects.get(instance=instance, status__in=["provisioning", "pulling", "running"])
+        by_host[id(host)] = (job.pk, job.runner_job_id)
         return host
 
     def look(host, follow=None):
         threads.append(threading.current_thread().name)
-        pk = by_host[id(host)]
+        pk, runner_job_id = by_host[id(host)]
         if states[pk] is None:
             return None, BackendError("connection timed out")
-        job = Job.objects.get(pk=pk)
-        return {"agent_alive": True, "jobs": {job.runner_job_id: {"state": states[pk], "start_time": 1.0}}}, None
+        return {"agent_alive": True, "jobs": {runner_job_id: {"state": states[pk], "start_time": 1.0}}}, None
 
     monkeypatch.setattr(_Compute, "runner_host", runner_host)
     monkeypatch.setattr(advance, "compute_for_instance", lambda instance: _Compute())
@@ -586,7 +586,14 @@ def test_advance_jobs_ends_the_job_whose_host_does_not_answer_without_holding_th
 def test_advance_jobs_with_a_stale_lease_drops_its_outcomes(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="provisioning", runner_submitted=True)
     _starting_runners_say(monkeypatch, {j.pk: "starting" for j in jobs})
-    around_body(monkeypatch, advance, "_advance_each", steal(Job))
+    real = advance._advance_one
+
+    def advanced_then_stolen(job, *args):  # each job is given back as soon as it is advanced
+        outcome = real(job, *args)
+        Job.objects.filter(pk=job.pk).update(lease_token="someone-else", lease_until=timezone.now())
+        return outcome
+
+    monkeypatch.setattr(advance, "_advance_one", advanced_then_stolen)
     advance.advance_jobs([j.pk for j in jobs])
     for job in jobs:
         job.refresh_from_db()
@@ -641,3 +648,81 @@ def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_th
     assert [_state(j) for j in jobs] == [("done", "")] * 3, "the silent host's job ends too: its host is handed back"
     assert len(asked) == 3 and all(name.startswith("watch") for name in asked), "asked in threads"
     assert cleaned == [jobs[1].pk, jobs[2].pk], "the answering hosts' job directories are removed"
+
+
+def test_finish_jobs_acts_on_each_runner_s_answer_as_it_comes(sent, monkeypatch):
+    import threading
+
+    from engine import log_copy
+
+    jobs = _jobs(sent, nodes=3, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
+    cleaned: list[int] = []
+    others_done = threading.Event()
+    waited: list[bool] = []
+
+    class Host:
+        def __init__(self, job):
+            self.pk, self.runner_job_id = job.pk, job.runner_job_id
+
+        def status(self):
+            if self.pk == jobs[0].pk:  # a slow host: answers only once the others were finished
+                waited.append(others_done.wait(timeout=10))
+            return {"agent_alive": True, "jobs": {self.runner_job_id: {"state": "done"}}}
+
+        def cleanup(self, runner_job_id):
+            cleaned.append(self.pk)
+            if set(cleaned) >= {jobs[1].pk, jobs[2].pk}:
+                others_done.set()
+
+        def close(self):
+            pass
+
+    class Compute:
+        def runner_host(self, instance):
+            return Host(Job.objects.get(instance=instance, status="terminating"))
+
+    monkeypatch.setattr(finishing, "compute_for_instance", lambda instance: Compute())
+    monkeypatch.setattr(log_copy, "keep_copy", lambda job, host: None)
+    assert finishing.finish_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
+    assert waited == [True], "the two answering hosts' jobs were finished while the slow one had not answered"
+    assert cleaned == [jobs[1].pk, jobs[2].pk, jobs[0].pk]
+
+
+def test_advance_jobs_acts_on_each_runner_s_answer_as_it_comes(sent, monkeypatch):
+    import threading
+
+    jobs = _jobs(sent, nodes=3, status="provisioning", runner_submitted=True)
+    looked: list[int] = []
+    others_done = threading.Event()
+    waited: list[bool] = []
+    by_host: dict[int, tuple[int, str]] = {}
+
+    def runner_host(self, instance):
+        host = _Host()
+        job = Job.objects.get(instance=instance)
+        by_host[id(host)] = (job.pk, job.runner_job_id)
+        return host
+
+    def look(host, follow=None):
+        pk, runner_job_id = by_host[id(host)]
+        if pk == jobs[0].pk:  # a slow host: answers only once the others were advanced
+            waited.append(others_done.wait(timeout=10))
+        return {"agent_alive": True, "jobs": {runner_job_id: {"state": "running", "start_time": 1.0}}}, None
+
+    real = advance._advance_one
+
+    def advanced(job, *args):
+        outcome = real(job, *args)
+        looked.append(job.pk)
+        if set(looked) >= {jobs[1].pk, jobs[2].pk}:
+            others_done.set()
+        return outcome
+
+    monkeypatch.setattr(_Compute, "runner_host", runner_host)
+    monkeypatch.setattr(advance, "compute_for_instance", lambda instance: _Compute())
+    monkeypatch.setattr(observe, "look", look)
+    monkeypatch.setattr(advance, "_advance_one", advanced)
+    assert advance.advance_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
+    assert waited == [True], "the answering hosts' jobs were advanced while the slow one had not answered"
+    assert looked == [jobs[1].pk, jobs[2].pk, jobs[0].pk]
+    assert [_state(j) for j in jobs] == [("running", "")] * 3

@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # The workers start first, so job 0's first look finds job 1 not yet running and is sent again
 # on its own (an advance_job: the two first looks go together, as advance_jobs, tests/engine/
-# test_batch_faults.py); rank 1 runs 2 s longer, so the two ends are seen apart, each a finish_job
-# (seen together they go as finish_jobs).
+# test_batch_faults.py); rank 1 runs 6 s longer, so the two ends are seen apart even when the
+# master starts late on a loaded machine, each a finish_job (seen together they go as finish_jobs).
 TWO_NODES = """
 type: task
 name: {name}
@@ -23,7 +23,7 @@ nodes: 2
 startup_order: workers-first
 commands:
   - echo "started rank $DSTACK_NODE_RANK"
-  - sleep $(( 1 + 2 * DSTACK_NODE_RANK ))
+  - sleep $(( 1 + 6 * DSTACK_NODE_RANK ))
 """
 TASKS = ["provision_job", "advance_job", "finish_job", "process_run"]
 
