@@ -110,7 +110,7 @@ def _gather(kind: str, pk: int) -> bool:
     return True
 
 
-# a kind gathered -> (its one-row task, its batch task), by name in `registered`
+# a kind gathered (the name of its one-row task) -> the name of its batch task, both in `registered`
 _BATCHES = {"advance_job": "advance_jobs", "finish_job": "finish_jobs", "process_run": "process_runs"}
 
 
