@@ -228,22 +228,20 @@ def test_advance_jobs_leaves_a_job_another_worker_holds(sent, monkeypatch):
     claims.forget_all()
 
 
-def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_the_others(sent, monkeypatch):
-    jobs = _jobs(sent, nodes=3, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
-    asked, cleaned = [], []
-
+def _finishing_hosts(monkeypatch, on_status, on_cleanup) -> None:
+    """finish_jobs' hosts faked: each runner reports its job done after `on_status(job id)` (which
+    may wait, or raise as a host that does not answer), and its cleanup calls `on_cleanup(job id)`.
+    Made on the step's thread (the job read there), so the asking threads touch no database."""
     class Host:
         def __init__(self, job):
-            self.job = job
+            self.pk, self.runner_job_id = job.pk, job.runner_job_id
 
         def status(self):
-            asked.append(threading.current_thread().name)
-            if self.job.pk == jobs[0].pk:
-                raise BackendError("connection timed out")
-            return {"agent_alive": True, "jobs": {self.job.runner_job_id: {"state": "done"}}}
+            on_status(self.pk)
+            return {"agent_alive": True, "jobs": {self.runner_job_id: {"state": "done"}}}
 
         def cleanup(self, runner_job_id):
-            cleaned.append(self.job.pk)
+            on_cleanup(self.pk)
 
         def close(self):
             pass
@@ -254,6 +252,18 @@ def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_th
 
     monkeypatch.setattr(finishing, "compute_for_instance", lambda instance: Compute())
     monkeypatch.setattr(log_copy, "keep_copy", lambda job, host: None)
+
+
+def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_the_others(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=3, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
+    asked, cleaned = [], []
+
+    def status(pk):
+        asked.append(threading.current_thread().name)
+        if pk == jobs[0].pk:
+            raise BackendError("connection timed out")
+
+    _finishing_hosts(monkeypatch, status, cleaned.append)
     assert finishing.finish_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
     assert [_state(j) for j in jobs] == [("done", "")] * 3, "the silent host's job ends too: its host is handed back"
     assert len(asked) == 3 and all(name.startswith("watch") for name in asked), "asked in threads"
@@ -263,28 +273,7 @@ def test_finish_jobs_asks_the_runners_at_once_and_a_silent_host_holds_none_of_th
 def test_finish_jobs_acts_on_each_runner_s_answer_as_it_comes(sent, monkeypatch):
     jobs = _jobs(sent, nodes=3, status="terminating", termination_reason="done_by_runner", runner_submitted=True)
     slow = _SlowFirst(jobs)
-
-    class Host:
-        def __init__(self, job):
-            self.pk, self.runner_job_id = job.pk, job.runner_job_id
-
-        def status(self):
-            if self.pk == jobs[0].pk:
-                slow.wait()
-            return {"agent_alive": True, "jobs": {self.runner_job_id: {"state": "done"}}}
-
-        def cleanup(self, runner_job_id):
-            slow.act(self.pk)
-
-        def close(self):
-            pass
-
-    class Compute:
-        def runner_host(self, instance):
-            return Host(Job.objects.get(instance=instance, status="terminating"))
-
-    monkeypatch.setattr(finishing, "compute_for_instance", lambda instance: Compute())
-    monkeypatch.setattr(log_copy, "keep_copy", lambda job, host: None)
+    _finishing_hosts(monkeypatch, lambda pk: slow.wait() if pk == jobs[0].pk else None, slow.act)
     assert finishing.finish_jobs([j.pk for j in jobs]) == {j.pk for j in jobs}
     assert slow.waited == [True], "the two answering hosts' jobs were finished while the slow one had not answered"
     assert set(slow.acted[:2]) == {jobs[1].pk, jobs[2].pk} and slow.acted[2] == jobs[0].pk, "the slow one last"
