@@ -23,6 +23,7 @@ submitted     engine/submitted/provision.py      provision_job: claim a submitte
   waiting     engine/submitted/waiting.py        wait, hand_back: a run on a full fleet waits for hosts given back
   admission   engine/admission.py                admit_fleet: one look per fleet wakes the waiting runs its idle
                                                  hosts go to (runs/admission.py chooses)
+              engine/submitted/together.py       place_together: the look's runs alike placed in one transaction
   preemption  engine/submitted/preemption.py     preempt_for, choose: a waiting higher priority stops preemptible runs
               engine/submitted/reclaim.py        reclaim_for: a project owed its quota stops borrowers' preemptible runs
   fan-out     engine/submitted/fanout.py         unlock_after_attempt, place_members: the staged master unlock

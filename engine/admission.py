@@ -9,9 +9,10 @@ runs/admission.py; on a shared fleet in fair-share order, runs/admission_order.p
 the first ones that the idle hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for
 what is idle now is passed over for one that fits, and keeps its place for the next look).
 
-The tasks it chose it places itself: their jobs are claimed in one batch and each is attempted as
-its own provisioning step would (engine/submitted/provision.py `provision_jobs`: hosts taken
-under the fleet's lock, quota checked there), so a freed host's next job is placed by the step
+The tasks it chose it places itself: their jobs are claimed in one batch; the runs alike (one job,
+this fleet the only one they may use) are placed together in one transaction (engine/submitted/
+together.py), each other one as its own provisioning step would (engine/submitted/provision.py
+`provision_jobs`: hosts taken under the fleet's lock, quota checked there), so a freed host's next job is placed by the step
 the release sent, with no message per run in between (a run that may use several fleets goes to
 whichever has room, as anywhere; when that was another fleet, this one's hosts are offered again).
 A look whose claim skipped the row (a release was counting on it that moment, and sent no look
@@ -102,7 +103,7 @@ def _choose_and_place(fleet, now: float, promised: dict[int, Promise]) -> tuple[
     here = {h.pk for h in heads if h.here}
     # the tasks among them are placed by this step, in one claimed batch: no message
     placing = [pk for pk in picks if pk in here]
-    placed, tried = provision.provision_jobs(placing) if placing else ({}, set())
+    placed, tried = provision.provision_jobs(placing, fleet) if placing else ({}, set())
     # one it held and did not place after all (a race, its quota) is passed over from now on
     promised.update((pk, Promise(now - PROMISE_SECONDS, demand[pk])) for pk in tried - set(placed))
     # one its own step held (a recheck) may be taking the hosts itself: they stay its for a

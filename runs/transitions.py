@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, DurationField, F, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import messages, nudges
-from events.services import record_many, update_row_and_record
+from events.services import record_each, record_many, update_row_and_record
 from instances.transitions import taken_events
 from muster.claimable import Lease, guard_of, written_by
 from runs import rows
@@ -165,6 +166,44 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
             move_run(run, RunStatus.TERMINATED, termination_reason=RunReason.ABORTED_BY_USER if abort else RunReason.STOPPED_BY_USER,
                      actor=actor, message=f"{kind}ped by {actor} while waiting to retry")
         messages.process_run(run.pk)
+
+
+def place_alone(fleet, placements: list[tuple[Job, object]], lease: Lease) -> bool:
+    """Runs of one job each, waiting for a host, placed together on `fleet` by one step (the fleet's
+    admission look, engine/submitted/together.py): each run submitted -> provisioning on the fleet,
+    its job (held by `lease`) submitted -> provisioning on its host (`placements`: (job, instance)),
+    its wait ended, with the events move_run, move_job and taken_events would write. In the caller's
+    transaction, one UPDATE of the runs, one of the jobs and one INSERT however many; all or
+    nothing: False when a run or a job moved on meanwhile (a stop), for the caller to roll back.
+    The caller's copies move too."""
+    now = timezone.now()
+    runs = [job.run for job, _ in placements]
+    if Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUBMITTED, fleet__isnull=True).update(
+            status=RunStatus.PROVISIONING, updated=now, fleet=fleet) != len(runs):
+        return False
+    waited = {job.pk: max(now - job.created, timedelta(0)) for job, _ in placements}
+    if Job.objects.filter(pk__in=waited, status=JobStatus.SUBMITTED, instance__isnull=True, **guard_of(lease)).update(
+            status=JobStatus.PROVISIONING, status_changed_at=now, fleet=fleet, waiting_for="", next_check_at=None,
+            waiting_fleet_id=None, instance_id=Case(*[When(pk=job.pk, then=Value(inst.pk)) for job, inst in placements]),
+            host_wait=Case(*[When(pk=pk, then=Value(wait)) for pk, wait in waited.items()],
+                           output_field=DurationField())) != len(placements):
+        return False
+    events = []
+    for job, inst in placements:
+        run = job.run
+        events += [(run.project_id, {"subject": f"run {run.name}", "message": f"placed on fleet {fleet.name}",
+                                     "status": RunStatus.PROVISIONING, "run_id": run.pk}),
+                   (run.project_id, {"subject": f"job {run.name}/{job.job_num}", "status": JobStatus.PROVISIONING,
+                                     "message": f"provisioning on {inst.name} ({inst.internal_ip})",
+                                     "run_id": run.pk, "job_id": job.pk, "instance_id": inst.pk}),
+                   *((run.project_id, e) for e in taken_events(
+                       [inst], job, f"taken by job {run.name}/{job.job_num} for its group {job.node_group_name}"))]
+    record_each(events)
+    for job, inst in placements:
+        job.run.status, job.run.fleet = RunStatus.PROVISIONING, fleet
+        job.status, job.status_changed_at, job.fleet, job.instance = JobStatus.PROVISIONING, now, fleet, inst
+        job.waiting_for, job.next_check_at, job.waiting_fleet_id, job.host_wait = "", None, None, waited[job.pk]
+    return True
 
 
 def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dict], taken: str = "") -> set[int]:

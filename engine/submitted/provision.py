@@ -13,7 +13,16 @@ from backends.registry import fleet_backend_config, get_compute
 from engine import claims, messages, pods
 from engine.job_outcome import job_outcome
 from engine.nudges import is_service
-from engine.submitted import fanout, gang, placement, preemption, reclaim, replica_placement, waiting
+from engine.submitted import (
+    fanout,
+    gang,
+    placement,
+    preemption,
+    reclaim,
+    replica_placement,
+    together,
+    waiting,
+)
 from engine.tuning import GATHERED, NO_CAPACITY_MESSAGE_LIMIT
 from instances import fit_reasons, fitting, shares, spanning
 from instances.models import Fleet
@@ -39,17 +48,19 @@ def provision_job(job_id: int) -> bool:
                               waiting_master_job=False) is not None
 
 
-def provision_jobs(job_ids: list[int]) -> tuple[dict[int, int], set[int]]:
+def provision_jobs(job_ids: list[int], fleet: Fleet | None = None) -> tuple[dict[int, int], set[int]]:
     """provision_job for several jobs in one step (the fleet's admission look places the runs it
     chose this way, engine/admission.py): claimed together, read in one query, each attempted as
     provision_job would, in the order given (an error backs off that job alone), given back
-    together. Returns ({id placed: the fleet it went to}, the ids this step held): one it held and
-    did not place waits again (or ended), as after its own step; one it could not claim is another
-    step's."""
+    together. `fleet`: the look's; the runs alike that may go only to it are placed on it together
+    first (engine/submitted/together.py). Returns ({id placed: the fleet it went to}, the ids this
+    step held): one it held and did not place waits again (or ended), as after its own step; one it
+    could not claim is another step's."""
     due = Job.objects.filter(pk__in=job_ids, status=JobStatus.SUBMITTED, waiting_master_job=False)
     placed: dict[int, int] = {}
     with messages.gathered(GATHERED):
-        held = claims.claimed_batch(due, len(job_ids), "provision_job", partial(_provision_each, job_ids, placed))
+        held = claims.claimed_batch(due, len(job_ids), "provision_job",
+                                    partial(_provision_each, job_ids, placed, fleet=fleet))
     return {pk: fleet for pk, fleet in placed.items() if pk in held.applied}, set(held.pks)
 
 
@@ -65,10 +76,15 @@ def recheck_jobs(job_ids: list[int]) -> set[int]:
     return set(held.pks)
 
 
-def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held, recheck: bool = False) -> dict:
+def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held, recheck: bool = False,
+                    fleet: Fleet | None = None) -> dict:
     jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
     with step_reads.kept():  # the fleets, a shared fleet's quotas and usage: read once for the batch's choices
+        if fleet is not None:
+            for pk in together.place_together(fleet, [jobs[pk] for pk in order if pk in jobs], held.lease):
+                outcomes[pk] = _outcome(jobs.pop(pk), {})
+                placed[pk] = fleet.pk
         for pk in [pk for pk in order if pk in jobs]:
             job = jobs[pk]
             with held.row(pk):

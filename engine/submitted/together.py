@@ -1,0 +1,124 @@
+"""The runs a fleet's admission look places together, in one transaction.
+
+The look (engine/admission.py) chooses the waiting runs the idle hosts go to and places them in one
+claimed batch (provision.py `provision_jobs`). Attempted one by one, each run costs about twenty
+statements in three transactions: its fleet chosen (the idle hosts read), the run moved, the fleet
+locked and the idle hosts read again to take one, the project's usage read again under the lock,
+the job moved. Most runs of a deep queue are alike: one job, one fleet they may use, a host of it
+to take. Those are placed here together: the fleet locked once, its usage (a shared fleet's)
+read once under the lock, the idle hosts each needs read once and locked, each run's quota asked
+in queue order with the ones before it counted, then one UPDATE of the hosts per project, one of
+the runs, one of the jobs and one INSERT of every event (runs/transitions.py `place_alone`).
+
+What is not alike goes on to the one-run attempt, in the same step and the same order: a run of
+several jobs (a gang), one that may use other fleets too (which one it gets is spanning.py's
+choice), a service's replica, a run already on a fleet (a group placed again), one whose quota
+refuses it or for which no idle host is left (its attempt words the wait). So is every run of
+the batch when something moved under it (a run stopped meanwhile): the transaction is rolled back
+whole, and nothing is half-placed.
+
+Locks are taken in the order the one-run attempt takes them (the fleet's row FOR NO KEY UPDATE,
+then the idle hosts SKIP LOCKED, then the rows it moves), so a look and a recheck racing for the
+same hosts go one after the other, and neither gives a host twice.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+
+from django.db import connection, transaction
+from django.db.models import Count, Exists, OuterRef
+
+from engine.nudges import is_service
+from engine.submitted import waiting
+from instances import fitting, shares
+from instances.fitting import candidates, page_for
+from instances.models import Fleet, FleetShare, Instance, InstanceStatus
+from instances.transitions import take_idle
+from muster.claimable import Lease
+from muster.step_reads import fresher
+from runs.choices import RunStatus
+from runs.models import Job
+from runs.transitions import place_alone
+
+
+def place_together(fleet: Fleet, jobs: list[Job], lease: Lease) -> dict[int, Instance]:
+    """Of `jobs` (job 0s the look chose, in its order, held by `lease`), place those of runs alike
+    (above) on `fleet`'s idle hosts together. Returns {job pk: its host} of those placed; the rest
+    are the one-run attempt's."""
+    if not fitting.is_static(fleet):
+        return {}
+    alike = _alike(fleet, jobs)
+    if not alike:
+        return {}
+    with transaction.atomic():
+        shared = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk).annotate(
+            has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("has", flat=True).first()
+        if shared is None:
+            return {}  # the fleet is gone
+        picks = _picks(fleet, alike, shared)
+        if not picks or not all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
+                or not place_alone(fleet, picks, lease):
+            transaction.set_rollback(True)  # something moved under the step: each run is attempted alone
+            return {}
+    for project, hosts in _by_project(picks).items():  # the step's next choices count them
+        shares.took(fleet.pk, project, hosts)
+    return {job.pk: inst for job, inst in picks}
+
+
+def _alike(fleet: Fleet, jobs: list[Job]) -> list[Job]:
+    """Those of `jobs` this module places: job 0 of a waiting task run of that one job, on no fleet
+    yet, that may go to `fleet` and no other."""
+    firsts = [j for j in jobs if j.job_num == 0 and j.node_group_rank == 0 and j.instance_id is None
+              and j.waiting_for.startswith(waiting.PREFIX) and j.run.status == RunStatus.SUBMITTED
+              and not j.run.stop_requested and j.run.fleet_id is None and not is_service(j.run)]
+    if not firsts:
+        return []
+    sizes = dict(Job.objects.filter(run_id__in={j.run_id for j in firsts}, superseded=False).values_list(
+        "run_id").annotate(n=Count("id")).values_list("run_id", "n"))
+    return [j for j in firsts if sizes.get(j.run_id) == 1
+            and [f.pk for f in fitting.candidate_fleets(j.run, fitting.usable_fleets(j.run))] == [fleet.pk]]
+
+
+def _picks(fleet: Fleet, jobs: list[Job], shared: bool) -> list[tuple[Job, Instance]]:
+    """A host for each job that gets one, in the jobs' order, under the fleet's lock: idle, fitting
+    its resources, locked here (hosts another step is taking are skipped), and within its project's
+    quota with the jobs before it counted (a shared fleet's: instances/shares.py)."""
+    wanted: dict[str, list[Job]] = {}
+    for job in jobs:
+        wanted.setdefault(json.dumps(job.spec["resources"], sort_keys=True), []).append(job)
+    pools = {key: list(islice(candidates(fleet, js[0].spec["resources"], page_for(len(js))), len(js)))
+             for key, js in wanted.items()}
+    found = {inst.pk for pool in pools.values() for inst in pool}
+    if connection.features.has_select_for_update_skip_locked:  # SQLite's IMMEDIATE transaction excludes the others
+        found = set(Instance.objects.filter(pk__in=found, status=InstanceStatus.IDLE)
+                    .select_for_update(skip_locked=True).values_list("pk", flat=True))
+    quotas = shares.shares_of([fleet.pk]).get(fleet.pk) if shared else None
+    usage = shares.fresh_usage_of(fleet.pk) if quotas else {}
+    if quotas:
+        fresher(("usage", fleet.pk), dict(usage))  # exact as of the lock; `took` adds the placements
+    used: set[int] = set()
+    picks = []
+    for job in jobs:
+        key = json.dumps(job.spec["resources"], sort_keys=True)
+        inst = next((i for i in pools[key] if i.pk in found and i.pk not in used), None)
+        if inst is None:
+            continue  # no host left for it here: its own attempt words the wait
+        project = job.run.project_id
+        demand = {"hosts": 1, "gpus": inst.gpu_count}
+        if quotas and shares.refusal(project, quotas, usage, shares.totals_of(fleet.pk), demand, fleet.name):
+            continue  # past its quota (and what it may borrow): its own attempt words the wait
+        if quotas:
+            mine = usage.get(project, {})
+            usage[project] = {r: mine.get(r, 0) + demand[r] for r in shares.RESOURCES}
+        used.add(inst.pk)
+        picks.append((job, inst))
+    return picks
+
+
+def _by_project(picks: list[tuple[Job, Instance]]) -> dict[int, list[Instance]]:
+    out: dict[int, list[Instance]] = {}
+    for job, inst in picks:
+        out.setdefault(job.run.project_id, []).append(inst)
+    return out
