@@ -139,6 +139,10 @@ ADMISSION_RETRY_SECONDS = 0.05
 ADMISSION_GATHER_SECONDS = 0.25
 # how many waiting jobs a look reads at most, beyond one per idle host and per promise
 ADMISSION_READ_MARGIN = 64
+# idle hosts the look's runs placed together read past what they need (engine/submitted/together.py):
+# some may be another step's by the time they are locked, and a run left without one is attempted
+# alone, at twenty statements
+TOGETHER_EXTRA_HOSTS = 8
 # waiting jobs the sweep looks at on their own per sweep (every MUSTER_SWEEP_INTERVAL, 2 s): 10 a
 # second at most, whatever the queue's depth; hosts given back reach waiting runs through their fleet's
 # admission look (engine/admission.py), so these looks are the backstop (a host added, a lost look, a

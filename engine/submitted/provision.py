@@ -81,12 +81,12 @@ def _provision_each(order: list[int], placed: dict[int, int], held: claims.Held,
     jobs = {j.pk: j for j in Job.objects.select_related(*_RELATED).filter(pk__in=held.pks)}
     outcomes = {}
     with step_reads.kept():  # the fleets, a shared fleet's quotas and usage: read once for the batch's choices
-        if fleet is not None:
-            for pk in together.place_together(fleet, [jobs[pk] for pk in order if pk in jobs], held.lease):
-                outcomes[pk] = _outcome(jobs.pop(pk), {})
+        for job, host in together.in_order(fleet, [jobs[pk] for pk in order if pk in jobs], held.lease):
+            pk = job.pk
+            if host is not None:  # placed with the runs alike beside it in the order
+                outcomes[pk] = _outcome(job, {})
                 placed[pk] = fleet.pk
-        for pk in [pk for pk in order if pk in jobs]:
-            job = jobs[pk]
+                continue
             with held.row(pk):
                 waits = recheck and job.waiting_for.startswith(waiting.PREFIX)
                 outcomes[pk] = _outcome(job, _attempt(job, held.lease, recheck=waits))

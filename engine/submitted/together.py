@@ -10,12 +10,16 @@ read once under the lock, the idle hosts each needs read once and locked, each r
 in queue order with the ones before it counted, then one UPDATE of the hosts per project, one of
 the runs, one of the jobs and one INSERT of every event (runs/transitions.py `place_alone`).
 
-What is not alike goes on to the one-run attempt, in the same step and the same order: a run of
-several jobs (a gang), one that may use other fleets too (which one it gets is spanning.py's
-choice), a service's replica, a run already on a fleet (a group placed again), one whose quota
-refuses it or for which no idle host is left (its attempt words the wait). So is every run of
-the batch when something moved under it (a run stopped meanwhile): the transaction is rolled back
-whole, and nothing is half-placed.
+What is not alike goes on to the one-run attempt, in the same step: a run of several jobs (a
+gang), one that may use other fleets too (which one it gets is spanning.py's choice, its group's
+own `fleets:` included), a service's replica, a run already on a fleet (a group placed again), one
+whose quota refuses it or for which no idle host is left (its attempt words the wait). The look's
+order holds whatever the path (`in_order`): the runs alike next to each other in it are placed
+together when the first of them comes, after the runs before them, so a gang of a higher priority
+gets the last hosts before the runs alike behind it. Every run of a batch goes to its own attempt
+when something moved under it (a run stopped meanwhile: the transaction is rolled back whole, and
+nothing is half-placed) or when placing together failed (logged; the run at fault then backs off
+its own row alone, as in any batch step).
 
 Locks are taken in the order the one-run attempt takes them (the fleet's row FOR NO KEY UPDATE,
 then the idle hosts SKIP LOCKED, then the rows it moves), so a look and a recheck racing for the
@@ -25,16 +29,21 @@ same hosts go one after the other, and neither gives a host twice.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from functools import partial
 from itertools import islice
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef
 
 from engine.nudges import is_service
 from engine.submitted import waiting
-from instances import fitting, shares
+from engine.tuning import TOGETHER_EXTRA_HOSTS as EXTRA
+from instances import fitting, shares, spanning
 from instances.fitting import candidates, page_for
-from instances.models import Fleet, FleetShare, Instance, InstanceStatus
+from instances.models import Fleet, FleetShare, FleetStatus, Instance, InstanceStatus
 from instances.transitions import take_idle
 from muster.claimable import Lease
 from muster.step_reads import fresher
@@ -42,22 +51,52 @@ from runs.choices import RunStatus
 from runs.models import Job
 from runs.transitions import place_alone
 
+log = logging.getLogger(__name__)
+
+
+def in_order(fleet: Fleet | None, jobs: list[Job], lease: Lease) -> Iterator[tuple[Job, Instance | None]]:
+    """Each of `jobs` (the look's, in its order; held by `lease`) with its host when it was placed
+    together, else None (the caller attempts it alone). Runs alike next to each other in the order
+    are placed together, when the caller reaches the first of them: a run not alike before them is
+    attempted first, so the look's order (priority, fair share) decides who gets the last hosts
+    whatever the path. An error placing together is logged and leaves those runs to their own
+    attempts (the transaction rolled back), where the run at fault backs off its own row alone."""
+    same = _safely(partial(_alike, fleet, jobs), set()) if fleet is not None else set()
+    streak: list[Job] = []
+    for job in [*jobs, None]:
+        if job is not None and job.pk in same:
+            streak.append(job)
+            continue
+        if streak:
+            hosts = _safely(partial(place_together, fleet, streak, lease), {})
+            yield from ((j, hosts.get(j.pk)) for j in streak)
+            streak = []
+        if job is not None:
+            yield job, None
+
+
+def _safely(body, otherwise):
+    try:
+        return body()
+    except SoftTimeLimitExceeded:
+        raise  # the task's limit ends the whole step (engine/claims.py Held.row)
+    except Exception:
+        log.exception("placing runs together failed; each is attempted alone")
+        return otherwise
+
 
 def place_together(fleet: Fleet, jobs: list[Job], lease: Lease) -> dict[int, Instance]:
     """Of `jobs` (job 0s the look chose, in its order, held by `lease`), place those of runs alike
     (above) on `fleet`'s idle hosts together. Returns {job pk: its host} of those placed; the rest
     are the one-run attempt's."""
-    if not fitting.is_static(fleet):
-        return {}
-    alike = _alike(fleet, jobs)
-    if not alike:
+    if not jobs or not fitting.is_static(fleet):
         return {}
     with transaction.atomic():
-        shared = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk).annotate(
+        shared = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk, status=FleetStatus.ACTIVE).annotate(
             has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("has", flat=True).first()
         if shared is None:
-            return {}  # the fleet is gone
-        picks = _picks(fleet, alike, shared)
+            return {}  # the fleet is gone or going: each run's own attempt says what it waits for
+        picks = _picks(fleet, jobs, shared)
         if not picks or not all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
                 or not place_alone(fleet, picks, lease):
             transaction.set_rollback(True)  # something moved under the step: each run is attempted alone
@@ -67,18 +106,28 @@ def place_together(fleet: Fleet, jobs: list[Job], lease: Lease) -> dict[int, Ins
     return {job.pk: inst for job, inst in picks}
 
 
-def _alike(fleet: Fleet, jobs: list[Job]) -> list[Job]:
+def _alike(fleet: Fleet, jobs: list[Job]) -> set[int]:
     """Those of `jobs` this module places: job 0 of a waiting task run of that one job, on no fleet
-    yet, that may go to `fleet` and no other."""
+    yet, that may go to `fleet` and no other (neither by the run's `fleets:` nor by its group's)."""
+    if not fitting.is_static(fleet):
+        return set()
     firsts = [j for j in jobs if j.job_num == 0 and j.node_group_rank == 0 and j.instance_id is None
               and j.waiting_for.startswith(waiting.PREFIX) and j.run.status == RunStatus.SUBMITTED
               and not j.run.stop_requested and j.run.fleet_id is None and not is_service(j.run)]
     if not firsts:
-        return []
+        return set()
     sizes = dict(Job.objects.filter(run_id__in={j.run_id for j in firsts}, superseded=False).values_list(
         "run_id").annotate(n=Count("id")).values_list("run_id", "n"))
-    return [j for j in firsts if sizes.get(j.run_id) == 1
-            and [f.pk for f in fitting.candidate_fleets(j.run, fitting.usable_fleets(j.run))] == [fleet.pk]]
+    return {j.pk for j in firsts if sizes.get(j.run_id) == 1 and _only(fleet, j.run)}
+
+
+def _only(fleet: Fleet, run) -> bool:
+    """Whether `fleet` is the one fleet the run's one group may go to (spanning.py's choice)."""
+    fleets = fitting.candidate_fleets(run, fitting.usable_fleets(run))
+    if [f.pk for f in fleets] != [fleet.pk]:
+        return False
+    own = spanning.group_fleet_names(run.configuration)
+    return not own or not own[0] or fitting.written_name(fleets[0]) in own[0]
 
 
 def _picks(fleet: Fleet, jobs: list[Job], shared: bool) -> list[tuple[Job, Instance]]:
@@ -88,7 +137,7 @@ def _picks(fleet: Fleet, jobs: list[Job], shared: bool) -> list[tuple[Job, Insta
     wanted: dict[str, list[Job]] = {}
     for job in jobs:
         wanted.setdefault(json.dumps(job.spec["resources"], sort_keys=True), []).append(job)
-    pools = {key: list(islice(candidates(fleet, js[0].spec["resources"], page_for(len(js))), len(js)))
+    pools = {key: list(islice(candidates(fleet, js[0].spec["resources"], page_for(len(js) + EXTRA)), len(js) + EXTRA))
              for key, js in wanted.items()}
     found = {inst.pk for pool in pools.values() for inst in pool}
     if connection.features.has_select_for_update_skip_locked:  # SQLite's IMMEDIATE transaction excludes the others

@@ -34,6 +34,25 @@ def sent(monkeypatch):
     return got
 
 
+@pytest.fixture
+def together_placed(monkeypatch):
+    """The job ids each place_together call placed, in order."""
+    got: list[list[int]] = []
+    real = together.place_together
+
+    def spy(*args):
+        hosts = real(*args)
+        got.append(list(hosts))
+        return hosts
+
+    monkeypatch.setattr(together, "place_together", spy)
+    return got
+
+
+POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql",
+                              reason="another connection's write mid-step, and the one-statement moves, are PostgreSQL's")
+
+
 def _of(project, fleet, name: str, priority: int = 50) -> int:
     """A waiting run of `project` (another one than the fleet's owner) naming the shared fleet."""
     conf = WAITER.format(name=name, nodes=1, priority=priority, extra=f"fleets: [{fleet.project.name}/{fleet.name}]\n")
@@ -69,7 +88,7 @@ def test_runs_alike_are_placed_together_in_a_handful_of_statements_each_written_
     assert len(hosts) == 12, "each host given once"
 
 
-def test_a_shared_fleet_s_quota_is_asked_in_the_look_s_order_with_the_runs_before_counted(sent):
+def test_a_shared_fleet_s_quota_is_asked_in_the_look_s_order_with_the_runs_before_counted(sent, together_placed):
     fleet = local_project_fleet(size=4, name="pool")
     research = Project.objects.create(name="research")
     FleetShare.objects.create(fleet=fleet, project=fleet.project, hosts=2)
@@ -81,6 +100,7 @@ def test_a_shared_fleet_s_quota_is_asked_in_the_look_s_order_with_the_runs_befor
     admission.admit_fleet(fleet.pk)  # the look chooses by the queue: all four runs, for four hosts
     placed = _placed(*mine, *theirs)
     assert placed == [*mine[:2], *theirs], "the third of main would pass its quota of 2"
+    assert sorted(together_placed[0]) == sorted(placed), "placed together; the third refused there, then alone"
     assert Instance.objects.filter(fleet=fleet, status="idle").count() == 1
     third = Job.objects.get(pk=mine[2])
     assert third.waiting_for.startswith("a free host: quota: project main holds 2 of its 2 hosts"), third.waiting_for
@@ -91,6 +111,7 @@ def test_a_shared_fleet_s_quota_is_asked_in_the_look_s_order_with_the_runs_befor
         assert set(Event.objects.filter(job_id=pk).values_list("project_id", flat=True)) == {job.run.project_id}
 
 
+@POSTGRES
 def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, monkeypatch):
     fleet = local_project_fleet(size=3, name="pool")
     jobs = [_waiting(fleet, f"r{i}", 50) for i in range(3)]
@@ -110,7 +131,11 @@ def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, mo
         return got
 
     monkeypatch.setattr(together, "_picks", stop_first)
+    said = []
+    real = together.place_alone
+    monkeypatch.setattr(together, "place_alone", lambda *a: said.append(real(*a)) or said[-1])
     admission.admit_fleet(fleet.pk)
+    assert said == [False], "the batch saw the stop and was rolled back"
     assert Run.objects.get(pk=stopped).status == "terminated", "the batch's write did not pass over the stop"
     # rolled back whole, then each attempted alone (one whose step read it before the stop is placed
     # as its own attempt always placed it, and its teardown gives the host back)
@@ -118,9 +143,11 @@ def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, mo
     busy = Instance.objects.filter(fleet=fleet, status="busy")
     holders = list(Job.objects.filter(pk__in=jobs, instance__isnull=False).values_list("instance_id", flat=True))
     assert sorted(busy.values_list("pk", flat=True)) == sorted(holders), "no host held by nobody, none by two"
-    assert Event.objects.filter(run_id=stopped, message__startswith="placed on").count() <= 1
+    assert not Event.objects.filter(run_id=stopped, message__startswith="placed on").exists(), \
+        "the batch's run move is rolled back, and the run's own attempt finds it stopped"
 
 
+@POSTGRES
 def test_runs_not_alike_are_placed_by_their_own_attempts_in_the_same_look(sent):
     fleet = local_project_fleet(size=5, name="pool")
     spare = local_project_fleet(size=1, name="spare")
@@ -136,3 +163,61 @@ def test_runs_not_alike_are_placed_by_their_own_attempts_in_the_same_look(sent):
     assert len({Job.objects.get(pk=pk).instance_id for pk in [gang, anywhere, *alone]}) == 4
     moves = [s["sql"] for s in q if s["sql"].startswith('UPDATE "runs_run"')]
     assert len(moves) == 1, "the two alike in one UPDATE; the others each by its attempt's own move (WITH ... INSERT)"
+
+
+def test_a_run_not_alike_before_the_runs_alike_gets_the_last_hosts_first(sent, monkeypatch, together_placed):
+    """The look chose by the idle hosts it counted; one is taken by another step before it places.
+    The gang (priority 90) comes first in the look's order and gets its two hosts; the run alike
+    behind it (50) is the one left waiting, as when every run was attempted alone."""
+    from engine.submitted import provision
+
+    fleet = local_project_fleet(size=3, name="pool")
+    gang = _waiting(fleet, "gang", 90, nodes=2)
+    alike = _waiting(fleet, "alike", 50)
+    _idle(fleet, 3)
+    real = provision.provision_jobs
+
+    def one_taken(job_ids, look_fleet=None):
+        Instance.objects.filter(pk=fleet.instances.order_by("index").last().pk).update(status="busy")
+        return real(job_ids, look_fleet)
+
+    monkeypatch.setattr(provision, "provision_jobs", one_taken)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(gang, alike) == [gang]
+    assert Job.objects.filter(run=Job.objects.get(pk=gang).run, instance__isnull=False).count() == 2
+    assert together_placed == [[]], "the run alike was tried after the gang, and found no host"
+
+
+def test_an_error_placing_together_leaves_each_run_to_its_own_attempt(sent, monkeypatch, caplog):
+    fleet = local_project_fleet(size=2, name="pool")
+    jobs = [_waiting(fleet, f"r{i}", 50) for i in range(2)]
+    _idle(fleet, 2)
+
+    def broken(*args):
+        raise RuntimeError("a statement timed out")
+
+    monkeypatch.setattr(together, "_picks", broken)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(*jobs) == jobs, "each placed by its own attempt"
+    assert set(Job.objects.filter(pk__in=jobs).values_list("lease_token", flat=True)) == {""}, "none backed off"
+    assert "placing runs together failed" in caplog.text
+
+
+def test_a_run_whose_group_names_another_fleet_is_not_placed_together(sent, together_placed):
+    """A run's group may narrow its fleets (`groups[0].fleets`); with that fleet gone, the run may
+    not go to the look's fleet, as its own attempt says."""
+    from instances.models import Fleet
+
+    fleet = local_project_fleet(size=1, name="pool")
+    other = local_project_fleet(size=1, name="other")
+    conf = ("type: task\nname: narrow\nfleets: [pool, other]\nretry: {on_events: [no-capacity], duration: 1h}\n"
+            "groups:\n- {name: x, nodes: 1, fleets: [other], commands: [echo]}\n")
+    run = submit_run(fleet.project, None, {"configuration": conf})
+    Job.objects.filter(run=run).update(waiting_for="a free host: fleet pool is full")
+    job = run.current_jobs().get(job_num=0).pk
+    Fleet.objects.filter(pk=other.pk).update(status="terminating")
+    _idle(fleet, 1)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(job) == []
+    assert together_placed == [], "not alike: only its own attempt was made"
+    assert Instance.objects.get(fleet=fleet).status == "idle"
