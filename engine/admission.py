@@ -9,7 +9,7 @@ runs/admission.py; on a shared fleet in fair-share order, runs/admission_order.p
 the first ones that the idle hosts can hold (BestEffortFIFO, as Kueue's default: a run too big for
 what is idle now is passed over for one that fits, and keeps its place for the next look).
 
-The tasks it chose it places itself: their jobs are claimed in one batch; the runs alike (one job,
+The tasks it chose it places itself: their jobs are claimed in one batch; the runs alike (one group,
 this fleet the only one they may use) are placed together in one transaction (engine/submitted/
 together.py), each other one as its own provisioning step would (engine/submitted/provision.py
 `provision_jobs`: hosts taken under the fleet's lock, quota checked there), so a freed host's next job is placed by the step

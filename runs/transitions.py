@@ -6,7 +6,7 @@ from contextlib import nullcontext
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, DurationField, F, Value, When
+from django.db.models import Case, DurationField, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -168,40 +168,52 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
         messages.process_run(run.pk)
 
 
-def place_alone(fleet, placements: list[tuple[Job, object]], lease: Lease) -> bool:
-    """Runs of one job each, waiting for a host, placed together on `fleet` by one step (the fleet's
-    admission look, engine/submitted/together.py): each run submitted -> provisioning on the fleet,
-    its job (held by `lease`) submitted -> provisioning on its host (`placements`: (job, instance)),
-    its wait ended, with the events move_run, move_job and taken_events would write. In the caller's
-    transaction, one UPDATE of the runs, one of the jobs and one INSERT however many; all or
-    nothing: False when a run or a job moved on meanwhile (a stop), for the caller to roll back.
-    The caller's copies move too."""
+def place_runs(fleet, placements: list[tuple[Job, list[Job], list]], lease: Lease) -> bool:
+    """Runs of one group, waiting for hosts, placed together on `fleet` by one step (the fleet's
+    admission look, engine/submitted/together.py): `placements` is (job 0, the rest of its group,
+    their hosts with job 0's first) each. Each run submitted -> provisioning on the fleet; its job 0
+    (held by `lease`) and the rest of its group submitted -> provisioning on their hosts, job 0's
+    wait ended; with the events move_run, move_job, place_on_hosts and taken_events would write. In
+    the caller's transaction: one UPDATE of the runs, one of the jobs and one INSERT however many.
+    All or nothing: False when a run or a job moved on meanwhile (a stop), for the caller to roll
+    back. The caller's copies move too."""
     now = timezone.now()
-    runs = [job.run for job, _ in placements]
+    runs = [job.run for job, _, _ in placements]
     if Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUBMITTED, fleet__isnull=True).update(
             status=RunStatus.PROVISIONING, updated=now, fleet=fleet) != len(runs):
         return False
-    waited = {job.pk: max(now - job.created, timedelta(0)) for job, _ in placements}
-    if Job.objects.filter(pk__in=waited, status=JobStatus.SUBMITTED, instance__isnull=True, **guard_of(lease)).update(
-            status=JobStatus.PROVISIONING, status_changed_at=now, fleet=fleet, waiting_for="", next_check_at=None,
-            waiting_fleet_id=None, instance_id=Case(*[When(pk=job.pk, then=Value(inst.pk)) for job, inst in placements]),
-            host_wait=Case(*[When(pk=pk, then=Value(wait)) for pk, wait in waited.items()],
-                           output_field=DurationField())) != len(placements):
+    waited = {job.pk: max(now - job.created, timedelta(0)) for job, _, _ in placements}
+    hosts = {j.pk: inst for job, rest, insts in placements for j, inst in zip([job, *rest], insts, strict=True)}
+    members = [m.pk for _, rest, _ in placements for m in rest]
+    if Job.objects.filter(Q(pk__in=waited, **guard_of(lease)) | Q(pk__in=members), status=JobStatus.SUBMITTED,
+                          instance__isnull=True).update(
+            status=JobStatus.PROVISIONING, status_changed_at=now, fleet=fleet, waiting_master_job=False,
+            waiting_for="", next_check_at=None, waiting_fleet_id=None,
+            instance_id=Case(*[When(pk=pk, then=Value(inst.pk)) for pk, inst in hosts.items()]),
+            host_wait=Case(*[When(pk=pk, then=Value(wait)) for pk, wait in waited.items()], default=F("host_wait"),
+                           output_field=DurationField())) != len(hosts):
         return False
     events = []
-    for job, inst in placements:
-        run = job.run
+    for job, rest, insts in placements:
+        run, mine = job.run, insts[0]
+        taken = f"taken by job {run.name}/{job.job_num} for its group {job.node_group_name}"
         events += [(run.project_id, {"subject": f"run {run.name}", "message": f"placed on fleet {fleet.name}",
                                      "status": RunStatus.PROVISIONING, "run_id": run.pk}),
                    (run.project_id, {"subject": f"job {run.name}/{job.job_num}", "status": JobStatus.PROVISIONING,
-                                     "message": f"provisioning on {inst.name} ({inst.internal_ip})",
-                                     "run_id": run.pk, "job_id": job.pk, "instance_id": inst.pk}),
-                   *((run.project_id, e) for e in taken_events(
-                       [inst], job, f"taken by job {run.name}/{job.job_num} for its group {job.node_group_name}"))]
+                                     "message": f"provisioning on {mine.name} ({mine.internal_ip})",
+                                     "run_id": run.pk, "job_id": job.pk, "instance_id": mine.pk}),
+                   *((run.project_id, {"subject": f"job {run.name}/{m.job_num}", "status": JobStatus.PROVISIONING,
+                                       "message": f"provisioning on {inst.name} ({inst.internal_ip}), placed by job "
+                                                  f"{job.job_num} with its group",
+                                       "run_id": run.pk, "job_id": m.pk, "instance_id": inst.pk})
+                     for m, inst in zip(rest, insts[1:], strict=True)),
+                   *((run.project_id, e) for e in taken_events(insts, job, taken))]
     record_each(events)
-    for job, inst in placements:
+    for job, rest, insts in placements:
         job.run.status, job.run.fleet = RunStatus.PROVISIONING, fleet
-        job.status, job.status_changed_at, job.fleet, job.instance = JobStatus.PROVISIONING, now, fleet, inst
+        for j, inst in zip([job, *rest], insts, strict=True):
+            j.status, j.status_changed_at, j.fleet, j.instance = JobStatus.PROVISIONING, now, fleet, inst
+            j.waiting_master_job = False
         job.waiting_for, job.next_check_at, job.waiting_fleet_id, job.host_wait = "", None, None, waited[job.pk]
     return True
 

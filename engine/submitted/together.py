@@ -3,12 +3,13 @@
 The look (engine/admission.py) chooses the waiting runs the idle hosts go to and places them in one
 claimed batch (provision.py `provision_jobs`). Attempted one by one, each run costs about twenty
 statements in three transactions: its fleet chosen (the idle hosts read), the run moved, the fleet
-locked and the idle hosts read again to take one, the project's usage read again under the lock,
-the job moved. Most runs of a deep queue are alike: one job, one fleet they may use, a host of it
-to take. Those are placed here together: the fleet locked once, its usage (a shared fleet's)
-read once under the lock, the idle hosts each needs read once and locked, each run's quota asked
-in queue order with the ones before it counted, then one UPDATE of the hosts per project, one of
-the runs, one of the jobs and one INSERT of every event (runs/transitions.py `place_alone`).
+locked and the idle hosts read again to take them, the project's usage read again under the lock,
+the jobs moved. Most runs of a deep queue are alike: one group (one job, or a gang whose job 0
+takes a host for each of its nodes), one fleet they may use, hosts of it to take. Those are placed
+here together: the fleet locked once, its usage (a shared fleet's) read once under the lock, the
+idle hosts each shape of resources needs read once and locked, each run's quota asked in queue
+order with the ones before it counted, then one UPDATE of the hosts per project, one of the runs,
+one of all their jobs and one INSERT of every event (runs/transitions.py `place_runs`).
 
 What is not alike goes on to the one-run attempt, in the same step: a run of several jobs (a
 gang), one that may use other fleets too (which one it gets is spanning.py's choice, its group's
@@ -36,20 +37,21 @@ from itertools import islice
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Exists, OuterRef
 
+from engine import messages
 from engine.nudges import is_service
 from engine.submitted import waiting
 from engine.tuning import TOGETHER_EXTRA_HOSTS as EXTRA
 from instances import fitting, shares, spanning
 from instances.fitting import candidates, page_for
-from instances.models import Fleet, FleetShare, FleetStatus, Instance, InstanceStatus
+from instances.models import Fleet, FleetShare, FleetStatus, Instance, InstanceStatus, Placement
 from instances.transitions import take_idle
 from muster.claimable import Lease
 from muster.step_reads import fresher
-from runs.choices import RunStatus
+from runs.choices import JobStatus, RunStatus
 from runs.models import Job
-from runs.transitions import place_alone
+from runs.transitions import place_runs
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +63,15 @@ def in_order(fleet: Fleet | None, jobs: list[Job], lease: Lease) -> Iterator[tup
     attempted first, so the look's order (priority, fair share) decides who gets the last hosts
     whatever the path. An error placing together is logged and leaves those runs to their own
     attempts (the transaction rolled back), where the run at fault backs off its own row alone."""
-    same = _safely(partial(_alike, fleet, jobs), set()) if fleet is not None else set()
-    streak: list[Job] = []
+    same = _safely(partial(_alike, fleet, jobs), {}) if fleet is not None else {}
+    streak: list[tuple[Job, list[Job]]] = []
     for job in [*jobs, None]:
         if job is not None and job.pk in same:
-            streak.append(job)
+            streak.append((job, same[job.pk]))
             continue
         if streak:
             hosts = _safely(partial(place_together, fleet, streak, lease), {})
-            yield from ((j, hosts.get(j.pk)) for j in streak)
+            yield from ((j, hosts.get(j.pk)) for j, _ in streak)
             streak = []
         if job is not None:
             yield job, None
@@ -85,40 +87,56 @@ def _safely(body, otherwise):
         return otherwise
 
 
-def place_together(fleet: Fleet, jobs: list[Job], lease: Lease) -> dict[int, Instance]:
-    """Of `jobs` (job 0s the look chose, in its order, held by `lease`), place those of runs alike
-    (above) on `fleet`'s idle hosts together. Returns {job pk: its host} of those placed; the rest
-    are the one-run attempt's."""
-    if not jobs or not fitting.is_static(fleet):
+def place_together(fleet: Fleet, runs: list[tuple[Job, list[Job]]], lease: Lease) -> dict[int, Instance]:
+    """Place runs alike (above) on `fleet`'s idle hosts together: `runs` is (job 0, the rest of its
+    group) each, job 0s the look chose, in its order, held by `lease`. Returns {job 0's pk: its host}
+    of those placed; the rest are the one-run attempt's."""
+    if not runs or not fitting.is_static(fleet):
         return {}
     with transaction.atomic():
         shared = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk, status=FleetStatus.ACTIVE).annotate(
             has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("has", flat=True).first()
         if shared is None:
             return {}  # the fleet is gone or going: each run's own attempt says what it waits for
-        picks = _picks(fleet, jobs, shared)
+        picks = _picks(fleet, runs, shared)
         if not picks or not all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
-                or not place_alone(fleet, picks, lease):
+                or not place_runs(fleet, picks, lease):
             transaction.set_rollback(True)  # something moved under the step: each run is attempted alone
             return {}
+        for _, members, _ in picks:  # after commit, with the step's other starts (engine/messages.py)
+            for member in members:
+                messages.advance_job(member.pk)
     for project, hosts in _by_project(picks).items():  # the step's next choices count them
         shares.took(fleet.pk, project, hosts)
-    return {job.pk: inst for job, inst in picks}
+    return {job.pk: hosts[0] for job, _, hosts in picks}
 
 
-def _alike(fleet: Fleet, jobs: list[Job]) -> set[int]:
-    """Those of `jobs` this module places: job 0 of a waiting task run of that one job, on no fleet
-    yet, that may go to `fleet` and no other (neither by the run's `fleets:` nor by its group's)."""
+def _alike(fleet: Fleet, jobs: list[Job]) -> dict[int, list[Job]]:
+    """Those of `jobs` this module places, each with the rest of its run: job 0 of a waiting task run
+    of one group whose jobs all wait for a host, on no fleet yet, that may go to `fleet` and no
+    other (neither by the run's `fleets:` nor by its group's), and for several nodes a fleet whose
+    hosts reach each other (`placement: cluster`, as fitting.first_fitting_fleet asks)."""
     if not fitting.is_static(fleet):
-        return set()
+        return {}
     firsts = [j for j in jobs if j.job_num == 0 and j.node_group_rank == 0 and j.instance_id is None
               and j.waiting_for.startswith(waiting.PREFIX) and j.run.status == RunStatus.SUBMITTED
               and not j.run.stop_requested and j.run.fleet_id is None and not is_service(j.run)]
     if not firsts:
-        return set()
-    sizes = dict(Job.objects.filter(run_id__in={j.run_id for j in firsts}, superseded=False).values_list(
-        "run_id").annotate(n=Count("id")).values_list("run_id", "n"))
-    return {j.pk for j in firsts if sizes.get(j.run_id) == 1 and _only(fleet, j.run)}
+        return {}
+    siblings: dict[int, list[Job]] = {}
+    for sibling in Job.objects.filter(run_id__in={j.run_id for j in firsts}, superseded=False).only(
+            "id", "run_id", "job_num", "node_group_index", "status", "instance_id").order_by("job_num"):
+        siblings.setdefault(sibling.run_id, []).append(sibling)
+    alike = {}
+    for job in firsts:
+        rest = [s for s in siblings.get(job.run_id, []) if s.pk != job.pk]
+        if any(s.node_group_index != 0 or s.status != JobStatus.SUBMITTED or s.instance_id is not None for s in rest):
+            continue
+        if rest and fleet.placement != Placement.CLUSTER:
+            continue
+        if _only(fleet, job.run):
+            alike[job.pk] = rest
+    return alike
 
 
 def _only(fleet: Fleet, run) -> bool:
@@ -130,15 +148,20 @@ def _only(fleet: Fleet, run) -> bool:
     return not own or not own[0] or fitting.written_name(fleets[0]) in own[0]
 
 
-def _picks(fleet: Fleet, jobs: list[Job], shared: bool) -> list[tuple[Job, Instance]]:
-    """A host for each job that gets one, in the jobs' order, under the fleet's lock: idle, fitting
-    its resources, locked here (hosts another step is taking are skipped), and within its project's
-    quota with the jobs before it counted (a shared fleet's: instances/shares.py)."""
-    wanted: dict[str, list[Job]] = {}
-    for job in jobs:
-        wanted.setdefault(json.dumps(job.spec["resources"], sort_keys=True), []).append(job)
-    pools = {key: list(islice(candidates(fleet, js[0].spec["resources"], page_for(len(js) + EXTRA)), len(js) + EXTRA))
-             for key, js in wanted.items()}
+Pick = tuple[Job, list[Job], list[Instance]]  # job 0, the rest of its group, their hosts (job 0's first)
+
+
+def _picks(fleet: Fleet, runs: list[tuple[Job, list[Job]]], shared: bool) -> list[Pick]:
+    """Hosts for each run that gets them all, in the runs' order, under the fleet's lock: idle,
+    fitting its resources, locked here (hosts another step is taking are skipped), and within its
+    project's quota with the runs before it counted (a shared fleet's: instances/shares.py)."""
+    wanted: dict[str, int] = {}
+    for job, rest in runs:
+        key = json.dumps(job.spec["resources"], sort_keys=True)
+        wanted[key] = wanted.get(key, 0) + 1 + len(rest)
+    shapes = {json.dumps(job.spec["resources"], sort_keys=True): job.spec["resources"] for job, _ in runs}
+    pools = {key: list(islice(candidates(fleet, shapes[key], page_for(n + EXTRA)), n + EXTRA))
+             for key, n in wanted.items()}
     found = {inst.pk for pool in pools.values() for inst in pool}
     if connection.features.has_select_for_update_skip_locked:  # SQLite's IMMEDIATE transaction excludes the others
         found = set(Instance.objects.filter(pk__in=found, status=InstanceStatus.IDLE)
@@ -149,25 +172,25 @@ def _picks(fleet: Fleet, jobs: list[Job], shared: bool) -> list[tuple[Job, Insta
         fresher(("usage", fleet.pk), dict(usage))  # exact as of the lock; `took` adds the placements
     used: set[int] = set()
     picks = []
-    for job in jobs:
+    for job, rest in runs:
         key = json.dumps(job.spec["resources"], sort_keys=True)
-        inst = next((i for i in pools[key] if i.pk in found and i.pk not in used), None)
-        if inst is None:
-            continue  # no host left for it here: its own attempt words the wait
+        hosts = list(islice((i for i in pools[key] if i.pk in found and i.pk not in used), 1 + len(rest)))
+        if len(hosts) < 1 + len(rest):
+            continue  # not enough hosts left for its whole group here: its own attempt words the wait
         project = job.run.project_id
-        demand = {"hosts": 1, "gpus": inst.gpu_count}
+        demand = {"hosts": len(hosts), "gpus": sum(i.gpu_count for i in hosts)}
         if quotas and shares.refusal(project, quotas, usage, shares.totals_of(fleet.pk), demand, fleet.name):
             continue  # past its quota (and what it may borrow): its own attempt words the wait
         if quotas:
             mine = usage.get(project, {})
             usage[project] = {r: mine.get(r, 0) + demand[r] for r in shares.RESOURCES}
-        used.add(inst.pk)
-        picks.append((job, inst))
+        used.update(i.pk for i in hosts)
+        picks.append((job, rest, hosts))
     return picks
 
 
-def _by_project(picks: list[tuple[Job, Instance]]) -> dict[int, list[Instance]]:
+def _by_project(picks: list[Pick]) -> dict[int, list[Instance]]:
     out: dict[int, list[Instance]] = {}
-    for job, inst in picks:
-        out.setdefault(job.run.project_id, []).append(inst)
+    for job, _, hosts in picks:
+        out.setdefault(job.run.project_id, []).extend(hosts)
     return out

@@ -49,6 +49,15 @@ def together_placed(monkeypatch):
     return got
 
 
+def _two_groups(fleet, name: str, priority: int) -> int:
+    """A waiting run of two groups of one node each: not alike (its groups may go to different fleets)."""
+    conf = (f"type: task\nname: {name}\npriority: {priority}\nretry: {{on_events: [no-capacity], duration: 1h}}\n"
+            "groups:\n- {name: x, nodes: 1, commands: [echo]}\n- {name: y, nodes: 1, commands: [echo]}\n")
+    run = submit_run(fleet.project, None, {"configuration": conf})
+    Job.objects.filter(run=run).update(waiting_for=f"a free host: fleet {fleet.name} is full")
+    return run.current_jobs().get(job_num=0).pk
+
+
 POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql",
                               reason="another connection's write mid-step, and the one-statement moves, are PostgreSQL's")
 
@@ -62,6 +71,7 @@ def _of(project, fleet, name: str, priority: int = 50) -> int:
 
 
 def test_runs_alike_are_placed_together_in_a_handful_of_statements_each_written_as_its_own_attempt(sent):
+    """One-job runs; a gang's rows: the next test."""
     fleet = local_project_fleet(size=12, name="pool")
     jobs = [_waiting(fleet, f"r{i}", 50) for i in range(12)]
     _idle(fleet, 12)
@@ -132,8 +142,8 @@ def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, mo
 
     monkeypatch.setattr(together, "_picks", stop_first)
     said = []
-    real = together.place_alone
-    monkeypatch.setattr(together, "place_alone", lambda *a: said.append(real(*a)) or said[-1])
+    real = together.place_runs
+    monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
     admission.admit_fleet(fleet.pk)
     assert said == [False], "the batch saw the stop and was rolled back"
     assert Run.objects.get(pk=stopped).status == "terminated", "the batch's write did not pass over the stop"
@@ -152,14 +162,14 @@ def test_runs_not_alike_are_placed_by_their_own_attempts_in_the_same_look(sent):
     fleet = local_project_fleet(size=5, name="pool")
     spare = local_project_fleet(size=1, name="spare")
     Instance.objects.filter(fleet=spare).update(status="busy")
-    gang = _waiting(fleet, "gang", 90, nodes=2)
+    gang = _two_groups(fleet, "gang", 90)
     anywhere = _waiting(fleet, "anywhere", 70, extra="fleets: [spare, pool]\n")
     alone = [_waiting(fleet, f"r{i}", 50, extra="fleets: [pool]\n") for i in range(2)]
     _idle(fleet, 5)
     with CaptureQueriesContext(connection) as q:
         admission.admit_fleet(fleet.pk)
     assert _placed(gang, anywhere, *alone) == [gang, anywhere, *alone]
-    assert Job.objects.filter(run=Job.objects.get(pk=gang).run, instance__isnull=False).count() == 2
+    assert Job.objects.filter(run=Job.objects.get(pk=gang).run, instance__isnull=False).count() == 2, "both groups"
     assert len({Job.objects.get(pk=pk).instance_id for pk in [gang, anywhere, *alone]}) == 4
     moves = [s["sql"] for s in q if s["sql"].startswith('UPDATE "runs_run"')]
     assert len(moves) == 1, "the two alike in one UPDATE; the others each by its attempt's own move (WITH ... INSERT)"
@@ -172,7 +182,7 @@ def test_a_run_not_alike_before_the_runs_alike_gets_the_last_hosts_first(sent, m
     from engine.submitted import provision
 
     fleet = local_project_fleet(size=3, name="pool")
-    gang = _waiting(fleet, "gang", 90, nodes=2)
+    gang = _two_groups(fleet, "gang", 90)
     alike = _waiting(fleet, "alike", 50)
     _idle(fleet, 3)
     real = provision.provision_jobs
@@ -221,3 +231,44 @@ def test_a_run_whose_group_names_another_fleet_is_not_placed_together(sent, toge
     assert _placed(job) == []
     assert together_placed == [], "not alike: only its own attempt was made"
     assert Instance.objects.get(fleet=fleet).status == "idle"
+
+
+def test_a_gang_of_one_group_is_placed_together_each_member_on_its_host_as_its_master_places_it(
+        sent, together_placed):
+    fleet = local_project_fleet(size=7, name="pool")
+    gangs = [_waiting(fleet, f"g{i}", 50, nodes=3) for i in range(2)]
+    single = _waiting(fleet, "single", 50)
+    _idle(fleet, 7)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(*gangs, single) == [*gangs, single]
+    assert together_placed == [[*gangs, single]], "the gangs and the one-job run in one batch"
+    hosts = set()
+    for pk in gangs:
+        master = Job.objects.select_related("run").get(pk=pk)
+        run = master.run
+        jobs = list(run.current_jobs().select_related("instance").order_by("job_num"))
+        assert [(j.status, j.fleet_id, j.waiting_master_job) for j in jobs] == [("provisioning", fleet.pk, False)] * 3
+        hosts |= {j.instance_id for j in jobs}
+        assert master.host_wait is not None and [j.host_wait for j in jobs[1:]] == [None, None]
+        said = set(Event.objects.filter(run=run).values_list("subject", "message", "job_id", "instance_id"))
+        for j in jobs[1:]:
+            inst = j.instance
+            assert (f"job {run.name}/{j.job_num}", f"provisioning on {inst.name} ({inst.internal_ip}), placed by job 0 "
+                    "with its group", j.pk, inst.pk) in said
+        for j in jobs:
+            assert (f"instance {j.instance.name}", f"taken by job {run.name}/0 for its group default", master.pk,
+                    j.instance_id) in said
+        assert set(sent["advance"]) >= {j.pk for j in jobs}, "each job's start is sent: the members' with the master's"
+    assert len(hosts) == 6 and Instance.objects.filter(fleet=fleet, status="busy").count() == 7
+
+
+def test_a_gang_on_a_fleet_whose_hosts_may_not_reach_each_other_is_not_placed_together(sent, together_placed):
+    from instances.services.fleets import create_local_fleet
+    from projects.models import Project
+
+    fleet = create_local_fleet(Project.objects.get_or_create(name="main")[0], "loose", 2, placement="any")
+    gang = _waiting(fleet, "gang", 50, nodes=2)
+    _idle(fleet, 2)
+    admission.admit_fleet(fleet.pk)
+    assert together_placed == [], "its own attempt decides (it may not go there: placement any)"
+    assert _placed(gang) == []
