@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 
@@ -168,20 +169,21 @@ def request_stop(run: Run, abort: bool = False, actor: str = "user") -> None:
         messages.process_run(run.pk)
 
 
-def place_runs(fleet, placements: list[tuple[Job, list[Job], list]], lease: Lease) -> bool:
+def place_runs(fleet, placements: list[tuple[Job, list[Job], list]], lease: Lease) -> Callable[[], None] | None:
     """Runs of one group, waiting for hosts, placed together on `fleet` by one step (the fleet's
     admission look, engine/submitted/together.py): `placements` is (job 0, the rest of its group,
     their hosts with job 0's first) each. Each run submitted -> provisioning on the fleet; its job 0
     (held by `lease`) and the rest of its group submitted -> provisioning on their hosts, job 0's
     wait ended; with the events move_run, move_job, place_on_hosts and taken_events would write. In
     the caller's transaction: one UPDATE of the runs, one of the jobs and one INSERT however many.
-    All or nothing: False when a run or a job moved on meanwhile (a stop), for the caller to roll
-    back. The caller's copies move too."""
+    All or nothing: None when a run or a job moved on meanwhile (a stop), for the caller to roll
+    back; else the move of the caller's copies, for the caller to make once the transaction has
+    committed (a commit that fails leaves them as the rows are)."""
     now = timezone.now()
     runs = [job.run for job, _, _ in placements]
-    if Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUBMITTED, fleet__isnull=True).update(
-            status=RunStatus.PROVISIONING, updated=now, fleet=fleet) != len(runs):
-        return False
+    if Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.SUBMITTED, fleet__isnull=True,
+                          stop_requested="").update(status=RunStatus.PROVISIONING, updated=now, fleet=fleet) != len(runs):
+        return None
     waited = {job.pk: max(now - job.created, timedelta(0)) for job, _, _ in placements}
     hosts = {j.pk: inst for job, rest, insts in placements for j, inst in zip([job, *rest], insts, strict=True)}
     members = [m.pk for _, rest, _ in placements for m in rest]
@@ -192,7 +194,7 @@ def place_runs(fleet, placements: list[tuple[Job, list[Job], list]], lease: Leas
             instance_id=Case(*[When(pk=pk, then=Value(inst.pk)) for pk, inst in hosts.items()]),
             host_wait=Case(*[When(pk=pk, then=Value(wait)) for pk, wait in waited.items()], default=F("host_wait"),
                            output_field=DurationField())) != len(hosts):
-        return False
+        return None
     events = []
     for job, rest, insts in placements:
         run, mine = job.run, insts[0]
@@ -209,13 +211,15 @@ def place_runs(fleet, placements: list[tuple[Job, list[Job], list]], lease: Leas
                      for m, inst in zip(rest, insts[1:], strict=True)),
                    *((run.project_id, e) for e in taken_events(insts, job, taken))]
     record_each(events)
-    for job, rest, insts in placements:
-        job.run.status, job.run.fleet = RunStatus.PROVISIONING, fleet
-        for j, inst in zip([job, *rest], insts, strict=True):
-            j.status, j.status_changed_at, j.fleet, j.instance = JobStatus.PROVISIONING, now, fleet, inst
-            j.waiting_master_job = False
-        job.waiting_for, job.next_check_at, job.waiting_fleet_id, job.host_wait = "", None, None, waited[job.pk]
-    return True
+
+    def copies() -> None:
+        for job, rest, insts in placements:
+            job.run.status, job.run.fleet = RunStatus.PROVISIONING, fleet
+            for j, inst in zip([job, *rest], insts, strict=True):
+                j.status, j.status_changed_at, j.fleet, j.instance = JobStatus.PROVISIONING, now, fleet, inst
+                j.waiting_master_job = False
+            job.waiting_for, job.next_check_at, job.waiting_fleet_id, job.host_wait = "", None, None, waited[job.pk]
+    return copies
 
 
 def place_on_hosts(master: Job, members: list[Job], pairs: dict, hosts: list[dict], taken: str = "") -> set[int]:

@@ -11,13 +11,14 @@ idle hosts each shape of resources needs read once and locked, each run's quota 
 order with the ones before it counted, then one UPDATE of the hosts per project, one of the runs,
 one of all their jobs and one INSERT of every event (runs/transitions.py `place_runs`).
 
-What is not alike goes on to the one-run attempt, in the same step: a run of several jobs (a
-gang), one that may use other fleets too (which one it gets is spanning.py's choice, its group's
-own `fleets:` included), a service's replica, a run already on a fleet (a group placed again), one
+What is not alike goes on to the one-run attempt, in the same step: a run of several groups (its
+groups may go to different fleets), a gang on a fleet whose hosts may not reach each other, one
+that may use other fleets too (which one it gets is spanning.py's choice, its group's own
+`fleets:` included), a service's replica, a run already on a fleet (a group placed again), one
 whose quota refuses it or for which no idle host is left (its attempt words the wait). The look's
 order holds whatever the path (`in_order`): the runs alike next to each other in it are placed
-together when the first of them comes, after the runs before them, so a gang of a higher priority
-gets the last hosts before the runs alike behind it. Every run of a batch goes to its own attempt
+together when the first of them comes, after the runs before them, so a run of several groups of
+a higher priority gets the last hosts before the runs alike behind it. Every run of a batch goes to its own attempt
 when something moved under it (a run stopped meanwhile: the transaction is rolled back whole, and
 nothing is half-placed) or when placing together failed (logged; the run at fault then backs off
 its own row alone, as in any batch step).
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import islice
 
@@ -70,7 +71,8 @@ def in_order(fleet: Fleet | None, jobs: list[Job], lease: Lease) -> Iterator[tup
             streak.append((job, same[job.pk]))
             continue
         if streak:
-            hosts = _safely(partial(place_together, fleet, streak, lease), {})
+            placed = _safely(partial(place_together, fleet, streak, lease), None)
+            hosts = _placed(fleet, placed) if placed else {}
             yield from ((j, hosts.get(j.pk)) for j, _ in streak)
             streak = []
         if job is not None:
@@ -87,27 +89,39 @@ def _safely(body, otherwise):
         return otherwise
 
 
-def place_together(fleet: Fleet, runs: list[tuple[Job, list[Job]]], lease: Lease) -> dict[int, Instance]:
-    """Place runs alike (above) on `fleet`'s idle hosts together: `runs` is (job 0, the rest of its
-    group) each, job 0s the look chose, in its order, held by `lease`. Returns {job 0's pk: its host}
-    of those placed; the rest are the one-run attempt's."""
+def place_together(fleet: Fleet, runs: list[tuple[Job, list[Job]]], lease: Lease) -> Placed | None:
+    """Place runs alike (above) on `fleet`'s idle hosts together, in one transaction: `runs` is
+    (job 0, the rest of its group) each, job 0s the look chose, in its order, held by `lease`.
+    Returns, once committed, the runs placed and the move of the caller's copies (`_placed` makes
+    it); None when nothing was (the rest are the one-run attempt's)."""
     if not runs or not fitting.is_static(fleet):
-        return {}
+        return None
     with transaction.atomic():
         shared = Fleet.objects.select_for_update(no_key=True).filter(pk=fleet.pk, status=FleetStatus.ACTIVE).annotate(
             has=Exists(FleetShare.objects.filter(fleet=OuterRef("pk")))).values_list("has", flat=True).first()
         if shared is None:
-            return {}  # the fleet is gone or going: each run's own attempt says what it waits for
+            return None  # the fleet is gone or going: each run's own attempt says what it waits for
         picks = _picks(fleet, runs, shared)
-        if not picks or not all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
-                or not place_runs(fleet, picks, lease):
+        moved = picks and all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
+            and place_runs(fleet, picks, lease)
+        if not moved:
             transaction.set_rollback(True)  # something moved under the step: each run is attempted alone
-            return {}
-        for _, members, _ in picks:  # after commit, with the step's other starts (engine/messages.py)
-            for member in members:
-                messages.advance_job(member.pk)
-    for project, hosts in _by_project(picks).items():  # the step's next choices count them
+            return None
+    return picks, moved
+
+
+def _placed(fleet: Fleet, placed: Placed) -> dict[int, Instance]:
+    """After the commit (an error in here is the step's, not a reason to attempt the runs again):
+    the caller's copies moved, the step's kept usage counting the hosts for its next choices, the
+    members' starts sent with the step's others (engine/messages.py `gathered`; job 0's goes with
+    its give-back). Returns {job 0's pk: its host}."""
+    picks, move_copies = placed
+    move_copies()
+    for project, hosts in _by_project(picks).items():
         shares.took(fleet.pk, project, hosts)
+    for _, members, _ in picks:
+        for member in members:
+            messages.advance_job(member.pk)
     return {job.pk: hosts[0] for job, _, hosts in picks}
 
 
@@ -149,23 +163,21 @@ def _only(fleet: Fleet, run) -> bool:
 
 
 Pick = tuple[Job, list[Job], list[Instance]]  # job 0, the rest of its group, their hosts (job 0's first)
+Placed = tuple[list[Pick], Callable[[], None]]  # the runs placed, the move of the caller's copies
 
 
 def _picks(fleet: Fleet, runs: list[tuple[Job, list[Job]]], shared: bool) -> list[Pick]:
     """Hosts for each run that gets them all, in the runs' order, under the fleet's lock: idle,
     fitting its resources, locked here (hosts another step is taking are skipped), and within its
-    project's quota with the runs before it counted (a shared fleet's: instances/shares.py)."""
+    project's quota with the runs before it counted (a shared fleet's: instances/shares.py). A run
+    the hosts read so far cannot hold has more read (as take_instances does), so a run is passed
+    over only when the fleet has no more idle hosts for it, as when it is attempted alone."""
     wanted: dict[str, int] = {}
+    shapes: dict[str, dict] = {}
     for job, rest in runs:
         key = json.dumps(job.spec["resources"], sort_keys=True)
-        wanted[key] = wanted.get(key, 0) + 1 + len(rest)
-    shapes = {json.dumps(job.spec["resources"], sort_keys=True): job.spec["resources"] for job, _ in runs}
-    pools = {key: list(islice(candidates(fleet, shapes[key], page_for(n + EXTRA)), n + EXTRA))
-             for key, n in wanted.items()}
-    found = {inst.pk for pool in pools.values() for inst in pool}
-    if connection.features.has_select_for_update_skip_locked:  # SQLite's IMMEDIATE transaction excludes the others
-        found = set(Instance.objects.filter(pk__in=found, status=InstanceStatus.IDLE)
-                    .select_for_update(skip_locked=True).values_list("pk", flat=True))
+        wanted[key], shapes[key] = wanted.get(key, 0) + 1 + len(rest), job.spec["resources"]
+    pools = {key: _Pool(candidates(fleet, shapes[key], page_for(n + EXTRA)), n + EXTRA) for key, n in wanted.items()}
     quotas = shares.shares_of([fleet.pk]).get(fleet.pk) if shared else None
     usage = shares.fresh_usage_of(fleet.pk) if quotas else {}
     if quotas:
@@ -173,10 +185,9 @@ def _picks(fleet: Fleet, runs: list[tuple[Job, list[Job]]], shared: bool) -> lis
     used: set[int] = set()
     picks = []
     for job, rest in runs:
-        key = json.dumps(job.spec["resources"], sort_keys=True)
-        hosts = list(islice((i for i in pools[key] if i.pk in found and i.pk not in used), 1 + len(rest)))
+        hosts = pools[json.dumps(job.spec["resources"], sort_keys=True)].free(1 + len(rest), used)
         if len(hosts) < 1 + len(rest):
-            continue  # not enough hosts left for its whole group here: its own attempt words the wait
+            continue  # the fleet has no more idle hosts for its whole group: its own attempt words the wait
         project = job.run.project_id
         demand = {"hosts": len(hosts), "gpus": sum(i.gpu_count for i in hosts)}
         if quotas and shares.refusal(project, quotas, usage, shares.totals_of(fleet.pk), demand, fleet.name):
@@ -187,6 +198,32 @@ def _picks(fleet: Fleet, runs: list[tuple[Job, list[Job]]], shared: bool) -> lis
         used.update(i.pk for i in hosts)
         picks.append((job, rest, hosts))
     return picks
+
+
+class _Pool:
+    """One shape of resources' idle hosts of the fleet, in candidate order, read a page at a time and
+    locked as they are read (SKIP LOCKED: a host another step is taking is left to it)."""
+
+    def __init__(self, found: Iterator[Instance], first: int) -> None:
+        self.found, self.read = found, []
+        self._more(first)
+
+    def free(self, n: int, used: set[int]) -> list[Instance]:
+        """`n` hosts no run of the batch took yet, more read while short; fewer when there are no more."""
+        while True:
+            free = [i for i in self.read if i.pk not in used][:n]
+            if len(free) == n or not self._more(n - len(free) + EXTRA):
+                return free
+
+    def _more(self, count: int) -> bool:
+        chunk = list(islice(self.found, count))
+        if chunk and connection.features.has_select_for_update_skip_locked:  # SQLite: the IMMEDIATE transaction
+            locked = set(Instance.objects.filter(pk__in=[i.pk for i in chunk], status=InstanceStatus.IDLE)
+                         .select_for_update(skip_locked=True).values_list("pk", flat=True))
+            self.read += [i for i in chunk if i.pk in locked]
+        else:
+            self.read += chunk
+        return bool(chunk)
 
 
 def _by_project(picks: list[Pick]) -> dict[int, list[Instance]]:

@@ -1,5 +1,5 @@
 """The runs a look places together (engine/submitted/together.py): one transaction for the runs
-alike (one job, one fleet they may use), each written as its own attempt writes it; quotas asked in
+alike (one group, one fleet they may use), each written as its own attempt writes it; quotas asked in
 the look's order with the ones before counted; a run stopped meanwhile leaves nothing half-placed;
 the runs not alike placed by their own attempts in the same step. Driven through the look
 (engine/admission.py) on rows set up as the engine leaves them; the look's messages are caught."""
@@ -41,12 +41,20 @@ def together_placed(monkeypatch):
     real = together.place_together
 
     def spy(*args):
-        hosts = real(*args)
-        got.append(list(hosts))
-        return hosts
+        placed = real(*args)
+        got.append([job.pk for job, _, _ in placed[0]] if placed else [])
+        return placed
 
     monkeypatch.setattr(together, "place_together", spy)
     return got
+
+
+def _gang(fleet, name: str, priority: int, nodes: int) -> int:
+    """A waiting run of one group of `nodes`, as the engine leaves it: job 0 waits, the rest wait for it."""
+    conf = WAITER.format(name=name, nodes=nodes, priority=priority, extra="")
+    run = submit_run(fleet.project, None, {"configuration": conf})
+    Job.objects.filter(run=run, job_num=0).update(waiting_for=f"a free host: fleet {fleet.name} is full")
+    return run.current_jobs().get(job_num=0).pk
 
 
 def _two_groups(fleet, name: str, priority: int) -> int:
@@ -145,7 +153,7 @@ def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, mo
     real = together.place_runs
     monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
     admission.admit_fleet(fleet.pk)
-    assert said == [False], "the batch saw the stop and was rolled back"
+    assert said == [None], "the batch saw the stop and was rolled back"
     assert Run.objects.get(pk=stopped).status == "terminated", "the batch's write did not pass over the stop"
     # rolled back whole, then each attempted alone (one whose step read it before the stop is placed
     # as its own attempt always placed it, and its teardown gives the host back)
@@ -236,10 +244,12 @@ def test_a_run_whose_group_names_another_fleet_is_not_placed_together(sent, toge
 def test_a_gang_of_one_group_is_placed_together_each_member_on_its_host_as_its_master_places_it(
         sent, together_placed):
     fleet = local_project_fleet(size=7, name="pool")
-    gangs = [_waiting(fleet, f"g{i}", 50, nodes=3) for i in range(2)]
+    gangs = [_gang(fleet, f"g{i}", 50, nodes=3) for i in range(2)]
     single = _waiting(fleet, "single", 50)
+    sent["provision"].clear()  # the submissions' own messages
     _idle(fleet, 7)
     admission.admit_fleet(fleet.pk)
+    assert sent["provision"] == [], "no member is released to a step of its own: each is on its host"
     assert _placed(*gangs, single) == [*gangs, single]
     assert together_placed == [[*gangs, single]], "the gangs and the one-job run in one batch"
     hosts = set()
@@ -250,7 +260,11 @@ def test_a_gang_of_one_group_is_placed_together_each_member_on_its_host_as_its_m
         assert [(j.status, j.fleet_id, j.waiting_master_job) for j in jobs] == [("provisioning", fleet.pk, False)] * 3
         hosts |= {j.instance_id for j in jobs}
         assert master.host_wait is not None and [j.host_wait for j in jobs[1:]] == [None, None]
-        said = set(Event.objects.filter(run=run).values_list("subject", "message", "job_id", "instance_id"))
+        assert [j.instance_id for j in jobs] == sorted(j.instance_id for j in jobs), "job 0 on the first host"
+        moves = list(Event.objects.filter(run=run, status__in=["provisioning", "busy"]).values_list(
+            "subject", "message", "job_id", "instance_id"))
+        assert len(moves) == 7, moves  # the run's move, three jobs', three hosts'
+        said = set(moves)
         for j in jobs[1:]:
             inst = j.instance
             assert (f"job {run.name}/{j.job_num}", f"provisioning on {inst.name} ({inst.internal_ip}), placed by job 0 "
@@ -272,3 +286,62 @@ def test_a_gang_on_a_fleet_whose_hosts_may_not_reach_each_other_is_not_placed_to
     admission.admit_fleet(fleet.pk)
     assert together_placed == [], "its own attempt decides (it may not go there: placement any)"
     assert _placed(gang) == []
+
+
+@POSTGRES
+def test_a_member_stopped_while_the_look_places_its_gang_leaves_nothing_half_placed(sent, monkeypatch):
+    fleet = local_project_fleet(size=3, name="pool")
+    gang = _gang(fleet, "gang", 50, nodes=3)
+    run = Job.objects.get(pk=gang).run
+    member = Job.objects.get(run=run, job_num=2).pk
+    _idle(fleet, 3)
+    picks = together._picks
+
+    def stop_member(*args):
+        got = picks(*args)
+
+        def stop():  # another worker's write: the member ended
+            Job.objects.filter(pk=member).update(status="terminated")
+            connections.close_all()
+        worker = threading.Thread(target=stop)
+        worker.start()
+        worker.join()
+        return got
+
+    monkeypatch.setattr(together, "_picks", stop_member)
+    said = []
+    real = together.place_runs
+    monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
+    admission.admit_fleet(fleet.pk)
+    assert said == [None], "the batch saw the member's end and was rolled back"
+    assert Job.objects.get(pk=member).instance_id is None and Job.objects.get(pk=member).status == "terminated"
+    busy = sorted(Instance.objects.filter(fleet=fleet, status="busy").values_list("pk", flat=True))
+    holders = sorted(Job.objects.filter(run=run, instance__isnull=False).values_list("instance_id", flat=True))
+    assert busy == holders, "no host held by nobody, none by two"
+
+
+def test_a_gang_past_its_project_s_quota_is_refused_with_the_gangs_before_it_counted(sent, together_placed):
+    fleet = local_project_fleet(size=6, name="pool")
+    research = Project.objects.create(name="research")
+    FleetShare.objects.create(fleet=fleet, project=fleet.project, hosts=4)
+    FleetShare.objects.create(fleet=fleet, project=research, hosts=2)
+    first, second = _gang(fleet, "first", 50, nodes=3), _gang(fleet, "second", 50, nodes=3)
+    _idle(fleet, 6)
+    admission.admit_fleet(fleet.pk)  # the look chooses by the queue: both, for six hosts
+    assert _placed(first, second) == [first]
+    assert together_placed == [[first]], "three hosts held, three more would pass main's quota of 4"
+    assert Job.objects.get(pk=second).waiting_for.startswith(
+        "a free host: quota: project main holds 3 of its 4 hosts of fleet pool (borrowing: none) and needs 3")
+    assert Instance.objects.filter(fleet=fleet, status="busy").count() == 3
+
+
+def test_hosts_that_another_shape_took_are_read_past_so_a_gang_is_placed_with_the_rest(sent, together_placed):
+    """Each shape of resources reads its idle hosts a page at a time; a gang whose first page the
+    runs before it took (another shape, the same hosts) reads on, as its own attempt would."""
+    fleet = local_project_fleet(size=14, name="pool")
+    small = [_waiting(fleet, f"s{i}", 60, extra="resources: {memory: 0.5GB..}\n") for i in range(10)]
+    gang = _gang(fleet, "gang", 50, nodes=3)
+    _idle(fleet, 14)
+    admission.admit_fleet(fleet.pk)
+    assert _placed(*small, gang) == [*small, gang]
+    assert together_placed == [[*small, gang]], "one batch, the gang in it"
