@@ -65,10 +65,13 @@ bench: $(STAMP)
 # Muster and dstack side by side (bench/peer/README.md): dstack's server (with its server extra, which
 # test-dstack's client-only venv lacks) in a venv of its own, made once; not a Muster dependency
 PEER_VENV := .venv-peer
+# sentry-sdk < 3: dstack 0.22.5's server opens a sentry_sdk.start_transaction around every pipeline
+# fetch, which sentry-sdk 3 removed; with 3.x every fetch fails and no dstack run ever moves. A
+# .venv-peer made before this pin: rm -rf .venv-peer
 
 $(PEER_VENV)/.installed:
 	$(PYTHON) -m venv $(PEER_VENV)
-	$(PEER_VENV)/bin/pip install -q "dstack[server]==0.22.5"
+	$(PEER_VENV)/bin/pip install -q "dstack[server]==0.22.5" "sentry-sdk<3"
 	touch $@
 
 bench-peer: $(STAMP) $(PEER_VENV)/.installed

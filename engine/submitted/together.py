@@ -105,7 +105,7 @@ def place_together(fleet: Fleet, runs: list[tuple[Job, list[Job]]], lease: Lease
         moved = picks and all(take_idle(hosts, project) for project, hosts in _by_project(picks).items()) \
             and place_runs(fleet, picks, lease)
         if not moved:
-            transaction.set_rollback(True)  # something moved under the step: each run is attempted alone
+            transaction.set_rollback(True)  # none to place, or something moved under the step: each run alone
             return None
     return picks, moved
 

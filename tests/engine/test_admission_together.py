@@ -66,6 +66,27 @@ def _two_groups(fleet, name: str, priority: int) -> int:
     return run.current_jobs().get(job_num=0).pk
 
 
+def _meanwhile(monkeypatch, write) -> list:
+    """`write` made by another worker (a thread with its own connection) once the batch chose its
+    hosts, before it moves the rows; returns what each place_runs call gave (None: rolled back)."""
+    picks, real, said = together._picks, together.place_runs, []
+
+    def chosen(*args):
+        got = picks(*args)
+
+        def other():
+            write()
+            connections.close_all()
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        return got
+
+    monkeypatch.setattr(together, "_picks", chosen)
+    monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
+    return said
+
+
 POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql",
                               reason="another connection's write mid-step, and the one-statement moves, are PostgreSQL's")
 
@@ -135,23 +156,9 @@ def test_a_run_stopped_while_the_look_places_leaves_nothing_half_placed(sent, mo
     jobs = [_waiting(fleet, f"r{i}", 50) for i in range(3)]
     _idle(fleet, 3)
     stopped = Job.objects.get(pk=jobs[1]).run_id
-    picks = together._picks
-
-    def stop_first(*args):
-        got = picks(*args)
-        # a user's stop, as process_run ends a run that never started: another worker's write
-        def stop():
-            Run.objects.filter(pk=stopped).update(status="terminated", stop_requested="stop")
-            connections.close_all()
-        worker = threading.Thread(target=stop)
-        worker.start()
-        worker.join()
-        return got
-
-    monkeypatch.setattr(together, "_picks", stop_first)
-    said = []
-    real = together.place_runs
-    monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
+    # a user's stop, as process_run ends a run that never started
+    said = _meanwhile(monkeypatch, lambda: Run.objects.filter(pk=stopped).update(
+        status="terminated", stop_requested="stop"))
     admission.admit_fleet(fleet.pk)
     assert said == [None], "the batch saw the stop and was rolled back"
     assert Run.objects.get(pk=stopped).status == "terminated", "the batch's write did not pass over the stop"
@@ -295,23 +302,7 @@ def test_a_member_stopped_while_the_look_places_its_gang_leaves_nothing_half_pla
     run = Job.objects.get(pk=gang).run
     member = Job.objects.get(run=run, job_num=2).pk
     _idle(fleet, 3)
-    picks = together._picks
-
-    def stop_member(*args):
-        got = picks(*args)
-
-        def stop():  # another worker's write: the member ended
-            Job.objects.filter(pk=member).update(status="terminated")
-            connections.close_all()
-        worker = threading.Thread(target=stop)
-        worker.start()
-        worker.join()
-        return got
-
-    monkeypatch.setattr(together, "_picks", stop_member)
-    said = []
-    real = together.place_runs
-    monkeypatch.setattr(together, "place_runs", lambda *a: said.append(real(*a)) or said[-1])
+    said = _meanwhile(monkeypatch, lambda: Job.objects.filter(pk=member).update(status="terminated"))
     admission.admit_fleet(fleet.pk)
     assert said == [None], "the batch saw the member's end and was rolled back"
     assert Job.objects.get(pk=member).instance_id is None and Job.objects.get(pk=member).status == "terminated"
