@@ -103,17 +103,22 @@ def test_finish_jobs_marks_only_the_ending_jobs_attach_grants_due(sent, monkeypa
     assert dict(AttachGrant.objects.values_list("job_id", "revoke_due")) == {jobs[1].pk: True, running.pk: False}
 
 
-@pytest.mark.step_case("finish_jobs", "stale")
-def test_finish_jobs_with_a_stale_lease_keeps_the_jobs_and_their_hosts(sent, monkeypatch):
-    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
-    real = finishing._finish_one
+def _stolen_after(monkeypatch, module, name: str) -> None:
+    """`module.name(job, ...)`, the batch step's work on one row, then the row's lease taken by
+    another holder (it ran out meanwhile), before the step gives it back."""
+    real = getattr(module, name)
 
-    def finished_then_stolen(job, *args):  # each job is given back as soon as it is finished
+    def then_stolen(job, *args):
         outcome = real(job, *args)
         Job.objects.filter(pk=job.pk).update(lease_token="someone-else", lease_until=timezone.now())
         return outcome
 
-    monkeypatch.setattr(finishing, "_finish_one", finished_then_stolen)
+    monkeypatch.setattr(module, name, then_stolen)
+
+@pytest.mark.step_case("finish_jobs", "stale")
+def test_finish_jobs_with_a_stale_lease_keeps_the_jobs_and_their_hosts(sent, monkeypatch):
+    jobs = _jobs(sent, nodes=2, status="terminating", termination_reason="done_by_runner")
+    _stolen_after(monkeypatch, finishing, "_finish_one")  # each job is given back as soon as it is finished
     assert finishing.finish_jobs([j.pk for j in jobs]) == set()
     assert [_state(j) for j in jobs] == [("terminating", "someone-else")] * 2
     assert set(Instance.objects.filter(pk__in=[j.instance_id for j in jobs]).values_list("status", flat=True)) == {"busy"}
@@ -201,14 +206,7 @@ def test_advance_jobs_ends_the_job_whose_host_does_not_answer_without_holding_th
 def test_advance_jobs_with_a_stale_lease_drops_its_outcomes(sent, monkeypatch):
     jobs = _jobs(sent, nodes=2, status="provisioning", runner_submitted=True)
     _starting_runners_say(monkeypatch, {j.pk: "starting" for j in jobs})
-    real = advance._advance_one
-
-    def advanced_then_stolen(job, *args):  # each job is given back as soon as it is advanced
-        outcome = real(job, *args)
-        Job.objects.filter(pk=job.pk).update(lease_token="someone-else", lease_until=timezone.now())
-        return outcome
-
-    monkeypatch.setattr(advance, "_advance_one", advanced_then_stolen)
+    _stolen_after(monkeypatch, advance, "_advance_one")  # each job is given back as soon as it is advanced
     advance.advance_jobs([j.pk for j in jobs])
     for job in jobs:
         job.refresh_from_db()
