@@ -21,7 +21,7 @@ def record(project_id: int, subject: str, message: str, *, status: str = "", act
 def record_many(project_id: int, entries: list[dict], *, actor: str = "server") -> None:
     """Several events in one INSERT (a group master moving its members): each entry holds
     `subject`, `message` and optionally `status`, `run_id`, `job_id`, `instance_id`."""
-    Event.objects.bulk_create([Event(project_id=project_id, actor=actor, **entry) for entry in entries])
+    record_each([(project_id, entry) for entry in entries], actor=actor)
 
 
 def record_each(entries: list[tuple[int, dict]], *, actor: str = "server") -> None:
